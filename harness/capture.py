@@ -1,0 +1,421 @@
+"""Compile a user's kernel exactly as a real launch would specialize it, and capture what the compiler says.
+
+How: evaluate the user's call expression with the kernel module loaded. Every Triton launch passes
+through `JITFunction.run`, whose binder applies Triton's own launch specialization (16-divisibility
+of pointers and integers, integers equal to 1 as constants, large integers as i64) to the actual
+arguments. `knobs.runtime.jit_cache_hook` receives that specialization and tells the JIT to skip
+compiling and launching; we then compile it ourselves for the requested target with remarks,
+per-pass dumps and the ptxas log switched on. Without a GPU, a small driver object reports the
+chosen target so the binder runs on CPU tensors; with a GPU, the real driver and device tensors
+are used, so the specialization is the one the device launch gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from harness import ir
+from harness.artifacts import SCHEMA_VERSION, Artifacts
+from harness.errors import UserFacingError
+
+__all__ = ["Launch", "capture_call", "compile_launch", "intercept_launches", "load_kernel_module", "parse_target"]
+
+# Environment that makes the compiler explain itself. Read by Triton's C++ at pass-manager setup
+# and by knobs at access time, so setting it around one compile is enough.
+_CAPTURE_ENV = {
+    "MLIR_ENABLE_DIAGNOSTICS": "remarks,warnings",
+    "MLIR_ENABLE_DUMP": "1",
+    "TRITON_ALWAYS_COMPILE": "1",
+    "TRITON_DUMP_PTXAS_LOG": "1",
+}
+
+
+def parse_target(spec: str) -> Any:
+    """"cuda:90" -> GPUTarget("cuda", 90, 32); "hip:gfx942" -> GPUTarget("hip", "gfx942", 64)."""
+    from triton.backends.compiler import GPUTarget
+
+    backend, _, arch = spec.partition(":")
+    if backend == "cuda" and arch.isdigit():
+        return GPUTarget("cuda", int(arch), 32)
+    if backend == "hip" and arch.startswith("gfx"):
+        return GPUTarget("hip", arch, 64)
+    raise UserFacingError(
+        f"unknown target {spec!r}", "use cuda:<capability> (e.g. cuda:90 for Hopper) or hip:<gfx arch>"
+    )
+
+
+def target_name(target: Any) -> str:
+    return f"{target.backend}:{target.arch}"
+
+
+def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
+    """Import a kernel file from the wild under a private module name."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise UserFacingError(f"kernel file {path} does not exist", "pass the path of a .py file with a @triton.jit kernel")
+    name = f"kb_kernel_{file.stem}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise UserFacingError(f"kernel file {path} is not a Python module", "pass a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # triton's JIT looks the module up by name for globals
+    sys.path.insert(0, str(file.parent))  # kernels often import their siblings
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # noqa: BLE001 - any failure of user code is the user's to fix
+        sys.modules.pop(name, None)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise UserFacingError(
+            f"kernel file {path} does not import: {type(exc).__name__}: {_first_line(exc)}",
+            "fix the error so that `python " + str(path) + "` runs",
+        ) from exc
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(file.parent))
+    return module
+
+
+@dataclass
+class Launch:
+    """One intercepted kernel launch: the JIT function and the specialization Triton computed for it."""
+
+    fn: Any  # triton.runtime.jit.JITFunction
+    compile: dict[str, Any]  # what JITFunction._call_hook passes as `compile`
+    config_note: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.fn.fn.__qualname__}:{self.compile['key']}"
+
+
+class _SpecializingDriver:
+    """Stands in for a GPU driver so the JIT binder can run on CPU tensors for a chosen target.
+
+    Only what `JITFunction.run` asks of a driver before it consults `jit_cache_hook` is provided;
+    the hook stops the run before anything would launch.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def get_current_target(self) -> Any:
+        return self._target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_benchmarker(self) -> Any:
+        raise UserFacingError(
+            "the call tried to benchmark (autotuning) on a machine without a GPU",
+            "kernel-kb compiles the first autotune config; report this kernel if you see this",
+        )
+
+
+@contextlib.contextmanager
+def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
+    """Within the block, Triton launches are recorded instead of compiled and run.
+
+    Args:
+        target: GPUTarget to specialize for without a device; None uses the real active driver.
+    """
+    from triton import knobs
+    from triton.runtime import autotuner
+    from triton.runtime.driver import driver
+
+    launches: list[Launch] = []
+    note = {"text": ""}
+
+    def hook(**kwargs: Any) -> bool:
+        launches.append(Launch(kwargs["fn"].jit_function, kwargs["compile"], note["text"]))
+        return True  # tells JITFunction.run to neither compile nor launch
+
+    original_autotune_run = autotuner.Autotuner.run
+
+    def first_config_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # Autotuning benchmarks every config on a device; capture the first config instead.
+        config = self.configs[0]
+        note["text"] = f"autotuned kernel: compiled config 1 of {len(self.configs)} ({config})"
+        merged = {**kwargs, **config.all_kwargs()}
+        return self.fn.run(*args, **merged)
+
+    previous_hook = knobs.runtime.jit_cache_hook
+    # DriverConfig creates its default lazily; keeping the raw slot (None on a CPU-only machine)
+    # restores exactly the state we found, without touching a GPU driver that may not exist.
+    previous_driver = driver._active
+    knobs.runtime.jit_cache_hook = hook
+    autotuner.Autotuner.run = first_config_run
+    if target is not None:
+        driver.set_active(_SpecializingDriver(target))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+            yield launches
+    finally:
+        knobs.runtime.jit_cache_hook = previous_hook
+        autotuner.Autotuner.run = original_autotune_run
+        if target is not None:
+            driver.set_active(previous_driver)
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def capture_call(
+    kernel_file: str | os.PathLike[str],
+    call: str,
+    target: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> list[Artifacts]:
+    """Run `call` against the kernel file and compile every distinct launch it makes.
+
+    Args:
+        kernel_file: Python file with a @triton.jit kernel and (usually) its launch wrapper.
+        call: expression evaluated in the module's namespace, e.g. "scale(torch.randn(1000003), 2.0)".
+        target: "cuda:90"-style target; None means the GPU present, else cuda:90.
+        cache_dir: where compiled artifacts are cached by content; None disables caching.
+    """
+    module = load_kernel_module(kernel_file)
+    return capture_callable(lambda ns: _eval_call(call, ns), vars(module), target, cache_dir, what=f"`{call}`")
+
+
+def capture_callable(
+    run: Any,
+    namespace: dict[str, Any],
+    target: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    what: str,
+) -> list[Artifacts]:
+    """Shared core of capture: run user code under interception, then compile each launch."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    on_device = _gpu_present()
+    if target is None:
+        tgt = _active_target() if on_device else parse_target("cuda:90")
+    else:
+        tgt = parse_target(target)
+    if on_device and target_name(tgt) != target_name(_active_target()):
+        on_device = False  # asked for another target than the device's: specialize on the CPU
+    ns = {"torch": torch, "triton": triton, "tl": tl, **namespace}
+    torch.manual_seed(0)
+    with intercept_launches(None if on_device else tgt) as launches:
+        with _default_device("cuda" if on_device else None):
+            try:
+                run(ns)
+            except UserFacingError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - user code
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                hint = "make it run with CPU tensors on a machine without a GPU" if "CUDA" in str(exc) else (
+                    "fix the expression so that it runs against the kernel file"
+                )
+                raise UserFacingError(f"{what} raised {type(exc).__name__}: {_first_line(exc)}", hint) from exc
+    if not launches:
+        raise UserFacingError(
+            f"{what} made no Triton launch",
+            "call the launch wrapper that runs kernel[grid](...), not a plain Python function",
+        )
+    unique: dict[str, Launch] = {}
+    for launch in launches:
+        unique.setdefault(launch.key, launch)
+    return [
+        compile_launch(launch, tgt, cache_dir, launched_on="device" if on_device else "cpu")
+        for launch in unique.values()
+    ]
+
+
+def _active_target() -> Any:
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_target()
+
+
+def _eval_call(call: str, ns: dict[str, Any]) -> Any:
+    try:
+        code = compile(call, "<call>", "eval")
+    except SyntaxError as exc:
+        raise UserFacingError(
+            f"the call expression {call!r} is not a Python expression ({exc.msg})",
+            'pass one expression, e.g. --call "scale(torch.randn(1000003), 2.0)"',
+        ) from exc
+    return eval(code, ns)  # noqa: S307 - the user's own expression, run on the user's machine
+
+
+@contextlib.contextmanager
+def _default_device(device: str | None) -> Iterator[None]:
+    if device is None:
+        yield
+        return
+    import torch
+
+    previous = torch.get_default_device()
+    torch.set_default_device(device)
+    try:
+        yield
+    finally:
+        torch.set_default_device(previous)
+
+
+def _cache_key(launch: Launch, target: Any) -> str:
+    import triton
+
+    spec = json.loads(launch.compile["specialization_data"])
+    material = json.dumps(
+        {
+            "schema": SCHEMA_VERSION,
+            "triton": triton.__version__,
+            "target": target_name(target),
+            "source": launch.fn.cache_key,  # hash of the kernel source and the functions it calls
+            "key": spec["key"],
+            "options": spec["options"],
+            "attrs": [spec["attrs_keys"], spec["attrs_vals"]],
+            "constants": [spec["constant_keys"], repr(spec["constant_vals"])],
+        },
+        sort_keys=True,
+        default=repr,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def compile_launch(
+    launch: Launch, target: Any, cache_dir: str | os.PathLike[str] | None = None, launched_on: str = "cpu"
+) -> Artifacts:
+    """Compile one intercepted launch for `target` with diagnostics on; cached by content."""
+    key = _cache_key(launch, target)
+    cache_file = Path(cache_dir) / f"{key}.json" if cache_dir else None
+    if cache_file is not None and cache_file.is_file():
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            return Artifacts.from_json(cache_file.read_text())
+        # An unreadable cache entry (older schema, torn write) is recompiled and replaced.
+
+    import triton
+    from triton.compiler import ASTSource
+
+    c = launch.compile
+    spec = json.loads(c["specialization_data"])
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
+    options["extern_libs"] = tuple(tuple(x) for x in spec["options"].get("extern_libs") or ()) or None
+    attrs = c["configs"][0]
+    src = ASTSource(launch.fn, c["signature"], c["constants"], attrs)
+    with _compiler_output() as out:
+        try:
+            kernel = triton.compile(src, target=target, options=options)
+        except Exception as exc:  # noqa: BLE001 - a kernel that does not compile is the user's to fix
+            name = launch.fn.fn.__qualname__
+            raise UserFacingError(
+                f"kernel {name} does not compile for {target_name(target)}: {type(exc).__name__}: {_first_line(exc)}",
+                "fix the kernel (run it under TRITON_INTERPRET=1 to debug) or pick another --target",
+            ) from exc
+    stderr, stdout = out["stderr"], out["stdout"]
+    params = [p.name for p in launch.fn.params]
+    metadata = {k: v for k, v in kernel.metadata._asdict().items() if _jsonable(v) and not k.startswith("MLIR_")}
+    artifacts = Artifacts(
+        kernel=launch.fn.fn.__qualname__,
+        source_file=str(Path(launch.fn.fn.__code__.co_filename).resolve()),
+        target=target_name(target),
+        triton_version=triton.__version__,
+        signature=dict(c["signature"]),
+        constants={params[k[0]] if len(k) == 1 else str(k): _plain(v) for k, v in c["constants"].items()},
+        arg_attrs={params[k[0]] if len(k) == 1 else str(k): [list(a) for a in v] for k, v in attrs.items()},
+        options={k: _plain(v) for k, v in spec["options"].items() if k != "extern_libs"},
+        stages={k: v for k, v in kernel.asm.items() if isinstance(v, str) and k != "source"},
+        pass_dumps=stderr,
+        remarks=ir.parse_remarks(stderr),
+        ptxas=ir.parse_ptxas_log(stdout + "\n" + stderr),
+        metadata=metadata,
+        specialization=c["specialization_data"],
+        launched_on=launched_on,
+        cache_key=key,
+    )
+    if launch.config_note:
+        artifacts.metadata["note"] = launch.config_note
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(artifacts.to_json())
+        os.replace(tmp, cache_file)  # readers see the old entry or the whole new one, never half
+    return artifacts
+
+
+@contextlib.contextmanager
+def _compiler_output() -> Iterator[dict[str, str]]:
+    """Capture what the compiler prints: C++ diagnostics and dumps on fd 2, Python prints on stdout.
+
+    Also isolates Triton's on-disk cache so a capture never reads a cached (silent) compile.
+    """
+    out: dict[str, str] = {"stdout": "", "stderr": ""}
+    saved_env = {k: os.environ.get(k) for k in (*_CAPTURE_ENV, "TRITON_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="kb-compile-") as tmp, open(
+        Path(tmp) / "stderr", "w+b"
+    ) as err_file, open(Path(tmp) / "stdout", "w+b") as out_file:
+        os.environ.update(_CAPTURE_ENV)
+        os.environ["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton-cache")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved_fds = os.dup(1), os.dup(2)
+        py_stdout = io.StringIO()
+        try:
+            os.dup2(out_file.fileno(), 1)
+            os.dup2(err_file.fileno(), 2)
+            with contextlib.redirect_stdout(py_stdout), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+                yield out
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            os.close(saved_fds[0])
+            os.close(saved_fds[1])
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            err_file.seek(0)
+            out_file.seek(0)
+            out["stderr"] = err_file.read().decode("utf-8", "replace")
+            out["stdout"] = out_file.read().decode("utf-8", "replace") + py_stdout.getvalue()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _plain(value: Any) -> Any:
+    return value if _jsonable(value) else repr(value)

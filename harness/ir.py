@@ -1,0 +1,428 @@
+"""The one parser of compiler text output: MLIR dump streams, diagnostics, MLIR locations, PTX, ptxas logs.
+
+Regex-first on purpose: tree-sitter-mlir knows no Triton dialects, and dumps are line-oriented.
+Every pattern carries a real example line. The indexer (`kb index ir`) and the diagnosis engine
+both read IR through this module; nothing else parses IR text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from harness.artifacts import PtxasReport, Remark
+
+__all__ = [
+    "FuncArg",
+    "IRParseError",
+    "MemAccess",
+    "PassSnapshot",
+    "SourceLoc",
+    "diff_op_counts",
+    "func_args",
+    "mlir_locations",
+    "op_counts",
+    "op_source_lines",
+    "parse_ptxas_log",
+    "parse_remarks",
+    "ptx_memory_accesses",
+    "split_pass_dumps",
+]
+
+
+class IRParseError(ValueError):
+    """Malformed IR text; the message names the input and line."""
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    file: str
+    line: int
+    col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+# ---------------------------------------------------------------------------------------------
+# MLIR_ENABLE_DUMP streams
+
+# Triton (3.x) pass manager, e.g.
+# // -----// IR Dump Before TritonGPUCoalesce: tritongpu-coalesce ('builtin.module' operation) //----- //
+# // -----// IR Dump Before ConvertTritonGPUToLLVM: convert-triton-gpu-to-llvm{compute-capability=90} ('builtin.module' operation) //----- //
+_TRITON_DUMP_HEADER = re.compile(
+    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+): (?P<arg>[\w.-]+)(?P<opts>\{.*?\})?\s*"
+    r"\('(?P<anchor>[\w.]+)' operation(?::\s*@(?P<func>[\w.$]+))?\)\s*//----- //\s*$"
+)
+# Upstream MLIR / bishengir (--mlir-print-ir-after-all), e.g.
+# // -----// IR Dump After CSE (cse) //----- //
+# // -----// IR Dump After HIVMPlanMemory (hivm-plan-memory) ('func.func' operation: @add_kernel) //----- //
+_MLIR_DUMP_HEADER = re.compile(
+    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+) \((?P<arg>[\w.-]+)\)"
+    r"(?:\s*\('(?P<anchor>[\w.]+)' operation(?::\s*@(?P<func>[\w.$]+))?\))?\s*//----- //\s*$"
+)
+# Triton's software pipeliner prints its own internal steps, e.g.
+# // -----// SoftwarePipeliner internal  After: LowerLoops
+_PIPELINER_HEADER = re.compile(r"^// -----// (?P<cls>SoftwarePipeliner) internal\s+(?P<when>After): (?P<arg>\w+)")
+
+
+@dataclass
+class PassSnapshot:
+    """IR text as printed before (or after) one pass ran.
+
+    Attributes:
+        index: position in the stream, from 0.
+        when: "Before" or "After".
+        pass_class: C++ class name, e.g. "TritonGPUCoalesce".
+        pass_arg: command-line argument, e.g. "tritongpu-coalesce" (links to TableGen `Pass<"...">`).
+        options: the printed option block, e.g. "{num-stages=3}", or "".
+        anchor: the op the pass ran on ("builtin.module", "tt.func", ...).
+        header_line: 1-based line of the header in the stream.
+        text: the IR that follows the header, up to the next header.
+    """
+
+    index: int
+    when: str
+    pass_class: str
+    pass_arg: str
+    options: str
+    anchor: str
+    header_line: int
+    text: str = ""
+
+
+def _match_header(line: str) -> re.Match[str] | None:
+    if not line.startswith("// -----//"):
+        return None
+    return _TRITON_DUMP_HEADER.match(line) or _MLIR_DUMP_HEADER.match(line) or _PIPELINER_HEADER.match(line)
+
+
+def split_pass_dumps(text: str) -> list[PassSnapshot]:
+    """Split an MLIR_ENABLE_DUMP / --mlir-print-ir-*-all stream into per-pass snapshots.
+
+    Lines that are not IR (diagnostics, ptxas output) stay inside the section they appear in;
+    `parse_remarks` uses the same sectioning to name the pass that emitted each diagnostic.
+    """
+    snapshots: list[PassSnapshot] = []
+    body: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _match_header(line)
+        if m is None:
+            if snapshots:
+                body.append(line)
+            continue
+        if snapshots:
+            snapshots[-1].text = "\n".join(body).strip("\n")
+        body = []
+        groups = m.groupdict()
+        snapshots.append(
+            PassSnapshot(
+                index=len(snapshots),
+                when=groups.get("when") or "Before",
+                pass_class=groups["cls"],
+                pass_arg=groups["arg"],
+                options=groups.get("opts") or "",
+                anchor=groups.get("anchor") or "",
+                header_line=lineno,
+            )
+        )
+    if snapshots:
+        snapshots[-1].text = "\n".join(body).strip("\n")
+    return snapshots
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostics (MLIR_ENABLE_DIAGNOSTICS=remarks,warnings)
+
+# /tmp/k/scale.py:8:9: remark: Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1
+# /tmp/k/mm.py:15:16: note: Target compute capability (90) supports MMA v3.
+_DIAGNOSTIC = re.compile(
+    r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?P<col>\d+): (?P<sev>remark|warning|note|error): (?P<msg>.*\S)\s*$"
+)
+
+
+def parse_remarks(text: str) -> list[Remark]:
+    """Compiler diagnostics in `text`, each tagged with the pass whose dump section it appeared in.
+
+    A pass's diagnostics print while it runs, i.e. after its own "IR Dump Before" header and before
+    the next one, so the enclosing section names the emitting pass. Duplicates (the same diagnostic
+    printed for several pattern applications) are kept once.
+    """
+    remarks: list[Remark] = []
+    seen: set[tuple[str, int, int, str, str]] = set()
+    current_pass = ""
+    for line in text.splitlines():
+        header = _match_header(line)
+        if header is not None:
+            current_pass = header.group("arg") if "when" in header.groupdict() else ""
+            if header.groupdict().get("when") == "After":
+                # An "After X" dump prints once X is done: what follows belongs to no known pass yet.
+                current_pass = ""
+            continue
+        m = _DIAGNOSTIC.match(line)
+        if m is None:
+            continue
+        key = (m["file"], int(m["line"]), int(m["col"]), m["sev"], m["msg"])
+        if key in seen:
+            continue
+        seen.add(key)
+        remarks.append(
+            Remark(
+                file=m["file"],
+                line=int(m["line"]),
+                col=int(m["col"]),
+                severity=m["sev"],
+                message=m["msg"],
+                pass_name=current_pass,
+            )
+        )
+    return remarks
+
+
+# ---------------------------------------------------------------------------------------------
+# MLIR locations and ops
+
+# #loc = loc("/tmp/k/scale.py":4:1)
+# #loc19 = loc("x"(#loc6))            (a named location wrapping another)
+# #loc40 = loc(callsite(#loc38 at #loc39))
+_LOC_DEF = re.compile(r'^(?P<id>#loc\d*)\s*=\s*loc\((?P<body>.*)\)\s*$')
+_LOC_FILE = re.compile(r'^"(?P<file>[^"]+)":(?P<line>\d+):(?P<col>\d+)')
+_LOC_NAMED = re.compile(r'^"[^"]*"\((?P<inner>#loc\d*)\)$')
+_LOC_CALLSITE = re.compile(r"^callsite\((?P<callee>#loc\d*) at (?P<caller>#loc\d*)\)$")
+# %x_5 = tt.load %x_4, %mask_3 : tensor<1024x!tt.ptr<f32>, #blocked> loc(#loc20)
+# tt.store %1, %3, %mask : ... loc("/tmp/k/scale.py":9:5)
+_OP_LINE = re.compile(
+    r"^\s*(?:(?P<results>%[\w#:, %-]+?)\s*=\s*)?\"?(?P<op>[a-z_][\w]*\.[\w.]+)\"?[\s(<{]"
+)
+_TRAILING_LOC = re.compile(r'loc\((?P<ref>#loc\d*|"[^"]+":\d+:\d+)\)\s*$')
+
+
+def mlir_locations(text: str) -> dict[str, SourceLoc]:
+    """Resolve every `#locN` alias in an MLIR module to a file:line:col (innermost file location)."""
+    raw: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _LOC_DEF.match(line.strip())
+        if m:
+            raw[m["id"]] = m["body"].strip()
+    resolved: dict[str, SourceLoc] = {}
+
+    def resolve(ref: str, depth: int = 0) -> SourceLoc | None:
+        if ref in resolved:
+            return resolved[ref]
+        body = raw.get(ref)
+        if body is None or depth > 32:
+            return None
+        loc: SourceLoc | None = None
+        if m := _LOC_FILE.match(body):
+            loc = SourceLoc(m["file"], int(m["line"]), int(m["col"]))
+        elif m := _LOC_NAMED.match(body):
+            loc = resolve(m["inner"], depth + 1)
+        elif m := _LOC_CALLSITE.match(body):
+            # The callee location is where the op is written; the caller is the call site.
+            loc = resolve(m["callee"], depth + 1)
+        if loc is not None:
+            resolved[ref] = loc
+        return loc
+
+    for ref in raw:
+        resolve(ref)
+    return resolved
+
+
+def _op_loc(line: str, locs: dict[str, SourceLoc]) -> SourceLoc | None:
+    m = _TRAILING_LOC.search(line)
+    if m is None:
+        return None
+    ref = m["ref"]
+    if ref.startswith("#"):
+        return locs.get(ref)
+    fm = _LOC_FILE.match(ref)
+    return SourceLoc(fm["file"], int(fm["line"]), int(fm["col"])) if fm else None
+
+
+@dataclass(frozen=True)
+class OpLine:
+    """One MLIR operation line with its resolved source location."""
+
+    ir_line: int
+    op: str
+    text: str
+    loc: SourceLoc | None
+
+
+def op_source_lines(text: str, ops: set[str] | None = None) -> list[OpLine]:
+    """Operation lines of an MLIR module (optionally only `ops`), mapped back to kernel source lines."""
+    locs = mlir_locations(text)
+    out: list[OpLine] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith(("#", "//", "module", "}")):
+            continue
+        m = _OP_LINE.match(line)
+        if m is None:
+            continue
+        op = m["op"]
+        if ops is not None and op not in ops:
+            continue
+        out.append(OpLine(lineno, op, line.strip(), _op_loc(line, locs)))
+    return out
+
+
+def op_counts(text: str) -> Counter[str]:
+    """How many times each dialect op appears in an MLIR module."""
+    return Counter(o.op for o in op_source_lines(text))
+
+
+def diff_op_counts(before: str, after: str) -> dict[str, int]:
+    """Per-op count change from `before` to `after` (only ops whose count changed)."""
+    a, b = op_counts(before), op_counts(after)
+    return {op: b[op] - a[op] for op in sorted(set(a) | set(b)) if b[op] != a[op]}
+
+
+# tt.func public @scale_kernel(%x_ptr: !tt.ptr<f32> {tt.divisibility = 16 : i32} loc("x_ptr"(#loc)), %n: i32 loc("n"(#loc))) ...
+_FUNC_HEADER = re.compile(r"^\s*tt\.func\s+(?:public\s+|private\s+)?@(?P<name>[\w$.]+)\((?P<args>.*)\)")
+_FUNC_ARG = re.compile(
+    r"%(?P<name>[\w.$-]+)\s*:\s*(?P<type>!tt\.ptr<[^>]*>|tensor<[^>]*>|[\w!.<>x]+?)"
+    r"(?:\s*\{(?P<attrs>[^}]*)\})?(?:\s*loc\([^()]*(?:\([^()]*\))?\))?\s*(?:,|$)"
+)
+
+
+@dataclass(frozen=True)
+class FuncArg:
+    """A kernel argument as it appears in TTIR, with its specialization attributes."""
+
+    index: int
+    name: str
+    type: str
+    divisibility: int | None
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.type.startswith("!tt.ptr")
+
+
+def func_args(ttir: str) -> list[FuncArg]:
+    """Arguments of the first `tt.func` in a TTIR module."""
+    for line in ttir.splitlines():
+        m = _FUNC_HEADER.match(line)
+        if not m:
+            continue
+        args = []
+        for i, am in enumerate(_FUNC_ARG.finditer(m["args"])):
+            div = re.search(r"tt\.divisibility\s*=\s*(\d+)", am["attrs"] or "")
+            args.append(FuncArg(i, am["name"], am["type"], int(div.group(1)) if div else None))
+        return args
+    raise IRParseError("TTIR has no tt.func header: is this Triton IR?")
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX
+
+# 	.file	1 "/tmp/k/scale.py"
+_PTX_FILE = re.compile(r'^\s*\.file\s+(?P<id>\d+)\s+"(?P<path>[^"]+)"')
+# 	.loc	1 8 9                           // scale.py:8:9
+_PTX_LOC = re.compile(r"^\s*\.loc\s+(?P<id>\d+)\s+(?P<line>\d+)\s+(?P<col>\d+)")
+# 	@%p1 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
+# 	st.global.b32 [ %rd3 + 0 ], { %r9 };
+# 	atom.global.gpu.acq_rel.add.f32 %f1, [%rd1], %f2;
+_PTX_MEM = re.compile(
+    r"^\s*(?P<pred>@!?%p\w*\s+)?(?P<inst>(?P<kind>ld|st|atom|red)\.global[\w.]*)\s"
+)
+_PTX_VEC = re.compile(r"\.v(?P<n>[248])\b")
+_PTX_WIDTH = re.compile(r"\.[bfsu](?P<bits>8|16|32|64|128)\b")
+
+
+@dataclass(frozen=True)
+class MemAccess:
+    """One global-memory instruction in PTX.
+
+    Attributes:
+        kind: "load", "store" or "atomic".
+        instruction: the mnemonic, e.g. "ld.global.v4.b32".
+        vector: elements per instruction (1, 2, 4 or 8).
+        element_bits: bits per element of the instruction type.
+        predicated: guarded by a predicate (a mask, or a redundant-thread guard).
+        ptx_line: 1-based line in the PTX text.
+        loc: kernel source location from the preceding `.loc` directive.
+    """
+
+    kind: str
+    instruction: str
+    vector: int
+    element_bits: int
+    predicated: bool
+    ptx_line: int
+    loc: SourceLoc | None
+
+    @property
+    def bits(self) -> int:
+        return self.vector * self.element_bits
+
+
+_KIND = {"ld": "load", "st": "store", "atom": "atomic", "red": "atomic"}
+
+
+def ptx_memory_accesses(ptx: str) -> list[MemAccess]:
+    """Global loads, stores and atomics in PTX, each mapped to its kernel source line."""
+    lines = ptx.splitlines()
+    files = {m["id"]: m["path"] for line in lines if (m := _PTX_FILE.match(line))}
+    out: list[MemAccess] = []
+    loc: SourceLoc | None = None
+    for lineno, line in enumerate(lines, start=1):
+        if m := _PTX_LOC.match(line):
+            path = files.get(m["id"])
+            if path is None and "//" in line:
+                path = line.split("//", 1)[1].strip().rsplit(":", 2)[0]
+            loc = SourceLoc(path or f"file{m['id']}", int(m["line"]), int(m["col"]))
+            continue
+        m = _PTX_MEM.match(line)
+        if m is None:
+            continue
+        inst = m["inst"]
+        vec = _PTX_VEC.search(inst)
+        width = _PTX_WIDTH.findall(inst)
+        out.append(
+            MemAccess(
+                kind=_KIND[m["kind"]],
+                instruction=inst,
+                vector=int(vec["n"]) if vec else 1,
+                element_bits=int(width[-1]) if width else 0,
+                predicated=bool(m["pred"]),
+                ptx_line=lineno,
+                loc=loc,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ptxas -v
+
+# ptxas-blackwell info    : Function properties for center_kernel
+#     2976 bytes stack frame, 7880 bytes spill stores, 10368 bytes spill loads
+# ptxas-blackwell info    : Used 64 registers, used 0 barriers, 2976 bytes cumulative stack size
+# ptxas info    : Used 40 registers, 16384 bytes smem, 380 bytes cmem[0]
+_PTXAS_FRAME = re.compile(
+    r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads"
+)
+_PTXAS_REGS = re.compile(r"Used (?P<regs>\d+) registers")
+_PTXAS_SMEM = re.compile(r"(?P<smem>\d+) bytes smem")
+
+
+def parse_ptxas_log(text: str) -> PtxasReport | None:
+    """The resource report in a `ptxas -v` log, or None when `text` holds none."""
+    lines = [ln for ln in text.splitlines() if "ptxas" in ln or "bytes stack frame" in ln]
+    joined = "\n".join(lines)
+    regs = _PTXAS_REGS.search(joined)
+    if regs is None:
+        return None
+    frame = _PTXAS_FRAME.search(joined)
+    smem = _PTXAS_SMEM.search(joined)
+    return PtxasReport(
+        registers=int(regs["regs"]),
+        spill_stores=int(frame["stores"]) if frame else 0,
+        spill_loads=int(frame["loads"]) if frame else 0,
+        stack_frame=int(frame["stack"]) if frame else 0,
+        shared_bytes=int(smem["smem"]) if smem else 0,
+        raw=joined,
+    )

@@ -1,0 +1,1 @@
+"""Ingestion: the pattern catalog, compiler source (TableGen, C++, Python) and IR dumps into the KB stores."""

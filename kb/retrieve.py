@@ -1,0 +1,161 @@
+"""Hybrid retrieval: exact symbol hits first, then BM25 and vectors fused by reciprocal rank.
+
+Vectors come from chroma through llama-index; BM25 from `kb.lexical`; both are llama-index
+retrievers and fused by `QueryFusionRetriever` in reciprocal-rank mode (no LLM query
+rewriting: `num_queries=1`, `MockLLM`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from llama_index.core.retrievers import BaseRetriever
+from llama_index.core.schema import NodeWithScore
+
+from harness.errors import UserFacingError
+from kb.home import KBHome
+from kb.index import Manifest, list_manifests, load_manifest
+from kb.lexical import IDENT, LexicalIndex
+
+__all__ = ["Hit", "Searcher", "default_release"]
+
+_RRF_CANDIDATES = 30
+
+
+@dataclass
+class Hit:
+    id: str
+    text: str
+    score: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    via: str = "hybrid"  # symbol | hybrid | bm25 | vector
+
+    def cite(self) -> str:
+        m = self.metadata
+        if m.get("file"):
+            return f"{m['file']}:{m.get('start_line', 0)}@{m.get('release', '?')}"
+        return self.id
+
+
+def installed_triton_release() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return f"triton-{version('triton')}"
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def default_release(home: KBHome, corpus: str) -> str | None:
+    """The release matching the installed triton if indexed, else the newest indexed one."""
+    manifests = [m for m in list_manifests(home) if m.corpus == corpus]
+    if not manifests:
+        return None
+    installed = installed_triton_release()
+    for m in manifests:
+        if m.release == installed:
+            return m.release
+    return max(manifests, key=lambda m: m.created).release
+
+
+class Searcher:
+    """Search one published index (corpus, release). Cheap to keep; load once per process."""
+
+    def __init__(self, home: KBHome, corpus: str, release: str | None = None, embedder: Any = None) -> None:
+        from kb.embed import OfflineEmbedding
+
+        release = release or default_release(home, corpus)
+        manifest = load_manifest(home, corpus, release) if release else None
+        if manifest is None:
+            known = sorted({f"{m.corpus}@{m.release}" for m in list_manifests(home)}) or ["none"]
+            raise UserFacingError(
+                f"no index for corpus {corpus!r}" + (f" release {release!r}" if release else "")
+                + f" in {home.root} (indexed: {', '.join(known)})",
+                "build it with `kb index patterns` or `kb index compiler --installed`",
+            )
+        self.home = home
+        self.manifest: Manifest = manifest
+        self.embedder = embedder or OfflineEmbedding(cache_path=home.embed_cache_db)
+        self._fusion: Any = None
+
+    @property
+    def release(self) -> str:
+        return self.manifest.release
+
+    def _build(self) -> Any:
+        from llama_index.core import VectorStoreIndex
+        from llama_index.core.llms import MockLLM
+        from llama_index.core.retrievers import QueryFusionRetriever
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        from kb.vectors import chroma_client, get_collection
+
+        collection = get_collection(chroma_client(self.home), self.manifest.collection)
+        self._store = ChromaVectorStore(chroma_collection=collection)
+        index = VectorStoreIndex.from_vector_store(self._store, embed_model=self.embedder)
+        self._vector = index.as_retriever(similarity_top_k=_RRF_CANDIDATES)
+        self._bm25 = _BM25Retriever(self.home, self.manifest, self._store)
+        self._fusion = QueryFusionRetriever(
+            [self._vector, self._bm25],
+            llm=MockLLM(),
+            mode="reciprocal_rerank",
+            similarity_top_k=_RRF_CANDIDATES,
+            num_queries=1,
+            use_async=False,
+        )
+        return self._fusion
+
+    def search(self, query: str, k: int = 5, mode: str = "hybrid", where: dict[str, Any] | None = None) -> list[Hit]:
+        """Top-k hits; `mode` is hybrid, bm25 or vector; `where` filters on metadata equality."""
+        fusion = self._fusion or self._build()
+        retriever = {"hybrid": fusion, "bm25": self._bm25, "vector": self._vector}[mode]
+        hits = [_hit(n, mode) for n in retriever.retrieve(query)]
+        if where:
+            hits = [h for h in hits if all(h.metadata.get(key) == val for key, val in where.items())]
+        return hits[:k]
+
+    def symbol_hits(self, query: str, store: Any) -> list[Hit]:
+        """Chunks that define an identifier written in the query, exact match, definitions first."""
+        names = [t for t in IDENT.findall(query) if _looks_like_symbol(t)]
+        chunk_ids: list[str] = []
+        for name in names:
+            for sym in store.find(name, release=self.release):
+                if sym.chunk_id and sym.chunk_id not in chunk_ids:
+                    chunk_ids.append(sym.chunk_id)
+        if not chunk_ids:
+            return []
+        self._fusion or self._build()
+        nodes = self._store.get_nodes(node_ids=chunk_ids)
+        by_id = {n.node_id: n for n in nodes}
+        return [
+            Hit(cid, by_id[cid].get_content(), 1.0, dict(by_id[cid].metadata), via="symbol")
+            for cid in chunk_ids if cid in by_id
+        ]
+
+
+def _looks_like_symbol(token: str) -> bool:
+    # CamelCase, snake_case, dotted or scoped names; plain English words are left to BM25/vectors.
+    return len(token) >= 4 and bool(re.search(r"[a-z][A-Z]|_|\.|::", token))
+
+
+def _hit(node_with_score: Any, via: str) -> Hit:
+    node = node_with_score.node
+    return Hit(node.node_id, node.get_content(), float(node_with_score.score or 0.0), dict(node.metadata), via)
+
+
+class _BM25Retriever(BaseRetriever):
+    """BM25 over code tokens, as a llama-index retriever; node texts come from the vector store by id."""
+
+    def __init__(self, home: KBHome, manifest: Manifest, store: Any) -> None:
+        super().__init__()
+        self._lexical = LexicalIndex.load(home.lexical_dir / manifest.collection)
+        self._store = store
+
+    def _retrieve(self, query_bundle: Any) -> list[NodeWithScore]:
+        scored = self._lexical.search(query_bundle.query_str, _RRF_CANDIDATES)
+        if not scored:
+            return []
+        nodes = {n.node_id: n for n in self._store.get_nodes(node_ids=[i for i, _ in scored])}
+        return [NodeWithScore(node=nodes[i], score=s) for i, s in scored if i in nodes]

@@ -1,0 +1,69 @@
+"""The one owner of the chroma client.
+
+Embedded `PersistentClient` under the KB home by default; a team-shared server through `HttpClient`
+when `$KB_CHROMA_URL` is set (e.g. http://kb-server:8000 in front of `chroma run --path DIR`).
+Telemetry off, cosine space, embeddings always supplied by us (chroma's default embedding
+function would download a model).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from harness.errors import UserFacingError
+from kb.home import KBHome
+
+__all__ = ["chroma_client", "create_collection", "get_collection"]
+
+
+def chroma_client(home: KBHome) -> Any:
+    import chromadb
+    from chromadb.config import Settings
+
+    settings = Settings(anonymized_telemetry=False, allow_reset=False)
+    url = os.environ.get("KB_CHROMA_URL")
+    if url:
+        parsed = urlparse(url if "://" in url else f"http://{url}")
+        if not parsed.hostname:
+            raise UserFacingError(f"KB_CHROMA_URL={url!r} has no host", "set it like http://host:8000")
+        try:
+            return chromadb.HttpClient(
+                host=parsed.hostname,
+                port=parsed.port or (443 if parsed.scheme == "https" else 8000),
+                ssl=parsed.scheme == "https",
+                settings=settings,
+            )
+        except Exception as exc:  # noqa: BLE001 - any connection failure means the same to the user
+            raise UserFacingError(
+                f"cannot reach the chroma server at {url} ({type(exc).__name__})",
+                "start it with `chroma run --path DIR` or unset KB_CHROMA_URL to use the embedded store",
+            ) from exc
+    try:
+        return chromadb.PersistentClient(path=str(home.chroma_dir), settings=settings)
+    except Exception as exc:  # noqa: BLE001 - corrupt sqlite/hnsw files surface as many types
+        raise UserFacingError(
+            f"the vector store at {home.chroma_dir} is unreadable ({type(exc).__name__}: {str(exc)[:120]})",
+            "remove that directory and rebuild with `kb index patterns` and `kb index compiler --installed`",
+        ) from exc
+
+
+def create_collection(client: Any, name: str) -> Any:
+    return client.create_collection(
+        name=name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None
+    )
+
+
+def get_collection(client: Any, name: str) -> Any:
+    try:
+        return client.get_collection(name=name, embedding_function=None)
+    except Exception as exc:  # noqa: BLE001 - chroma raises NotFoundError/ValueError by version
+        raise UserFacingError(
+            f"collection {name} named by a manifest is missing from the vector store",
+            "re-run the `kb index ...` command that built it",
+        ) from exc
+
+
+def list_collection_names(client: Any) -> list[str]:
+    return [c if isinstance(c, str) else c.name for c in client.list_collections()]
