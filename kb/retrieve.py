@@ -116,6 +116,13 @@ class Searcher:
             hits = [h for h in hits if all(h.metadata.get(key) == val for key, val in where.items())]
         return hits[:k]
 
+    def chunks(self, ids: list[str]) -> list[Hit]:
+        """Stored chunks by id (order of `ids`; unknown ids are left out)."""
+        if self._fusion is None:
+            self._build()
+        by_id = {n.node_id: n for n in self._store.get_nodes(node_ids=ids)} if ids else {}
+        return [Hit(i, by_id[i].get_content(), 1.0, dict(by_id[i].metadata), via="id") for i in ids if i in by_id]
+
     def symbol_hits(self, query: str, store: Any) -> list[Hit]:
         """Chunks that define an identifier written in the query, exact match, definitions first."""
         names = [t for t in IDENT.findall(query) if _looks_like_symbol(t)]
@@ -124,15 +131,10 @@ class Searcher:
             for sym in store.find(name, release=self.release):
                 if sym.chunk_id and sym.chunk_id not in chunk_ids:
                     chunk_ids.append(sym.chunk_id)
-        if not chunk_ids:
-            return []
-        self._fusion or self._build()
-        nodes = self._store.get_nodes(node_ids=chunk_ids)
-        by_id = {n.node_id: n for n in nodes}
-        return [
-            Hit(cid, by_id[cid].get_content(), 1.0, dict(by_id[cid].metadata), via="symbol")
-            for cid in chunk_ids if cid in by_id
-        ]
+        hits = self.chunks(chunk_ids)
+        for hit in hits:
+            hit.via = "symbol"
+        return hits
 
 
 def _looks_like_symbol(token: str) -> bool:

@@ -1,3 +1,4 @@
+"""Multiply a vector by a scalar: the straightforward first kernel, masked on every block."""
 import torch, triton, triton.language as tl
 
 @triton.jit

@@ -1,0 +1,195 @@
+"""L3: are global loads and stores vectorized, and if not, what stopped them.
+
+Evidence chain: PTX access widths at each kernel line -> the compiler's remark at that line (vec,
+origin vec, mask) and the pass that emitted it -> the TTGIR layout the coalescer planned -> the
+TTIR specialization of the arguments (tt.divisibility) and the mask that bounds the access.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from diagnose.records import EvidenceLog, Finding
+from harness import ir
+from harness.artifacts import Artifacts
+
+__all__ = ["analyze"]
+
+# Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1
+_VEC_REMARK = re.compile(r"vectorization fails vec = (?P<vec>\d+) origin vec = (?P<origin>\d+).*?mask is (?P<mask>\d+)")
+_SIZE_PER_THREAD = re.compile(r"sizePerThread = \[(?P<spt>[\d, ]+)\]")
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _ssa_defs(ttir: str) -> dict[str, str]:
+    defs = {}
+    for line in ttir.splitlines():
+        m = re.match(r"\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)", line)
+        if m:
+            defs[m.group(1)] = m.group(2)
+    return defs
+
+
+def _mask_bound_args(ttir: str, kernel_line: int) -> list[str]:
+    """Kernel arguments that bound the mask of the load/store written at `kernel_line`."""
+    defs = _ssa_defs(ttir)
+    args = {a.name for a in ir.func_args(ttir)}
+    found: list[str] = []
+    for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"}):
+        if op.loc is None or op.loc.line != kernel_line:
+            continue
+        operands = re.findall(r"%[\w.$-]+", op.text.split(":")[0].split("=", 1)[-1])
+        mask = operands[1] if op.op == "tt.load" and len(operands) > 1 else (operands[2] if len(operands) > 2 else None)
+        frontier, seen = [mask] if mask else [], set()
+        while frontier:
+            value = frontier.pop()
+            if value in seen:
+                continue
+            seen.add(value)
+            name = value.lstrip("%")
+            if name in args and name not in found:
+                found.append(name)
+                continue
+            frontier.extend(re.findall(r"%[\w.$-]+", defs.get(value, "").split(":")[0]))
+    return found
+
+
+def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
+    ptx = art.stages.get("ptx", "")
+    if not ptx:
+        return []
+    src = _short(art.source_file)
+    accesses = [a for a in ir.ptx_memory_accesses(ptx) if a.kind in ("load", "store") and a.loc is not None]
+    by_line: dict[tuple[int, str], list[ir.MemAccess]] = defaultdict(list)
+    for a in accesses:
+        by_line[(a.loc.line, a.kind)].append(a)
+    if not by_line:
+        return []
+    remarks = {r.line: r for r in art.remarks if "vectorization fails" in r.message}
+    divisible = art.divisible_args()
+    ttir = art.stages.get("ttir", "")
+    findings: list[Finding] = []
+    healthy_evidence: list[str] = []
+    for (line, kind), group in sorted(by_line.items()):
+        widest = max(group, key=lambda a: a.bits)
+        ptx_ev = log.add(
+            "L3", "ptx",
+            f"the {kind} at {src}:{line} compiles to {len(group)} `{widest.instruction}` instruction(s) of "
+            f"{widest.bits} bits" + (" each, predicated" if widest.predicated else ""),
+            f"ptx:{widest.ptx_line}", _line(ptx, widest.ptx_line),
+        )
+        if widest.bits >= 128 or (widest.vector > 1 and widest.bits >= 64 and widest.element_bits < 32):
+            healthy_evidence.append(ptx_ev)
+            continue
+        chain = [ptx_ev]
+        remark = remarks.get(line)
+        vec = origin = mask_const = None
+        if remark is not None:
+            chain.append(log.add(
+                "L3", "remark",
+                f"the compiler reports at {src}:{line}: {remark.message}"
+                + (f" (emitted during pass {remark.pass_name})" if remark.pass_name else ""),
+                f"{src}:{remark.line}:{remark.col}", remark.message,
+            ))
+            if m := _VEC_REMARK.search(remark.message):
+                vec, origin, mask_const = int(m["vec"]), int(m["origin"]), int(m["mask"])
+        layout = _load_layout(art, line)
+        if layout:
+            chain.append(log.add("L3", "ttgir", f"the TTGIR layout of this {kind} has {layout[0]}", layout[1], layout[2]))
+        mask_args = _mask_bound_args(ttir, line) if ttir else []
+        undivisible_mask_args = [a for a in mask_args if a not in divisible and art.signature.get(a, "").startswith("i")]
+        if origin is not None and origin > 1 and mask_const is not None and mask_const < origin:
+            for arg in undivisible_mask_args:
+                chain.append(_arg_evidence(art, log, arg, "bounds the mask"))
+            bound = ", ".join(undivisible_mask_args) or "its bound"
+            findings.append(Finding(
+                kind="vectorization.mask",
+                topic="vectorization",
+                title=f"the masked {kind} at {src}:{line} is split into {widest.bits}-bit accesses by its mask",
+                explanation=(
+                    f"The pointer allows {origin}-wide vectors (origin vec = {origin}) but the mask is only provably "
+                    f"constant over {mask_const} element(s), so the vector width drops to {vec or 1}. The mask compares "
+                    f"the offsets with {bound}, which the launch did not specialize as divisible by 16."
+                ),
+                evidence=chain,
+                kernel_lines=[line],
+                deciding_pass=remark.pass_name if remark else "",
+            ))
+            continue
+        pointer_args = [a.name for a in ir.func_args(ttir) if a.is_pointer] if ttir else []
+        unaligned = [a for a in pointer_args if a not in divisible]
+        if unaligned:
+            for arg in unaligned:
+                chain.append(_arg_evidence(art, log, arg, "is a pointer"))
+            findings.append(Finding(
+                kind="vectorization.divisibility",
+                topic="vectorization",
+                title=f"the {kind} at {src}:{line} is scalar: pointer(s) {', '.join(unaligned)} not known 16-byte aligned",
+                explanation=(
+                    "Vector width is bounded by the alignment AxisInfo can prove; without tt.divisibility on the base "
+                    "pointer only scalar accesses are legal."
+                ),
+                evidence=chain,
+                kernel_lines=[line],
+                deciding_pass=remark.pass_name if remark else "",
+            ))
+            continue
+        small_tile = layout is not None and layout[0].startswith("sizePerThread = [1")
+        findings.append(Finding(
+            kind="vectorization.small-tile" if small_tile and remark is None else "vectorization.contiguity",
+            topic="vectorization",
+            title=f"the {kind} at {src}:{line} is not vectorized ({widest.bits}-bit accesses)",
+            explanation=(
+                "Each thread owns one element of this tile (sizePerThread = 1): the tile is too small for the warps."
+                if small_tile and remark is None else
+                "The offsets are not provably contiguous along the fastest dimension (or not divisible), so the "
+                "coalescer could not plan vector accesses."
+            ),
+            evidence=chain,
+            kernel_lines=[line],
+            deciding_pass=remark.pass_name if remark else "tritongpu-coalesce",
+        ))
+    if not findings and healthy_evidence:
+        findings.append(Finding(
+            kind="vectorization.ok",
+            topic="vectorization",
+            title="global loads and stores are vectorized (128-bit accesses)",
+            explanation="Every global load and store in the PTX uses 128-bit vector instructions.",
+            evidence=healthy_evidence,
+            kernel_lines=sorted({line for (line, _) in by_line}),
+        ))
+    return findings
+
+
+def _line(text: str, lineno: int) -> str:
+    lines = text.splitlines()
+    return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+
+
+def _load_layout(art: Artifacts, kernel_line: int) -> tuple[str, str, str] | None:
+    """(sizePerThread description, ttgir:line, the op line) for the load/store at `kernel_line`."""
+    ttgir = art.stages.get("ttgir", "")
+    aliases = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{.*\}>)", ttgir, re.MULTILINE))
+    for op in ir.op_source_lines(ttgir, {"tt.load", "tt.store"}):
+        if op.loc is None or op.loc.line != kernel_line:
+            continue
+        for alias, body in aliases.items():
+            if re.search(rf"{alias}\b", op.text) and (m := _SIZE_PER_THREAD.search(body)):
+                return f"sizePerThread = [{m['spt']}] ({alias})", f"ttgir:{op.ir_line}", op.text
+    return None
+
+
+def _arg_evidence(art: Artifacts, log: EvidenceLog, arg: str, role: str) -> str:
+    ttir = art.stages.get("ttir", "")
+    header = next((i for i, ln in enumerate(ttir.splitlines(), 1) if "tt.func" in ln), 0)
+    specialized = arg in art.divisible_args()
+    return log.add(
+        "L3", "ttir",
+        f"argument `{arg}` ({role}) has {'' if specialized else 'no '}tt.divisibility = 16 in the launch specialization",
+        f"ttir:{header}",
+        f"{arg}: {art.signature.get(arg, '?')} attrs={art.arg_attrs.get(arg, [])}",
+    )

@@ -1,0 +1,79 @@
+"""L4 v0: from a finding and its pattern, find the deciding code at the matching compiler release.
+
+Walks the symbol store: the pass named by the remark (or the pattern) -> its TableGen definition ->
+the pipeline call that adds it; the pattern's C++/Python symbols -> their definitions. Every hit is
+logged as Evidence citing file:line@release with the source text it rests on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnose.records import CompilerReason, EvidenceLog, Finding
+from kb.patterns import Pattern
+from kb.symbols import SymbolStore
+
+__all__ = ["escalate"]
+
+_MAX_EXCERPT_LINES = 8
+
+
+def escalate(finding: Finding, pattern: Pattern | None, store: SymbolStore, release: str, chunk_text: Any,
+             log: EvidenceLog, backend: str = "nvidia") -> tuple[CompilerReason | None, list[str]]:
+    """Return the compiler reason for `finding` (or None) and notes on what could not be found."""
+    notes: list[str] = []
+    evidence: list[str] = []
+    parts: list[str] = []
+    pass_args = [a for a in [finding.deciding_pass, *(pattern.compiler_refs.passes if pattern else ())]
+                 if a and a != "ptxas"]
+    for arg in dict.fromkeys(pass_args):
+        p = store.pass_by_argument(arg, release)
+        if p is None:
+            if arg == finding.deciding_pass:
+                parts.append(f"the remark was emitted during pass `{arg}`")
+            notes.append(f"pass `{arg}` has no TableGen definition in the indexed {release} files")
+            continue
+        eid = log.add("L4", "source", f"pass `{p.argument}` is defined as {p.def_name}: {p.summary}", p.cite(),
+                      p.description[:400])
+        evidence.append(eid)
+        added = [lk.src for lk in store.links_of(p.argument, release) if lk.relation == "adds-pass"]
+        where = ""
+        for call in added[:1]:
+            # The same call appears in every backend's pipeline; cite the target's.
+            calls = sorted(store.find(call, release), key=lambda s: (f"/{backend}/" not in f"/{s.file}", s.file))
+            sym = next(iter(calls), None)
+            if sym is not None:
+                stage = sym.kind.split(":", 1)[-1]
+                evidence.append(log.add("L4", "source", f"`{call}` adds it to the {stage} pipeline", sym.cite(),
+                                        call + "(pm, ...)"))
+                where = f", added by `{call}` in {stage}"
+        role = "emitted the remark" if arg == finding.deciding_pass else "runs on this code"
+        parts.append(f"pass `{p.argument}` ({p.def_name}: {p.summary}) {role} [{eid}]{where}")
+    for name in pattern.compiler_refs.symbols if pattern else ():
+        hits = [s for s in store.find(name, release) if s.role in ("def", "decl")]
+        if not hits:
+            notes.append(f"`{name}` is not in the indexed {release} sources (index a source checkout with "
+                         "`kb index compiler --source DIR` to reach .cpp files)")
+            continue
+        sym = min(hits, key=lambda s: (s.role != "decl", s.file.count("/"), s.line))
+        excerpt = _excerpt(chunk_text(sym.chunk_id), sym) if sym.chunk_id else ""
+        eid = log.add("L4", "source", f"`{sym.name}` ({sym.kind}) is {'declared' if sym.role == 'decl' else 'defined'}"
+                      f" at {sym.file}:{sym.line}", sym.cite(), excerpt)
+        evidence.append(eid)
+        parts.append(f"`{sym.name}` {'declared' if sym.role == 'decl' else 'defined'} at {sym.file}:{sym.line} [{eid}]")
+    if not evidence:
+        return None, notes
+    statement = f"At {release}: " + "; ".join(parts) + "."
+    return CompilerReason(finding.kind, statement, evidence), notes
+
+
+def _excerpt(chunk: tuple[str, dict[str, Any]] | None, sym: Any) -> str:
+    if chunk is None:
+        return ""
+    text, meta = chunk
+    lines = text.splitlines()
+    offset = int(meta.get("start_line", 1))
+    header = 1 if lines and lines[0].startswith(("//", "#")) and meta.get("lang") in ("cpp", "python") else 0
+    start = sym.line - offset + header
+    end = min(sym.end_line - offset + header + 1, start + _MAX_EXCERPT_LINES)
+    return "\n".join(lines[max(start, 0):max(end, start + 1)])

@@ -1,0 +1,119 @@
+"""Diagnosis records: every claim printed traces to an Evidence entry.
+
+Evidence is collected in an `EvidenceLog`, which hands out stable ids (E1, E2, ...); findings,
+recommendations and compiler reasons refer to evidence by id only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Answer", "CompilerReason", "Evidence", "EvidenceLog", "Finding", "Recommendation"]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One grounded fact.
+
+    Attributes:
+        id: "E1", "E2", ... unique within one answer.
+        level: "L1" pattern, "L2" profile, "L3" IR, "L4" compiler source.
+        kind: remark, ptx, ttir, ttgir, ptxas, pass-dump, pattern, source, kernel.
+        claim: what the fact says, in one sentence.
+        source: where it is: "ptx:68", "scale.py:8", "include/.../AxisInfo.h:314@triton-3.9.0", "pattern:x".
+        excerpt: the verbatim text it rests on (an IR line, a remark, a source snippet).
+    """
+
+    id: str
+    level: str
+    kind: str
+    claim: str
+    source: str
+    excerpt: str = ""
+
+
+class EvidenceLog:
+    def __init__(self) -> None:
+        self.items: list[Evidence] = []
+        self._by_key: dict[tuple[str, str, str], str] = {}
+
+    def add(self, level: str, kind: str, claim: str, source: str, excerpt: str = "") -> str:
+        key = (kind, source, claim)
+        if key in self._by_key:
+            return self._by_key[key]
+        eid = f"E{len(self.items) + 1}"
+        self.items.append(Evidence(eid, level, kind, claim, source, excerpt.strip()))
+        self._by_key[key] = eid
+        return eid
+
+
+@dataclass
+class Finding:
+    """A root-cause hypothesis (or a clean bill of health) with its evidence chain.
+
+    Attributes:
+        kind: dotted finding kind patterns match on ("vectorization.mask", "dot.fma", ...);
+            healthy findings end in ".ok".
+        topic: what question it answers ("vectorization", "tensor-cores", "registers").
+        title: one line.
+        explanation: the causal chain in words; every statement backed by `evidence`.
+        evidence: evidence ids, in chain order.
+        kernel_lines: kernel source lines involved.
+        deciding_pass: the pass argument that made the decision, when known.
+        level: the level at which it became visible.
+    """
+
+    kind: str
+    topic: str
+    title: str
+    explanation: str
+    evidence: list[str]
+    kernel_lines: list[int] = field(default_factory=list)
+    deciding_pass: str = ""
+    level: str = "L3"
+
+    @property
+    def healthy(self) -> bool:
+        return self.kind.endswith(".ok")
+
+
+@dataclass
+class Recommendation:
+    """A concrete source change justified by a pattern."""
+
+    pattern_id: str
+    title: str
+    summary: str
+    before: str
+    after: str
+    risk: str
+    for_finding: str
+    evidence: list[str]
+    match: str  # "symptom" (the finding kind) or "retrieved" (similar text)
+
+
+@dataclass
+class CompilerReason:
+    """Where in the compiler the decision is made, at the indexed release (L4)."""
+
+    for_finding: str
+    statement: str
+    evidence: list[str]
+
+
+@dataclass
+class Answer:
+    question: str
+    kernel: str
+    target: str
+    release: str
+    findings: list[Finding]
+    recommendations: list[Recommendation]
+    reasons: list[CompilerReason]
+    evidence: list[Evidence]
+    levels: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

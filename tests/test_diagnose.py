@@ -1,0 +1,83 @@
+"""L3 analyzers and `why` on real sm90 compiles, with and without a KB."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EXAMPLES, FIXTURES
+from diagnose.engine import question_topics, why
+from harness import ir
+from harness.capture import capture_call
+from harness.errors import UserFacingError
+
+
+def test_masked_vector_add_names_the_mask_cause(scale_artifacts):
+    answer = why("why isn't this load vectorized?", scale_artifacts, home=None)
+    kinds = {f.kind for f in answer.findings}
+    assert kinds == {"vectorization.mask"}
+    finding = answer.findings[0]
+    assert "n" in finding.explanation and finding.deciding_pass == "convert-triton-gpu-to-llvm"
+    by_id = {e.id: e for e in answer.evidence}
+    chain = [by_id[i] for i in finding.evidence]
+    assert {e.kind for e in chain} >= {"ptx", "remark", "ttgir", "ttir"}
+    assert any("ld.global.b32" in e.excerpt for e in chain)
+    assert answer.recommendations[0].pattern_id == "masked-tail-split"
+
+
+def test_recommended_tail_split_recompiles_to_128_bit_accesses(tmp_path):
+    # The change `masked-tail-split` recommends, applied to scale.py (corpora/examples/scale_tail_split.py).
+    arts = capture_call(EXAMPLES / "scale_tail_split.py", "scale(torch.randn(1000003), 2.0)", cache_dir=tmp_path)
+    ptx = arts[0].stages["ptx"]
+    assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
+    widths = {a.bits for a in ir.ptx_memory_accesses(ptx) if a.kind == "load"}
+    assert 128 in widths
+
+
+def test_aligned_launch_is_reported_vectorized(tmp_path):
+    arts = capture_call(EXAMPLES / "scale.py", "scale(torch.randn(1 << 20), 2.0)", cache_dir=tmp_path)
+    answer = why("is this load vectorized?", arts, home=None)
+    assert [f.kind for f in answer.findings] == ["vectorization.ok"]
+    assert not answer.recommendations
+
+
+def test_ieee_fp32_dot_is_diagnosed_as_fma_and_tf32_fixes_it(tmp_path):
+    call = "matmul(torch.randn(256, 256), torch.randn(256, 256){})"
+    arts = capture_call(EXAMPLES / "matmul_fp32.py", call.format(""), cache_dir=tmp_path)
+    answer = why("why doesn't this matmul use tensor cores?", arts, home=None)
+    assert [f.kind for f in answer.findings] == ["dot.fma"]
+    assert "ieee" in answer.findings[0].explanation
+    assert answer.recommendations[0].pattern_id == "dot-input-precision-tf32"
+    fixed = capture_call(EXAMPLES / "matmul_fp32.py", call.format(', prec="tf32"'), cache_dir=tmp_path)
+    assert [f.kind for f in why("does the dot use tensor cores?", fixed, home=None).findings] == ["dot.ok"]
+    assert "wgmma" in fixed[0].stages["ptx"]
+
+
+def test_register_spills_are_found_with_their_cause(tmp_path):
+    arts = capture_call(FIXTURES / "kernels" / "center_spills.py", "center(torch.randn(2, 16384))", cache_dir=tmp_path)
+    answer = why("why does it spill registers?", arts, home=None)
+    assert [f.kind for f in answer.findings] == ["spills.registers"]
+    assert answer.recommendations[0].pattern_id == "reduce-register-pressure"
+    assert any("values per thread" in e.claim for e in answer.evidence)
+
+
+def test_questions_outside_the_evidence_are_refused(scale_artifacts):
+    with pytest.raises(UserFacingError, match="cannot answer"):
+        question_topics("what is the capital of France?")
+    with pytest.raises(UserFacingError, match="no evidence about tensor-cores"):
+        why("why no tensor cores?", scale_artifacts, home=None)
+
+
+def test_why_with_a_kb_cites_compiler_source_at_the_release(scale_artifacts, built_home):
+    answer = why("why isn't this load vectorized?", scale_artifacts, built_home, release="fixture-1")
+    assert "L4" in answer.levels and answer.release == "fixture-1"
+    sources = {e.source for e in answer.evidence if e.level == "L4"}
+    assert "include/triton/Dialect/TritonGPU/Transforms/Passes.td:4@fixture-1" in sources  # TritonGPUCoalesce
+    assert "include/triton/Analysis/AxisInfo.h:12@fixture-1" in sources  # getMaskAlignment
+    assert "backends/nvidia/compiler.py:7@fixture-1" in sources  # passes.ttgpuir.add_coalesce
+    mask_decl = next(e for e in answer.evidence if e.source.startswith("include/triton/Analysis/AxisInfo.h:12"))
+    assert "getMaskAlignment(Value mask)" in mask_decl.excerpt
+    # every cited file:line exists in the indexed tree
+    for e in answer.evidence:
+        if e.level == "L4":
+            path, line = e.source.split("@")[0].rsplit(":", 1)
+            assert int(line) <= len((FIXTURES / "compiler_tree" / path).read_text().splitlines())

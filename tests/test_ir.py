@@ -1,0 +1,96 @@
+"""The IR parser on small texts written here (shapes taken from real Triton 3.9 output)."""
+
+from harness import ir
+
+DUMP = """\
+// -----// IR Dump Before TritonGPUCoalesce: tritongpu-coalesce ('builtin.module' operation) //----- //
+module {
+  %0 = tt.load %p : tensor<4x!tt.ptr<f32>> loc(#loc1)
+}
+// -----// IR Dump Before ConvertTritonGPUToLLVM: convert-triton-gpu-to-llvm{compute-capability=90} ('builtin.module' operation) //----- //
+module {
+  %0 = tt.load %p : tensor<4x!tt.ptr<f32>, #blocked> loc(#loc1)
+  %1 = tt.load %q : tensor<4x!tt.ptr<f32>, #blocked> loc(#loc1)
+}
+/k/scale.py:8:9: remark: Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1
+    x = tl.load(x_ptr + offs, mask=mask)
+/k/scale.py:8:9: remark: Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1
+// -----// IR Dump After CSE (cse) ('func.func' operation: @add_kernel) //----- //
+func.func @add_kernel() { return }
+"""
+
+
+def test_split_pass_dumps_reads_triton_and_mlir_headers():
+    snaps = ir.split_pass_dumps(DUMP)
+    assert [(s.when, s.pass_class, s.pass_arg) for s in snaps] == [
+        ("Before", "TritonGPUCoalesce", "tritongpu-coalesce"),
+        ("Before", "ConvertTritonGPUToLLVM", "convert-triton-gpu-to-llvm"),
+        ("After", "CSE", "cse"),
+    ]
+    assert snaps[1].options == "{compute-capability=90}"
+    assert "tt.load %q" in snaps[1].text and "tt.load %q" not in snaps[0].text
+    assert ir.diff_op_counts(snaps[0].text, snaps[1].text) == {"tt.load": 1}
+
+
+def test_remarks_carry_location_and_emitting_pass_once():
+    remarks = ir.parse_remarks(DUMP)
+    assert len(remarks) == 1  # the duplicate print is kept once
+    r = remarks[0]
+    assert (r.file, r.line, r.col, r.severity) == ("/k/scale.py", 8, 9, "remark")
+    assert r.pass_name == "convert-triton-gpu-to-llvm"
+    assert r.message.startswith("Warning: vectorization fails vec = 1")
+
+
+PTX = """\
+\t.loc\t1 8 9                           // scale.py:8:9
+\t@%p1 ld.global.b32 { %r1 }, [ %rd1 + 0 ];
+\t.loc\t1 9 5                           // scale.py:9:5
+\tst.global.v4.b32 [ %rd3 + 0 ], { %r9, %r10, %r11, %r12 };
+\tatom.global.gpu.acq_rel.add.f32 %f1, [%rd1], %f2;
+\t.file\t1 "/k/scale.py"
+"""
+
+
+def test_ptx_accesses_have_width_predicate_and_source_line():
+    acc = ir.ptx_memory_accesses(PTX)
+    assert [(a.kind, a.vector, a.element_bits, a.bits, a.predicated) for a in acc] == [
+        ("load", 1, 32, 32, True), ("store", 4, 32, 128, False), ("atomic", 1, 32, 32, False)]
+    assert acc[0].loc == ir.SourceLoc("/k/scale.py", 8, 9)
+    assert acc[1].loc.line == 9
+
+
+def test_ptxas_log_with_and_without_spills():
+    log = """ptxas-blackwell info    : Function properties for center_kernel
+    2976 bytes stack frame, 7880 bytes spill stores, 10368 bytes spill loads
+ptxas-blackwell info    : Used 64 registers, used 0 barriers, 2976 bytes cumulative stack size"""
+    r = ir.parse_ptxas_log(log)
+    assert (r.registers, r.spill_stores, r.spill_loads, r.stack_frame, r.spills) == (64, 7880, 10368, 2976, True)
+    assert ir.parse_ptxas_log("ptxas info    : Used 40 registers, 16384 bytes smem").shared_bytes == 16384
+    assert ir.parse_ptxas_log("nothing here") is None
+
+
+TTIR = """\
+#loc = loc("/k/scale.py":4:1)
+module {
+  tt.func public @k(%x_ptr: !tt.ptr<f32> {tt.divisibility = 16 : i32} loc("x_ptr"(#loc)), %n: i32 loc("n"(#loc))) attributes {noinline = false} {
+    %x = tt.load %p, %m : tensor<1024x!tt.ptr<f32>> loc(#loc19)
+    tt.return loc(#loc9)
+  } loc(#loc)
+} loc(#loc)
+#loc6 = loc("/k/scale.py":8:9)
+#loc19 = loc("x"(#loc6))
+"""
+
+
+def test_func_args_and_locations():
+    args = ir.func_args(TTIR)
+    assert [(a.name, a.is_pointer, a.divisibility) for a in args] == [("x_ptr", True, 16), ("n", False, None)]
+    loads = ir.op_source_lines(TTIR, {"tt.load"})
+    assert len(loads) == 1 and loads[0].loc == ir.SourceLoc("/k/scale.py", 8, 9)
+
+
+def test_func_args_rejects_non_triton_ir():
+    import pytest
+
+    with pytest.raises(ir.IRParseError):
+        ir.func_args("module {}")

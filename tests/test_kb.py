@@ -1,0 +1,159 @@
+"""Stores and retrieval with real components: a chroma directory, SQLite, BM25, the offline model."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+from harness.errors import UserFacingError
+from indexer.tablegen import parse_passes
+from kb.home import KBHome
+from kb.index import Chunk, load_manifest, publish
+from kb.lexical import code_tokens
+from kb.patterns import load_catalog, load_pattern
+from kb.retrieve import Searcher
+from kb.symbols import SymbolStore
+
+
+def test_catalog_has_at_least_15_valid_nvidia_patterns_with_compiler_reasons():
+    patterns = load_catalog()
+    nvidia = [p for p in patterns if "cuda" in p.backends]
+    assert len(nvidia) >= 15
+    assert all(p.compiler_refs.passes or p.compiler_refs.symbols or p.compiler_refs.files for p in nvidia)
+
+
+def test_pattern_schema_errors_name_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("id: x\ntitle: t\nfamily: f\nbackends: [cuda]\nsymptoms: []\nrewrite: {kind: k, summary: s}\n"
+                   "rationale: r\ncompiler_refs: {}\nrisk: low\n")
+    with pytest.raises(UserFacingError, match=r"bad.yaml: compiler_refs must name at least one"):
+        load_pattern(bad)
+    bad.write_text("id: x\n")
+    with pytest.raises(UserFacingError, match=r"bad.yaml: missing key 'title'"):
+        load_pattern(bad)
+
+
+def test_tablegen_reader_on_the_installed_wheel_and_a_fixture():
+    fixture = parse_passes((FIXTURES / "compiler_tree/include/triton/Dialect/TritonGPU/Transforms/Passes.td").read_text())
+    assert [(p.def_name, p.argument, p.line) for p in fixture] == [
+        ("TritonGPUCoalesce", "tritongpu-coalesce", 4),
+        ("TritonGPUAccelerateMatmul", "tritongpu-accelerate-matmul", 13),
+        ("TritonGPUReorder", "tritongpu-reorder-instructions", 23),
+    ]
+    assert fixture[1].options == [{"cpp_name": "computeCapability", "argument": "compute-capability",
+                                   "type": "int32_t", "default": "80", "description": "device compute capability"}]
+    assert fixture[2].summary == "Reorder instructions"  # strings concatenated across lines
+    import triton
+
+    td = Path(triton.__file__).parent / "include/triton/Dialect/TritonGPU/Transforms/Passes.td"
+    if not td.exists():
+        pytest.skip("this triton wheel ships no .td files (before 3.9)")
+    wheel = {p.argument: p for p in parse_passes(td.read_text())}
+    assert wheel["tritongpu-pipeline"].options[0]["argument"] == "num-stages"
+
+
+def test_code_tokens_keep_identifiers_whole_and_split():
+    tokens = code_tokens("getMaskAlignment tt.load BLOCK_SIZE")
+    assert {"getmaskalignment", "get", "mask", "alignment", "tt.load", "tt", "load", "block_size", "block"} <= set(tokens)
+
+
+def test_symbol_store_links_pipeline_calls_to_pass_definitions(built_home):
+    store = SymbolStore(built_home.symbols_db)
+    coalesce = store.pass_by_argument("tritongpu-coalesce", "fixture-1")
+    assert coalesce.cite() == "include/triton/Dialect/TritonGPU/Transforms/Passes.td:4@fixture-1"
+    links = {(lk.src, lk.dst) for lk in store.links_of("tritongpu-coalesce", "fixture-1")}
+    assert ("passes.ttgpuir.add_coalesce", "tritongpu-coalesce") in links
+    assert not store.links_of("passes.ttgpuir.add_not_a_pass", "fixture-1")  # no such pass: no link
+    decl = store.find("ModuleAxisInfoAnalysis::getMaskAlignment", "fixture-1")
+    assert [(s.file, s.line, s.role) for s in decl] == [("include/triton/Analysis/AxisInfo.h", 12, "decl")]
+    store.close()
+
+
+def test_hybrid_search_finds_the_right_chunks(built_home):
+    patterns = Searcher(built_home, "patterns", "catalog")
+    top = patterns.search("masked tail loads are not vectorized", k=3)
+    assert "masked-tail-split" in [h.metadata["pattern_id"] for h in top]
+    compiler = Searcher(built_home, "compiler", "fixture-1", embedder=patterns.embedder)
+    store = SymbolStore(built_home.symbols_db)
+    exact = compiler.symbol_hits("where is getMaskAlignment decided", store)
+    assert exact and exact[0].metadata["file"] == "include/triton/Analysis/AxisInfo.h" and exact[0].via == "symbol"
+    for mode in ("bm25", "vector", "hybrid"):
+        hits = compiler.search("pass that gives loads coalesced layouts", k=2, mode=mode)
+        assert hits and hits[0].metadata["file"].endswith("Passes.td"), mode
+
+
+class _Boom(Exception):
+    pass
+
+
+class _FailingEmbedder:
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+
+    def embed_many(self, texts):
+        self.calls += 1
+        if self.calls > 1:
+            raise _Boom("killed mid-index")
+        return self.real.embed_many(texts)
+
+
+def test_a_failed_publish_leaves_the_previous_index_live(tmp_path):
+    from kb.embed import OfflineEmbedding
+
+    home = KBHome(tmp_path / "home").ensure()
+    embedder = OfflineEmbedding(cache_path=home.embed_cache_db)
+    first = publish(home, "c", "r1", [Chunk("a", "alpha text", {"file": "a"})], chunker={}, source={},
+                    embedder=embedder)
+    many = [Chunk(f"id{i}", f"text {i}", {"file": "b"}) for i in range(600)]  # three batches
+    with pytest.raises(_Boom):
+        publish(home, "c", "r1", many, chunker={}, source={}, embedder=_FailingEmbedder(embedder))
+    assert load_manifest(home, "c", "r1").collection == first.collection
+    assert Searcher(home, "c", "r1", embedder=embedder).search("alpha", k=1, mode="bm25")[0].id == "a"
+    second = publish(home, "c", "r1", many[:3], chunker={}, source={}, embedder=embedder)  # cleans leftovers
+    from kb.vectors import chroma_client, list_collection_names
+
+    assert [n for n in list_collection_names(chroma_client(home)) if n.startswith("c__r1")] == [second.collection]
+
+
+def _hold_lock(root: str, ready, release) -> None:
+    home = KBHome(Path(root))
+    with home.lock(write=True):
+        ready.set()
+        release.wait(10)
+
+
+def test_a_second_writer_fails_clearly(tmp_path):
+    home = KBHome(tmp_path / "home").ensure()
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(home.root), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        start = time.monotonic()
+        with pytest.raises(UserFacingError, match="is busy: another kb process"):
+            with home.lock(write=True, wait_s=0.5):
+                pass
+        assert time.monotonic() - start < 5
+    finally:
+        release.set()
+        holder.join(10)
+    with home.lock(write=True, wait_s=1):  # free again once the holder is gone
+        pass
+
+
+def test_foreign_and_corrupt_homes_are_refused(tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data.txt").write_text("not ours")
+    with pytest.raises(UserFacingError, match="is not a kernel-kb home"):
+        KBHome(foreign).ensure()
+    corrupt = KBHome(tmp_path / "corrupt").ensure()
+    (corrupt.root / "kb-home.json").write_text("{oops")
+    with pytest.raises(UserFacingError, match="is corrupt"):
+        corrupt.validate()
+    assert (foreign / "data.txt").read_text() == "not ours"
