@@ -127,7 +127,7 @@ def publish(
 
     from kb.embed import EMBED_DIM, EMBED_MODEL_ID
     from kb.lexical import LexicalIndex
-    from kb.vectors import chroma_client, create_collection, list_collection_names
+    from kb.vectors import chroma_client, create_collection
 
     ids = [c.id for c in chunks]
     if len(set(ids)) != len(ids):
