@@ -47,6 +47,12 @@ def escalate(finding: Finding, pattern: Pattern | None, store: SymbolStore, rele
                 evidence.append(log.add("L4", "source", f"`{call}` adds it to the {stage} pipeline", sym.cite(),
                                         call + "(pm, ...)"))
                 where = f", added by `{call}` in {stage}"
+        impl = next((lk for lk in store.links_of(p.argument, release) if lk.relation == "implemented-in"), None)
+        if impl is not None:
+            file, _, line = impl.dst.rpartition(":")
+            evidence.append(log.add("L4", "source", f"`{p.def_name}` is implemented in {file}", f"{impl.dst}@{release}",
+                                    f"#define GEN_PASS_DEF_{p.def_name.upper()}"))
+            where += f", implemented in {file}"
         role = "emitted the remark" if arg == finding.deciding_pass else "runs on this code"
         parts.append(f"pass `{p.argument}` ({p.def_name}: {p.summary}) {role} [{eid}]{where}")
     for name in pattern.compiler_refs.symbols if pattern else ():

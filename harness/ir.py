@@ -7,15 +7,19 @@ both read IR through this module; nothing else parses IR text.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.artifacts import PtxasReport, Remark
 
 __all__ = [
     "FuncArg",
+    "IRDump",
     "IRParseError",
+    "IRStage",
     "MemAccess",
     "PassSnapshot",
     "SourceLoc",
@@ -27,7 +31,9 @@ __all__ = [
     "parse_ptxas_log",
     "parse_remarks",
     "ptx_memory_accesses",
+    "read_ir_dump",
     "split_pass_dumps",
+    "stage_op_counts",
 ]
 
 
@@ -426,3 +432,190 @@ def parse_ptxas_log(text: str) -> PtxasReport | None:
         shared_bytes=int(smem["smem"]) if smem else 0,
         raw=joined,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# IR dumps on disk: every format `kb index ir` accepts, read into one list of stages
+
+# Compile-stage files, in pipeline order. Triton's TRITON_KERNEL_DUMP / TRITON_DUMP_DIR write
+# `<hash>/<kernel>.{ttir,ttgir,llir,ptx,json}`; triton-ascend's TRITON_DEBUG writes
+# `kernel.ttir.mlir`, `kernel.ttadapter.mlir` (after triton-adapter) and `kernel.mlir` (bishengir input).
+STAGE_ORDER = (".source", ".ttir", ".ttir.mlir", ".ttgir", ".ttadapter.mlir", ".mlir", ".llir", ".ll", ".ptx",
+               ".amdgcn")
+_STAGE_LANG = {".ttir": "mlir", ".ttir.mlir": "mlir", ".ttgir": "mlir", ".ttadapter.mlir": "mlir", ".mlir": "mlir",
+               ".llir": "llvm", ".ll": "llvm", ".ptx": "ptx", ".amdgcn": "amdgcn", ".source": "python"}
+_DUMP_TEXT_SUFFIXES = (".txt", ".log", ".err", ".dump", ".stderr")
+
+
+@dataclass
+class IRStage:
+    """One snapshot of a kernel's IR: a pass dump section or a whole compile-stage file.
+
+    Attributes:
+        kernel: which kernel it belongs to (dump subdirectory or file stem).
+        name: pass class (`TritonGPUCoalesce`) or stage (`ttgir`).
+        pass_arg: pass argument (`tritongpu-coalesce`), or the stage name for stage files.
+        kind: "pass" (a section of a dump stream) or "stage" (a compile-stage file).
+        when: "Before" / "After" for pass sections, "" for stage files.
+        lang: "mlir", "llvm", "ptx", ...
+        source: the file it was read from; line: 1-based line of its header there (1 for files).
+    """
+
+    kernel: str
+    name: str
+    pass_arg: str
+    kind: str
+    when: str
+    lang: str
+    text: str
+    source: str
+    line: int
+
+
+@dataclass
+class IRDump:
+    stages: list[IRStage]
+    problems: list[str]  # "file:line: what is wrong" for sections that could not be read
+    skipped: list[str]  # files left out, with why
+
+
+def _stage_suffix(name: str) -> str:
+    for suffix in sorted(STAGE_ORDER, key=len, reverse=True):
+        if name.endswith(suffix):
+            return suffix
+    return ""
+
+
+def _brace_problem(text: str, first_line: int = 1) -> str:
+    """A truncated module shows as unbalanced braces; strings are skipped so `"{"` does not count.
+    Line numbers in the message count from `first_line` (the text's line in its file)."""
+    depth, first_open = 0, 0
+    for lineno, line in enumerate(text.splitlines(), start=first_line):
+        code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', line.split("//", 1)[0] if line.lstrip().startswith("//") else line)
+        for ch in code:
+            if ch == "{":
+                if depth == 0:
+                    first_open = lineno
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth < 0:
+                    return f"unexpected '}}' at line {lineno}"
+    return f"{depth} unclosed '{{' (the block opened at line {first_open} never closes: truncated?)" if depth else ""
+
+
+def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
+    """Read a dump file or directory into ordered stages.
+
+    Accepts an MLIR_ENABLE_DUMP / `--mlir-print-ir-after-all` stream, a TRITON_KERNEL_DUMP /
+    TRITON_DUMP_DIR directory (one subdirectory per kernel hash), a triton-ascend TRITON_DEBUG
+    directory, or a single stage file. Malformed sections are reported in `problems` with file and
+    line and left out; they never raise.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise IRParseError(f"{root}: no such file or directory")
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    dump = IRDump([], [], [])
+    stage_files: dict[str, list[tuple[str, Path]]] = {}
+    for file in files:
+        rel = file.name if file == root else file.relative_to(root).as_posix()
+        raw = file.read_bytes()
+        if b"\0" in raw[:4096]:
+            dump.skipped.append(f"{rel}: binary")
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            dump.skipped.append(f"{rel}: not UTF-8 (byte {exc.start})")
+            continue
+        suffix = _stage_suffix(file.name)
+        if "// -----// IR Dump" in text:
+            _read_stream(text, rel, file.stem if file != root else file.stem, dump)
+        elif suffix and suffix != ".source":
+            kernel = file.parent.relative_to(root).as_posix() if file != root else ""
+            if kernel in ("", "."):
+                kernel = root.name if file != root else file.name[: -len(suffix)]
+            stage_files.setdefault(kernel, []).append((suffix, file))
+        elif file.suffix == ".json" or file.suffix in _DUMP_TEXT_SUFFIXES or suffix == ".source":
+            dump.skipped.append(f"{rel}: no IR in it")
+        else:
+            dump.skipped.append(f"{rel}: not a known IR dump file")
+    for kernel, items in sorted(stage_files.items()):
+        for suffix, file in sorted(items, key=lambda item: STAGE_ORDER.index(item[0])):
+            rel = file.name if file == root else file.relative_to(root).as_posix()
+            text = file.read_text()
+            lang = _STAGE_LANG[suffix]
+            problem = _brace_problem(text) if lang in ("mlir", "llvm") else ""
+            if not text.strip():
+                dump.problems.append(f"{rel}:1: empty {suffix} file")
+                continue
+            if problem:
+                dump.problems.append(f"{rel}:1: {problem}")
+                continue
+            dump.stages.append(IRStage(kernel, file.name, suffix.lstrip(".").removesuffix(".mlir") or "mlir", "stage",
+                                       "", lang, text, rel, 1))
+    return dump
+
+
+def _read_stream(text: str, rel: str, kernel: str, dump: IRDump) -> None:
+    for snap in split_pass_dumps(text):
+        where = f"{rel}:{snap.header_line}"
+        # Diagnostics print inside sections; blanking them keeps line numbers true to the file.
+        body = "\n".join("" if _DIAGNOSTIC.match(ln) else ln for ln in snap.text.splitlines())
+        if not body.strip():
+            dump.problems.append(f"{where}: empty IR section after the header for {snap.pass_arg}")
+            continue
+        problem = _brace_problem(_module_part(body), snap.header_line + 1)
+        if problem:
+            dump.problems.append(f"{where}: section for {snap.pass_arg}: {problem}")
+            continue
+        dump.stages.append(IRStage(kernel, snap.pass_class, snap.pass_arg, "pass", snap.when, "mlir", body, rel,
+                                   snap.header_line))
+
+
+def _module_part(body: str) -> str:
+    """The IR of a section without trailing tool output (a ptxas log, Python prints): everything up
+    to the last `}` or `#loc` line after the module opens. A module that never closes keeps all its
+    lines, so the brace check sees the truncation."""
+    lines = body.splitlines()
+    opened = next((i for i, ln in enumerate(lines) if "{" in ln and not ln.startswith("#")), None)
+    if opened is None:
+        return body
+    last = max((i for i, ln in enumerate(lines) if i > opened and ln.startswith(("}", "#loc"))), default=None)
+    return body if last is None else "\n".join(lines[: last + 1])
+
+
+# %5 = load <4 x float>, ptr addrspace(1) %4, align 16      store <4 x float> %9, ptr addrspace(1) %8
+# %12 = call float @llvm.nvvm.ex2.approx.f(float %11)
+_LLVM_INST = re.compile(r"^\s*(?:%[\w.]+\s*=\s*)?(?P<inst>load|store|call|fmul|fadd|fdiv|atomicrmw|cmpxchg|"
+                        r"getelementptr|shufflevector|extractelement|insertelement)\b(?P<rest>.*)$")
+_LLVM_VEC = re.compile(r"<(?P<n>\d+) x (?P<t>\w+)>")
+_LLVM_CALLEE = re.compile(r"@(?P<callee>[\w.$]+)\(")
+_PTX_INST = re.compile(r"^\s*(?:@!?%p\w*\s+)?(?P<inst>[a-z][\w.]*)\s")
+
+
+def stage_op_counts(text: str, lang: str) -> Counter[str]:
+    """Op counts comparable along a pipeline: MLIR ops, LLVM instructions (with vector width and
+    callee, e.g. `load <4 x float>`, `call @llvm.nvvm.ex2.approx.f`), PTX mnemonics (`ld.global.v4.b32`)."""
+    if lang == "mlir":
+        return op_counts(text)
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        if lang == "llvm":
+            m = _LLVM_INST.match(line)
+            if m is None:
+                continue
+            inst, rest = m["inst"], m["rest"]
+            if inst == "call":
+                callee = _LLVM_CALLEE.search(rest)
+                counts[f"call @{callee['callee']}" if callee else "call"] += 1
+            elif inst in ("load", "store") and (vec := _LLVM_VEC.search(rest)):
+                counts[f"{inst} <{vec['n']} x {vec['t']}>"] += 1
+            else:
+                counts[inst] += 1
+        elif lang == "ptx":
+            m = _PTX_INST.match(line)
+            if m and not line.lstrip().startswith((".", "//", "$")):
+                counts[m["inst"]] += 1
+    return counts

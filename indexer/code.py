@@ -9,10 +9,14 @@ packing is done here on the same principle: siblings packed up to a character bu
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CodeUnit", "DEFAULT_MAX_CHARS", "grammar_versions", "parse_units"]
+from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit
+
+__all__ = ["CodeUnit", "DEFAULT_MAX_CHARS", "grammar_versions", "parse_code"]
 
 DEFAULT_MAX_CHARS = 1500  # the embedder truncates at 256 word pieces; ~1500 chars is the edge
 
@@ -32,7 +36,12 @@ _DEFINITIONS = {
 # Containers whose children are chunked separately when the container is too large.
 _CONTAINERS = {"namespace_definition", "class_specifier", "struct_specifier", "class_definition",
                "declaration_list", "field_declaration_list", "template_declaration", "linkage_specification",
-               "block", "decorated_definition", "preproc_ifdef", "preproc_if", "translation_unit", "module"}
+               "block", "decorated_definition", "preproc_ifdef", "preproc_if", "preproc_else", "preproc_elif",
+               "translation_unit", "module", "ERROR"}
+# A function is kept whole up to this size; beyond it (generated-looking giants such as a 75 KB
+# pybind `init_triton_ir`) it is split between its top-level statements, never inside one.
+_HUGE_FUNCTION_CHARS = 8 * DEFAULT_MAX_CHARS
+_FUNCTIONS = {"function_definition"}
 
 
 @functools.cache
@@ -116,9 +125,7 @@ def _definitions(node: Any, lang: str, out: list[tuple[str, str, int, int]]) -> 
         _definitions(child, lang, out)
 
 
-def parse_units(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> list[CodeUnit]:
-    """Split a C++ or Python file into syntax-following chunks."""
-    tree = _parser(lang).parse(source)
+def _units(tree: Any, source: bytes, lang: str, max_chars: int) -> list[CodeUnit]:
     lines = source.decode("utf-8", "replace").splitlines()
     pieces: list[tuple[int, int]] = []  # (start_row, end_row), 0-based inclusive
     _collect(tree.root_node, max_chars, pieces)
@@ -134,6 +141,190 @@ def parse_units(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) ->
     return units
 
 
+def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> ParsedFile:
+    """Chunks, definitions (with their class/namespace scope), call references and cross-layer facts."""
+    tree = _parser(lang).parse(source)
+    text = source.decode("utf-8", "replace")
+    lines = text.splitlines()
+    parsed = ParsedFile(lang=lang)
+    defs: list[SourceSymbol] = []
+    _scoped_definitions(tree.root_node, lang, [], defs, parsed.facts, lines)
+    for unit in _units(tree, source, lang, max_chars):
+        main = next((d for d in defs if unit.start_line <= d.line <= unit.end_line), None)
+        parsed.units.append(Unit(unit.text, unit.start_line, unit.end_line, main.name if main else unit.symbol,
+                                 main.kind if main else unit.kind, main.scope if main else ""))
+    for sym in defs:
+        sym.unit = _unit_at(parsed.units, sym.line)
+    parsed.symbols.extend(defs)
+    for name, line in _call_references(tree.root_node, lang):
+        parsed.symbols.append(SourceSymbol(name, "call", line, line, "ref", "", _unit_at(parsed.units, line)))
+    functions = [d for d in defs if d.kind in ("function", "method")]
+    for severity, message, line in _diagnostics(text, lang):
+        owner = min((f for f in functions if f.line <= line <= f.end_line), key=lambda f: f.end_line - f.line,
+                    default=None)
+        parsed.symbols.append(SourceSymbol(message, f"diagnostic:{severity}", line, line, "emit",
+                                           _qualified(owner) if owner else "", _unit_at(parsed.units, line)))
+    if lang == "cpp":
+        _cpp_facts(text, parsed.facts)
+    return parsed
+
+
+def _unit_at(units: list[Unit], line: int) -> int:
+    for i, u in enumerate(units):
+        if u.start_line <= line <= u.end_line:
+            return i
+    return -1
+
+
+def _qualified(sym: SourceSymbol) -> str:
+    return f"{sym.scope}::{sym.name}" if sym.scope else sym.name
+
+
+# Bases that make a class an MLIR rewrite pattern, capturing the op it matches.
+_PATTERN_BASE = re.compile(
+    r"\b(?:OpRewritePattern|OpConversionPattern|ConvertOpToLLVMPattern|OpInterfaceRewritePattern|"
+    r"OpInterfaceConversionPattern|ConvertTritonGPUOpToLLVMPattern)\s*<\s*(?P<op>[\w:]+)"
+)
+_PASS_BASE = re.compile(r"\b(?:impl::)?(?P<name>\w+)Base\s*<")
+
+
+def _scoped_definitions(node: Any, lang: str, scope: list[str], out: list[SourceSymbol], facts: list[Fact],
+                        lines: list[str]) -> None:
+    kind = _DEFINITIONS[lang].get(node.type)
+    name = ""
+    if lang == "cpp" and node.type in ("field_declaration", "declaration"):
+        declared = _declared_function(node)
+        if declared:
+            out.append(_symbol(declared, "declaration", node, "decl", scope, lines))
+    elif kind:
+        name = _name_of(node, lang)
+        if name:
+            if kind == "function" and (scope and _is_class_scope(node) or "::" in name):
+                kind = "method"
+            if kind in ("class", "struct") and lang == "cpp":
+                bases = node.child_by_field_name("base_class_clause") or next(
+                    (c for c in node.children if c.type == "base_class_clause"), None)
+                base_text = bases.text.decode("utf-8", "replace") if bases is not None else ""
+                if m := _PATTERN_BASE.search(base_text):
+                    kind = "rewrite-pattern"
+                    facts.append(Fact("rewrites-op", name, m["op"].split("::")[-1], node.start_point[0] + 1))
+                for m in _PASS_BASE.finditer(base_text):
+                    facts.append(Fact("implements-base", name, m["name"], node.start_point[0] + 1))
+            out.append(_symbol(name.split("::")[-1], kind, node, "def",
+                               scope + name.split("::")[:-1], lines))
+    inner = scope + [name] if name and node.type in _SCOPES else scope
+    for child in node.children:
+        _scoped_definitions(child, lang, inner, out, facts, lines)
+
+
+_SCOPES = {"namespace_definition", "class_specifier", "struct_specifier", "class_definition"}
+
+
+def _is_class_scope(node: Any) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent.type in ("class_specifier", "struct_specifier", "class_definition"):
+            return True
+        if parent.type in ("namespace_definition", "translation_unit", "module", "function_definition"):
+            return False
+        parent = parent.parent
+    return False
+
+
+def _symbol(name: str, kind: str, node: Any, role: str, scope: list[str], lines: list[str]) -> SourceSymbol:
+    start, end = node.start_point[0] + 1, node.end_point[0] + 1
+    body = "\n".join(lines[start - 1 : end])
+    digest = hashlib.sha1(body.encode()).hexdigest()[:12]
+    return SourceSymbol(name, kind, start, end, role, "::".join(s for s in scope if s), -1, digest)
+
+
+_CALL_NODES = {"cpp": "call_expression", "python": "call"}
+_CALLEE_SPLIT = re.compile(r"::|\.|->")
+
+
+def _call_references(root: Any, lang: str) -> list[tuple[str, int]]:
+    """(callee name, line) of every call, deduplicated per line: `pm.addPass(createFoo())` gives both."""
+    out: set[tuple[str, int]] = set()
+    stack = [root]
+    call_type = _CALL_NODES[lang]
+    while stack:
+        node = stack.pop()
+        if node.type == call_type:
+            fn = node.child_by_field_name("function")
+            if fn is not None:
+                callee = re.sub(r"<.*", "", fn.text.decode("utf-8", "replace"))
+                name = _CALLEE_SPLIT.split(callee)[-1].strip()
+                if len(name) >= 3 and name.replace("_", "a").isalnum():
+                    out.add((name, node.start_point[0] + 1))
+        stack.extend(node.children)
+    return sorted(out, key=lambda x: (x[1], x[0]))
+
+
+# op->emitRemark() << "..."   emitWarning(loc, "...")   rewriter.notifyMatchFailure(op, "...")
+_CPP_DIAG = re.compile(r"\b(?P<sev>emitRemark|emitWarning|emitError|emitOpError|emitSilenceableError|"
+                       r"notifyMatchFailure)\b")
+# warnings.warn("...")   raise ValueError(f"...")
+_PY_DIAG = re.compile(r"\b(?P<sev>warnings\.warn|raise\s+\w+)\s*\(")
+_LITERAL = re.compile(r'(?:\bf|\bL|\bu8)?"((?:[^"\\\n]|\\.)*)"|\'((?:[^\'\\\n]|\\.)*)\'')
+
+
+def _diagnostics(text: str, lang: str) -> list[tuple[str, str, int]]:
+    """(severity, message literal, line) for each diagnostic the code emits; messages join adjacent literals."""
+    out = []
+    pattern = _CPP_DIAG if lang == "cpp" else _PY_DIAG
+    for m in pattern.finditer(text):
+        statement = _statement(text, m.end(), lang)
+        parts = [a if a else b for a, b in _LITERAL.findall(statement)]
+        if lang == "cpp":
+            parts = [p for p in parts if p not in ("'", "\\n")]
+        message = " ".join("".join(parts).split())
+        if len(message) >= 8:
+            sev = m["sev"].split(".")[-1].split()[0]
+            out.append((sev, message[:300], text.count("\n", 0, m.start()) + 1))
+    return out
+
+
+def _statement(text: str, start: int, lang: str, limit: int = 600) -> str:
+    """Text from `start` to the end of the statement (`;` for C++, a closing paren at depth 0 for
+    Python), skipping string literals, so `"failed; "` does not end it."""
+    depth, i, n = 0, start, min(len(text), start + limit)
+    while i < n:
+        ch = text[i]
+        if ch in "\"'":
+            j = i + 1
+            while j < n and text[j] != ch and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if lang == "python" and depth < 0:
+                break
+        elif ch == ";" and lang == "cpp" and depth <= 0:
+            break
+        i += 1
+    return text[start:i]
+
+
+_GEN_PASS_DEF = re.compile(r"^[ \t]*#[ \t]*define[ \t]+GEN_PASS_DEF_(?P<name>\w+)", re.MULTILINE)
+# ADD_PASS_WRAPPER_0("add_coalesce", createTritonGPUCoalesce);   ADD_PASS_OPTION_WRAPPER_1("add_x", createX, int);
+_PASS_WRAPPER = re.compile(r'\bADD_PASS(?:_OPTION)?_WRAPPER_\d+\(\s*"(?P<py>\w+)"\s*,\s*(?P<fn>[\w:]+)')
+# m.def("add_auto_blockify", [](mlir::PassManager &pm, ...) { pm.addPass(mlir::triton::createAutoBlockifyPass(opts)); });
+_DEF_BINDING = re.compile(r'\.def\(\s*"(?P<py>add_\w+)"(?P<body>(?:(?!\.def\().){0,600}?)\b(?P<fn>create\w+)\s*[(<]',
+                          re.DOTALL)
+
+
+def _cpp_facts(text: str, facts: list[Fact]) -> None:
+    for m in _GEN_PASS_DEF.finditer(text):
+        facts.append(Fact("gen-pass-def", m["name"], "", text.count("\n", 0, m.start()) + 1))
+    for m in _PASS_WRAPPER.finditer(text):
+        facts.append(Fact("binding", m["py"], m["fn"].split("::")[-1], text.count("\n", 0, m.start()) + 1))
+    for m in _DEF_BINDING.finditer(text):
+        facts.append(Fact("binding", m["py"], m["fn"], text.count("\n", 0, m.start()) + 1))
+
+
 def _definitions_in_range(node: Any, lang: str, start: int, end: int, out: list) -> None:
     for child in node.children:
         if child.end_point[0] < start or child.start_point[0] > end:
@@ -147,9 +338,17 @@ def _definitions_in_range(node: Any, lang: str, start: int, end: int, out: list)
 def _collect(node: Any, max_chars: int, out: list[tuple[int, int]]) -> None:
     """Leaves of the split: nodes that fit the budget, or non-container nodes too big to split."""
     size = node.end_byte - node.start_byte
-    if size <= max_chars or not node.children or node.type not in _CONTAINERS:
+    splittable = node.type in _CONTAINERS or (node.type in _FUNCTIONS and size > _HUGE_FUNCTION_CHARS)
+    if size <= max_chars or not node.children or not splittable:
         out.append((node.start_point[0], node.end_point[0]))
         return
+    if node.type in _FUNCTIONS:
+        body = node.child_by_field_name("body")
+        if body is not None and body.children:
+            out.append((node.start_point[0], body.children[0].end_point[0]))  # signature and `{` (or `:`)
+            for child in body.children[1:]:
+                _collect(child, max_chars, out)
+            return
     covered = node.start_point[0]
     for child in node.children:
         if child.start_point[0] > covered:

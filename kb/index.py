@@ -24,7 +24,7 @@ from kb.home import KBHome
 
 __all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "list_manifests", "load_manifest", "publish", "drop_index"]
 
-INDEX_SCHEMA_VERSION = 1
+INDEX_SCHEMA_VERSION = 2
 _BATCH = 256
 
 
@@ -33,14 +33,16 @@ class Chunk:
     """One retrievable unit of text with where it came from.
 
     Attributes:
-        id: stable id, `corpus:release:path#symbol-or-line`; unchanged content keeps its id.
-        text: what is embedded and shown.
+        id: content-addressed, `path#sha1(text)`: the same chunk has the same id in every release.
+        text: what is shown and indexed for BM25.
         metadata: flat scalars only (chroma): file, start_line, end_line, symbol, lang, kind, release, ...
+        embed_text: what is embedded when it differs from `text` (a summary of an MLIR test case).
     """
 
     id: str
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    embed_text: str = ""
 
 
 @dataclass
@@ -142,7 +144,7 @@ def publish(
     store = ChromaVectorStore(chroma_collection=create_collection(client, collection_name))
     for start in range(0, len(chunks), _BATCH):
         batch = chunks[start : start + _BATCH]
-        vectors = embedder.embed_many([c.text for c in batch])
+        vectors = embedder.embed_many([c.embed_text or c.text for c in batch])
         nodes = [
             TextNode(id_=c.id, text=c.text, metadata=c.metadata, embedding=v,
                      excluded_embed_metadata_keys=list(c.metadata), excluded_llm_metadata_keys=list(c.metadata))

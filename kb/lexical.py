@@ -2,7 +2,10 @@
 
 English stemming and stop-word lists mangle identifiers, so tokens are produced here: every
 identifier is kept whole (`getMaskAlignment`, `tt.load`, `BLOCK_SIZE_M`) and also split into its
-parts (`get`, `mask`, `alignment`; `tt`, `load`; `block`, `size`, `m`), all lower-cased.
+parts (`get`, `mask`, `alignment`; `tt`, `load`; `block`, `size`, `m`), all lower-cased. Parts
+also contribute their English stem (`lowering` -> `lower`, `loops` -> `loop`), so a question's
+words meet the identifiers that spell them. Stop words are dropped from queries only: in code
+`is` and `for` are part of names.
 """
 
 from __future__ import annotations
@@ -13,12 +16,18 @@ from pathlib import Path
 
 import bm25s
 import numpy as np
+import Stemmer
 
-__all__ = ["LexicalIndex", "code_tokens"]
+__all__ = ["LexicalIndex", "code_tokens", "query_tokens"]
 
 # identifiers with dots/colons inside (tt.load, mlir::triton, ttg.convert_layout), plus numbers
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:(?:\.|::)[A-Za-z_][A-Za-z0-9_]*)*|\d+")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_STEMMER = Stemmer.Stemmer("english")
+_QUESTION_WORDS = {"where", "what", "which", "how", "why", "when", "who", "does", "do", "did", "the", "this", "that",
+                   "there", "their", "its", "was", "were", "has", "have", "can", "could", "would", "should", "from",
+                   "with", "about", "i", "my", "me", "we", "our", "you", "your", "get", "gets"}
+_QUERY_STOPWORDS = set(bm25s.stopwords.STOPWORDS_EN) | _QUESTION_WORDS
 
 
 def code_tokens(text: str) -> list[str]:
@@ -27,13 +36,24 @@ def code_tokens(text: str) -> list[str]:
         low = ident.lower()
         tokens.append(low)
         parts = re.split(r"\.|::|_", ident)
+        words = []
         if len(parts) > 1 or _CAMEL.findall(ident) != [ident]:
             for part in parts:
                 sub = _CAMEL.findall(part)
-                tokens.extend(s.lower() for s in sub if s)
+                words.extend(s.lower() for s in sub if s)
                 if len(sub) > 1 and part != ident:
                     tokens.append(part.lower())
+        else:
+            words = [low]
+        tokens.extend(w for w in words if w != low)
+        tokens.extend(stem for w in words if len(w) > 3 and (stem := _STEMMER.stemWord(w)) != w)
     return [t for t in tokens if len(t) > 1 or t.isdigit()]
+
+
+def query_tokens(text: str) -> list[str]:
+    """Tokens of a search query: code tokens without English stop words and question words."""
+    words = [w for w in IDENT.findall(text) if w.lower() not in _QUERY_STOPWORDS]
+    return code_tokens(" ".join(words))
 
 
 class LexicalIndex:
@@ -61,7 +81,7 @@ class LexicalIndex:
         return cls(retriever, ids)
 
     def search(self, query: str, k: int) -> list[tuple[str, float]]:
-        tokens = [t for t in code_tokens(query) if t in self._bm25.vocab_dict]
+        tokens = [t for t in query_tokens(query) if t in self._bm25.vocab_dict]
         if not tokens or not self.ids:
             return []
         k = min(k, len(self.ids))

@@ -22,6 +22,10 @@ from kb.lexical import IDENT, LexicalIndex
 __all__ = ["Hit", "Searcher", "default_release"]
 
 _RRF_CANDIDATES = 30
+# Files that show or exercise the compiler rather than implement it.
+_AUX_PATH = re.compile(r"(^|/)(tests?|unittests?|tutorials?|examples?|benchmarks?|docs?|pytest_ut)(/|$)"
+                       r"|(^|/)test_[^/]*\.py$|_test\.(py|cpp)$")
+_ASKS_FOR_AUX = re.compile(r"\b(tests?|lit|unittests?|examples?|tutorials?|benchmarks?|FileCheck)\b", re.IGNORECASE)
 
 
 @dataclass
@@ -107,13 +111,38 @@ class Searcher:
         )
         return self._fusion
 
-    def search(self, query: str, k: int = 5, mode: str = "hybrid", where: dict[str, Any] | None = None) -> list[Hit]:
-        """Top-k hits; `mode` is hybrid, bm25 or vector; `where` filters on metadata equality."""
+    def search(self, query: str, k: int = 5, mode: str = "hybrid", where: dict[str, Any] | None = None,
+               one_per_file: bool = True) -> list[Hit]:
+        """Top-k hits; `mode` is hybrid, bm25 or vector; `where` filters on metadata equality.
+
+        Two priors apply to every mode: tests, tutorials and examples rank after compiler source
+        unless the query asks for them, and (with `one_per_file`) a file appears once, at its best
+        chunk, so five hits are five places to look.
+        """
         fusion = self._fusion or self._build()
         retriever = {"hybrid": fusion, "bm25": self._bm25, "vector": self._vector}[mode]
         hits = [_hit(n, mode) for n in retriever.retrieve(query)]
         if where:
             hits = [h for h in hits if all(h.metadata.get(key) == val for key, val in where.items())]
+        if not _ASKS_FOR_AUX.search(query):
+            hits.sort(key=lambda h: bool(_AUX_PATH.search(h.metadata.get("file", ""))))  # stable: keeps rank order
+        if one_per_file:
+            seen: set[str] = set()
+            unique = []
+            for h in hits:
+                file = h.metadata.get("file") or h.id
+                if file not in seen:
+                    seen.add(file)
+                    unique.append(h)
+            hits = unique
+        return hits[:k]
+
+    def answer(self, query: str, k: int = 5, mode: str = "hybrid", store: Any = None) -> list[Hit]:
+        """What `kb search` returns: in hybrid mode, chunks defining identifiers written in the query
+        come first (exact, from the symbol store), then the fused ranking."""
+        hits: list[Hit] = self.symbol_hits(query, store)[:k] if mode == "hybrid" and store is not None else []
+        seen = {h.id for h in hits}
+        hits += [h for h in self.search(query, k=k + len(hits), mode=mode) if h.id not in seen]
         return hits[:k]
 
     def chunks(self, ids: list[str]) -> list[Hit]:

@@ -4,9 +4,11 @@ SQLite, one file per KB home, rows keyed by release. A release is replaced in on
 crash mid-index leaves the previous rows intact.
 
 Tables:
-    symbols  definitions and references: (release, name, kind, lang, file, line, end_line, role)
-    passes   TableGen pass definitions: (release, def_name, argument, summary, description, options)
+    symbols  definitions and uses: (release, name, kind, lang, file, line, end_line, role, chunk_id, scope, digest)
+             role: def | decl | ref (a call) | example (an op used in a lit test) | emit (a diagnostic message)
+    passes   TableGen pass definitions: (release, def_name, argument, summary, description, options, ...)
     links    typed edges between names: (release, src_kind, src, relation, dst_kind, dst, evidence)
+    files    what each release was built from: (release, path, sha256, lang, chunks)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from harness.errors import UserFacingError
 
-__all__ = ["Link", "PassDef", "Symbol", "SymbolStore"]
+__all__ = ["Link", "PassDef", "SourceFile", "Symbol", "SymbolStore"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS symbols (
@@ -28,6 +30,10 @@ CREATE TABLE IF NOT EXISTS symbols (
     chunk_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS symbols_name ON symbols (name COLLATE NOCASE, release);
+CREATE TABLE IF NOT EXISTS files (
+    release TEXT NOT NULL, path TEXT NOT NULL, sha256 TEXT NOT NULL, lang TEXT NOT NULL, chunks INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS files_release ON files (release, path);
 CREATE TABLE IF NOT EXISTS passes (
     release TEXT NOT NULL, def_name TEXT NOT NULL, argument TEXT NOT NULL, summary TEXT NOT NULL,
     description TEXT NOT NULL, options TEXT NOT NULL, file TEXT NOT NULL, line INTEGER NOT NULL,
@@ -41,6 +47,13 @@ CREATE TABLE IF NOT EXISTS links (
 CREATE INDEX IF NOT EXISTS links_src ON links (src, release);
 CREATE INDEX IF NOT EXISTS links_dst ON links (dst, release);
 """
+# Columns added after the first schema: (table, column, declaration). Older stores get them on open.
+_ADDED_COLUMNS = (
+    ("symbols", "scope", "TEXT NOT NULL DEFAULT ''"),
+    ("symbols", "digest", "TEXT NOT NULL DEFAULT ''"),
+    ("passes", "constructor", "TEXT NOT NULL DEFAULT ''"),
+)
+_TABLES = ("symbols", "passes", "links", "files")
 
 
 @dataclass(frozen=True)
@@ -54,8 +67,14 @@ class Symbol:
     file: str  # path relative to the indexed root
     line: int
     end_line: int
-    role: str = "def"  # def | ref
+    role: str = "def"  # def | decl | ref | example | emit
     chunk_id: str = ""
+    scope: str = ""  # enclosing class/namespace; for `emit`, the function that emits the message
+    digest: str = ""  # hash of a definition's text
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.scope}::{self.name}" if self.scope and self.role in ("def", "decl") else self.name
 
     def cite(self) -> str:
         return f"{self.file}:{self.line}@{self.release}"
@@ -74,9 +93,21 @@ class PassDef:
     file: str = ""
     line: int = 0
     end_line: int = 0
+    constructor: str = ""
 
     def cite(self) -> str:
         return f"{self.file}:{self.line}@{self.release}"
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file a release was built from."""
+
+    release: str
+    path: str
+    sha256: str
+    lang: str
+    chunks: int
 
 
 @dataclass(frozen=True)
@@ -103,6 +134,10 @@ class SymbolStore:
             self._db = sqlite3.connect(path, timeout=60)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
+            for table, column, declaration in _ADDED_COLUMNS:
+                columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in columns:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
         except sqlite3.DatabaseError as exc:
             raise UserFacingError(
                 f"symbol store {path} is unreadable ({exc})",
@@ -114,49 +149,69 @@ class SymbolStore:
 
     # -- writing -------------------------------------------------------------------------------
     def replace_release(
-        self, release: str, symbols: Iterable[Symbol], passes: Iterable[PassDef], links: Iterable[Link]
+        self, release: str, symbols: Iterable[Symbol], passes: Iterable[PassDef], links: Iterable[Link],
+        files: Iterable[SourceFile] = (),
     ) -> None:
         """Swap every row of `release` for the given ones, atomically."""
         with self._db:
-            for table in ("symbols", "passes", "links"):
+            for table in _TABLES:
                 self._db.execute(f"DELETE FROM {table} WHERE release = ?", (release,))
             self._db.executemany(
-                "INSERT INTO symbols VALUES (?,?,?,?,?,?,?,?,?)",
-                [(s.release, s.name, s.kind, s.lang, s.file, s.line, s.end_line, s.role, s.chunk_id) for s in symbols],
+                "INSERT INTO symbols (release, name, kind, lang, file, line, end_line, role, chunk_id, scope, digest) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [tuple(asdict(s).values()) for s in symbols],
             )
             self._db.executemany(
-                "INSERT INTO passes VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO passes (release, def_name, argument, summary, description, options, file, line, end_line,"
+                " constructor) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [
                     (p.release, p.def_name, p.argument, p.summary, p.description, json.dumps(p.options), p.file,
-                     p.line, p.end_line)
+                     p.line, p.end_line, p.constructor)
                     for p in passes
                 ],
             )
             self._db.executemany(
                 "INSERT INTO links VALUES (?,?,?,?,?,?,?)", [tuple(asdict(lk).values()) for lk in links]
             )
+            self._db.executemany("INSERT INTO files VALUES (?,?,?,?,?)", [tuple(asdict(f).values()) for f in files])
 
     def drop_release(self, release: str) -> None:
         with self._db:
-            for table in ("symbols", "passes", "links"):
+            for table in _TABLES:
                 self._db.execute(f"DELETE FROM {table} WHERE release = ?", (release,))
 
     # -- reading -------------------------------------------------------------------------------
     def releases(self) -> list[str]:
-        return [r for (r,) in self._db.execute("SELECT DISTINCT release FROM symbols ORDER BY release")]
+        return [r for (r,) in self._db.execute(
+            "SELECT release FROM symbols UNION SELECT release FROM files ORDER BY release")]
 
     def find(self, name: str, release: str | None = None, role: str | None = None) -> list[Symbol]:
-        """Symbols named `name` (case-insensitive; `A::b` also matches its last component)."""
-        short = name.split("::")[-1].split(".")[-1]
-        sql = "SELECT * FROM symbols WHERE (name = ? COLLATE NOCASE OR name = ? COLLATE NOCASE)"
-        args: list[object] = [name, short]
-        if release:
-            sql += " AND release = ?"
-            args.append(release)
-        if role:
-            sql += " AND role = ?"
-            args.append(role)
-        return [Symbol(*row) for row in self._db.execute(sql + " ORDER BY role, file, line", args)]
+        """Symbols named `name`, case-insensitive, definitions first.
+
+        `A::b` matches `b` defined in a scope ending with `A` (else any `b`); a dotted name
+        (`tt.load`, `passes.ttgpuir.add_coalesce`) matches exactly, else by its last component.
+        """
+        def query(text: str) -> list[Symbol]:
+            sql = "SELECT * FROM symbols WHERE name = ? COLLATE NOCASE"
+            args: list[object] = [text]
+            if release:
+                sql += " AND release = ?"
+                args.append(release)
+            if role:
+                sql += " AND role = ?"
+                args.append(role)
+            order = " ORDER BY CASE role WHEN 'def' THEN 0 WHEN 'decl' THEN 1 WHEN 'emit' THEN 2 ELSE 3 END, file, line"
+            return [Symbol(*row) for row in self._db.execute(sql + order, args)]
+
+        if "::" in name:
+            short = name.split("::")[-1]
+            found = query(short)
+            scoped = [s for s in found if s.qualified.lower().endswith(name.lower())]
+            return scoped or found
+        found = query(name)
+        if not found and "." in name:
+            found = query(name.rsplit(".", 1)[-1])
+        return found
 
     def pass_by_argument(self, argument: str, release: str | None = None) -> PassDef | None:
         sql = "SELECT * FROM passes WHERE argument = ?"
@@ -188,13 +243,60 @@ class SymbolStore:
             args.append(release)
         return [Link(*row) for row in self._db.execute(sql, args)]
 
+    def find_message(self, message: str, release: str | None = None, limit: int = 5) -> list[Symbol]:
+        """Diagnostics whose literal text the printed `message` contains, best (longest) first.
+
+        Emitted literals lose their streamed values (`"vec = " << vec`), so a printed remark is matched
+        when the literal's words appear in it in order."""
+        words = message.split()
+        sql = "SELECT * FROM symbols WHERE role = 'emit'"
+        args: list[object] = []
+        if release:
+            sql += " AND release = ?"
+            args.append(release)
+        if words:
+            sql += " AND name LIKE ?"
+            args.append(f"%{max(words, key=len)}%")
+        found = []
+        for row in self._db.execute(sql, args):
+            sym = Symbol(*row)
+            if _in_order(sym.name.split(), words):
+                found.append(sym)
+        return sorted(found, key=lambda s: -len(s.name))[:limit]
+
+    def search_names(self, pattern: str, release: str | None = None, limit: int = 20) -> list[Symbol]:
+        """Definitions whose name contains `pattern` (case-insensitive)."""
+        sql = "SELECT * FROM symbols WHERE role IN ('def', 'decl') AND name LIKE ?"
+        args: list[object] = [f"%{pattern}%"]
+        if release:
+            sql += " AND release = ?"
+            args.append(release)
+        return [Symbol(*row) for row in self._db.execute(sql + " ORDER BY length(name), name LIMIT ?", [*args, limit])]
+
+    def files(self, release: str) -> dict[str, SourceFile]:
+        rows = self._db.execute("SELECT * FROM files WHERE release = ?", (release,))
+        return {row[1]: SourceFile(*row) for row in rows}
+
+    def definitions(self, release: str) -> dict[tuple[str, str, str], Symbol]:
+        """(scope-qualified name, kind, file) -> definition, for comparing releases."""
+        rows = self._db.execute(
+            "SELECT * FROM symbols WHERE release = ? AND role = 'def' AND kind NOT IN ('namespace', 'macro')",
+            (release,))
+        return {(s.qualified, s.kind, s.file): s for s in (Symbol(*row) for row in rows)}
+
     def count(self, release: str) -> dict[str, int]:
         return {
             table: self._db.execute(f"SELECT COUNT(*) FROM {table} WHERE release = ?", (release,)).fetchone()[0]
-            for table in ("symbols", "passes", "links")
+            for table in _TABLES
         }
 
     @staticmethod
     def _pass(row: tuple) -> PassDef:
-        release, def_name, argument, summary, description, options, file, line, end_line = row
-        return PassDef(release, def_name, argument, summary, description, json.loads(options), file, line, end_line)
+        release, def_name, argument, summary, description, options, file, line, end_line, constructor = row
+        return PassDef(release, def_name, argument, summary, description, json.loads(options), file, line, end_line,
+                       constructor)
+
+
+def _in_order(needle: list[str], haystack: list[str]) -> bool:
+    it = iter(haystack)
+    return all(any(word == h for h in it) for word in needle)

@@ -70,3 +70,70 @@ def test_status_and_search(built_home):
                                        "--release", "fixture-1", "--json"])
     hits = json.loads(result.stdout)
     assert hits[0]["via"] == "symbol" and hits[0]["metadata"]["file"].endswith("AxisInfo.h")
+
+
+def test_symbols_shows_definitions_references_and_links(built_home):
+    result = CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", "tritongpu-coalesce"])
+    assert result.exit_code == 0, result.output
+    assert "pass TritonGPUCoalesce (tritongpu-coalesce) include/triton/Dialect/TritonGPU/Transforms/Passes.td:4" \
+        in result.output
+    assert "-implemented-by-> class CoalescePass" in result.output
+    assert "-adds-pass-> pass tritongpu-coalesce  [pybind binding" in result.output
+    result = CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", "--json",
+                                       "Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1"])
+    view = json.loads(result.stdout)
+    assert view["diagnostics"][0]["scope"].endswith("LoadVectorizer::matchAndRewrite")
+    missing = _one_line_error(["--home", str(built_home.root), "symbols", "getMaskAlignmnt"])
+    assert "no symbol 'getMaskAlignmnt' (similar: getMaskAlignment)" in missing
+
+
+def test_releases_commands(tmp_path):
+    home = ["--home", str(tmp_path / "h")]
+    runner = CliRunner()
+    for release in ("a", "b"):
+        result = runner.invoke(main, [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"),
+                                      "--release", release])
+        assert result.exit_code == 0, result.output
+    assert "0 files parsed, 7 from the parse cache; 0 texts embedded" in result.output
+    listing = json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)
+    assert [r["name"] for r in listing] == ["a", "b"] and listing[0]["corpora"]["compiler"] > 0
+    diff = json.loads(runner.invoke(main, [*home, "releases", "diff", "a", "b", "--json"]).stdout)
+    assert diff["files"] == {"added": [], "removed": [], "changed": []}
+    assert "not indexed" in _one_line_error([*home, "releases", "diff", "a", "zzz"])
+    assert runner.invoke(main, [*home, "releases", "drop", "a"]).output.strip() == "dropped a (compiler)"
+    assert [r["name"] for r in json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)] == ["b"]
+
+
+def test_index_ir_and_trace_an_op(tmp_path):
+    home = ["--home", str(tmp_path / "h")]
+    runner = CliRunner()
+    result = runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/malformed.txt"), "--name", "bad"])
+    assert result.exit_code == 0, result.output
+    assert "malformed (left out): malformed.txt:18: section for tritongpu-remove-layout-conversions" in result.output
+    result = runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "copy"])
+    assert result.exit_code == 0, result.output
+    trace = runner.invoke(main, [*home, "ir", "trace", "copy", "convert_layout"])
+    assert trace.exit_code == 0, trace.output
+    assert "tritongpu-coalesce" in trace.output and "at copy.py:7" in trace.output
+    assert "first present after: tritongpu-coalesce [stream.txt:1]" in trace.output
+    assert "no op matching" in _one_line_error([*home, "ir", "trace", "copy", "wgmma"])
+    assert "no IR found" in _one_line_error([*home, "index", "ir", str(FIXTURES / "kernels")])
+
+
+def test_eval_retrieval_reports_every_mode(built_home, tmp_path):
+    (tmp_path / "gold.yaml").write_text(
+        "corpus: compiler\nrelease: fixture-1\nqueries:\n"
+        "  - {id: q1, kind: symbol, query: getMaskAlignment, expect: {files: [include/triton/Analysis/AxisInfo.h]}}\n"
+        "  - {id: q2, kind: nl, query: which pass gives loads coalesced layouts,\n"
+        "     expect: {files: [include/triton/Dialect/TritonGPU/Transforms/Passes.td]}}\n")
+    result = CliRunner().invoke(main, ["--home", str(built_home.root), "eval", "retrieval", "--queries", str(tmp_path),
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    hybrid = report["sets"]["fixture-1"]["hybrid"]
+    assert hybrid["symbol"]["recall@1"] == 1.0 and hybrid["all"]["n"] == 2
+    assert set(report["overall"]) == {"bm25", "vector", "hybrid"}
+    assert {q["id"] for q in report["queries"]} == {"q1", "q2"}
+    (tmp_path / "gold.yaml").write_text("corpus: compiler\nrelease: fixture-1\nqueries:\n  - {id: q1, kind: x}\n")
+    assert "gold.yaml: query 1: missing key 'query'" in _one_line_error(
+        ["--home", str(built_home.root), "eval", "retrieval", "--queries", str(tmp_path)])

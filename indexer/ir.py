@@ -1,0 +1,235 @@
+"""Index IR dumps: what each pass (or compile stage) changed, searchable and traceable.
+
+Reads dumps through `harness.ir.read_ir_dump` (the one IR parser), then for every snapshot that
+differs from the one before it records the op-count change, the kernel source lines of the ops it
+introduced or removed, and a short diff. Those records become chunks (corpus `ir`, release = the
+dump's name), `ir-pass` symbols and `introduces` / `removes` links, and a timeline file that
+`kb ir trace` reads to answer "which pass introduced this convert_layout".
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserFacingError
+from harness.ir import IRDump, IRStage, op_source_lines, read_ir_dump, stage_op_counts
+from kb.home import KBHome
+from kb.index import Chunk, Manifest, publish
+from kb.symbols import Link, SourceFile, Symbol, SymbolStore
+
+__all__ = ["IR_CORPUS", "StepChange", "index_ir_dump", "load_timeline", "summarize_dump"]
+
+IR_CORPUS = "ir"
+_DIFF_LINES = 40
+_LOC_SUFFIX = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)\s*$")
+_SSA = re.compile(r"%[\w.#-]+")
+
+
+@dataclass
+class StepChange:
+    """What one pass or stage did to the IR, relative to the snapshot before it.
+
+    Attributes:
+        index: position in the kernel's pipeline, from 0.
+        kernel, name, pass_arg, kind, source, line: from the snapshot (see `harness.ir.IRStage`).
+        counts_before: op -> count in the IR this step received.
+        counts: op -> count in the IR this step left (equal to counts_before when unknown: the last
+            pass of a "Before" stream has no later snapshot; see `after_known`).
+        delta: op -> change in count (only ops that changed).
+        introduced_at: op -> kernel source lines ("file:line") of the ops this step added.
+        diff: a short unified diff of the op lines (SSA names and locations normalized away).
+    """
+
+    index: int
+    kernel: str
+    name: str
+    pass_arg: str
+    kind: str
+    source: str
+    line: int
+    counts_before: dict[str, int]
+    counts: dict[str, int]
+    after_known: bool = True
+    delta: dict[str, int] = field(default_factory=dict)
+    introduced_at: dict[str, list[str]] = field(default_factory=dict)
+    diff: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.delta or self.diff)
+
+
+def _normalized_ops(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#loc", "//")):
+            continue
+        out.append(_SSA.sub("%_", _LOC_SUFFIX.sub("", stripped)))
+    return out
+
+
+def _locations(stage: IRStage) -> dict[str, list[str]]:
+    if stage.lang != "mlir":
+        return {}
+    found: dict[str, list[str]] = {}
+    for op in op_source_lines(stage.text):
+        if op.loc is not None:
+            where = f"{Path(op.loc.file).name}:{op.loc.line}"
+            if where not in found.setdefault(op.op, []):
+                found[op.op].append(where)
+    return found
+
+
+def summarize_dump(dump: IRDump) -> list[StepChange]:
+    """Per-kernel sequence of steps with what each changed.
+
+    With "Before" dumps a pass's effect shows in the next snapshot, so each change is attributed to
+    the pass whose Before-snapshot precedes it; with "After" dumps (bishengir, upstream MLIR), to the
+    pass named in the header. Stage files are compared with the previous stage.
+    """
+    steps: list[StepChange] = []
+    by_kernel: dict[str, list[IRStage]] = {}
+    for stage in dump.stages:
+        by_kernel.setdefault(stage.kernel, []).append(stage)
+    for kernel, stages in by_kernel.items():
+        previous: IRStage | None = None
+        kernel_steps: list[StepChange] = []
+        for i, stage in enumerate(stages):
+            counts = dict(stage_op_counts(stage.text, stage.lang))
+            before_dump = stage.kind == "pass" and stage.when == "Before"
+            # A Before-snapshot is what the pass receives; what it leaves shows in the next snapshot.
+            step = StepChange(i, kernel, stage.name, stage.pass_arg, stage.kind, stage.source, stage.line,
+                              counts_before=counts if before_dump else {}, counts=counts, after_known=not before_dump)
+            if previous is not None and previous.lang == stage.lang:
+                owner = kernel_steps[-1] if before_dump else step
+                before = owner.counts_before if before_dump else kernel_steps[-1].counts
+                if before_dump:
+                    owner.counts, owner.after_known = counts, True
+                else:
+                    step.counts_before = before
+                owner.delta = {op: counts.get(op, 0) - before.get(op, 0) for op in sorted(set(counts) | set(before))
+                               if counts.get(op, 0) != before.get(op, 0)}
+                before_locs, after_locs = _locations(previous), _locations(stage)
+                owner.introduced_at = {op: [w for w in after_locs.get(op, []) if w not in before_locs.get(op, [])]
+                                       or after_locs.get(op, [])[:3]
+                                       for op, d in owner.delta.items() if d > 0 and op in after_locs}
+                diff = list(difflib.unified_diff(_normalized_ops(previous.text), _normalized_ops(stage.text),
+                                                 lineterm="", n=0))[2:]
+                owner.diff = "\n".join(diff[:_DIFF_LINES]) + (f"\n... {len(diff) - _DIFF_LINES} more lines"
+                                                              if len(diff) > _DIFF_LINES else "")
+            elif not before_dump:
+                step.counts_before = counts if previous is None else {}
+            kernel_steps.append(step)
+            previous = stage
+        steps.extend(kernel_steps)
+    return steps
+
+
+def _chunk_text(step: StepChange, total: int) -> str:
+    label = f"{step.name} ({step.pass_arg})" if step.kind == "pass" else f"stage {step.name}"
+    lines = [f"IR {step.kind} {step.index + 1}/{total} of kernel {step.kernel}: {label}  [{step.source}:{step.line}]"]
+    if step.kind == "stage" or step.index == 0:
+        lines.append("ops after it: " + ", ".join(f"{op} x{n}" for op, n in sorted(step.counts.items(), key=lambda x: -x[1])[:25]))
+    if step.delta:
+        lines.append("op count changes: " + ", ".join(f"{op} {d:+d}" for op, d in step.delta.items()))
+        added = [op for op, d in step.delta.items() if d > 0]
+        removed = [op for op, d in step.delta.items() if d < 0]
+        if added:
+            lines.append("introduced: " + ", ".join(
+                f"{op}" + (f" at {', '.join(step.introduced_at[op][:3])}" if step.introduced_at.get(op) else "")
+                for op in added))
+        if removed:
+            lines.append("removed (disappeared): " + ", ".join(removed))
+    elif step.diff:
+        lines.append("rewrote ops without changing their counts")
+    if step.diff:
+        lines.append("diff:\n" + step.diff)
+    return "\n".join(lines)
+
+
+def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
+                  progress: Callable[[str, int, int], None] | None = None) -> tuple[Manifest, IRDump, list[StepChange]]:
+    """Read, summarize and publish one dump as release `name` of corpus `ir`. Caller holds the write lock."""
+    from harness.ir import IRParseError
+
+    try:
+        dump = read_ir_dump(path)
+    except IRParseError as exc:
+        raise UserFacingError(str(exc), "pass a dump file or directory (see `kb index ir --help`)") from exc
+    if not dump.stages:
+        why = "; ".join((dump.problems + dump.skipped)[:3]) or "it is empty"
+        raise UserFacingError(
+            f"no IR found in {path} ({why})",
+            "pass an MLIR_ENABLE_DUMP stream, a TRITON_DUMP_DIR/TRITON_KERNEL_DUMP or TRITON_DEBUG directory, "
+            "or --mlir-print-ir-after-all output",
+        )
+    steps = summarize_dump(dump)
+    per_kernel: dict[str, int] = {}
+    for s in steps:
+        per_kernel[s.kernel] = per_kernel.get(s.kernel, 0) + 1
+    chunks: list[Chunk] = []
+    symbols: list[Symbol] = []
+    links: list[Link] = []
+    for step in steps:
+        if progress:
+            progress("summarize", step.index + 1, len(steps))
+        if not step.changed and step.kind == "pass" and step.index > 0:
+            continue  # an unchanged pass adds nothing to search; its counts stay in the timeline
+        text = _chunk_text(step, per_kernel[step.kernel])
+        cid = f"{step.kernel}#{step.index}:{step.pass_arg}"
+        chunks.append(Chunk(cid, text, {
+            "file": step.source, "start_line": step.line, "end_line": step.line, "symbol": step.name,
+            "kind": f"ir-{step.kind}", "lang": "mlir", "release": name, "pass_arg": step.pass_arg,
+            "kernel": step.kernel, "step": step.index}))
+        symbols.append(Symbol(name, step.pass_arg, f"ir-{step.kind}", "mlir", step.source, step.line, step.line,
+                              "def", cid, step.kernel))
+        if step.name != step.pass_arg:
+            symbols.append(Symbol(name, step.name, f"ir-{step.kind}", "mlir", step.source, step.line, step.line,
+                                  "def", cid, step.kernel))
+        for op, d in step.delta.items():
+            relation = "introduces" if d > 0 else "removes"
+            links.append(Link(name, f"ir-{step.kind}", step.pass_arg, relation, "op", op,
+                              f"{d:+d} at {step.source}:{step.line}"))
+            symbols.append(Symbol(name, op, "ir-op-introduced" if d > 0 else "ir-op-removed", "mlir", step.source, step.line, step.line,
+                                  "ref", cid, step.pass_arg))
+    # The timeline is written under a fresh build name and named by the manifest, so a kill at any
+    # point leaves `kb ir trace` and `kb search` reading the same build.
+    home.ir_dir.mkdir(parents=True, exist_ok=True)
+    timeline = home.ir_dir / f"{re.sub(r'[^A-Za-z0-9._-]', '-', name)}.b{uuid.uuid4().hex[:8]}.json"
+    timeline.write_text(json.dumps({"name": name, "path": str(path), "problems": dump.problems,
+                                    "skipped": dump.skipped, "steps": [asdict(s) for s in steps]}))
+    manifest = publish(home, IR_CORPUS, name, chunks, chunker={"kind": "ir-steps", "diff_lines": _DIFF_LINES},
+                       source={"kind": "ir-dump", "path": str(path), "snapshots": len(steps),
+                               "timeline": timeline.name},
+                       embedder=embedder,
+                       progress=(lambda done, total: progress("embed", done, total)) if progress else None)
+    for stale in home.timeline_files(name):
+        if stale != timeline:
+            stale.unlink(missing_ok=True)
+    files = sorted({s.source for s in steps})
+    store = SymbolStore(home.symbols_db)
+    try:
+        store.replace_release(name, symbols, [], links, [SourceFile(name, f, "", "ir", 0) for f in files])
+    finally:
+        store.close()
+    return manifest, dump, steps
+
+
+def load_timeline(home: KBHome, name: str) -> list[StepChange]:
+    from kb.index import load_manifest
+
+    manifest = load_manifest(home, IR_CORPUS, name)
+    path = home.ir_dir / str(manifest.source.get("timeline", "")) if manifest else None
+    if path is None or not path.is_file():
+        raise UserFacingError(f"no IR dump named {name!r} is indexed", "index one with `kb index ir PATH --name NAME`")
+    data = json.loads(path.read_text())
+    return [StepChange(**s) for s in data["steps"]]
+

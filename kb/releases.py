@@ -1,0 +1,129 @@
+"""Releases: what each indexed compiler release holds, how two differ, and dropping one.
+
+A release is a name shared by the indexes built from one source tree (`kb index compiler
+--release NAME`, `kb index ir --name NAME`): one manifest per corpus plus its rows in the symbol store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import UserFacingError
+from kb.home import KBHome
+from kb.index import drop_index, list_manifests
+from kb.symbols import SymbolStore
+
+__all__ = ["ReleaseDiff", "ReleaseInfo", "diff_releases", "drop_release", "list_releases"]
+
+
+@dataclass
+class ReleaseInfo:
+    name: str
+    corpora: dict[str, int]  # corpus -> chunks
+    files: int
+    symbols: int
+    passes: int
+    links: int
+    created: float
+    source: str
+
+
+def list_releases(home: KBHome) -> list[ReleaseInfo]:
+    manifests = list_manifests(home)
+    store = SymbolStore(home.symbols_db)
+    try:
+        names = sorted({m.release for m in manifests} | set(store.releases()))
+        out = []
+        for name in names:
+            ms = [m for m in manifests if m.release == name]
+            counts = store.count(name)
+            out.append(ReleaseInfo(
+                name=name, corpora={m.corpus: m.count for m in ms}, files=counts["files"],
+                symbols=counts["symbols"], passes=counts["passes"], links=counts["links"],
+                created=max((m.created for m in ms), default=0.0),
+                source=next((str(m.source.get("path", "")) for m in ms if m.source.get("path")), ""),
+            ))
+        return out
+    finally:
+        store.close()
+
+
+@dataclass
+class ReleaseDiff:
+    """What changed from release `a` to release `b`.
+
+    Passes are compared by argument (summary, description, options and factory); definitions by
+    (qualified name, kind, file) and the hash of their text, so "changed" means the body changed.
+    """
+
+    a: str
+    b: str
+    files: dict[str, list[str]] = field(default_factory=dict)  # added / removed / changed
+    passes: dict[str, list[str]] = field(default_factory=dict)
+    symbols: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"a": self.a, "b": self.b, "files": self.files, "passes": self.passes,
+                           "symbols": self.symbols}, indent=1)
+
+
+def diff_releases(home: KBHome, a: str, b: str) -> ReleaseDiff:
+    store = SymbolStore(home.symbols_db)
+    try:
+        known = set(store.releases())
+        for name in (a, b):
+            if name not in known:
+                raise UserFacingError(f"release {name!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
+                                      "see `kb releases list`")
+        diff = ReleaseDiff(a, b)
+        fa, fb = store.files(a), store.files(b)
+        diff.files = _compare(fa, fb, lambda x, y: x.sha256 != y.sha256)
+        pa = {p.argument: p for p in store.passes(a)}
+        pb = {p.argument: p for p in store.passes(b)}
+        diff.passes = _compare(pa, pb, lambda x, y: (x.summary, x.description, x.options, x.constructor)
+                               != (y.summary, y.description, y.options, y.constructor))
+        da, db = store.definitions(a), store.definitions(b)
+        changed = _compare(da, db, lambda x, y: bool(x.digest and y.digest and x.digest != y.digest))
+        diff.symbols = {k: [_symbol_label(key) for key in v] for k, v in changed.items()}
+        return diff
+    finally:
+        store.close()
+
+
+def _compare(a: dict[Any, Any], b: dict[Any, Any], differs: Any) -> dict[str, list[Any]]:
+    return {
+        "added": sorted(k for k in b if k not in a),
+        "removed": sorted(k for k in a if k not in b),
+        "changed": sorted(k for k in a if k in b and differs(a[k], b[k])),
+    }
+
+
+def _symbol_label(key: Any) -> str:
+    if isinstance(key, tuple):
+        name, kind, file = key
+        return f"{name} ({kind}, {file})"
+    return str(key)
+
+
+def drop_release(home: KBHome, name: str) -> list[str]:
+    """Drop every index of release `name` and its symbol rows; returns the corpora dropped."""
+    dropped = [m.corpus for m in list_manifests(home) if m.release == name]
+    store = SymbolStore(home.symbols_db)
+    try:
+        in_store = name in store.releases()
+        if not dropped and not in_store:
+            known = sorted({m.release for m in list_manifests(home)} | set(store.releases()))
+            raise UserFacingError(f"release {name!r} is not indexed (known: {', '.join(known) or 'none'})",
+                                  "see `kb releases list`")
+        # Symbols first: a crash between the two leaves a manifest without symbols, which readers
+        # tolerate (they degrade to retrieval), never symbols pointing at a dropped collection's chunks.
+        store.drop_release(name)
+    finally:
+        store.close()
+    for corpus in dropped:
+        drop_index(home, corpus, name)
+    for timeline in home.timeline_files(name):
+        timeline.unlink(missing_ok=True)
+    return dropped

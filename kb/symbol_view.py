@@ -1,0 +1,109 @@
+"""`kb symbols NAME`: one name, everything the symbol store knows about it, with citations.
+
+Gathers definitions, the TableGen pass record, references (calls, lit-test uses, IR steps), the
+diagnostics matching a printed message, and the cross-layer links reachable in two hops (pipeline
+call -> pass -> implementing class / factory / lit tests).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from kb.symbols import Link, PassDef, Symbol, SymbolStore
+
+__all__ = ["SymbolView", "describe", "render"]
+
+_MAX_LINKS = 60
+
+
+@dataclass
+class SymbolView:
+    name: str
+    definitions: list[Symbol] = field(default_factory=list)
+    passes: list[PassDef] = field(default_factory=list)
+    references: list[Symbol] = field(default_factory=list)
+    reference_count: int = 0
+    diagnostics: list[Symbol] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    similar: list[str] = field(default_factory=list)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.definitions or self.passes or self.references or self.diagnostics or self.links)
+
+    def to_json(self) -> str:
+        return json.dumps({k: ([asdict(x) for x in v] if isinstance(v, list) and v and not isinstance(v[0], str)
+                               else v) for k, v in self.__dict__.items()}, indent=1)
+
+
+def describe(store: SymbolStore, name: str, release: str | None = None, max_refs: int = 10) -> SymbolView:
+    view = SymbolView(name)
+    found = store.find(name, release)
+    view.definitions = [s for s in found if s.role in ("def", "decl")]
+    uses = [s for s in found if s.role not in ("def", "decl")]
+    view.reference_count = len(uses)
+    view.references = uses[:max_refs]
+    for lookup in (store.pass_by_argument, store.pass_by_def):
+        for rel in ([release] if release else store.releases()):
+            p = lookup(name, rel)
+            if p is not None and p not in view.passes:
+                view.passes.append(p)
+    if not found and (" " in name.strip() or len(name) > 40):
+        view.diagnostics = store.find_message(name, release)
+    seeds = {name} | {p.argument for p in view.passes} | {d.qualified for d in view.definitions}
+    seeds |= {d.scope for d in view.diagnostics if d.scope}
+    seeds |= {d.name for d in view.diagnostics}
+    view.links = _walk(store, seeds, release)
+    if not view.found:
+        short = name.split("::")[-1]
+        candidates = {s.name for s in store.search_names(short[:5], release, 500)}
+        view.similar = difflib.get_close_matches(short, sorted(candidates), n=5, cutoff=0.75)
+    return view
+
+
+def _walk(store: SymbolStore, seeds: set[str], release: str | None, depth: int = 2) -> list[Link]:
+    """Links reachable from `seeds` in `depth` hops (both directions), de-duplicated, capped."""
+    seen: dict[Link, None] = {}
+    frontier = deque((s, 0) for s in seeds)
+    visited = set(seeds)
+    while frontier and len(seen) < _MAX_LINKS:
+        node, level = frontier.popleft()
+        for link in store.links_of(node, release):
+            seen.setdefault(link)
+            if level + 1 < depth:
+                for nxt in (link.src, link.dst):
+                    # Only walk through passes, pipeline calls and factories: ops and files fan out too widely.
+                    if nxt not in visited and (link.dst_kind in ("pass", "function") or link.src_kind == "pass"):
+                        visited.add(nxt)
+                        frontier.append((nxt, level + 1))
+    return list(seen)[:_MAX_LINKS]
+
+
+def render(view: SymbolView) -> str:
+    out = [view.name]
+    for p in view.passes:
+        out.append(f"  pass {p.def_name} ({p.argument}) {p.cite()}: {p.summary}")
+        if p.options:
+            out.append("    options: " + ", ".join(f"{o.get('argument')}={o.get('default', '')}" for o in p.options))
+        if p.constructor:
+            out.append(f"    factory: {p.constructor}")
+    for d in view.definitions:
+        out.append(f"  {d.role} {d.kind} {d.qualified}  {d.cite()}")
+    for d in view.diagnostics:
+        out.append(f"  {d.kind} \"{d.name}\"  emitted by {d.scope or '?'}  {d.cite()}")
+    if view.references:
+        more = view.reference_count - len(view.references)
+        out.append(f"  used ({view.reference_count}):")
+        for r in view.references:
+            by = f" in {r.scope}" if r.scope else ""
+            out.append(f"    {r.kind}{by}  {r.cite()}")
+        if more > 0:
+            out.append(f"    ... {more} more (--refs N)")
+    if view.links:
+        out.append("  links:")
+        for lk in view.links:
+            out.append(f"    {lk.src_kind} {lk.src} -{lk.relation}-> {lk.dst_kind} {lk.dst}  [{lk.evidence}; {lk.release}]")
+    return "\n".join(out)

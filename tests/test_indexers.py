@@ -1,0 +1,258 @@
+"""Compiler-source and IR indexers: syntax chunks, cross-layer links, incremental releases, IR steps."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+from harness.errors import UserFacingError
+from harness.ir import read_ir_dump
+from indexer.code import parse_code
+from indexer.compiler import index_compiler_tree
+from indexer.ir import index_ir_dump, load_timeline, summarize_dump
+from indexer.mlir import parse_lit_test
+from indexer.tablegen import op_names, parse_records, parse_tablegen
+from kb.home import KBHome
+from kb.index import list_manifests, load_manifest
+from kb.releases import diff_releases, drop_release, list_releases
+from kb.retrieve import Searcher
+from kb.symbols import SymbolStore
+
+TREE = FIXTURES / "compiler_tree"
+IR = FIXTURES / "ir"
+
+
+# ------------------------------------------------------------------------------------- parsing
+def test_cpp_chunks_never_cut_a_function_and_know_patterns_and_passes():
+    parsed = parse_code((TREE / "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp").read_bytes(), "cpp", max_chars=300)
+    assert len(parsed.units) > 1  # the budget forces a split ...
+    for sym in parsed.symbols:
+        if sym.role == "def" and sym.kind in ("method", "function"):  # ... but never inside a function
+            unit = parsed.units[sym.unit]
+            assert unit.start_line <= sym.line and sym.end_line <= unit.end_line, sym
+    kinds = {(s.name, s.kind, s.scope) for s in parsed.symbols if s.role == "def"}
+    assert ("LoadVectorizer", "rewrite-pattern", "mlir::triton::gpu") in kinds
+    assert ("runOnOperation", "method", "mlir::triton::gpu::CoalescePass") in kinds
+    facts = {(f.kind, f.a, f.b) for f in parsed.facts}
+    assert {("gen-pass-def", "TRITONGPUCOALESCE", ""), ("implements-base", "CoalescePass", "TritonGPUCoalesce"),
+            ("rewrites-op", "LoadVectorizer", "LoadOp")} <= facts
+    emitted = {(s.name, s.scope) for s in parsed.symbols if s.role == "emit"}
+    assert ("Warning: vectorization fails vec = origin vec =",
+            "mlir::triton::gpu::LoadVectorizer::matchAndRewrite") in emitted
+    assert ("getMaskAlignment", 13) in {(s.name, s.line) for s in parsed.symbols if s.role == "ref"}
+
+
+def test_huge_functions_split_between_statements_not_inside_them():
+    body = "\n".join(f'  m.def("op{i}", [](int x) {{ return x + {i}; }});' for i in range(400))
+    source = f"void init_ir(py::module &m) {{\n{body}\n}}\n".encode()
+    units = parse_code(source, "cpp").units
+    assert len(units) > 1
+    for unit in units[1:]:
+        assert all(line.startswith("  m.def(") or line == "}" for line in unit.text.splitlines())
+
+
+def test_pybind_bindings_are_read_from_both_macro_and_lambda_forms():
+    parsed = parse_code((TREE / "python/src/passes.cc").read_bytes(), "cpp")
+    assert {(f.a, f.b) for f in parsed.facts if f.kind == "binding"} == {
+        ("add_coalesce", "createTritonGPUCoalesce"),
+        ("add_accelerate_matmul", "createTritonGPUAccelerateMatmul"),
+        ("add_reorder_instructions", "createTritonGPUReorder"),
+    }
+
+
+def test_tablegen_names_ops_through_their_class_chain():
+    records = parse_records((TREE / "include/triton/Dialect/TritonGPU/IR/TritonGPUOps.td").read_text())
+    assert [op for _, op in op_names(records)] == ["ttg.convert_layout"]
+    hivm = parse_records(
+        'def HIVM_Dialect : Dialect {\n  let name = "hivm";\n}\n'
+        'class HIVM_Op<string mnemonic, list<Trait> traits = []>\n'
+        '    : Op<HIVM_Dialect, !strconcat("hir.", mnemonic), traits> {\n}\n'
+        'class HIVM_DmaOp<string mnemonic, list<Trait> traits = []> : HIVM_Op<mnemonic, traits> {\n}\n'
+        'def LoadOp : HIVM_DmaOp<"load", [Pure]> {\n}\n')
+    assert [op for _, op in op_names(hivm)] == ["hivm.hir.load"]
+    parsed = parse_tablegen(
+        b'def HIVMPlanMemory : Pass<"hivm-plan-memory", "func::FuncOp"> {\n'
+        b'  let summary = "plan memory";\n  let constructor = "mlir::hivm::createPlanMemoryPass()";\n}\n')
+    assert parsed.passes[0]["constructor"] == "mlir::hivm::createPlanMemoryPass"
+
+
+def test_lit_tests_split_by_case_and_name_the_passes_they_run():
+    parsed = parse_lit_test((TREE / "test/TritonGPU/coalesce.mlir").read_bytes())
+    assert [u.symbol for u in parsed.units] == ["load_vec4", "masked_store"]
+    assert [(f.kind, f.a) for f in parsed.facts] == [("run-pass", "tritongpu-coalesce")]
+    assert "tt.store" in parsed.units[1].summary and "tritongpu-coalesce" in parsed.units[1].summary
+    pipeline = parse_lit_test(b'// RUN: opt %s --pass-pipeline="builtin.module(func.func(cse, hivm-plan-memory))"'
+                              b' -split-input-file | FileCheck %s\nfunc.func @f() {\n  return\n}\n')
+    assert [f.a for f in pipeline.facts] == ["cse", "hivm-plan-memory"]
+
+
+# ------------------------------------------------------------------------------------- links
+def test_release_links_cross_every_layer(built_home):
+    store = SymbolStore(built_home.symbols_db)
+    links = {(lk.src, lk.relation, lk.dst, lk.evidence) for lk in store.links_of("tritongpu-coalesce", "fixture-1")}
+    assert ("tritongpu-coalesce", "implemented-by", "CoalescePass", "base-class") in links
+    assert ("tritongpu-coalesce", "implemented-in", "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp:8",
+            "GEN_PASS_DEF") in links
+    assert ("tritongpu-coalesce", "created-by", "createTritonGPUCoalesce", "generated-name") in links
+    assert ("passes.ttgpuir.add_coalesce", "adds-pass", "tritongpu-coalesce", "pybind binding") in links
+    assert ("test/TritonGPU/coalesce.mlir", "tests-pass", "tritongpu-coalesce", "RUN line") in links
+    lambda_bound = store.links_of("passes.ttgpuir.add_reorder_instructions", "fixture-1")
+    assert ("adds-pass", "tritongpu-reorder-instructions", "pybind binding") in {
+        (lk.relation, lk.dst, lk.evidence) for lk in lambda_bound}
+    [remark] = store.find_message("Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1",
+                                  "fixture-1")
+    assert remark.scope.endswith("LoadVectorizer::matchAndRewrite") and remark.file.endswith("Coalesce.cpp")
+    [op] = store.find("ttg.convert_layout", "fixture-1")
+    assert (op.kind, op.file, op.line) == ("op", "include/triton/Dialect/TritonGPU/IR/TritonGPUOps.td", 11)
+    assert op.chunk_id  # the op's definition is retrievable as a chunk
+    store.close()
+
+
+# ------------------------------------------------------------------------------------- releases
+def _embedder(home: KBHome):
+    from kb.embed import OfflineEmbedding
+
+    return OfflineEmbedding(cache_path=home.embed_cache_db)
+
+
+def test_a_new_release_reparses_and_reembeds_only_what_changed_and_diffs(tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(TREE, tree)
+    home = KBHome(tmp_path / "home").ensure()
+    embedder = _embedder(home)
+    with home.lock(write=True):
+        _, first = index_compiler_tree(home, embedder, tree, "r1")
+    assert first.files_parsed == 7 and first.files_reused == 0
+    coalesce = tree / "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp"
+    coalesce.write_text(coalesce.read_text().replace("setCoalescedEncoding(axisInfo, mod);",
+                                                     "setCoalescedEncoding(axisInfo, mod, /*vec=*/8);"))
+    passes_td = tree / "include/triton/Dialect/TritonGPU/Transforms/Passes.td"
+    passes_td.write_text(passes_td.read_text() + '\ndef TritonGPUPrefetch : Pass<"tritongpu-prefetch", '
+                         '"mlir::ModuleOp"> {\n  let summary = "prefetch";\n}\n')
+    (tree / "test/TritonGPU/coalesce.mlir").unlink()
+    with home.lock(write=True):
+        _, second = index_compiler_tree(home, embedder, tree, "r2")
+    assert (second.files_parsed, second.files_reused) == (2, 4)
+    assert 0 < second.texts_new <= 3 < second.chunks  # only the changed chunks were embedded
+
+    diff = diff_releases(home, "r1", "r2")
+    assert diff.files == {"added": [], "removed": ["test/TritonGPU/coalesce.mlir"],
+                          "changed": ["include/triton/Dialect/TritonGPU/Transforms/Passes.td",
+                                      "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp"]}
+    assert diff.passes["added"] == ["tritongpu-prefetch"] and not diff.passes["removed"]
+    assert any(s.startswith("mlir::triton::gpu::CoalescePass::runOnOperation") for s in diff.symbols["changed"])
+    assert not any("LoadVectorizer" in s for s in diff.symbols["changed"])
+
+    assert {r.name for r in list_releases(home)} == {"r1", "r2"}
+    with home.lock(write=True):
+        assert drop_release(home, "r1") == ["compiler"]
+    assert {r.name for r in list_releases(home)} == {"r2"}
+    assert load_manifest(home, "compiler", "r1") is None and Searcher(home, "compiler").release == "r2"
+    with pytest.raises(UserFacingError, match="release 'r1' is not indexed"):
+        drop_release(home, "r1")
+
+
+def test_unreadable_files_are_skipped_and_counted(tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(TREE, tree)
+    (tree / "lib/blob.cpp").write_bytes(b"\x7fELF\x00\x00binary")
+    (tree / "lib/latin1.py").write_bytes("# caf\xe9\n".encode("latin-1"))
+    (tree / "lib/huge.h").write_text("// filler\n" * 60000)
+    home = KBHome(tmp_path / "home").ensure()
+    with home.lock(write=True):
+        _, report = index_compiler_tree(home, _embedder(home), tree, "r")
+    assert report.files_skipped["binary"] == 1 and report.files_skipped["not utf-8"] == 1
+    assert report.files_skipped["too large"] == 1 and any("huge.h" in n for n in report.notes)
+    assert sum(report.files_indexed.values()) == 7
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_an_interrupted_index_keeps_the_old_one_and_the_next_run_resumes(tmp_path, monkeypatch):
+    import kb.index
+
+    home = KBHome(tmp_path / "home").ensure()
+    real = _embedder(home)
+    with home.lock(write=True):
+        old, _ = index_compiler_tree(home, real, TREE, "r")
+
+    class DiesAfterOneBatch:
+        calls = 0
+
+        def embed_many(self, texts):
+            DiesAfterOneBatch.calls += 1
+            if DiesAfterOneBatch.calls > 1:
+                raise _Killed
+            return real.embed_many(texts)
+
+    monkeypatch.setattr(kb.index, "_BATCH", 2)
+    tree = tmp_path / "tree"
+    shutil.copytree(TREE, tree)
+    for path in tree.rglob("*.cpp"):
+        path.write_text(path.read_text() + "\n// touched\n")
+    with home.lock(write=True), pytest.raises(_Killed):
+        index_compiler_tree(home, DiesAfterOneBatch(), tree, "r")
+    assert load_manifest(home, "compiler", "r").collection == old.collection  # the old index is still live
+    assert Searcher(home, "compiler", "r", embedder=real).search("coalesce", k=1, mode="bm25")
+    with home.lock(write=True):
+        _, resumed = index_compiler_tree(home, real, tree, "r")
+    assert resumed.files_parsed == 0  # every parse survived the kill in the parse cache
+    assert resumed.texts_new < resumed.texts_to_embed  # the batch embedded before the kill is not redone
+    assert [m.release for m in list_manifests(home)] == ["r"]
+
+
+# ------------------------------------------------------------------------------------- IR dumps
+def test_every_dump_format_reads_into_ordered_stages():
+    stream = read_ir_dump(IR / "stream.txt")
+    assert [s.pass_arg for s in stream.stages] == ["tritongpu-coalesce", "tritongpu-remove-layout-conversions",
+                                                  "tritongpu-reorder-instructions"]
+    triton_dir = read_ir_dump(IR / "triton_dump")
+    assert [s.pass_arg for s in triton_dir.stages] == ["ttir", "ttgir", "llir", "ptx"]
+    assert sorted(triton_dir.skipped) == ["6f1c2a/copy_kernel.cubin: binary", "6f1c2a/copy_kernel.json: no IR in it"]
+    ascend = read_ir_dump(IR / "ascend_debug")
+    assert [s.name for s in ascend.stages] == ["kernel.ttir.mlir", "kernel.ttadapter.mlir", "kernel.mlir"]
+    bisheng = read_ir_dump(IR / "bishengir_after_all.txt")
+    assert [(s.pass_arg, s.when) for s in bisheng.stages][1] == ("convert-linalg-to-hivm", "After")
+
+
+def test_steps_attribute_changes_to_the_pass_that_made_them():
+    before = {s.pass_arg: s for s in summarize_dump(read_ir_dump(IR / "stream.txt"))}
+    assert before["tritongpu-coalesce"].delta == {"ttg.convert_layout": 2}
+    assert before["tritongpu-coalesce"].introduced_at == {"ttg.convert_layout": ["copy.py:7"]}
+    assert before["tritongpu-remove-layout-conversions"].delta == {"ttg.convert_layout": -2}
+    after = {s.pass_arg: s for s in summarize_dump(read_ir_dump(IR / "bishengir_after_all.txt"))}
+    assert after["convert-linalg-to-hivm"].delta["hivm.hir.load"] == 1
+    assert after["hivm-plan-memory"].delta["memref.alloc"] == -1
+
+
+def test_malformed_ir_is_reported_with_file_and_line():
+    dump = read_ir_dump(IR / "malformed.txt")
+    assert dump.problems == [
+        "malformed.txt:18: section for tritongpu-remove-layout-conversions: 2 unclosed '{' "
+        "(the block opened at line 22 never closes: truncated?)",
+        "malformed.txt:28: empty IR section after the header for tritongpu-reorder-instructions",
+    ]
+    assert [s.pass_arg for s in dump.stages] == ["tritongpu-coalesce"]
+
+
+def test_indexed_dump_answers_which_pass_introduced_an_op(tmp_path):
+    home = KBHome(tmp_path / "home").ensure()
+    embedder = _embedder(home)
+    with home.lock(write=True):
+        manifest, _, steps = index_ir_dump(home, embedder, IR / "stream.txt", "copy-run")
+    assert manifest.corpus == "ir" and manifest.count == 2  # the first snapshot, and the passes that changed it
+    store = SymbolStore(home.symbols_db)
+    introduced = [s for s in store.find("ttg.convert_layout", "copy-run") if s.kind == "ir-op-introduced"]
+    assert [(s.scope, s.line) for s in introduced] == [("tritongpu-coalesce", 1)]
+    store.close()
+    hits = Searcher(home, "ir", "copy-run", embedder=embedder).search("which pass introduced ttg.convert_layout",
+                                                                      k=1, mode="bm25")
+    assert hits[0].metadata["pass_arg"] == "tritongpu-coalesce"
+    assert [s.pass_arg for s in load_timeline(home, "copy-run")] == [s.pass_arg for s in steps]
+    with pytest.raises(UserFacingError, match="no IR found"):
+        index_ir_dump(home, embedder, FIXTURES / "kernels", "not-ir")
