@@ -166,6 +166,11 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
                                            _qualified(owner) if owner else "", _unit_at(parsed.units, line)))
     if lang == "cpp":
         _cpp_facts(text, parsed.facts)
+        # A pybind binding string is where the Python API name (`add_coalesce`) is defined.
+        for fact in parsed.facts:
+            if fact.kind == "binding":
+                parsed.symbols.append(SourceSymbol(fact.a, "pybind", fact.line, fact.line, "def", fact.b,
+                                                   _unit_at(parsed.units, fact.line)))
     return parsed
 
 

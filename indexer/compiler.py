@@ -233,9 +233,11 @@ def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
             seen[digest] += 1
             cid = f"{rel}#{digest}" + (f"~{seen[digest]}" if seen[digest] > 1 else "")
             ids.append(cid)
-            embed = f"{rel}\n{unit.summary}" if unit.summary else ""
+            embed = f"{_words(rel)}\n{unit.summary}" if unit.summary else ""
             if not embed and not unit.symbol and parsed.lang in ("cpp", "python"):
                 embed = _glue_summary(rel, unit.text)
+            elif not embed and parsed.lang in ("cpp", "python"):
+                embed = f"{_words(rel)}: {_words(unit.scope)} {_words(unit.symbol)}\n{unit.text}"
             chunks.append(Chunk(cid, text, {
                 "file": rel, "start_line": unit.start_line, "end_line": unit.end_line, "symbol": unit.symbol,
                 "scope": unit.scope, "kind": unit.kind, "lang": parsed.lang, "release": release}, embed))
@@ -253,6 +255,15 @@ def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
     return chunks, symbols, passes, source_files
 
 
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def _words(name: str) -> str:
+    """`lib/Dialect/HIVM/Transforms/InferHIVMMemScope.cpp` -> `lib dialect hivm transforms infer hivm mem
+    scope cpp`: the sentence model reads words, and code names are where a chunk says what it does."""
+    return " ".join(w.lower() for w in _WORD.findall(name))
+
+
 _BOILERPLATE = re.compile(r"^\s*(//|#\s*include|#\s*pragma|/\*|\*|import |from \S+ import|#|using namespace|$)")
 
 
@@ -261,7 +272,7 @@ def _glue_summary(rel: str, text: str) -> str:
     real lines. Licence headers and include lists say nothing a question asks, and at ~20% of C++
     chunks they would cost a fifth of the embedding time."""
     lines = [ln.strip() for ln in text.splitlines() if not _BOILERPLATE.match(ln)]
-    return f"{rel}\n" + " ".join(lines)[:300]
+    return f"{_words(rel)}\n" + " ".join(lines)[:300]
 
 
 def _chunk_at(parsed: ParsedFile, ids: list[str], line: int) -> str:
@@ -292,7 +303,10 @@ def _header_line(rel: str, unit: Unit, lang: str) -> str:
 
 
 def _with_header(rel: str, unit: Unit, lang: str) -> str:
-    return f"{_header_line(rel, unit, lang)}\n{unit.text}"
+    # A lit test's summary (the passes its RUN lines run, its ops) heads each of its cases, so
+    # "lit tests for <pass>" finds the case that does not repeat the RUN line.
+    summary = f"{unit.summary}\n" if unit.kind == "lit-test" and unit.summary else ""
+    return f"{_header_line(rel, unit, lang)}\n{summary}{unit.text}"
 
 
 def _pipeline_calls(text: str) -> list[Fact]:

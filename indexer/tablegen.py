@@ -254,6 +254,9 @@ def op_names(records: list[TableGenRecord]) -> list[tuple[TableGenRecord, str]]:
     return out
 
 
+_NAME_LIKE = re.compile(r"^[A-Za-z_][\w.-]*$")
+
+
 def parse_tablegen(source: bytes, max_chars: int = 1500) -> ParsedFile:
     """Pass records become one chunk each; other records (ops, attributes, dialects) are packed whole
     into chunks; every record is a `def` symbol, and records are kept for naming ops afterwards."""
@@ -272,6 +275,10 @@ def parse_tablegen(source: bytes, max_chars: int = 1500) -> ParsedFile:
         digest = hashlib.sha1(p.text.encode()).hexdigest()[:12]
         for name in (p.def_name, p.argument):
             parsed.symbols.append(SourceSymbol(name, "pass", p.line, p.end_line, "def", "", unit, digest))
+        for option in p.options:
+            if option.get("argument"):
+                parsed.symbols.append(SourceSymbol(option["argument"], "pass-option", p.line, p.end_line, "def",
+                                                   p.argument, unit))
         parsed.passes.append({k: v for k, v in asdict(p).items() if k != "text"})
         pass_lines.update(range(p.line, p.end_line + 1))
     records = [r for r in parse_records(text) if r.line not in pass_lines]
@@ -300,3 +307,8 @@ def _emit_group(group: list[TableGenRecord], lines: list[str], parsed: ParsedFil
     for r in group:
         digest = hashlib.sha1("\n".join(lines[r.line - 1 : r.end_line]).encode()).hexdigest()[:12]
         parsed.symbols.append(SourceSymbol(r.name, "tablegen-" + r.what, r.line, r.end_line, "def", "", unit, digest))
+        if r.what == "def" and _NAME_LIKE.match(r.first_string):
+            # The name a record gives its parent: an op mnemonic (`convert_layout`), an attribute or
+            # option name; users paste these, not the record's def name.
+            parsed.symbols.append(SourceSymbol(r.first_string, "tablegen-name", r.line, r.end_line, "def", r.name,
+                                               unit))

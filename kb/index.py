@@ -25,7 +25,7 @@ from kb.home import KBHome
 __all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "list_manifests", "load_manifest", "publish", "drop_index"]
 
 INDEX_SCHEMA_VERSION = 2
-_BATCH = 256
+_BATCH = 1024  # chunks embedded and added to chroma per step (larger chroma batches add faster)
 
 
 @dataclass

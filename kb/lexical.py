@@ -10,6 +10,7 @@ words meet the identifiers that spell them. Stop words are dropped from queries 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -33,21 +34,28 @@ _QUERY_STOPWORDS = set(bm25s.stopwords.STOPWORDS_EN) | _QUESTION_WORDS
 def code_tokens(text: str) -> list[str]:
     tokens: list[str] = []
     for ident in IDENT.findall(text):
-        low = ident.lower()
-        tokens.append(low)
-        parts = re.split(r"\.|::|_", ident)
-        words = []
-        if len(parts) > 1 or _CAMEL.findall(ident) != [ident]:
-            for part in parts:
-                sub = _CAMEL.findall(part)
-                words.extend(s.lower() for s in sub if s)
-                if len(sub) > 1 and part != ident:
-                    tokens.append(part.lower())
-        else:
-            words = [low]
-        tokens.extend(w for w in words if w != low)
-        tokens.extend(stem for w in words if len(w) > 3 and (stem := _STEMMER.stemWord(w)) != w)
-    return [t for t in tokens if len(t) > 1 or t.isdigit()]
+        tokens.extend(_ident_tokens(ident))
+    return tokens
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _ident_tokens(ident: str) -> tuple[str, ...]:
+    """Tokens of one identifier (cached: source code repeats its names constantly)."""
+    low = ident.lower()
+    tokens = [low]
+    parts = re.split(r"\.|::|_", ident)
+    words = []
+    if len(parts) > 1 or _CAMEL.findall(ident) != [ident]:
+        for part in parts:
+            sub = _CAMEL.findall(part)
+            words.extend(s.lower() for s in sub if s)
+            if len(sub) > 1 and part != ident:
+                tokens.append(part.lower())
+    else:
+        words = [low]
+    tokens.extend(w for w in words if w != low)
+    tokens.extend(stem for w in words if len(w) > 3 and (stem := _STEMMER.stemWord(w)) != w)
+    return tuple(t for t in tokens if len(t) > 1 or t.isdigit())
 
 
 def query_tokens(text: str) -> list[str]:

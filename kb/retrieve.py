@@ -67,6 +67,9 @@ def default_release(home: KBHome, corpus: str) -> str | None:
 class Searcher:
     """Search one published index (corpus, release). Cheap to keep; load once per process."""
 
+    fusion_mode = "reciprocal_rerank"
+    bm25_weight = 0.5  # used by the score-based fusion modes only
+
     def __init__(self, home: KBHome, corpus: str, release: str | None = None, embedder: Any = None) -> None:
         from kb.embed import OfflineEmbedding
 
@@ -104,7 +107,8 @@ class Searcher:
         self._fusion = QueryFusionRetriever(
             [self._vector, self._bm25],
             llm=MockLLM(),
-            mode="reciprocal_rerank",
+            mode=self.fusion_mode,
+            retriever_weights=[1.0 - self.bm25_weight, self.bm25_weight],
             similarity_top_k=_RRF_CANDIDATES,
             num_queries=1,
             use_async=False,
@@ -153,17 +157,32 @@ class Searcher:
         return [Hit(i, by_id[i].get_content(), 1.0, dict(by_id[i].metadata), via="id") for i in ids if i in by_id]
 
     def symbol_hits(self, query: str, store: Any) -> list[Hit]:
-        """Chunks that define an identifier written in the query, exact match, definitions first."""
+        """Chunks that define an identifier written in the query (exact match): definitions first,
+        then at most two uses, so a name used everywhere does not crowd out the ranking.
+
+        Identifiers include pass arguments and flags (`tritongpu-coalesce`, `--enable-auto-multi-buffer`);
+        a flag with no symbol of its own also tries its CamelCase record name (`EnableAutoMultiBuffer`),
+        the convention of MLIR option and pass records."""
         names = [t for t in IDENT.findall(query) if _looks_like_symbol(t)]
-        chunk_ids: list[str] = []
-        for name in names:
-            for sym in store.find(name, release=self.release):
-                if sym.chunk_id and sym.chunk_id not in chunk_ids:
-                    chunk_ids.append(sym.chunk_id)
-        hits = self.chunks(chunk_ids)
+        names += [m.group(1) for m in _FLAG.finditer(query)]
+        definitions: list[str] = []
+        uses: list[str] = []
+        for name in dict.fromkeys(names):
+            found = store.find(name, release=self.release)
+            if not found and name.count("-") >= 2:
+                found = store.find("".join(part.capitalize() for part in name.split("-")), release=self.release)
+            for sym in found:
+                bucket = definitions if sym.role in ("def", "decl") else uses
+                if sym.chunk_id and sym.chunk_id not in definitions + uses:
+                    bucket.append(sym.chunk_id)
+        hits = self.chunks(definitions + uses[:2])
         for hit in hits:
             hit.via = "symbol"
         return hits
+
+
+# tritongpu-coalesce, --enable-auto-multi-buffer; hyphenated English ("non-trivial") finds no symbol
+_FLAG = re.compile(r"(?<![\w-])-{0,2}([a-z][a-z0-9]*(?:-[a-z0-9]+)+)")
 
 
 def _looks_like_symbol(token: str) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import UserFacingError
@@ -159,7 +159,8 @@ class SymbolStore:
             self._db.executemany(
                 "INSERT INTO symbols (release, name, kind, lang, file, line, end_line, role, chunk_id, scope, digest) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                [tuple(asdict(s).values()) for s in symbols],
+                [(s.release, s.name, s.kind, s.lang, s.file, s.line, s.end_line, s.role, s.chunk_id, s.scope, s.digest)
+                 for s in symbols],
             )
             self._db.executemany(
                 "INSERT INTO passes (release, def_name, argument, summary, description, options, file, line, end_line,"
@@ -171,9 +172,11 @@ class SymbolStore:
                 ],
             )
             self._db.executemany(
-                "INSERT INTO links VALUES (?,?,?,?,?,?,?)", [tuple(asdict(lk).values()) for lk in links]
+                "INSERT INTO links VALUES (?,?,?,?,?,?,?)",
+                [(lk.release, lk.src_kind, lk.src, lk.relation, lk.dst_kind, lk.dst, lk.evidence) for lk in links]
             )
-            self._db.executemany("INSERT INTO files VALUES (?,?,?,?,?)", [tuple(asdict(f).values()) for f in files])
+            self._db.executemany("INSERT INTO files VALUES (?,?,?,?,?)",
+                                 [(f.release, f.path, f.sha256, f.lang, f.chunks) for f in files])
 
     def drop_release(self, release: str) -> None:
         with self._db:

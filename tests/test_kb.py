@@ -108,7 +108,7 @@ def test_a_failed_publish_leaves_the_previous_index_live(tmp_path):
     embedder = OfflineEmbedding(cache_path=home.embed_cache_db)
     first = publish(home, "c", "r1", [Chunk("a", "alpha text", {"file": "a"})], chunker={}, source={},
                     embedder=embedder)
-    many = [Chunk(f"id{i}", f"text {i}", {"file": "b"}) for i in range(600)]  # three batches
+    many = [Chunk(f"id{i}", f"text {i}", {"file": "b"}) for i in range(2100)]  # three batches
     with pytest.raises(_Boom):
         publish(home, "c", "r1", many, chunker={}, source={}, embedder=_FailingEmbedder(embedder))
     assert load_manifest(home, "c", "r1").collection == first.collection
