@@ -1,7 +1,8 @@
 """L4 v0: from a finding and its pattern, find the deciding code at the matching compiler release.
 
 Walks the symbol store: the pass named by the remark (or the pattern) -> its TableGen definition ->
-the pipeline call that adds it; the pattern's C++/Python symbols -> their definitions. Every hit is
+the pipeline call that adds it and the file implementing it; the remark's text -> the function that
+emits it; the pattern's C++/Python symbols -> their definitions. Every hit is
 logged as Evidence citing file:line@release with the source text it rests on.
 """
 
@@ -55,6 +56,12 @@ def escalate(finding: Finding, pattern: Pattern | None, store: SymbolStore, rele
             where += f", implemented in {file}"
         role = "emitted the remark" if arg == finding.deciding_pass else "runs on this code"
         parts.append(f"pass `{p.argument}` ({p.def_name}: {p.summary}) {role} [{eid}]{where}")
+    for remark in _remarks_of(finding, log):
+        for emit in store.find_message(remark, release, limit=1):
+            eid = log.add("L4", "source", f"the remark is emitted by `{emit.scope or '?'}` ({emit.kind.split(':')[-1]})",
+                          emit.cite(), f'"{emit.name}"')
+            evidence.append(eid)
+            parts.append(f"the remark comes from `{emit.scope}` at {emit.file}:{emit.line} [{eid}]")
     for name in pattern.compiler_refs.symbols if pattern else ():
         hits = [s for s in store.find(name, release) if s.role in ("def", "decl")]
         if not hits:
@@ -71,6 +78,13 @@ def escalate(finding: Finding, pattern: Pattern | None, store: SymbolStore, rele
         return None, notes
     statement = f"At {release}: " + "; ".join(parts) + "."
     return CompilerReason(finding.kind, statement, evidence), notes
+
+
+def _remarks_of(finding: Finding, log: EvidenceLog) -> list[str]:
+    """Messages of the remark evidence in the finding's chain (the compiler's own words)."""
+    by_id = {e.id: e for e in log.items}
+    return list(dict.fromkeys(by_id[i].excerpt for i in finding.evidence
+                              if i in by_id and by_id[i].kind == "remark" and by_id[i].excerpt))
 
 
 def _excerpt(chunk: tuple[str, dict[str, Any]] | None, sym: Any) -> str:

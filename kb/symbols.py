@@ -257,9 +257,11 @@ class SymbolStore:
         if release:
             sql += " AND release = ?"
             args.append(release)
-        if words:
+        # Prefilter on the first real word: a literal usually starts the message, values follow.
+        anchor = next((w.strip(":,.") for w in words if w.strip(":,.").isalpha() and len(w) >= 4), "")
+        if anchor:
             sql += " AND name LIKE ?"
-            args.append(f"%{max(words, key=len)}%")
+            args.append(f"%{anchor}%")
         found = []
         for row in self._db.execute(sql, args):
             sym = Symbol(*row)

@@ -75,6 +75,9 @@ def test_why_with_a_kb_cites_compiler_source_at_the_release(scale_artifacts, bui
     assert "include/triton/Analysis/AxisInfo.h:12@fixture-1" in sources  # getMaskAlignment
     assert "backends/nvidia/compiler.py:7@fixture-1" in sources  # passes.ttgpuir.add_coalesce
     assert "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp:8@fixture-1" in sources  # GEN_PASS_DEF_TRITONGPUCOALESCE
+    emitter = next(e for e in answer.evidence if e.claim.startswith("the remark is emitted by"))
+    assert emitter.source == "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp:15@fixture-1"
+    assert "LoadVectorizer::matchAndRewrite" in emitter.claim
     mask_decl = next(e for e in answer.evidence if e.source.startswith("include/triton/Analysis/AxisInfo.h:12"))
     assert "getMaskAlignment(Value mask)" in mask_decl.excerpt
     # every cited file:line exists in the indexed tree
