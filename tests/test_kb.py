@@ -157,3 +157,17 @@ def test_foreign_and_corrupt_homes_are_refused(tmp_path):
     with pytest.raises(UserFacingError, match="is corrupt"):
         corrupt.validate()
     assert (foreign / "data.txt").read_text() == "not ours"
+
+
+def test_the_onnx_encoder_computes_what_sentence_transformers_computes(tmp_path):
+    import numpy as np
+
+    from kb.embed import OfflineEmbedding, _sentence_transformer
+
+    texts = ["where is the vector width of a global load decided", "x",
+             (FIXTURES / "compiler_tree/lib/Dialect/TritonGPU/Transforms/Coalesce.cpp").read_text()]  # > 128 tokens
+    embedder = OfflineEmbedding(cache_path=tmp_path / "embed.sqlite")
+    ours = np.array(embedder.embed_many(texts))
+    assert type(embedder._encoder()).__name__ == "_OnnxEncoder"
+    reference = _sentence_transformer().encode(texts, normalize_embeddings=True)
+    assert np.abs(ours - reference).max() < 1e-4
