@@ -1,9 +1,11 @@
-"""Index a compiler's own files: pass definitions (TableGen), C++ headers, Python (pipelines, runtime).
+"""Index a compiler release: a source checkout (`index_compiler_tree`) or the installed wheel.
 
-`index_installed_triton` indexes the triton wheel that is installed: from 3.9 it ships
-`include/**/*.td` and headers; earlier wheels ship only Python, which is indexed and the gap
-reported. The pass pipeline order comes from `backends/*/compiler.py` (`passes.<ns>.add_<x>(pm)`
-calls inside `make_*` stage functions), linked to the TableGen pass definitions by name.
+Files are C++ (tree-sitter), Python (tree-sitter; `passes.<ns>.add_<x>(pm)` pipeline calls inside
+`make_*` stage functions), TableGen (pass and op records) and MLIR lit tests; each parses into a
+release-agnostic `ParsedFile` (cached by content), the release is assembled from them, links are
+resolved across all files (`indexer.links`), and the result is published as one (corpus, release)
+index plus its symbol-store rows. The installed wheel (3.9 ships `include/**/*.td` and headers, no
+.cpp) is indexed the same way with a filter on what of it is the compiler.
 """
 
 from __future__ import annotations
@@ -193,11 +195,7 @@ def _unreadable(path: Path, raw: bytes) -> str:
     if b"\0" in raw[:8192]:
         return "binary"
     try:
-        head = raw[:300].decode("utf-8")
-    except UnicodeDecodeError:
-        return "not utf-8"
-    try:
-        raw.decode("utf-8")
+        head = raw.decode("utf-8")[:300]
     except UnicodeDecodeError:
         return "not utf-8"
     if path.name.endswith(".inc") or "GENERATED" in head:

@@ -34,8 +34,8 @@ def main() -> None:
         ax.axhline({"recall@5": 0.9, "mrr": 0.75}[metric], color="grey", linestyle="--", linewidth=1)
         ax.set_ylabel(metric)
         ax.set_ylim(0, 1)
-    axes[0].legend(ncols=len(modes), loc="upper left")
-    axes[1].set_xticks(range(len(groups)), [label for label, _ in groups], fontsize=8)
+    axes[0].legend(ncols=len(modes), loc="lower right")
+    axes[1].set_xticks(range(len(groups)), [label for label, _ in groups], fontsize=7, rotation=25, ha="right")
     n = report["overall"][modes[0]]["all"]["n"]
     fig.suptitle(f"kb eval retrieval: {n} gold questions (dashed: goal)")
     fig.tight_layout()
