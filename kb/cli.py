@@ -69,6 +69,18 @@ def _progress_bar(description: str) -> Any:
                     TimeElapsedColumn(), transient=False, console=Console(stderr=True))
 
 
+def _stage_progress(bar: Any) -> Callable[[str, int, int], None]:
+    """A `progress(stage, done, total)` callback drawing one bar per stage (parse, embed, ...)."""
+    tasks: dict[str, Any] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total)
+        bar.update(tasks[stage], completed=done)
+
+    return progress
+
+
 @index.command("patterns")
 @click.option("--catalog", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Pattern directory (default: corpora/patterns of this checkout).")
@@ -107,13 +119,7 @@ def index_compiler_cmd(ctx: click.Context, installed: bool, source: Path | None,
 
     home = _home(ctx, create=True)
     with home.lock(write=True), _progress_bar("indexing") as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done)
-
+        progress = _stage_progress(bar)
         embedder = OfflineEmbedding(cache_path=home.embed_cache_db)
         if installed:
             manifest, report = index_installed_triton(home, embedder, progress)
@@ -150,13 +156,7 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
     name = name or (path.resolve().stem if path.is_file() else path.resolve().name)
     home = _home(ctx, create=True)
     with home.lock(write=True), _progress_bar("indexing") as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done)
-
+        progress = _stage_progress(bar)
         manifest, dump, steps = index_ir_dump(home, OfflineEmbedding(cache_path=home.embed_cache_db), path, name,
                                               progress)
     kernels = sorted({s.kernel for s in steps})
