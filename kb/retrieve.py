@@ -73,6 +73,7 @@ class Searcher:
     # equal-weight reciprocal rank.
     fusion_mode = "dist_based_score"
     bm25_weight = 0.7
+    symbols_first_max_words = 3  # queries this short are names: exact symbol hits lead
 
     def __init__(self, home: KBHome, corpus: str, release: str | None = None, embedder: Any = None) -> None:
         from kb.embed import OfflineEmbedding
@@ -137,8 +138,6 @@ class Searcher:
         if one_per_file:
             hits = _one_per_file(hits)
         return hits[:k]
-
-    symbols_first_max_words = 3  # queries this short are names: exact symbol hits lead
 
     def answer(self, query: str, k: int = 5, mode: str = "hybrid", store: Any = None) -> list[Hit]:
         """What `kb search` returns. In hybrid mode, a query that is a name (a few words at most)
