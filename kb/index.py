@@ -36,7 +36,8 @@ class Chunk:
         id: content-addressed, `path#sha1(text)`: the same chunk has the same id in every release.
         text: what is shown and indexed for BM25.
         metadata: flat scalars only (chroma): file, start_line, end_line, symbol, lang, kind, release, ...
-        embed_text: what is embedded when it differs from `text` (a summary of an MLIR test case).
+        embed_text: what is embedded when it differs from `text`: a lit test's file summary, a code
+            chunk led by its path and names spelled as words, a licence/include chunk's short summary.
     """
 
     id: str
