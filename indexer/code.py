@@ -1,7 +1,8 @@
 """Syntax-aware chunking and symbol extraction for C++ and Python through tree-sitter grammar wheels.
 
-Chunks follow the syntax tree: a function, class or struct is never cut in the middle unless it is
-larger than the chunk budget by itself, in which case it is split between its members. Each chunk
+Chunks follow the syntax tree: a class or struct larger than the chunk budget is split between its
+members, and a function is never cut unless it is a giant (over 8x the budget), in which case it is
+split between its top-level statements. Each chunk
 keeps its line range, which citations need (llama-index's CodeSplitter drops line numbers, so the
 packing is done here on the same principle: siblings packed up to a character budget).
 """
@@ -11,12 +12,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit
 
-__all__ = ["CodeUnit", "DEFAULT_MAX_CHARS", "grammar_versions", "parse_code"]
+__all__ = ["DEFAULT_MAX_CHARS", "grammar_versions", "parse_code", "pack_line_ranges"]
 
 DEFAULT_MAX_CHARS = 1500  # the embedder truncates at 256 word pieces; ~1500 chars is the edge
 
@@ -63,26 +63,6 @@ def grammar_versions() -> dict[str, str]:
     return {name: version(name) for name in ("tree-sitter", "tree-sitter-cpp", "tree-sitter-python")}
 
 
-@dataclass
-class CodeUnit:
-    """A chunk of source with its line range and the symbols it defines.
-
-    Attributes:
-        text: the source text of the chunk.
-        start_line, end_line: 1-based, inclusive.
-        symbol: the main symbol (first definition) or "" for glue code.
-        kind: that symbol's kind.
-        definitions: (name, kind, line, end_line) of every definition inside the chunk.
-    """
-
-    text: str
-    start_line: int
-    end_line: int
-    symbol: str
-    kind: str
-    definitions: list[tuple[str, str, int, int]]
-
-
 def _name_of(node: Any, lang: str) -> str:
     if node.type == "decorated_definition":
         inner = node.child_by_field_name("definition")
@@ -111,33 +91,15 @@ def _declared_function(node: Any) -> str:
     return inner.text.decode("utf-8", "replace") if inner is not None else ""
 
 
-def _definitions(node: Any, lang: str, out: list[tuple[str, str, int, int]]) -> None:
-    kind = _DEFINITIONS[lang].get(node.type)
-    if lang == "cpp" and node.type in ("field_declaration", "declaration"):
-        name = _declared_function(node)
-        if name:
-            out.append((name, "declaration", node.start_point[0] + 1, node.end_point[0] + 1))
-    elif kind:
-        name = _name_of(node, lang)
-        if name:
-            out.append((name, kind, node.start_point[0] + 1, node.end_point[0] + 1))
-    for child in node.children:
-        _definitions(child, lang, out)
-
-
-def _units(tree: Any, source: bytes, lang: str, max_chars: int) -> list[CodeUnit]:
-    lines = source.decode("utf-8", "replace").splitlines()
+def _units(tree: Any, lines: list[str], max_chars: int) -> list[tuple[str, int, int]]:
+    """(text, start_line, end_line) of the syntax-following chunks; lines are 1-based, inclusive."""
     pieces: list[tuple[int, int]] = []  # (start_row, end_row), 0-based inclusive
     _collect(tree.root_node, max_chars, pieces)
     units = []
-    for start, end in _pack(pieces, lines, max_chars):
+    for start, end in pack_line_ranges(pieces, lines, max_chars):
         text = "\n".join(lines[start : end + 1])
-        if not text.strip():
-            continue
-        defs: list[tuple[str, str, int, int]] = []
-        _definitions_in_range(tree.root_node, lang, start, end, defs)
-        symbol, kind = (defs[0][0], defs[0][1]) if defs else ("", "code")
-        units.append(CodeUnit(text, start + 1, end + 1, symbol, kind, defs))
+        if text.strip():
+            units.append((text, start + 1, end + 1))
     return units
 
 
@@ -148,11 +110,11 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
     lines = text.splitlines()
     parsed = ParsedFile(lang=lang)
     defs: list[SourceSymbol] = []
-    _scoped_definitions(tree.root_node, lang, [], defs, parsed.facts, lines)
-    for unit in _units(tree, source, lang, max_chars):
-        main = next((d for d in defs if unit.start_line <= d.line <= unit.end_line), None)
-        parsed.units.append(Unit(unit.text, unit.start_line, unit.end_line, main.name if main else unit.symbol,
-                                 main.kind if main else unit.kind, main.scope if main else ""))
+    _definitions(tree.root_node, lang, [], defs, parsed.facts, lines)
+    for chunk, start, end in _units(tree, lines, max_chars):
+        main = next((d for d in defs if start <= d.line <= end), None)  # the chunk's first definition
+        parsed.units.append(Unit(chunk, start, end, main.name, main.kind, main.scope) if main
+                            else Unit(chunk, start, end))
     for sym in defs:
         sym.unit = _unit_at(parsed.units, sym.line)
     parsed.symbols.extend(defs)
@@ -193,7 +155,7 @@ _PATTERN_BASE = re.compile(
 _PASS_BASE = re.compile(r"\b(?:impl::)?(?P<name>\w+)Base\s*<")
 
 
-def _scoped_definitions(node: Any, lang: str, scope: list[str], out: list[SourceSymbol], facts: list[Fact],
+def _definitions(node: Any, lang: str, scope: list[str], out: list[SourceSymbol], facts: list[Fact],
                         lines: list[str]) -> None:
     kind = _DEFINITIONS[lang].get(node.type)
     name = ""
@@ -219,7 +181,7 @@ def _scoped_definitions(node: Any, lang: str, scope: list[str], out: list[Source
                                scope + name.split("::")[:-1], lines))
     inner = scope + [name] if name and node.type in _SCOPES else scope
     for child in node.children:
-        _scoped_definitions(child, lang, inner, out, facts, lines)
+        _definitions(child, lang, inner, out, facts, lines)
 
 
 _SCOPES = {"namespace_definition", "class_specifier", "struct_specifier", "class_definition"}
@@ -330,16 +292,6 @@ def _cpp_facts(text: str, facts: list[Fact]) -> None:
         facts.append(Fact("binding", m["py"], m["fn"], text.count("\n", 0, m.start()) + 1))
 
 
-def _definitions_in_range(node: Any, lang: str, start: int, end: int, out: list) -> None:
-    for child in node.children:
-        if child.end_point[0] < start or child.start_point[0] > end:
-            continue
-        if child.start_point[0] >= start and child.end_point[0] <= end:
-            _definitions(child, lang, out)
-        else:
-            _definitions_in_range(child, lang, start, end, out)
-
-
 def _collect(node: Any, max_chars: int, out: list[tuple[int, int]]) -> None:
     """Leaves of the split: nodes that fit the budget, or non-container nodes too big to split."""
     size = node.end_byte - node.start_byte
@@ -362,8 +314,9 @@ def _collect(node: Any, max_chars: int, out: list[tuple[int, int]]) -> None:
         covered = max(covered, child.end_point[0] + 1)
 
 
-def _pack(pieces: list[tuple[int, int]], lines: list[str], max_chars: int) -> list[tuple[int, int]]:
-    """Merge consecutive pieces into chunks of at most max_chars; a piece never straddles two chunks."""
+def pack_line_ranges(pieces: list[tuple[int, int]], lines: list[str], max_chars: int) -> list[tuple[int, int]]:
+    """Merge consecutive pieces (0-based inclusive row ranges) into chunks of at most max_chars; a
+    piece never straddles two chunks. Shared by the C++/Python and the lit-test chunkers."""
     rows: list[tuple[int, int]] = []
     for start, end in sorted(pieces):
         if rows and start <= rows[-1][1]:

@@ -15,6 +15,7 @@ import re
 from collections import Counter
 
 from harness.ir import op_counts
+from indexer.code import pack_line_ranges
 from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit
 
 __all__ = ["parse_lit_test"]
@@ -87,7 +88,7 @@ def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
     file_funcs: list[str] = []
     for case_start, case_end in _cases(lines):
         size = sum(len(lines[r]) + 1 for r in range(case_start, case_end + 1))
-        pieces = [(case_start, case_end)] if size <= max_chars else _pack(
+        pieces = [(case_start, case_end)] if size <= max_chars else pack_line_ranges(
             _top_level_pieces(lines, case_start, case_end), lines, max_chars)
         for start, end in pieces:
             body = "\n".join(lines[start : end + 1])
@@ -113,14 +114,3 @@ def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
         unit.summary = summary
     return parsed
 
-
-def _pack(pieces: list[tuple[int, int]], lines: list[str], max_chars: int) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for start, end in pieces:
-        if out:
-            merged = sum(len(lines[r]) + 1 for r in range(out[-1][0], end + 1))
-            if merged <= max_chars:
-                out[-1] = (out[-1][0], end)
-                continue
-        out.append((start, end))
-    return out
