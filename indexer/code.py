@@ -116,31 +116,28 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
         parsed.units.append(Unit(chunk, start, end, main.name, main.kind, main.scope) if main
                             else Unit(chunk, start, end))
     for sym in defs:
-        sym.unit = _unit_at(parsed.units, sym.line)
+        sym.unit = parsed.unit_at(sym.line)
     parsed.symbols.extend(defs)
     for name, line in _call_references(tree.root_node, lang):
-        parsed.symbols.append(SourceSymbol(name, "call", line, line, "ref", "", _unit_at(parsed.units, line)))
+        parsed.symbols.append(SourceSymbol(name, "call", line, line, "ref", "", parsed.unit_at(line)))
     functions = [d for d in defs if d.kind in ("function", "method")]
     for severity, message, line in _diagnostics(text, lang):
         owner = min((f for f in functions if f.line <= line <= f.end_line), key=lambda f: f.end_line - f.line,
                     default=None)
         parsed.symbols.append(SourceSymbol(message, f"diagnostic:{severity}", line, line, "emit",
-                                           _qualified(owner) if owner else "", _unit_at(parsed.units, line)))
+                                           _qualified(owner) if owner else "", parsed.unit_at(line)))
+    if lang == "python":
+        for call, stage, line in _pipeline_calls(lines):
+            parsed.symbols.append(SourceSymbol(call, f"pipeline-call:{stage}", line, line, "ref", "",
+                                               parsed.unit_at(line)))
     if lang == "cpp":
         _cpp_facts(text, parsed.facts)
         # A pybind binding string is where the Python API name (`add_coalesce`) is defined.
         for fact in parsed.facts:
             if fact.kind == "binding":
                 parsed.symbols.append(SourceSymbol(fact.a, "pybind", fact.line, fact.line, "def", fact.b,
-                                                   _unit_at(parsed.units, fact.line)))
+                                                   parsed.unit_at(fact.line)))
     return parsed
-
-
-def _unit_at(units: list[Unit], line: int) -> int:
-    for i, u in enumerate(units):
-        if u.start_line <= line <= u.end_line:
-            return i
-    return -1
 
 
 def _qualified(sym: SourceSymbol) -> str:
@@ -273,6 +270,23 @@ def _statement(text: str, start: int, lang: str, limit: int = 600) -> str:
             break
         i += 1
     return text[start:i]
+
+
+# passes.ttgpuir.add_coalesce(pm)   nvidia.passes.ttnvgpuir.add_tma_lowering(pm)
+_PIPELINE_CALL = re.compile(r"\b(?P<call>(?:\w+\.)*passes\.(?P<ns>\w+)\.add_(?P<name>\w+))\s*\(")
+_STAGE_FN = re.compile(r"^\s*def (?P<name>make_\w+|add_stages|\w+_to_\w+)\(")
+
+
+def _pipeline_calls(lines: list[str]) -> list[tuple[str, str, int]]:
+    """(`passes.<ns>.add_<x>`, stage function it is in (make_ttgir, ...), line) of each pipeline call."""
+    out = []
+    stage = ""
+    for lineno, line in enumerate(lines, start=1):
+        if m := _STAGE_FN.match(line):
+            stage = m["name"]
+        for m in _PIPELINE_CALL.finditer(line):
+            out.append(("passes." + m["call"].split("passes.", 1)[1], stage, lineno))  # passes.ttgpuir.add_coalesce
+    return out
 
 
 _GEN_PASS_DEF = re.compile(r"^[ \t]*#[ \t]*define[ \t]+GEN_PASS_DEF_(?P<name>\w+)", re.MULTILINE)

@@ -21,7 +21,7 @@ from typing import Any
 from indexer.code import DEFAULT_MAX_CHARS, grammar_versions, parse_code
 from indexer.links import resolve_links
 from indexer.mlir import parse_lit_test
-from indexer.parsed import PARSER_VERSION, Fact, ParseCache, ParsedFile, Unit, content_key
+from indexer.parsed import PARSER_VERSION, ParseCache, ParsedFile, Unit, content_key
 from indexer.tablegen import parse_tablegen
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
@@ -33,9 +33,6 @@ COMPILER_CORPUS = "compiler"
 MAX_FILE_BYTES = 512 * 1024
 _LANG_BY_SUFFIX = {".td": "tablegen", ".h": "cpp", ".hpp": "cpp", ".cpp": "cpp", ".cc": "cpp", ".py": "python",
                    ".mlir": "mlir"}
-# passes.ttgpuir.add_coalesce(pm)   nvidia.passes.ttnvgpuir.add_tma_lowering(pm)
-_PIPELINE_CALL = re.compile(r"\b(?P<call>(?:\w+\.)*passes\.(?P<ns>\w+)\.add_(?P<name>\w+))\s*\(")
-_STAGE_FN = re.compile(r"^\s*def (?P<name>make_\w+|add_stages|\w+_to_\w+)\(")
 
 
 @dataclass
@@ -208,10 +205,7 @@ def _parse(raw: bytes, lang: str) -> ParsedFile:
         return parse_tablegen(raw)
     if lang == "mlir":
         return parse_lit_test(raw)
-    parsed = parse_code(raw, lang)
-    if lang == "python":
-        parsed.facts.extend(_pipeline_calls(raw.decode("utf-8")))
-    return parsed
+    return parse_code(raw, lang)
 
 
 def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
@@ -242,10 +236,6 @@ def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
         for sym in parsed.symbols:
             symbols.append(Symbol(release, sym.name, sym.kind, parsed.lang, rel, sym.line, sym.end_line, sym.role,
                                   ids[sym.unit] if 0 <= sym.unit < len(ids) else "", sym.scope, sym.digest))
-        for fact in parsed.facts:
-            if fact.kind == "pipeline-call":
-                symbols.append(Symbol(release, fact.a, f"pipeline-call:{fact.b}", "python", rel, fact.line, fact.line,
-                                      "ref", _chunk_at(parsed, ids, fact.line)))
         for p in parsed.passes:
             passes.append(PassDef(release, p["def_name"], p["argument"], p["summary"], p["description"],
                                   p["options"], rel, p["line"], p["end_line"], p.get("constructor", "")))
@@ -271,13 +261,6 @@ def _glue_summary(rel: str, text: str) -> str:
     chunks they would cost a fifth of the embedding time."""
     lines = [ln.strip() for ln in text.splitlines() if not _BOILERPLATE.match(ln)]
     return f"{_words(rel)}\n" + " ".join(lines)[:300]
-
-
-def _chunk_at(parsed: ParsedFile, ids: list[str], line: int) -> str:
-    for unit, cid in zip(parsed.units, ids):
-        if unit.start_line <= line <= unit.end_line:
-            return cid
-    return ""
 
 
 def _attach_chunks(op_symbols: list[Symbol], chunks: list[Chunk]) -> list[Symbol]:
@@ -306,15 +289,3 @@ def _with_header(rel: str, unit: Unit, lang: str) -> str:
     summary = f"{unit.summary}\n" if unit.kind == "lit-test" and unit.summary else ""
     return f"{_header_line(rel, unit, lang)}\n{summary}{unit.text}"
 
-
-def _pipeline_calls(text: str) -> list[Fact]:
-    """`passes.<ns>.add_<x>(...)` calls, tagged with the stage function (make_ttgir, ...) they are in."""
-    out = []
-    stage = ""
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if m := _STAGE_FN.match(line):
-            stage = m["name"]
-        for m in _PIPELINE_CALL.finditer(line):
-            call = m["call"].split("passes.", 1)[1]  # ttgpuir.add_coalesce
-            out.append(Fact("pipeline-call", f"passes.{call}", stage, lineno))
-    return out

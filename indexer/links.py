@@ -60,7 +60,6 @@ def resolve_links(files: list[tuple[str, ParsedFile]], passes: list[PassDef], sy
                               "constructor" if p.constructor.endswith(name) else "generated-name"))
 
     bindings: dict[str, set[str]] = defaultdict(set)
-    ops: list[tuple[str, str, int, int]] = []  # (rel, op name, line, end_line) of TableGen op defs
     records: list[tuple[str, TableGenRecord]] = []
     for rel, parsed in files:
         for r in parsed.records:

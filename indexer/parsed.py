@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["PARSER_VERSION", "Fact", "ParseCache", "ParsedFile", "SourceSymbol", "Unit", "content_key"]
 
 # Bump when any parser's output changes: cached parses of older versions are then ignored.
-PARSER_VERSION = 6
+PARSER_VERSION = 7
 
 
 @dataclass
@@ -69,7 +69,6 @@ class Fact:
         rewrites-op       a = pattern class, b = op class it matches (`OpRewritePattern<tt::LoadOp>`)
         binding           a = python name (`add_coalesce`), b = C++ factory (`createTritonGPUCoalesce`)
         run-pass          a = pass argument on a lit test's RUN line
-        pipeline-call     a = `passes.ttgpuir.add_coalesce`, b = stage function (`make_ttgir`)
     """
 
     kind: str
@@ -86,6 +85,10 @@ class ParsedFile:
     facts: list[Fact] = field(default_factory=list)
     passes: list[dict[str, Any]] = field(default_factory=list)  # TableGenPass fields
     records: list[dict[str, Any]] = field(default_factory=list)  # TableGenRecord fields (op naming)
+
+    def unit_at(self, line: int) -> int:
+        """Index of the unit holding `line`, -1 when none does (blank or skipped lines)."""
+        return next((i for i, u in enumerate(self.units) if u.start_line <= line <= u.end_line), -1)
 
     def to_bytes(self) -> bytes:
         return zlib.compress(json.dumps(asdict(self), separators=(",", ":")).encode(), 3)
