@@ -25,6 +25,7 @@ from indexer.parsed import PARSER_VERSION, ParseCache, ParsedFile, Unit, content
 from indexer.tablegen import parse_tablegen
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
+from kb.lexical import NAME_WORD
 from kb.symbols import PassDef, SourceFile, Symbol, SymbolStore
 
 __all__ = ["COMPILER_CORPUS", "IndexReport", "collect_compiler_files", "index_compiler_tree", "index_installed_triton"]
@@ -243,13 +244,10 @@ def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
     return chunks, symbols, passes, source_files
 
 
-_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
-
-
 def _words(name: str) -> str:
     """`lib/Dialect/HIVM/Transforms/InferHIVMMemScope.cpp` -> `lib dialect hivm transforms infer hivm mem
     scope cpp`: the sentence model reads words, and code names are where a chunk says what it does."""
-    return " ".join(w.lower() for w in _WORD.findall(name))
+    return " ".join(w.lower() for w in NAME_WORD.findall(name))
 
 
 _BOILERPLATE = re.compile(r"^\s*(//|#\s*include|#\s*pragma|/\*|\*|import |from \S+ import|#|using namespace|$)")

@@ -90,6 +90,16 @@ def _block_end(text: str, open_brace: int) -> int:
     return len(text)
 
 
+def _record_extent(clean: str, head_end: int) -> tuple[int, str]:
+    """Where a record whose header ends at `head_end` ends, and its `{ ... }` body ("" for `def X : Y<...>;`)."""
+    brace = clean.find("{", head_end)
+    semicolon = clean.find(";", head_end)
+    if brace < 0 or (0 <= semicolon < brace):
+        return (semicolon + 1 if semicolon >= 0 else head_end), ""
+    end = _block_end(clean, brace)
+    return end, clean[brace:end]
+
+
 def _value(body: str, key: str) -> str:
     """The value of `let key = ...;`: a code block or concatenated string literals."""
     m = re.search(rf"\blet\s+{key}\s*=\s*", body)
@@ -144,14 +154,7 @@ def parse_passes(text: str) -> list[TableGenPass]:
     clean = _strip_comments(text)
     passes = []
     for m in _PASS_DEF.finditer(clean):
-        brace = clean.find("{", m.end())
-        semicolon = clean.find(";", m.end())
-        if brace < 0 or (0 <= semicolon < brace):
-            end = semicolon + 1 if semicolon >= 0 else m.end()
-            body = ""
-        else:
-            end = _block_end(clean, brace)
-            body = clean[brace:end]
+        end, body = _record_extent(clean, m.end())
         passes.append(
             TableGenPass(
                 def_name=m["name"],
@@ -207,15 +210,12 @@ def parse_records(text: str) -> list[TableGenRecord]:
     clean = _strip_comments(text)
     records = []
     for m in _RECORD_HEAD.finditer(clean):
-        brace = clean.find("{", m.end())
-        semicolon = clean.find(";", m.end())
-        end = _block_end(clean, brace) if brace >= 0 and not (0 <= semicolon < brace) else max(semicolon + 1, m.end())
+        end, body = _record_extent(clean, m.end())
         args = m["args"] or ""
         first = _STRING.search(args)
         prefix = _STRCONCAT_PREFIX.search(args)
         parent = m["parent"] or ""
         dialect_arg = args.split(",")[0].strip() if parent == "Op" else ""
-        body = clean[brace:end] if brace >= 0 else ""
         records.append(TableGenRecord(
             what=m["what"], name=m["name"], parent=parent,
             first_string=first.group(1) if first and not prefix else (prefix["prefix"] if prefix else ""),

@@ -19,11 +19,12 @@ import bm25s
 import numpy as np
 import Stemmer
 
-__all__ = ["LexicalIndex", "code_tokens", "query_tokens"]
+__all__ = ["IDENT", "NAME_WORD", "LexicalIndex", "code_tokens", "query_tokens"]
 
 # identifiers with dots/colons inside (tt.load, mlir::triton, ttg.convert_layout), plus numbers
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:(?:\.|::)[A-Za-z_][A-Za-z0-9_]*)*|\d+")
-_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+# The words of a name: `InferHIVMMemScope` -> Infer, HIVM, Mem, Scope; `getMaskAlignment` -> get, Mask, Alignment
+NAME_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _STEMMER = Stemmer.Stemmer("english")
 _QUESTION_WORDS = {"where", "what", "which", "how", "why", "when", "who", "does", "do", "did", "the", "this", "that",
                    "there", "their", "its", "was", "were", "has", "have", "can", "could", "would", "should", "from",
@@ -45,9 +46,9 @@ def _ident_tokens(ident: str) -> tuple[str, ...]:
     tokens = [low]
     parts = re.split(r"\.|::|_", ident)
     words = []
-    if len(parts) > 1 or _CAMEL.findall(ident) != [ident]:
+    if len(parts) > 1 or NAME_WORD.findall(ident) != [ident]:
         for part in parts:
-            sub = _CAMEL.findall(part)
+            sub = NAME_WORD.findall(part)
             words.extend(s.lower() for s in sub if s)
             if len(sub) > 1 and part != ident:
                 tokens.append(part.lower())
