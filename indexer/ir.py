@@ -13,6 +13,7 @@ import difflib
 import json
 import re
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,16 +77,27 @@ def _normalized_ops(text: str) -> list[str]:
     return out
 
 
-def _locations(stage: IRStage) -> dict[str, list[str]]:
+@dataclass
+class _Measured:
+    """What a snapshot is compared on, computed once per snapshot."""
+
+    counts: dict[str, int]
+    locations: dict[str, list[str]]  # op -> kernel lines ("file:line") where it appears (MLIR only)
+    ops: list[str]  # normalized op lines, for the diff
+
+
+def _measure(stage: IRStage) -> _Measured:
     if stage.lang != "mlir":
-        return {}
-    found: dict[str, list[str]] = {}
-    for op in op_source_lines(stage.text):
+        return _Measured(dict(stage_op_counts(stage.text, stage.lang)), {}, _normalized_ops(stage.text))
+    lines = op_source_lines(stage.text)  # one pass over the module serves counts and locations
+    counts = dict(Counter(op.op for op in lines))
+    locations: dict[str, list[str]] = {}
+    for op in lines:
         if op.loc is not None:
             where = f"{Path(op.loc.file).name}:{op.loc.line}"
-            if where not in found.setdefault(op.op, []):
-                found[op.op].append(where)
-    return found
+            if where not in locations.setdefault(op.op, []):
+                locations[op.op].append(where)
+    return _Measured(counts, locations, _normalized_ops(stage.text))
 
 
 def summarize_dump(dump: IRDump) -> list[StepChange]:
@@ -101,14 +113,16 @@ def summarize_dump(dump: IRDump) -> list[StepChange]:
         by_kernel.setdefault(stage.kernel, []).append(stage)
     for kernel, stages in by_kernel.items():
         previous: IRStage | None = None
+        previous_measured: _Measured | None = None
         kernel_steps: list[StepChange] = []
         for i, stage in enumerate(stages):
-            counts = dict(stage_op_counts(stage.text, stage.lang))
+            measured = _measure(stage)
+            counts = measured.counts
             before_dump = stage.kind == "pass" and stage.when == "Before"
             # A Before-snapshot is what the pass receives; what it leaves shows in the next snapshot.
             step = StepChange(i, kernel, stage.name, stage.pass_arg, stage.kind, stage.source, stage.line,
                               counts_before=counts if before_dump else {}, counts=counts, after_known=not before_dump)
-            if previous is not None and previous.lang == stage.lang:
+            if previous is not None and previous_measured is not None and previous.lang == stage.lang:
                 owner = kernel_steps[-1] if before_dump else step
                 before = owner.counts_before if before_dump else kernel_steps[-1].counts
                 if before_dump:
@@ -117,18 +131,17 @@ def summarize_dump(dump: IRDump) -> list[StepChange]:
                     step.counts_before = before
                 owner.delta = {op: counts.get(op, 0) - before.get(op, 0) for op in sorted(set(counts) | set(before))
                                if counts.get(op, 0) != before.get(op, 0)}
-                before_locs, after_locs = _locations(previous), _locations(stage)
+                before_locs, after_locs = previous_measured.locations, measured.locations
                 owner.introduced_at = {op: [w for w in after_locs.get(op, []) if w not in before_locs.get(op, [])]
                                        or after_locs.get(op, [])[:3]
                                        for op, d in owner.delta.items() if d > 0 and op in after_locs}
-                diff = list(difflib.unified_diff(_normalized_ops(previous.text), _normalized_ops(stage.text),
-                                                 lineterm="", n=0))[2:]
+                diff = list(difflib.unified_diff(previous_measured.ops, measured.ops, lineterm="", n=0))[2:]
                 owner.diff = "\n".join(diff[:_DIFF_LINES]) + (f"\n... {len(diff) - _DIFF_LINES} more lines"
                                                               if len(diff) > _DIFF_LINES else "")
             elif not before_dump:
                 step.counts_before = counts if previous is None else {}
             kernel_steps.append(step)
-            previous = stage
+            previous, previous_measured = stage, measured
         steps.extend(kernel_steps)
     return steps
 
