@@ -217,17 +217,14 @@ class SymbolStore:
         return found
 
     def pass_by_argument(self, argument: str, release: str | None = None) -> PassDef | None:
-        sql = "SELECT * FROM passes WHERE argument = ?"
-        args: list[object] = [argument]
-        if release:
-            sql += " AND release = ?"
-            args.append(release)
-        row = self._db.execute(sql, args).fetchone()
-        return self._pass(row) if row else None
+        return self._one_pass("argument", argument, release)
 
     def pass_by_def(self, def_name: str, release: str | None = None) -> PassDef | None:
-        sql = "SELECT * FROM passes WHERE def_name = ?"
-        args: list[object] = [def_name]
+        return self._one_pass("def_name", def_name, release)
+
+    def _one_pass(self, column: str, value: str, release: str | None) -> PassDef | None:
+        sql = f"SELECT * FROM passes WHERE {column} = ?"  # column: one of the two literals above
+        args: list[object] = [value]
         if release:
             sql += " AND release = ?"
             args.append(release)

@@ -46,7 +46,7 @@ def test_compiles_are_cached_by_content(tmp_path):
 
 
 def test_task_file_compiles_its_first_case(tmp_path):
-    arts = capture_task(FIXTURES / "kernels" / "scale_task.py", cache_dir=tmp_path)
+    arts = capture_task(EXAMPLES / "scale_task.py", cache_dir=tmp_path)
     assert arts[0].kernel == "scale_kernel" and "n" not in arts[0].divisible_args()
 
 
