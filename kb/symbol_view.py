@@ -46,8 +46,9 @@ def describe(store: SymbolStore, name: str, release: str | None = None, max_refs
     uses = [s for s in found if s.role not in ("def", "decl")]
     view.reference_count = len(uses)
     view.references = uses[:max_refs]
+    releases = [release] if release else store.releases()  # a scan of the store: once, not per lookup
     for lookup in (store.pass_by_argument, store.pass_by_def):
-        for rel in ([release] if release else store.releases()):
+        for rel in releases:
             p = lookup(name, rel)
             if p is not None and p not in view.passes:
                 view.passes.append(p)
