@@ -106,7 +106,11 @@ class Searcher:
 
         collection = get_collection(chroma_client(self.home), self.manifest.collection)
         self._store = ChromaVectorStore(chroma_collection=collection)
-        index = VectorStoreIndex.from_vector_store(self._store, embed_model=self.embedder)
+        # Chunks arrive pre-split by syntax and embedded by us; naming our embedder as the only
+        # transformation keeps llama-index from building its default splitter (a tiktoken load).
+        index = VectorStoreIndex.from_vector_store(
+            self._store, embed_model=self.embedder, transformations=[self.embedder]
+        )
         self._vector = index.as_retriever(similarity_top_k=_RRF_CANDIDATES)
         self._bm25 = _BM25Retriever(self.home, self.manifest, self._store)
         self._fusion = QueryFusionRetriever(
