@@ -1,28 +1,58 @@
 """Tasks: what to run, as a small Python module.
 
-A task file defines:
+A task file defines (only the first three are required):
 
-    entry      the launch wrapper (a callable that launches the Triton kernel)
-    inputs     a callable: inputs(**case) -> tuple of positional arguments for `entry`
-    cases      a list of dicts, each one case (shapes, dtypes, ...); at least one
-    reference  optional PyTorch callable with the same signature (default: the task's own entry)
-    tolerances optional dict, e.g. {"atol": 1e-5, "rtol": 1e-5}
+    entry       the launch wrapper: a callable that launches the Triton kernel and returns its
+                output tensor(s). Import it from the kernel file beside the task, or define it here.
+    inputs      inputs(**case) -> tuple of positional arguments for `entry`. Tensors are created on
+                the device under test (the harness sets torch's default device), so write
+                `torch.randn(n)`, not `torch.randn(n, device="cuda")`. Use random values, never
+                zeros: the harness seeds torch before each call and checks several seeds.
+    cases       list of dicts, one per case (shapes, dtypes, ...). Benchmark operators carry at
+                least 5.
+    heldout     more cases, checked for correctness only and never timed, so that a rewrite
+                specialised to the benchmark shapes is caught.
+    reference   a PyTorch callable with entry's signature. Without one the task's own initial
+                entry is the reference (candidates are then checked against it).
+    tolerances  {"atol": .., "rtol": ..} for every output, or per dtype name:
+                {"float16": {"atol": .., "rtol": ..}}. Defaults: `DEFAULT_TOLERANCES`.
+    outputs     indices of arguments the kernel writes in place (an `out=` style wrapper). They
+                are poisoned before each call and excluded from the mutated-input check.
+    bytes, flops  bytes(**case) / flops(**case): the minimum traffic and work of one call, for the
+                roofline position. Give what the operation needs, not what the kernel does.
+    allow_torch names of torch calls the wrapper may make beyond allocation (e.g. ["sum"] for a
+                two-stage reduction finished by torch); anything else is a torch fallback.
+    warm_cache  True when the workload is meant to run with a warm L2 (no flush between reps).
 
-The kernel may be defined in the task file or imported from a sibling module.
+A kernel file from the wild needs no task file: `task_from_call(FILE, "add(torch.randn(4096), torch.randn(4096))")`
+makes one case out of the example call (fresh random values per seed come from re-evaluating its
+arguments).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.artifacts import Artifacts
 from harness.capture import capture_callable, load_kernel_module
 from harness.errors import UserFacingError
 
-__all__ = ["Task", "capture_task", "load_task"]
+__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "load_task", "task_from_call", "tolerance_for"]
+
+# evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
+# integers and data movement exact.
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "float64": {"atol": 1e-8, "rtol": 1e-7},
+    "float32": {"atol": 1e-5, "rtol": 1e-4},
+    "float16": {"atol": 1e-3, "rtol": 1e-2},
+    "bfloat16": {"atol": 1e-2, "rtol": 2e-2},
+}
+_EXACT = {"atol": 0.0, "rtol": 0.0}
 
 
 @dataclass
@@ -32,8 +62,29 @@ class Task:
     inputs: Callable[..., tuple[Any, ...]]
     cases: list[dict[str, Any]]
     reference: Callable[..., Any] | None = None
-    tolerances: dict[str, float] = field(default_factory=dict)
+    tolerances: dict[str, Any] = field(default_factory=dict)
     namespace: dict[str, Any] = field(default_factory=dict)
+    heldout: list[dict[str, Any]] = field(default_factory=list)
+    outputs: tuple[int, ...] = ()
+    bytes: Callable[..., float] | None = None
+    flops: Callable[..., float] | None = None
+    allow_torch: tuple[str, ...] = ()
+    warm_cache: bool = False
+    path: str = ""  # the file it came from; workers load tasks by path
+    source_file: str = ""  # the file defining the entry (for the static guards)
+
+    def case_label(self, case: dict[str, Any]) -> str:
+        return ",".join(f"{k}={_short(v)}" for k, v in case.items()) or "default"
+
+
+def tolerance_for(task: Task, dtype_name: str) -> dict[str, float]:
+    """atol/rtol for an output of this dtype: the task's, else the default for the dtype."""
+    tol = task.tolerances
+    if "atol" in tol or "rtol" in tol:
+        return {"atol": float(tol.get("atol", 0.0)), "rtol": float(tol.get("rtol", 0.0))}
+    if dtype_name in tol:
+        return {"atol": 0.0, "rtol": 0.0, **{k: float(v) for k, v in tol[dtype_name].items()}}
+    return dict(DEFAULT_TOLERANCES.get(dtype_name, _EXACT))
 
 
 def load_task(path: str | os.PathLike[str]) -> Task:
@@ -45,18 +96,71 @@ def load_task(path: str | os.PathLike[str]) -> Task:
                               "define entry (launch wrapper), inputs(**case) and cases (list of dicts)")
     if not callable(ns["entry"]) or not callable(ns["inputs"]):
         raise UserFacingError(f"task file {path}: entry and inputs must be callables", "see harness/task.py")
-    cases = ns["cases"]
-    if not isinstance(cases, list) or not cases or not all(isinstance(c, dict) for c in cases):
-        raise UserFacingError(f"task file {path}: cases must be a non-empty list of dicts", "e.g. cases = [dict(n=4096)]")
+    cases = _case_list(ns["cases"], path, "cases")
+    if not cases:
+        raise UserFacingError(f"task file {path}: cases is empty", "e.g. cases = [dict(n=4096)]")
+    for name in ("reference", "bytes", "flops"):
+        if ns.get(name) is not None and not callable(ns[name]):
+            raise UserFacingError(f"task file {path}: {name} must be a callable", "see harness/task.py")
     return Task(
-        name=os.path.splitext(os.path.basename(str(path)))[0],
+        name=Path(path).stem,
         entry=ns["entry"],
         inputs=ns["inputs"],
         cases=cases,
         reference=ns.get("reference"),
         tolerances=dict(ns.get("tolerances", {})),
         namespace=ns,
+        heldout=_case_list(ns.get("heldout", []), path, "heldout"),
+        outputs=tuple(int(i) for i in ns.get("outputs", ())),
+        bytes=ns.get("bytes"),
+        flops=ns.get("flops"),
+        allow_torch=tuple(ns.get("allow_torch", ())),
+        warm_cache=bool(ns.get("warm_cache", False)),
+        path=str(Path(path).resolve()),
+        source_file=_defining_file(ns["entry"], path),
     )
+
+
+def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: str | None = None) -> Task:
+    """A one-case task from a kernel file and an example call such as `add(torch.randn(4096), y)`.
+
+    The call's function is the entry; its arguments, re-evaluated for each seed, are the inputs.
+    `reference` is an expression for a PyTorch callable (`torch.add`, `lambda x, y: x + y`).
+    """
+    import torch
+    import triton
+    import triton.language as tl
+
+    module = load_kernel_module(kernel_file)
+    ns = {"torch": torch, "triton": triton, "tl": tl, **vars(module)}
+    try:
+        tree = ast.parse(call, mode="eval")
+    except SyntaxError as exc:
+        raise UserFacingError(f"the call expression {call!r} is not a Python expression ({exc.msg})",
+                              'pass one call, e.g. --call "add(torch.randn(4096), torch.randn(4096))"') from exc
+    if not isinstance(tree.body, ast.Call) or any(isinstance(a, ast.Starred) for a in tree.body.args):
+        raise UserFacingError(f"--call {call!r} is not a single call of the launch wrapper",
+                              'pass e.g. --call "add(torch.randn(4096), torch.randn(4096))"')
+    entry = _eval(ast.unparse(tree.body.func), ns, "--call")
+    args_src = "(" + "".join(ast.unparse(a) + ", " for a in tree.body.args) + ")"
+    kwargs_src = "{" + ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in tree.body.keywords if k.arg) + "}"
+    if tree.body.keywords:
+        kw_code = compile(kwargs_src, "<call>", "eval")
+        base_entry = entry
+
+        def entry(*args: Any) -> Any:  # noqa: F811 - binds the call's keywords once per call
+            return base_entry(*args, **eval(kw_code, ns))  # noqa: S307
+    args_code = compile(args_src, "<call>", "eval")
+
+    def inputs() -> tuple[Any, ...]:
+        return eval(args_code, ns)  # noqa: S307 - the user's own expression
+
+    ref = _eval(reference, ns, "--reference") if reference else None
+    if ref is not None and not callable(ref):
+        raise UserFacingError(f"--reference {reference!r} is not callable", "pass e.g. --reference torch.add")
+    return Task(name=Path(kernel_file).stem, entry=entry, inputs=inputs, cases=[{}], reference=ref,
+                namespace=ns, path=str(Path(kernel_file).resolve()),
+                source_file=str(Path(kernel_file).resolve()))
 
 
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,
@@ -68,3 +172,29 @@ def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None
     params = task.cases[case]
     return capture_callable(lambda ns: task.entry(*task.inputs(**params)), task.namespace, target, cache_dir,
                             what=f"task {task.name} case {params}")
+
+
+def _case_list(value: Any, path: Any, name: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise UserFacingError(f"task file {path}: {name} must be a list of dicts", f"e.g. {name} = [dict(n=4096)]")
+    return value
+
+
+def _defining_file(fn: Any, fallback: Any) -> str:
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    return str(Path(code.co_filename).resolve()) if code is not None else str(Path(fallback).resolve())
+
+
+def _eval(expr: str, ns: dict[str, Any], flag: str) -> Any:
+    try:
+        return eval(compile(expr, "<expr>", "eval"), ns)  # noqa: S307 - the user's own expression
+    except SyntaxError as exc:
+        raise UserFacingError(f"{flag} {expr!r} is not a Python expression ({exc.msg})", "quote it as one expression") from exc
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise UserFacingError(f"{flag} {expr!r} raised {type(exc).__name__}: {exc}",
+                              "name something the kernel file defines or imports") from exc
+
+
+def _short(value: Any) -> str:
+    text = str(value).replace("torch.", "")
+    return text if len(text) <= 24 else text[:21] + "..."

@@ -462,6 +462,64 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
         Console().print(Markdown(to_markdown(answer))) if sys.stdout.isatty() else click.echo(to_markdown(answer))
 
 
+# ---------------------------------------------------------------------------------------------- run
+@main.command("run")
+@click.argument("task_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
+              help="A kernel file from the wild (instead of a task file).")
+@click.option("--call", default=None, help='With --kernel: an example call, e.g. "add(torch.randn(4096), torch.randn(4096))".')
+@click.option("--reference", default=None, help="With --kernel: a PyTorch callable to check against, e.g. torch.add.")
+@click.option("--candidate", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A rewritten kernel file to check and time against the task's own kernel.")
+@click.option("--candidate-entry", default=None, help="Its launch wrapper (default: the task entry's name).")
+@click.option("--backend", type=click.Choice(["auto", "cuda", "interpreter", "npu"]), default="auto", show_default=True,
+              help="auto: cuda with an NVIDIA GPU, npu with an Ascend device, else the CPU interpreter.")
+@click.option("--cases", default=None, help="Comma-separated case indices (default: all).")
+@click.option("--seeds", default=3, show_default=True, help="Fresh random inputs per case.")
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Seconds a kernel may take per job.")
+@click.option("--no-time", is_flag=True, help="Check correctness only.")
+@click.option("--profile", is_flag=True, help="Nsight Compute metrics per case (cuda; needs ncu).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_user_errors
+def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
+            candidate: str | None, candidate_entry: str | None, backend: str, cases: str | None, seeds: int,
+            timeout_s: float, no_time: bool, profile: bool, as_json: bool) -> None:
+    """Check a task's kernel (and a candidate) for correctness, then time it: sandboxed, guarded."""
+    from harness.backends import detect_backend
+    from harness.run import RunOptions, run_task
+
+    if (task_file is None) == (kernel_file is None):
+        raise UserFacingError("give a TASK file, or --kernel FILE with --call EXPR",
+                              'e.g. kb run --kernel add.py --call "add(torch.randn(4096), torch.randn(4096))"')
+    if kernel_file is not None and call is None:
+        raise UserFacingError("--kernel needs --call EXPR, an example call of its launch wrapper",
+                              'e.g. --call "add(torch.randn(4096), torch.randn(4096))"')
+    for path in (task_file, kernel_file):
+        if path is not None and not Path(path).is_file():
+            raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
+    spec: dict[str, Any] = ({"path": str(Path(task_file).resolve())} if task_file else
+                            {"kernel": str(Path(kernel_file).resolve()), "call": call, "reference": reference})
+    try:
+        indices = [int(c) for c in cases.split(",")] if cases else None
+    except ValueError as exc:
+        raise UserFacingError(f"--cases {cases!r} is not a list of indices", "e.g. --cases 0,2") from exc
+    options = RunOptions(backend=detect_backend() if backend == "auto" else backend, cases=indices,
+                         seeds=max(1, seeds), time=not no_time, timeout_s=timeout_s, profile=profile)
+    report = run_task(spec, options, candidate=str(Path(candidate).resolve()) if candidate else None,
+                      candidate_entry=candidate_entry)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        from rich.console import Console
+
+        from kb.run_view import render_run
+
+        render_run(report, Console())
+    judged = report.run("candidate") or report.run("baseline")
+    if report.failure or judged is None or not judged.correct:
+        sys.exit(1)
+
+
 # ---------------------------------------------------------------------------------------------- status
 @main.command()
 @click.option("--json", "as_json", is_flag=True)

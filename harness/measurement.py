@@ -1,0 +1,147 @@
+"""Measurement records: what running a task produced, per kernel and case. Plain, JSON-serialisable.
+
+A `RunReport` holds one `KernelRun` per kernel that ran (the task's own "baseline" and, when given,
+a "candidate"), each with one `CaseResult` per case. Correctness comes first: a kernel is timed only
+after every case and seed passed, and a rejection carries one reason a person can act on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["CaseCheck", "CaseResult", "KernelRun", "Roofline", "RunReport", "Timing"]
+
+SPEEDUP_REVIEW = 10.0  # evaluation.md: speedups above this are flagged for a second look
+
+
+@dataclass
+class CaseCheck:
+    """Correctness of one output of one case over all seeds (worst seen)."""
+
+    output: int
+    dtype: str
+    shape: list[int]
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    mismatched: int = 0  # elements outside atol + rtol * |ref|
+    nan_mismatch: int = 0  # NaN in one of kernel/reference but not the other
+    inf_mismatch: int = 0
+    unwritten: int = 0  # elements the kernel never wrote (still poisoned)
+    first_bad: list[int] | None = None  # index of the first bad element
+    atol: float = 0.0
+    rtol: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mismatched or self.nan_mismatch or self.inf_mismatch or self.unwritten)
+
+
+@dataclass
+class Timing:
+    """Device time of one case: median of many repetitions, and how repeatable it was."""
+
+    median_us: float
+    p20_us: float
+    p80_us: float
+    reps: int
+    repeat_spread: float | None = None  # |median of a second timing - first| / first
+    l2_flushed: bool = True
+    rotating_buffers: int = 1
+
+
+@dataclass
+class Roofline:
+    """Where a case sits against the device's measured ceilings."""
+
+    bytes: float | None
+    flops: float | None
+    achieved_gbps: float | None
+    achieved_tflops: float | None
+    bound: str  # "memory" or "compute" by arithmetic intensity vs the ridge point
+    fraction: float  # achieved / attainable at this intensity (1.0 = on the roofline)
+
+
+@dataclass
+class CaseResult:
+    case: dict[str, Any]
+    label: str
+    heldout: bool = False
+    checks: list[CaseCheck] = field(default_factory=list)
+    seeds: int = 0
+    timing: Timing | None = None
+    roofline: Roofline | None = None
+    profile: dict[str, Any] | None = None  # harness.profilers.KernelProfile.to_dict()
+    error: str | None = None
+
+    @property
+    def correct(self) -> bool:
+        return self.error is None and all(c.ok for c in self.checks)
+
+
+@dataclass
+class KernelRun:
+    role: str  # "baseline" | "candidate"
+    source: str  # file that defines the entry
+    cases: list[CaseResult] = field(default_factory=list)
+    rejected: str | None = None  # the first reason this kernel cannot be trusted or timed
+    launches: int = 0  # Triton launches seen in one call of the first case
+
+    @property
+    def correct(self) -> bool:
+        return self.rejected is None and all(c.correct for c in self.cases)
+
+
+@dataclass
+class RunReport:
+    task: str
+    backend: str
+    device: str
+    runs: list[KernelRun] = field(default_factory=list)
+    ceilings: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    failure: str | None = None  # the worker itself failed (hang, crash, CUDA error)
+
+    def run(self, role: str) -> KernelRun | None:
+        return next((r for r in self.runs if r.role == role), None)
+
+    def speedups(self) -> dict[str, float]:
+        """Baseline median / candidate median per timed case label."""
+        base, cand = self.run("baseline"), self.run("candidate")
+        if base is None or cand is None:
+            return {}
+        times = {c.label: c.timing.median_us for c in base.cases if c.timing}
+        return {c.label: times[c.label] / c.timing.median_us
+                for c in cand.cases if c.timing and c.label in times and c.timing.median_us > 0}
+
+    def flags(self) -> list[str]:
+        return [f"{label}: speedup {s:.1f}x is above {SPEEDUP_REVIEW:.0f}x; check it before trusting it"
+                for label, s in self.speedups().items() if s > SPEEDUP_REVIEW]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["speedups"] = self.speedups()
+        d["flags"] = self.flags()
+        for run, rd in zip(self.runs, d["runs"]):
+            rd["correct"] = run.correct
+            for case, cd in zip(run.cases, rd["cases"]):
+                cd["correct"] = case.correct
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunReport":
+        runs = []
+        for rd in d.get("runs", []):
+            cases = []
+            for cd in rd.get("cases", []):
+                cases.append(CaseResult(
+                    case=cd["case"], label=cd["label"], heldout=cd.get("heldout", False),
+                    checks=[CaseCheck(**c) for c in cd.get("checks", [])], seeds=cd.get("seeds", 0),
+                    timing=Timing(**cd["timing"]) if cd.get("timing") else None,
+                    roofline=Roofline(**cd["roofline"]) if cd.get("roofline") else None,
+                    profile=cd.get("profile"), error=cd.get("error"),
+                ))
+            runs.append(KernelRun(role=rd["role"], source=rd["source"], cases=cases,
+                                  rejected=rd.get("rejected"), launches=rd.get("launches", 0)))
+        return cls(task=d["task"], backend=d["backend"], device=d["device"], runs=runs,
+                   ceilings=d.get("ceilings"), notes=list(d.get("notes", [])), failure=d.get("failure"))

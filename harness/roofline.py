@@ -1,0 +1,114 @@
+"""Device ceilings, measured once per device and cached, and each case's place under them.
+
+Ceilings are what this device actually reaches through the library, not datasheet numbers
+(evaluation.md): device-to-device copy bandwidth (bytes read + written per second) and the torch
+matmul rate for bf16 and for fp32 (tf32 off). They are cached per device name, torch and triton
+version in `$KB_CACHE_DIR/ceilings.json` (default ~/.cache/kernel-kb).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.measurement import Roofline
+
+__all__ = ["ceilings", "measure_ceilings", "place"]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernel-kb")
+    return Path(root)
+
+
+def _device_key() -> str:
+    import torch
+    import triton
+
+    return f"{torch.cuda.get_device_name()}|torch {torch.__version__}|triton {triton.__version__}"
+
+
+def ceilings(refresh: bool = False) -> dict[str, Any]:
+    """The current CUDA device's ceilings: from the cache, else measured now (about 10 s) and cached."""
+    path = cache_dir() / "ceilings.json"
+    key = _device_key()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not refresh and key in known:
+        return known[key]
+    known[key] = measure_ceilings()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+    os.replace(tmp, path)  # a crash mid-write leaves the old cache, never half a file
+    return known[key]
+
+
+def measure_ceilings() -> dict[str, Any]:
+    import datetime
+
+    import torch
+
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "copy_gbps": _copy_gbps(),
+        "matmul_bf16_tflops": _matmul_tflops(torch.bfloat16),
+        "matmul_fp32_tflops": _matmul_tflops(torch.float32),
+        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "how": "copy: 1 GiB fp32 tensor.copy_, read+write bytes; matmul: torch 8192^3, tf32 off; "
+               "triton.testing.do_bench median, L2 flushed",
+    }
+    torch.cuda.empty_cache()
+    return result
+
+
+def _copy_gbps() -> float:
+    import torch
+    from triton.testing import do_bench
+
+    n = 1 << 28  # 1 GiB of fp32: far beyond any L2
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=500, return_mode="median")
+    return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def _matmul_tflops(dtype: Any, m: int = 8192) -> float:
+    import torch
+    from triton.testing import do_bench
+
+    a = torch.randn(m, m, device="cuda", dtype=dtype)
+    b = torch.randn(m, m, device="cuda", dtype=dtype)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ms = do_bench(lambda: a @ b, warmup=100, rep=1000, return_mode="median")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return 2 * m**3 / (ms * 1e-3) / 1e12
+
+
+def place(bytes_moved: float | None, flops: float | None, seconds: float, ceiling: dict[str, Any],
+          compute_dtype: str = "bf16") -> Roofline | None:
+    """Achieved rates of one case and its fraction of the attainable rate at its intensity."""
+    if seconds <= 0 or (not bytes_moved and not flops):
+        return None
+    bw = ceiling["copy_gbps"] * 1e9
+    peak = ceiling["matmul_fp32_tflops" if compute_dtype == "fp32" else "matmul_bf16_tflops"] * 1e12
+    gbps = bytes_moved / seconds / 1e9 if bytes_moved else None
+    tflops = flops / seconds / 1e12 if flops else None
+    if bytes_moved and flops:
+        intensity = flops / bytes_moved
+        bound = "memory" if intensity < peak / bw else "compute"
+        fraction = (flops / seconds) / min(peak, intensity * bw)
+    elif bytes_moved:
+        bound, fraction = "memory", (bytes_moved / seconds) / bw
+    else:
+        bound, fraction = "compute", (flops / seconds) / peak
+    return Roofline(bytes=bytes_moved, flops=flops, achieved_gbps=gbps, achieved_tflops=tflops,
+                    bound=bound, fraction=fraction)

@@ -1,0 +1,102 @@
+"""Run a task end to end, sandboxed: what `kb run` and the optimize loop call.
+
+Order: the baseline is checked alone, then the candidate alone (so a hang or crash is pinned on the
+kernel that caused it), then every kernel that passed is timed in one worker, interleaved, so
+their ratio comes from one process. Each step is a job in a `harness.sandbox.Worker`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.errors import UserFacingError
+from harness.measurement import KernelRun, RunReport
+from harness.sandbox import Worker
+
+__all__ = ["RunOptions", "run_task"]
+
+
+@dataclass
+class RunOptions:
+    backend: str = "cuda"
+    cases: list[int] | None = None
+    seeds: int = 3
+    time: bool = True
+    roofline: bool = True
+    timeout_s: float = 300.0
+    profile: bool = False  # Nsight Compute metrics per timed case (cuda, when ncu is present)
+
+
+def run_task(task: dict[str, Any], options: RunOptions, candidate: str | None = None,
+             candidate_entry: str | None = None, worker: Worker | None = None) -> RunReport:
+    """`task` is {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None}."""
+    own = worker is None
+    worker = worker or Worker(options.backend)
+    try:
+        return _run(task, options, candidate, candidate_entry, worker)
+    finally:
+        if own:
+            worker.close()
+
+
+def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candidate_entry: str | None,
+         worker: Worker) -> RunReport:
+    base_job = {"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds}
+    kernels = [{"role": "baseline"}]
+    if candidate:
+        kernels.append({"role": "candidate", "path": candidate, "entry": candidate_entry})
+    report: RunReport | None = None
+    for kernel in kernels:
+        answer = worker.submit({**base_job, "kernels": [kernel], "check": True, "time": False}, options.timeout_s)
+        checked = _report_or_failure(answer, kernel["role"])
+        if report is None:
+            report = checked
+        else:
+            report.runs.extend(checked.runs)
+            report.failure = report.failure or checked.failure
+            report.notes.extend(n for n in checked.notes if n not in report.notes)
+    assert report is not None
+    passed = [k for k, run in zip(kernels, report.runs) if run.correct]
+    if options.time and passed:
+        answer = worker.submit({**base_job, "kernels": passed, "check": False, "time": True,
+                                "roofline": options.roofline}, options.timeout_s * len(passed))
+        timed = _report_or_failure(answer, "candidate" if candidate else "baseline")
+        _merge_timings(report, timed)
+    if options.profile and passed and options.backend == "cuda":
+        from harness.profile import profile_cases
+
+        profile_cases(report, task, options, [k for k in passed])
+    return report
+
+
+def _report_or_failure(answer: dict[str, Any], role: str) -> RunReport:
+    if answer.get("ok"):
+        return RunReport.from_dict(answer["report"])
+    if "user_error" in answer:
+        raise UserFacingError(answer["user_error"], answer.get("fix", ""))
+    report = RunReport(task="?", backend="?", device="?")  # the worker died before it could say
+    report.runs.append(KernelRun(role=role, source="", rejected=answer["failure"]))
+    report.failure = f"{role}: {answer['failure']}"
+    return report
+
+
+def _merge_timings(report: RunReport, timed: RunReport) -> None:
+    if timed.failure:
+        report.failure = timed.failure
+        for run in timed.runs:
+            target = report.run(run.role)
+            if target is not None and target.rejected is None:
+                target.rejected = run.rejected
+        return
+    report.ceilings = timed.ceilings
+    report.notes.extend(n for n in timed.notes if n not in report.notes)
+    for run in timed.runs:
+        target = report.run(run.role)
+        if target is None:
+            continue
+        by_label = {c.label: c for c in target.cases if not c.heldout}
+        for case in run.cases:
+            if case.label in by_label:
+                by_label[case.label].timing = case.timing
+                by_label[case.label].roofline = case.roofline

@@ -1,0 +1,313 @@
+"""Run a task's kernels inside a worker process: guards, correctness per case and seed, then timing.
+
+`execute(job)` is what `harness.worker` calls for each job the parent sends (see `harness.sandbox`);
+it returns a `RunReport` as a dict. Jobs:
+
+    {"task": {"path": FILE} | {"kernel": FILE, "call": EXPR, "reference": EXPR | None},
+     "kernels": [{"role": "baseline"} | {"role": "candidate", "path": FILE, "entry": NAME | None}],
+     "backend": "cuda" | "interpreter" | "npu", "cases": [indices] | None, "seeds": 3,
+     "check": true, "time": false, "roofline": true}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import guards
+from harness.errors import UserFacingError
+from harness.measurement import CaseCheck, CaseResult, KernelRun, RunReport
+from harness.task import Task, load_task, task_from_call, tolerance_for
+
+__all__ = ["execute", "load_job_task"]
+
+_POISON_A = float("nan")
+_POISON_B = 1234.5
+
+
+def load_job_task(spec: dict[str, Any]) -> Task:
+    if "path" in spec:
+        return load_task(spec["path"])
+    return task_from_call(spec["kernel"], spec["call"], spec.get("reference"))
+
+
+def execute(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from harness.backends import select_backend
+
+    backend = select_backend(job.get("backend", "cuda"))
+    torch.set_default_device(backend.device)
+    task = load_job_task(job["task"])
+    report = RunReport(task=task.name, backend=backend.name, device=backend.device_name())
+    indices = job.get("cases")
+    cases = [(i, c, False) for i, c in enumerate(task.cases) if indices is None or i in indices]
+    if not cases:
+        raise UserFacingError(f"task {task.name} has no case among {indices}", f"pick indices 0..{len(task.cases) - 1}")
+    if job.get("check", True):
+        cases += [(len(task.cases) + i, c, True) for i, c in enumerate(task.heldout)]
+    kernels = [(k["role"], _entry_of(task, k), k.get("path") or task.source_file) for k in job["kernels"]]
+    if not backend.times and job.get("time"):
+        report.notes.append(f"the {backend.name} backend is never timed: its seconds say nothing about a kernel")
+    for role, entry, source in kernels:
+        run = KernelRun(role=role, source=source)
+        report.runs.append(run)
+        if job.get("check", True):
+            _check(task, entry, run, cases, int(job.get("seeds", 3)), baseline=role == "baseline")
+    if job.get("time") and backend.times:
+        timed = [(role, entry) for (role, entry, _), run in zip(kernels, report.runs) if run.correct or not job.get("check", True)]
+        _time(task, timed, report, [c for c in cases if not c[2]], backend, job.get("roofline", True))
+    return report.to_dict()
+
+
+def _entry_of(task: Task, kernel: dict[str, Any]) -> Any:
+    if kernel["role"] == "baseline":
+        return task.entry
+    from harness.capture import load_kernel_module
+
+    module = load_kernel_module(kernel["path"])
+    name = kernel.get("entry") or getattr(task.entry, "__name__", "")
+    entry = getattr(module, name, None)
+    if not callable(entry):
+        raise UserFacingError(f"candidate {kernel['path']} defines no callable {name!r}",
+                              "name the launch wrapper like the task's entry, or pass --candidate-entry NAME")
+    return entry
+
+
+# --- correctness -----------------------------------------------------------------------------
+
+def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[str, Any], bool]], seeds: int,
+           baseline: bool) -> None:
+    import torch
+
+    name = getattr(entry, "__name__", "entry")
+    reasons = guards.static_guards(_source_of(entry, run.source), name, task.allow_torch)
+    if reasons:
+        run.rejected = reasons[0]
+        return
+    reference = task.reference if task.reference is not None else (None if baseline else task.entry)
+    exempt = set(task.outputs)
+    stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
+    for index, case, heldout in cases:
+        result = CaseResult(case=case, label=task.case_label(case), heldout=heldout)
+        run.cases.append(result)
+        for seed in range(seeds):
+            torch.manual_seed(1_000 * index + seed)
+            args = tuple(task.inputs(**case))
+            reason = _check_once(task, entry, reference, args, exempt, stream, result, run)
+            if reason:
+                run.rejected = f"case {result.label}, seed {seed}: {reason}"
+                return
+            result.seeds = seed + 1
+        if not result.correct:
+            return  # the first wrong case is reported; the rest would repeat it
+
+
+def _check_once(task: Task, entry: Any, reference: Any, args: tuple[Any, ...], exempt: set[int], stream: Any,
+                result: CaseResult, run: KernelRun) -> str | None:
+    snapshot = _clone(args)
+    call_a = _poisoned_args(snapshot, exempt, _POISON_A)
+    try:
+        with guards.count_launches(stream) as log, guards.poisoned_allocations(_POISON_A):
+            out_a = entry(*call_a)
+        _sync()
+    except UserFacingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the kernel's failure is this candidate's result
+        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        _reraise_if_fatal(exc)
+        return None
+    run.launches = run.launches or len(log.kernels)
+    if not log.kernels:
+        return "no Triton kernel was launched: the result came from torch or a cache, not the kernel"
+    if log.foreign_streams:
+        return f"{log.foreign_streams[0]} was launched on a side stream the timer does not see"
+    outs_a = _outputs(out_a, call_a, exempt)
+    if not outs_a:
+        return "the entry returned no tensor: return the output(s), or declare `outputs` in the task"
+    problem = guards.aliasing(outs_a, list(call_a), exempt) or guards.mutated_inputs(snapshot, call_a, exempt)
+    if problem:
+        return problem
+    call_b = _poisoned_args(snapshot, exempt, _POISON_B)
+    with guards.poisoned_allocations(_POISON_B):
+        out_b = entry(*call_b)
+    _sync()
+    outs_b = _outputs(out_b, call_b, exempt)
+    problem = guards.reused_output(outs_a, outs_b)
+    if problem:
+        return problem
+    expected = _reference_outputs(reference, snapshot, exempt, len(outs_a)) if reference is not None else None
+    for i, out in enumerate(outs_a):
+        check = _merge_check(result, i, out, task)
+        check.unwritten = max(check.unwritten, guards.unwritten(out, outs_b[i], _POISON_A, _POISON_B)
+                              if i < len(outs_b) else 0)
+        if expected is not None:
+            if i >= len(expected):
+                return f"the kernel returned {len(outs_a)} outputs, the reference {len(expected)}"
+            if tuple(expected[i].shape) != tuple(out.shape):
+                return f"output {i} has shape {tuple(out.shape)}, the reference {tuple(expected[i].shape)}"
+            _compare(out, expected[i], check)
+        del out
+    return None
+
+
+def _merge_check(result: CaseResult, i: int, out: Any, task: Task) -> CaseCheck:
+    if i < len(result.checks):
+        return result.checks[i]
+    dtype = str(out.dtype).removeprefix("torch.")
+    tol = tolerance_for(task, dtype)
+    check = CaseCheck(output=i, dtype=dtype, shape=list(out.shape), atol=tol["atol"], rtol=tol["rtol"])
+    result.checks.append(check)
+    return check
+
+
+def _compare(out: Any, ref: Any, check: CaseCheck) -> None:
+    """Worst-case error over seeds, in float64; NaN and Inf must match in position."""
+    import torch
+
+    a = out.detach().to(torch.float64) if not out.dtype.is_complex else out.detach()
+    r = ref.detach().to(device=a.device, dtype=a.dtype)
+    nan_a, nan_r = torch.isnan(a), torch.isnan(r)
+    inf_a, inf_r = torch.isinf(a), torch.isinf(r)
+    nan_bad = nan_a ^ nan_r
+    inf_bad = (inf_a | inf_r) & ~(nan_a | nan_r) & (a != r)
+    finite = ~(nan_a | nan_r | inf_a | inf_r)
+    diff = torch.where(finite, (a - r).abs(), torch.zeros_like(a))
+    limit = check.atol + check.rtol * r.abs()
+    bad = finite & (diff > limit)
+    rel = torch.where(finite & (r != 0), diff / r.abs().clamp_min(1e-30), torch.zeros_like(a))
+    check.max_abs_err = max(check.max_abs_err, float(diff.max().item()) if diff.numel() else 0.0)
+    check.max_rel_err = max(check.max_rel_err, float(rel.max().item()) if rel.numel() else 0.0)
+    check.mismatched = max(check.mismatched, int(bad.sum().item()))
+    check.nan_mismatch = max(check.nan_mismatch, int(nan_bad.sum().item()))
+    check.inf_mismatch = max(check.inf_mismatch, int(inf_bad.sum().item()))
+    if check.first_bad is None:
+        any_bad = bad | nan_bad | inf_bad
+        if bool(any_bad.any().item()):
+            check.first_bad = [int(v) for v in torch.nonzero(any_bad)[0].tolist()]
+
+
+def _reference_outputs(reference: Any, snapshot: tuple[Any, ...], exempt: set[int], n: int) -> list[Any]:
+    """The reference's outputs, computed in float64 where the inputs are lower-precision floats."""
+    import torch
+
+    def run(upcast: bool) -> list[Any]:
+        args = tuple(a.to(torch.float64) if upcast and isinstance(a, torch.Tensor) and a.dtype.is_floating_point
+                     else (a.clone() if isinstance(a, torch.Tensor) else a) for a in snapshot)
+        value = reference(*args)
+        return _outputs(value, args, exempt)
+
+    try:
+        return run(upcast=True)
+    except Exception:  # noqa: BLE001 - references with dtype-specific code run as written
+        return run(upcast=False)
+
+
+def _outputs(value: Any, args: tuple[Any, ...], exempt: set[int]) -> list[Any]:
+    outs = guards.tensors_in(value)
+    if exempt:  # out= style: the declared arguments hold the results
+        outs = [args[i] for i in sorted(exempt) if i < len(args)] + [o for o in outs if not
+                                                                   any(o is args[i] for i in exempt if i < len(args))]
+    return outs
+
+
+def _poisoned_args(snapshot: tuple[Any, ...], exempt: set[int], poison: float) -> tuple[Any, ...]:
+    args = _clone(snapshot)
+    for i in exempt:
+        if i < len(args):
+            guards.fill_poison(args[i], poison)
+    return args
+
+
+def _clone(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    import torch
+
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _source_of(entry: Any, fallback: str) -> str:
+    code = getattr(getattr(entry, "__wrapped__", entry), "__code__", None)
+    return code.co_filename if code is not None else fallback
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+_FATAL = ("illegal memory access", "unspecified launch failure", "CUDA error", "device-side assert",
+          "misaligned address", "an illegal instruction")
+
+
+def _reraise_if_fatal(exc: BaseException) -> None:
+    """A CUDA context that saw a device fault is unusable: end this worker so the next job gets a fresh one."""
+    if any(marker in str(exc) for marker in _FATAL):
+        raise WorkerPoisoned(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+
+
+class WorkerPoisoned(RuntimeError):
+    """The device context is broken; the worker must exit after reporting."""
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: list[tuple[int, dict[str, Any], bool]],
+          backend: Any, roofline: bool) -> None:
+    """Time every correct kernel on every case, baseline and candidate interleaved in one process:
+    A then B then A then B, so drift hits both, and each kernel's two timings give its repeat spread."""
+    import torch
+
+    from harness.timing import rotation_count, time_calls
+
+    ceiling = None
+    if roofline and (task.bytes or task.flops) and backend.name == "cuda":
+        from harness.roofline import ceilings
+
+        ceiling = ceilings()
+        report.ceilings = ceiling
+    results = {run.role: run for run in report.runs}
+    for index, case, _ in cases:
+        torch.manual_seed(7_000 + index)
+        first = tuple(task.inputs(**case))
+        nbytes = sum(a.numel() * a.element_size() for a in first if isinstance(a, torch.Tensor))
+        arg_sets = [first] + [tuple(task.inputs(**case)) for _ in range(rotation_count(nbytes) - 1)]
+        timings: dict[str, list[Any]] = {role: [] for role, _ in kernels}
+        for _ in range(2):
+            for role, entry in kernels:
+                timings[role].append(time_calls(lambda a, e=entry: e(*a), arg_sets, warm_cache=task.warm_cache))
+        for role, _ in kernels:
+            first_t, second_t = timings[role]
+            merged = first_t
+            merged.median_us = (first_t.median_us + second_t.median_us) / 2
+            merged.repeat_spread = abs(second_t.median_us - first_t.median_us) / first_t.median_us
+            merged.reps = first_t.reps + second_t.reps
+            result = _case_result(results[role], task.case_label(case), case)
+            result.timing = merged
+            if ceiling is not None:
+                from harness.roofline import place
+
+                moved = float(task.bytes(**case)) if task.bytes else None
+                work = float(task.flops(**case)) if task.flops else None
+                result.roofline = place(moved, work, merged.median_us * 1e-6, ceiling, _compute_dtype(first))
+        del arg_sets, first
+
+
+def _case_result(run: KernelRun, label: str, case: dict[str, Any]) -> CaseResult:
+    for result in run.cases:
+        if result.label == label and not result.heldout:
+            return result
+    result = CaseResult(case=case, label=label)
+    run.cases.append(result)
+    return result
+
+
+def _compute_dtype(args: tuple[Any, ...]) -> str:
+    import torch
+
+    floats = [a for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+    if not floats:
+        return "bf16"
+    biggest = max(floats, key=lambda a: a.numel())
+    return "fp32" if biggest.dtype in (torch.float32, torch.float64) else "bf16"
+

@@ -1,0 +1,68 @@
+"""How `kb run` shows a RunReport: one table per kernel, one row per case."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.measurement import CaseResult, KernelRun, RunReport
+
+__all__ = ["render_run"]
+
+
+def render_run(report: RunReport, console: Any) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]{report.task}[/] on {report.device} ({report.backend})")
+    speedups = report.speedups()
+    for run in report.runs:
+        verdict = "[green]correct[/]" if run.correct else f"[red]rejected[/]: {run.rejected or _first_failure(run)}"
+        console.print(f"{run.role}: {run.source}  {verdict}")
+        if not run.cases:
+            continue
+        table = Table(show_edge=False, pad_edge=False)
+        for column in ("case", "seeds", "max abs err", "max rel err", "median µs", "spread", "GB/s", "roofline"):
+            table.add_column(column, justify="left" if column == "case" else "right")
+        if run.role == "candidate" and speedups:
+            table.add_column("speedup", justify="right")
+        for case in run.cases:
+            table.add_row(*_row(case, run, speedups))
+        console.print(table)
+    ceil = report.ceilings
+    if ceil:
+        console.print(f"ceilings ({ceil.get('measured', '?')}): copy {ceil['copy_gbps']:.0f} GB/s, "
+                      f"matmul bf16 {ceil['matmul_bf16_tflops']:.0f} TFLOP/s, fp32 {ceil['matmul_fp32_tflops']:.0f} TFLOP/s")
+    for flag in report.flags():
+        console.print(f"[yellow]review[/]: {flag}")
+    for note in report.notes:
+        console.print(f"note: {note}")
+    if report.failure:
+        console.print(f"[red]failure[/]: {report.failure}")
+
+
+def _row(case: CaseResult, run: KernelRun, speedups: dict[str, float]) -> list[str]:
+    label = case.label + (" (held out)" if case.heldout else "")
+    if case.error:
+        label += f"  [red]{case.error}[/]"
+    elif not case.correct:
+        bad = next(c for c in case.checks if not c.ok)
+        parts = [f"{n} {what}" for n, what in ((bad.mismatched, "wrong"), (bad.nan_mismatch, "NaN mismatch"),
+                                              (bad.inf_mismatch, "Inf mismatch"), (bad.unwritten, "unwritten")) if n]
+        label += f"  [red]output {bad.output}: {', '.join(parts)} at {bad.first_bad}[/]"
+    abs_err = max((c.max_abs_err for c in case.checks), default=0.0)
+    rel_err = max((c.max_rel_err for c in case.checks), default=0.0)
+    t, roof = case.timing, case.roofline
+    row = [label, str(case.seeds), f"{abs_err:.2e}" if case.checks else "-", f"{rel_err:.2e}" if case.checks else "-",
+           f"{t.median_us:.2f}" if t else "-", f"{100 * t.repeat_spread:.1f}%" if t and t.repeat_spread is not None else "-",
+           f"{roof.achieved_gbps:.0f}" if roof and roof.achieved_gbps else "-",
+           f"{100 * roof.fraction:.0f}% {roof.bound}" if roof else "-"]
+    if run.role == "candidate" and speedups:
+        s = speedups.get(case.label)
+        row.append(f"{s:.2f}x" if s else "-")
+    return row
+
+
+def _first_failure(run: KernelRun) -> str:
+    for case in run.cases:
+        if not case.correct:
+            return f"case {case.label} is wrong" + (f" ({case.error})" if case.error else "")
+    return "?"
