@@ -76,9 +76,7 @@ def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...
                 reasons.append(f"torch fallback: `@` matmul in {name} ({path.name}:{node.lineno})")
             if not isinstance(node, ast.Call):
                 continue
-            dotted = _dotted(node.func)
-            if dotted is None:
-                continue
+            dotted = _dotted(node.func) or ""
             head, _, rest = dotted.partition(".")
             if dotted in functions:
                 todo.append(dotted)

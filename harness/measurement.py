@@ -86,6 +86,7 @@ class KernelRun:
     cases: list[CaseResult] = field(default_factory=list)
     rejected: str | None = None  # the first reason this kernel cannot be trusted or timed
     launches: int = 0  # Triton launches seen in one call of the first case
+    kernels: list[str] = field(default_factory=list)  # names of the Triton kernels launched
 
     @property
     def correct(self) -> bool:
@@ -142,6 +143,7 @@ class RunReport:
                     profile=cd.get("profile"), error=cd.get("error"),
                 ))
             runs.append(KernelRun(role=rd["role"], source=rd["source"], cases=cases,
-                                  rejected=rd.get("rejected"), launches=rd.get("launches", 0)))
+                                  rejected=rd.get("rejected"), launches=rd.get("launches", 0),
+                                  kernels=list(rd.get("kernels", []))))
         return cls(task=d["task"], backend=d["backend"], device=d["device"], runs=runs,
                    ceilings=d.get("ceilings"), notes=list(d.get("notes", [])), failure=d.get("failure"))

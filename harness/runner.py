@@ -53,6 +53,9 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         report.runs.append(run)
         if job.get("check", True):
             _check(task, entry, run, cases, int(job.get("seeds", 3)), baseline=role == "baseline")
+    if job.get("profile"):
+        _profile_calls(task, kernels, [c for c in cases if not c[2]])
+        return report.to_dict()
     if job.get("time") and backend.times:
         timed = [(role, entry) for (role, entry, _), run in zip(kernels, report.runs) if run.correct or not job.get("check", True)]
         _time(task, timed, report, [c for c in cases if not c[2]], backend, job.get("roofline", True))
@@ -88,7 +91,7 @@ def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[s
     exempt = set(task.outputs)
     stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
     for index, case, heldout in cases:
-        result = CaseResult(case=case, label=task.case_label(case), heldout=heldout)
+        result = CaseResult(case=_plain(case), label=task.case_label(case), heldout=heldout)
         run.cases.append(result)
         for seed in range(seeds):
             torch.manual_seed(1_000 * index + seed)
@@ -117,6 +120,7 @@ def _check_once(task: Task, entry: Any, reference: Any, args: tuple[Any, ...], e
         _reraise_if_fatal(exc)
         return None
     run.launches = run.launches or len(log.kernels)
+    run.kernels = run.kernels or sorted(set(log.kernels))
     if not log.kernels:
         return "no Triton kernel was launched: the result came from torch or a cache, not the kernel"
     if log.foreign_streams:
@@ -250,6 +254,19 @@ class WorkerPoisoned(RuntimeError):
     """The device context is broken; the worker must exit after reporting."""
 
 
+def _profile_calls(task: Task, kernels: list[tuple[str, Any, str]], cases: list[tuple[int, dict[str, Any], bool]]) -> None:
+    """Launch each kernel on each case a few times for a profiler wrapping this worker."""
+    import torch
+
+    for index, case, _ in cases:
+        torch.manual_seed(7_000 + index)
+        args = tuple(task.inputs(**case))
+        for _, entry, _ in kernels:
+            for _ in range(3):  # the first compiles and warms up; the profiler keeps the longest
+                entry(*args)
+            _sync()
+
+
 # --- timing ----------------------------------------------------------------------------------
 
 def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: list[tuple[int, dict[str, Any], bool]],
@@ -297,9 +314,15 @@ def _case_result(run: KernelRun, label: str, case: dict[str, Any]) -> CaseResult
     for result in run.cases:
         if result.label == label and not result.heldout:
             return result
-    result = CaseResult(case=case, label=label)
+    result = CaseResult(case=_plain(case), label=label)
     run.cases.append(result)
     return result
+
+
+def _plain(case: dict[str, Any]) -> dict[str, Any]:
+    """A case as JSON: dtypes and other objects by their printed name."""
+    return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v).replace("torch.", "")
+            for k, v in case.items()}
 
 
 def _compute_dtype(args: tuple[Any, ...]) -> str:

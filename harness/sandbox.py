@@ -42,6 +42,7 @@ class Worker:
         self._proc: subprocess.Popen[str] | None = None
         self._log: Any = None
         self._buffer = ""
+        self._other: list[str] = []  # stdout lines that are not protocol: a wrapping profiler's output
 
     def __enter__(self) -> "Worker":
         return self
@@ -94,6 +95,22 @@ class Worker:
         self.close()
         return {"ok": False, "failure": failure}
 
+    def finish(self, timeout: float) -> str:
+        """End the worker by closing its input, so a wrapping profiler writes its report; returns
+        everything on stdout that was not protocol (that report)."""
+        if self._proc is None:
+            return "\n".join(self._other)
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        while self._read(timeout) not in ("eof", "timeout"):
+            pass
+        text = "\n".join(self._other + [self._buffer])
+        self.close()
+        return text
+
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
@@ -133,6 +150,7 @@ class Worker:
                 line, self._buffer = self._buffer.split("\n", 1)
                 if line.startswith(MARK):
                     return json.loads(line[len(MARK):])
+                self._other.append(line)
             left = deadline - time.monotonic()
             if left <= 0:
                 return "timeout"

@@ -1,0 +1,222 @@
+"""The execution harness on the CPU interpreter: correctness checks, every guard against a fooled
+benchmark (with adversarial kernels written for it), and the sandbox (a hanging and a crashing
+kernel). Each adversarial test asserts the specific reason, so removing a guard fails it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import FIXTURES
+from harness.errors import UserFacingError
+from harness.guards import static_guards
+from harness.measurement import CaseResult, KernelRun, RunReport, Timing
+from harness.roofline import place
+from harness.run import RunOptions, run_task
+from harness.sandbox import Worker
+from harness.timing import ROTATE_BELOW_BYTES, rotation_count
+from kb.cli import main
+
+HARNESS = FIXTURES / "harness"
+TASK = {"path": str(HARNESS / "task_add.py")}
+OPTIONS = RunOptions(backend="interpreter", seeds=2, timeout_s=30)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker("interpreter") as w:
+        yield w
+
+
+def run(worker, candidate=None, options=OPTIONS):
+    return run_task(TASK, options, candidate=str(HARNESS / candidate) if candidate else None, worker=worker)
+
+
+def test_correct_baseline_is_checked_per_case_and_seed_and_never_timed(worker):
+    report = run(worker)
+    base = report.run("baseline")
+    assert base.correct and report.failure is None
+    assert [c.label for c in base.cases] == ["n=1000", "n=4099", "n=17"]
+    assert [c.heldout for c in base.cases] == [False, False, True]
+    assert all(c.seeds == 2 for c in base.cases)
+    check = base.cases[1].checks[0]
+    assert check.dtype == "float32" and check.shape == [4099]
+    assert 0 < check.max_abs_err < 1e-5  # fp32 kernel vs the float64 reference: rounding only
+    assert base.launches == 1 and base.kernels == ["add_kernel"]
+    assert all(c.timing is None for c in base.cases)
+    assert any("never timed" in note for note in report.notes)
+
+
+@pytest.mark.parametrize("candidate, reason", [
+    ("cached.py", "the buffer an earlier call returned"),
+    ("aliased.py", "output 0 aliases input argument 0"),
+    ("mutating.py", "input argument 0 was modified"),
+    ("fallback.py", "torch fallback: torch.add in add (fallback.py:"),
+    ("no_launch.py", "no Triton kernel was launched"),
+    ("side_stream.py", "side stream: cuda.Stream in add"),
+])
+def test_each_way_to_fool_the_benchmark_is_rejected_with_its_reason(worker, candidate, reason):
+    report = run(worker, candidate)
+    cand = report.run("candidate")
+    assert not cand.correct
+    assert reason in cand.rejected
+    assert report.run("baseline").correct  # the baseline is judged on its own
+
+
+def test_unwritten_elements_are_found_through_poisoned_allocations(worker):
+    cand = run(worker, "unwritten.py").run("candidate")
+    bad = cand.cases[0].checks[0]
+    assert not cand.correct and cand.rejected is None
+    assert bad.unwritten == 1 and bad.first_bad == [999]  # the last element of n=1000
+    assert bad.mismatched == 0  # every written element is right: only the poison shows the bug
+
+
+def test_wrong_values_are_counted_with_their_errors(worker):
+    bad = run(worker, "wrong.py").run("candidate").cases[0].checks[0]
+    assert bad.mismatched == 1000 and bad.max_abs_err > 1.0 and bad.first_bad is not None
+
+
+def test_a_hanging_kernel_times_out_and_the_next_candidate_gets_a_healthy_worker(worker):
+    report = run(worker, "hang.py", RunOptions(backend="interpreter", seeds=1, timeout_s=6))
+    assert "timed out after 6 s" in report.run("candidate").rejected
+    assert report.failure.startswith("candidate: timed out")
+    after = run(worker, "add.py")
+    assert after.run("candidate").correct
+
+
+def test_a_crashing_kernel_is_reported_by_signal_and_the_caller_survives(worker):
+    report = run(worker, "crash.py")
+    assert "died with SIGSEGV" in report.run("candidate").rejected
+    assert run(worker, "add.py").run("candidate").correct
+
+
+def test_kernel_from_the_wild_runs_from_the_cli_with_an_example_call():
+    args = ["run", "--kernel", str(HARNESS / "add.py"), "--call", "add(torch.randn(3000), torch.randn(3000))",
+            "--backend", "interpreter", "--seeds", "2", "--json"]
+    good = CliRunner().invoke(main, [*args, "--reference", "torch.add"])
+    assert good.exit_code == 0, good.output
+    report = json.loads(good.stdout)
+    assert report["runs"][0]["correct"] and report["runs"][0]["cases"][0]["seeds"] == 2
+    wrong = CliRunner().invoke(main, [*args, "--reference", "torch.sub"])
+    assert wrong.exit_code == 1
+    assert json.loads(wrong.stdout)["runs"][0]["cases"][0]["checks"][0]["mismatched"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernel", str(HARNESS / "add.py")], "--kernel needs --call"),
+    ([], "give a TASK file, or --kernel FILE"),
+    ([str(HARNESS / "task_add.py"), "--backend", "npu"], "torch_npu is not installed"),
+    ([str(HARNESS / "task_add.py"), "--cases", "x"], "--cases 'x' is not a list of indices"),
+    ([str(HARNESS / "add.py"), "--backend", "interpreter"], "lacks entry, inputs, cases"),
+])
+def test_cli_errors_are_one_line_with_a_fix(args, message):
+    result = CliRunner().invoke(main, ["run", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_static_guard_follows_the_wrapper_and_respects_allow_torch(tmp_path):
+    src = tmp_path / "k.py"
+    src.write_text(textwrap.dedent("""
+        import torch
+        import torch.nn.functional as F
+        import triton
+
+        @triton.jit
+        def kernel(x):
+            pass
+
+        def helper(x):
+            return F.softmax(x, dim=-1)
+
+        def wrapper(x):
+            out = torch.empty_like(x)
+            kernel[(1,)](out)
+            return helper(out).sum()
+
+        def reference(x):
+            return torch.matmul(x, x)  # not reached from the wrapper: not the kernel's business
+    """))
+    reasons = static_guards(str(src), "wrapper")
+    assert any("nn.functional.softmax in helper" in r for r in reasons)
+    assert any(".sum() in wrapper" in r for r in reasons)
+    assert not any("matmul" in r for r in reasons)
+    assert static_guards(str(src), "wrapper", allow_torch=("softmax", "sum")) == []
+
+
+def test_roofline_place_and_rotation():
+    ceiling = {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0, "matmul_fp32_tflops": 50.0}
+    memory = place(4e9, None, 2e-3, ceiling)  # 4 GB in 2 ms = 2000 GB/s, half the copy rate
+    assert memory.bound == "memory" and memory.achieved_gbps == pytest.approx(2000) and memory.fraction == pytest.approx(0.5)
+    compute = place(1e9, 7e12, 20e-3, ceiling)  # intensity 7000 FLOP/B, far right of the ridge
+    assert compute.bound == "compute" and compute.fraction == pytest.approx(0.5)
+    assert rotation_count(ROTATE_BELOW_BYTES) == 1 and rotation_count(ROTATE_BELOW_BYTES // 4) == 4
+    assert rotation_count(1) == 8
+
+
+def test_report_speedups_flags_and_json_round_trip():
+    def run_of(role, us):
+        return KernelRun(role=role, source=f"{role}.py", cases=[
+            CaseResult(case={"n": 1}, label="n=1", timing=Timing(us, us, us, 10, 0.01))])
+    report = RunReport(task="t", backend="cuda", device="H200", runs=[run_of("baseline", 120.0), run_of("candidate", 10.0)])
+    assert report.speedups() == {"n=1": pytest.approx(12.0)}
+    assert "above 10x" in report.flags()[0]
+    again = RunReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again.speedups() == report.speedups() and again.run("candidate").cases[0].timing.reps == 10
+
+
+def test_task_file_errors_name_the_problem(tmp_path):
+    from harness.task import load_task
+
+    bad = tmp_path / "t.py"
+    bad.write_text("entry = print\ninputs = print\ncases = []\n")
+    with pytest.raises(UserFacingError, match="cases is empty"):
+        load_task(bad)
+
+
+def test_profile_wraps_the_worker_and_parses_what_the_profiler_prints(tmp_path, monkeypatch):
+    """A stand-in `ncu` (it runs the worker, then prints a recorded report) exercises the wrapping,
+    the graceful finish that lets a profiler write, and the parse into the case's record."""
+    fake = tmp_path / "ncu"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import subprocess, sys
+        args = sys.argv[1:]
+        while args and args[0].startswith("--"):
+            args = args[1 + (args[0] not in ("--csv",)):]
+        subprocess.run(args, check=False)
+        sys.stdout.write(open({str(FIXTURES / 'profiles' / 'ncu_raw.csv')!r}).read())
+    """))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:" + __import__("os").environ["PATH"])
+    from harness.profile import profile_cases
+
+    report = RunReport(task="task_add", backend="interpreter", device="cpu", runs=[
+        KernelRun(role="baseline", source="add.py", kernels=["add_kernel"],
+                  cases=[CaseResult(case={"n": 1000}, label="n=1000")])])
+    options = RunOptions(backend="interpreter", cases=[0], timeout_s=60)
+    profile_cases(report, TASK, options, [{"role": "baseline"}])
+    profile = report.run("baseline").cases[0].profile
+    assert profile is not None and profile["source"] == "ncu", report.notes
+    assert profile["duration_us"] > 0 and profile["dram_throughput_pct"] is not None
+
+
+def test_profile_without_ncu_says_so(monkeypatch, tmp_path):
+    import harness.profile as prof
+
+    monkeypatch.setattr(prof, "find_ncu", lambda: None)
+    report = RunReport(task="t", backend="cuda", device="x", runs=[KernelRun(role="baseline", source="a.py")])
+    prof.profile_cases(report, TASK, RunOptions(), [{"role": "baseline"}])
+    assert "ncu is not installed" in report.notes[0]
+
+
+def test_harness_imports_nothing_above_it():
+    for path in Path(HARNESS.parents[2] / "harness").glob("*.py"):
+        text = path.read_text()
+        for layer in ("import kb", "from kb", "import indexer", "from indexer", "import diagnose", "from diagnose"):
+            assert layer not in text, f"{path.name} imports {layer}"
