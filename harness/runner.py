@@ -31,12 +31,10 @@ def load_job_task(spec: dict[str, Any]) -> Task:
 
 
 def execute(job: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
     from harness.backends import select_backend
 
     backend = select_backend(job.get("backend", "cuda"))
-    torch.set_default_device(backend.device)
+    _DEVICE["name"] = backend.device
     task = load_job_task(job["task"])
     report = RunReport(task=task.name, backend=backend.name, device=backend.device_name())
     indices = job.get("cases")
@@ -95,7 +93,7 @@ def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[s
         run.cases.append(result)
         for seed in range(seeds):
             torch.manual_seed(1_000 * index + seed)
-            args = tuple(task.inputs(**case))
+            args = _inputs(task, case)
             reason = _check_once(task, entry, reference, args, exempt, stream, result, run)
             if reason:
                 run.rejected = f"case {result.label}, seed {seed}: {reason}"
@@ -260,7 +258,7 @@ def _profile_calls(task: Task, kernels: list[tuple[str, Any, str]], cases: list[
 
     for index, case, _ in cases:
         torch.manual_seed(7_000 + index)
-        args = tuple(task.inputs(**case))
+        args = _inputs(task, case)
         for _, entry, _ in kernels:
             for _ in range(3):  # the first compiles and warms up; the profiler keeps the longest
                 entry(*args)
@@ -286,9 +284,9 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
     results = {run.role: run for run in report.runs}
     for index, case, _ in cases:
         torch.manual_seed(7_000 + index)
-        first = tuple(task.inputs(**case))
+        first = _inputs(task, case)
         nbytes = sum(a.numel() * a.element_size() for a in first if isinstance(a, torch.Tensor))
-        arg_sets = [first] + [tuple(task.inputs(**case)) for _ in range(rotation_count(nbytes) - 1)]
+        arg_sets = [first] + [_inputs(task, case) for _ in range(rotation_count(nbytes) - 1)]
         timings: dict[str, list[Any]] = {role: [] for role, _ in kernels}
         for _ in range(2):
             for role, entry in kernels:
@@ -317,6 +315,18 @@ def _case_result(run: KernelRun, label: str, case: dict[str, Any]) -> CaseResult
     result = CaseResult(case=_plain(case), label=label)
     run.cases.append(result)
     return result
+
+
+def _inputs(task: Task, case: dict[str, Any]) -> tuple[Any, ...]:
+    """The task's inputs for a case, created on the device under test. Only `inputs` runs under
+    the default-device mode: kernels and references run as their authors wrote them."""
+    import torch
+
+    with torch.device(_DEVICE["name"]):
+        return tuple(task.inputs(**case))
+
+
+_DEVICE = {"name": "cpu"}
 
 
 def _plain(case: dict[str, Any]) -> dict[str, Any]:

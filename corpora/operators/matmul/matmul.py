@@ -25,7 +25,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 def matmul(a, b):
     m, k = a.shape
     _, n = b.shape
-    c = torch.empty((m, n), dtype=a.dtype)
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     grid = (triton.cdiv(m, 64), triton.cdiv(n, 64))
     matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                         c.stride(0), c.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)

@@ -15,6 +15,6 @@ def row_sum_kernel(x_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr):
 
 def row_sum(x):
     m, n = x.shape
-    out = torch.empty(m, dtype=torch.float32)
+    out = torch.empty(m, dtype=torch.float32, device=x.device)
     row_sum_kernel[(m,)](x, out, n, x.stride(0), BLOCK=1024)
     return out
