@@ -2,11 +2,13 @@
 # Issue-4 figures on a GPU machine: `kb run` on the benchmark operators (twice, for the spread
 # between processes), the adversarial kernels on CUDA, and one Nsight Compute profile.
 # Usage (from the repository root, on the GPU host): OUT=/some/dir scripts/device_harness.sh
-# Writes one JSON report per run under $OUT and a log; stops starting new runs after $BUDGET_S.
+# Writes $OUT/device-results.tgz (one JSON report per run, a log) and stops starting new runs
+# after $BUDGET_S seconds.
 set -u
-OUT=${OUT:-/tmp/kb-device}
+FINAL=${OUT:-/tmp/kb-device}
+OUT=$(mktemp -d)
 BUDGET_S=${BUDGET_S:-480}
-mkdir -p "$OUT"
+mkdir -p "$FINAL"
 export KB_CACHE_DIR="$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 kb() { python3 -m kb.cli "$@"; }
@@ -15,9 +17,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 for round in 1 2; do
   for op in vector_add softmax layer_norm row_sum matmul; do
     left || break
-    t0=$(date +%s.%N)
+    t0=$(date +%s)
     kb run "corpora/operators/$op/task.py" --backend cuda --json > "$OUT/$op.$round.json" 2>> "$OUT/log.txt"
-    echo "$op round $round rc=$? $(echo "$(date +%s.%N) - $t0" | bc) s" >> "$OUT/log.txt"
+    echo "$op round $round rc=$? $(( $(date +%s) - t0 )) s" >> "$OUT/log.txt"
   done
 done
 for bad in side_stream crash mutating; do
@@ -29,3 +31,4 @@ done
 left && kb run corpora/operators/vector_add/task.py --backend cuda --cases 3 --profile --json \
   > "$OUT/vector_add.profile.json" 2>> "$OUT/log.txt"
 echo "done in $(( $(date +%s) - start )) s" >> "$OUT/log.txt"
+tar czf "$FINAL/device-results.tgz" -C "$OUT" . && cp "$OUT/log.txt" "$FINAL/"
