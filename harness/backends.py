@@ -44,8 +44,11 @@ def backend_env(name: str) -> dict[str, str]:
     if name == "interpreter":
         return {"TRITON_INTERPRET": "1"}
     if name == "npu":
-        # triton-ascend writes kernel.ttir.mlir / kernel.ttadapter.mlir / kernel.mlir dumps with it.
-        return {"TRITON_DEBUG": "1"}
+        # triton-ascend writes kernel.ttir.mlir / kernel.ttadapter.mlir / kernel.mlir with it, under
+        # TRITON_DUMP_DIR; a fresh one per worker keeps each job's dumps apart (harness.npu).
+        import tempfile
+
+        return {"TRITON_DEBUG": "1", "TRITON_DUMP_DIR": tempfile.mkdtemp(prefix="kb-npu-dump-")}
     return {}
 
 

@@ -87,6 +87,7 @@ class KernelRun:
     rejected: str | None = None  # the first reason this kernel cannot be trusted or timed
     launches: int = 0  # Triton launches seen in one call of the first case
     kernels: list[str] = field(default_factory=list)  # names of the Triton kernels launched
+    artifacts: list[str] = field(default_factory=list)  # Artifacts JSON files (npu: TRITON_DEBUG dumps)
 
     @property
     def correct(self) -> bool:
@@ -144,6 +145,6 @@ class RunReport:
                 ))
             runs.append(KernelRun(role=rd["role"], source=rd["source"], cases=cases,
                                   rejected=rd.get("rejected"), launches=rd.get("launches", 0),
-                                  kernels=list(rd.get("kernels", []))))
+                                  kernels=list(rd.get("kernels", [])), artifacts=list(rd.get("artifacts", []))))
         return cls(task=d["task"], backend=d["backend"], device=d["device"], runs=runs,
                    ceilings=d.get("ceilings"), notes=list(d.get("notes", [])), failure=d.get("failure"))

@@ -11,6 +11,7 @@ it returns a `RunReport` as a dict. Jobs:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from harness import guards
@@ -51,6 +52,8 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         report.runs.append(run)
         if job.get("check", True):
             _check(task, entry, run, cases, int(job.get("seeds", 3)), baseline=role == "baseline")
+            if backend.name == "npu":
+                run.artifacts = _npu_artifacts()
     if job.get("profile"):
         _profile_calls(task, kernels, [c for c in cases if not c[2]])
         return report.to_dict()
@@ -58,6 +61,18 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         timed = [(role, entry) for (role, entry, _), run in zip(kernels, report.runs) if run.correct or not job.get("check", True)]
         _time(task, timed, report, [c for c in cases if not c[2]], backend, job.get("roofline", True))
     return report.to_dict()
+
+
+def _npu_artifacts() -> list[str]:
+    import os
+
+    import triton
+
+    from harness.npu import collect_debug_dumps
+
+    dump_dir = os.environ.get("TRITON_DUMP_DIR", "")
+    records = collect_debug_dumps(dump_dir, triton_version=triton.__version__) if dump_dir else []
+    return [str(Path(r.metadata["dump_dir"]) / "artifacts.json") for r in records]
 
 
 def _entry_of(task: Task, kernel: dict[str, Any]) -> Any:

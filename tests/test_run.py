@@ -220,3 +220,22 @@ def test_harness_imports_nothing_above_it():
         text = path.read_text()
         for layer in ("import kb", "from kb", "import indexer", "from indexer", "import diagnose", "from diagnose"):
             assert layer not in text, f"{path.name} imports {layer}"
+
+
+def test_npu_debug_dumps_become_artifacts(tmp_path):
+    """A TRITON_DUMP_DIR as triton-ascend leaves it with TRITON_DEBUG=1: one directory per kernel hash."""
+    import shutil
+
+    from harness.artifacts import Artifacts
+    from harness.backends import backend_env
+    from harness.npu import collect_debug_dumps
+
+    shutil.copytree(FIXTURES / "ir" / "ascend_debug", tmp_path / "3f9a0c")
+    records = collect_debug_dumps(tmp_path, triton_version="3.2.0")
+    assert [r.kernel for r in records] == ["add_kernel"]
+    assert set(records[0].stages) == {"ttir", "ttadapter", "mlir"} and records[0].target == "npu"
+    saved = Artifacts.from_json((tmp_path / "3f9a0c" / "artifacts.json").read_text())
+    assert saved.stages == records[0].stages and saved.metadata["hash"] == "3f9a0c"
+    env = backend_env("npu")
+    assert env["TRITON_DEBUG"] == "1" and Path(env["TRITON_DUMP_DIR"]).is_dir()
+    assert collect_debug_dumps(tmp_path / "missing") == []

@@ -1,0 +1,49 @@
+"""Ascend specifics of a run: triton-ascend's TRITON_DEBUG dumps, collected into Artifacts.
+
+With TRITON_DEBUG=1, triton-ascend writes kernel.ttir.mlir, kernel.ttadapter.mlir and kernel.mlir
+(the bishengir input) through Triton's dump manager, one directory per kernel hash under
+TRITON_DUMP_DIR (ascend/backend/compiler.py, `if opt.debug: get_dump_manager(...)`). A worker for
+the npu backend gets a fresh TRITON_DUMP_DIR, so each job's dumps are its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from harness.artifacts import Artifacts
+from harness.ir import read_ir_dump
+
+__all__ = ["collect_debug_dumps"]
+
+_FUNC = re.compile(r"(?:tt|func)\.func\s+(?:public\s+)?@([A-Za-z_][\w$.]*)")
+
+
+def collect_debug_dumps(dump_dir: str | Path, triton_version: str = "", write: bool = True) -> list[Artifacts]:
+    """One Artifacts per kernel hash directory with its TTIR, ttadapter (linalg) and bishengir input.
+
+    With `write`, each record is also saved as `artifacts.json` beside its dumps, so a report can
+    name the file instead of carrying the IR.
+    """
+    root = Path(dump_dir)
+    if not root.is_dir():
+        return []
+    dump = read_ir_dump(root)
+    by_kernel: dict[str, dict[str, str]] = defaultdict(dict)
+    for stage in dump.stages:
+        if stage.kind == "stage":
+            by_kernel[stage.kernel][stage.pass_arg] = stage.text
+    records = []
+    for kernel_dir, stages in sorted(by_kernel.items()):
+        ttir = stages.get("ttir", "") or next(iter(stages.values()))
+        match = _FUNC.search(ttir)
+        record = Artifacts(kernel=match.group(1) if match else kernel_dir, source_file="", target="npu",
+                           triton_version=triton_version, signature={}, constants={}, arg_attrs={}, options={},
+                           stages=stages, metadata={"hash": Path(kernel_dir).name, "dump_dir": str(root / kernel_dir),
+                                                    "problems": dump.problems},
+                           launched_on="device")
+        if write:
+            (root / kernel_dir / "artifacts.json").write_text(record.to_json())
+        records.append(record)
+    return records
