@@ -49,7 +49,7 @@ def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candi
     report: RunReport | None = None
     for kernel in kernels:
         answer = worker.submit({**base_job, "kernels": [kernel], "check": True, "time": False}, options.timeout_s)
-        checked = _report_or_failure(answer, kernel["role"])
+        checked = _report_or_failure(answer, kernel["role"], _task_name(task))
         if report is None:
             report = checked
         else:
@@ -61,21 +61,30 @@ def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candi
     if options.time and passed:
         answer = worker.submit({**base_job, "kernels": passed, "check": False, "time": True,
                                 "roofline": options.roofline}, options.timeout_s * len(passed))
-        timed = _report_or_failure(answer, "candidate" if candidate else "baseline")
+        timed = _report_or_failure(answer, "candidate" if candidate else "baseline", _task_name(task))
         _merge_timings(report, timed)
-    if options.profile and passed and options.backend == "cuda":
-        from harness.profile import profile_cases
+    if options.profile and passed:
+        if options.backend == "cuda":
+            from harness.profile import profile_cases
 
-        profile_cases(report, task, options, [k for k in passed])
+            profile_cases(report, task, options, passed)
+        else:
+            report.notes.append(f"--profile measures CUDA kernels through ncu; the {options.backend} backend is not profiled")
     return report
 
 
-def _report_or_failure(answer: dict[str, Any], role: str) -> RunReport:
+def _task_name(task: dict[str, Any]) -> str:
+    from harness.task import task_name
+
+    return task_name(task.get("path") or task.get("kernel") or "task")
+
+
+def _report_or_failure(answer: dict[str, Any], role: str, task_name: str) -> RunReport:
     if answer.get("ok"):
         return RunReport.from_dict(answer["report"])
     if "user_error" in answer:
         raise UserFacingError(answer["user_error"], answer.get("fix", ""))
-    report = RunReport(task="?", backend="?", device="?")  # the worker died before it could say
+    report = RunReport(task=task_name, backend="?", device="?")  # the worker died before it could say
     report.runs.append(KernelRun(role=role, source="", rejected=answer["failure"]))
     report.failure = f"{role}: {answer['failure']}"
     return report

@@ -32,6 +32,7 @@ arguments).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from harness.artifacts import Artifacts
 from harness.capture import capture_callable, load_kernel_module
 from harness.errors import UserFacingError
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "load_task", "task_from_call", "tolerance_for"]
+__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "load_task", "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
 # integers and data movement exact.
@@ -103,7 +104,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         if ns.get(name) is not None and not callable(ns[name]):
             raise UserFacingError(f"task file {path}: {name} must be a callable", "see harness/task.py")
     return Task(
-        name=Path(path).stem,
+        name=task_name(path),
         entry=ns["entry"],
         inputs=ns["inputs"],
         cases=cases,
@@ -148,6 +149,7 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
         kw_code = compile(kwargs_src, "<call>", "eval")
         base_entry = entry
 
+        @functools.wraps(base_entry)  # keeps the wrapper's name: candidates are found by it
         def entry(*args: Any) -> Any:  # noqa: F811 - binds the call's keywords once per call
             return base_entry(*args, **eval(kw_code, ns))  # noqa: S307
     args_code = compile(args_src, "<call>", "eval")
@@ -172,6 +174,12 @@ def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None
     params = task.cases[case]
     return capture_callable(lambda ns: task.entry(*task.inputs(**params)), task.namespace, target, cache_dir,
                             what=f"task {task.name} case {params}")
+
+
+def task_name(path: str | os.PathLike[str]) -> str:
+    """A task's name: its file's stem, or its folder's name for `<operator>/task.py`."""
+    p = Path(path)
+    return p.parent.name if p.stem == "task" and p.parent.name else p.stem
 
 
 def _case_list(value: Any, path: Any, name: str) -> list[dict[str, Any]]:

@@ -14,19 +14,28 @@ def render_run(report: RunReport, console: Any) -> None:
 
     console.print(f"[bold]{report.task}[/] on {report.device} ({report.backend})")
     speedups = report.speedups()
+    timed = any(c.timing for r in report.runs for c in r.cases)
     for run in report.runs:
         verdict = "[green]correct[/]" if run.correct else f"[red]rejected[/]: {run.rejected or _first_failure(run)}"
         console.print(f"{run.role}: {run.source}  {verdict}")
         if not run.cases:
             continue
         table = Table(show_edge=False, pad_edge=False)
-        for column in ("case", "seeds", "max abs err", "max rel err", "median µs", "spread", "GB/s", "roofline"):
+        columns = ["case", "seeds", "max abs err", "max rel err"]
+        columns += ["median µs", "spread", "GB/s", "roofline"] if timed else []
+        for column in columns:
             table.add_column(column, justify="left" if column == "case" else "right")
         if run.role == "candidate" and speedups:
             table.add_column("speedup", justify="right")
+        problems = []
         for case in run.cases:
-            table.add_row(*_row(case, run, speedups))
+            row, problem = _row(case, run, speedups)
+            table.add_row(*(row if timed else row[:4]))
+            if problem:
+                problems.append(f"  {case.label}: {problem}")
         console.print(table)
+        for problem in problems:
+            console.print(f"[red]{problem}[/]")
     ceil = report.ceilings
     if ceil:
         console.print(f"ceilings ({ceil.get('measured', '?')}): copy {ceil['copy_gbps']:.0f} GB/s, "
@@ -39,15 +48,16 @@ def render_run(report: RunReport, console: Any) -> None:
         console.print(f"[red]failure[/]: {report.failure}")
 
 
-def _row(case: CaseResult, run: KernelRun, speedups: dict[str, float]) -> list[str]:
+def _row(case: CaseResult, run: KernelRun, speedups: dict[str, float]) -> tuple[list[str], str]:
     label = case.label + (" (held out)" if case.heldout else "")
+    problem = ""
     if case.error:
-        label += f"  [red]{case.error}[/]"
+        problem = case.error
     elif not case.correct:
         bad = next(c for c in case.checks if not c.ok)
         parts = [f"{n} {what}" for n, what in ((bad.mismatched, "wrong"), (bad.nan_mismatch, "NaN mismatch"),
                                               (bad.inf_mismatch, "Inf mismatch"), (bad.unwritten, "unwritten")) if n]
-        label += f"  [red]output {bad.output}: {', '.join(parts)} at {bad.first_bad}[/]"
+        problem = f"output {bad.output}: {', '.join(parts)} element(s), first at index {bad.first_bad}"
     abs_err = max((c.max_abs_err for c in case.checks), default=0.0)
     rel_err = max((c.max_rel_err for c in case.checks), default=0.0)
     t, roof = case.timing, case.roofline
@@ -58,7 +68,7 @@ def _row(case: CaseResult, run: KernelRun, speedups: dict[str, float]) -> list[s
     if run.role == "candidate" and speedups:
         s = speedups.get(case.label)
         row.append(f"{s:.2f}x" if s else "-")
-    return row
+    return row, problem
 
 
 def _first_failure(run: KernelRun) -> str:

@@ -239,3 +239,12 @@ def test_npu_debug_dumps_become_artifacts(tmp_path):
     env = backend_env("npu")
     assert env["TRITON_DEBUG"] == "1" and Path(env["TRITON_DUMP_DIR"]).is_dir()
     assert collect_debug_dumps(tmp_path / "missing") == []
+
+
+def test_cli_table_names_the_problem_of_a_rejected_candidate():
+    result = CliRunner().invoke(main, ["run", str(HARNESS / "task_add.py"), "--candidate", str(HARNESS / "unwritten.py"),
+                                       "--backend", "interpreter", "--seeds", "1"])
+    assert result.exit_code == 1
+    assert "task_add on cpu (Triton interpreter)" in result.output
+    assert "1 unwritten element(s), first at index [999]" in result.output
+    assert "median µs" not in result.output  # the interpreter is never timed, so no timing columns
