@@ -30,7 +30,7 @@ from typing import Any
 
 from harness import ir
 from harness.artifacts import SCHEMA_VERSION, Artifacts
-from harness.errors import UserFacingError
+from harness.errors import UserFacingError, first_line
 
 __all__ = ["Launch", "capture_call", "compile_launch", "intercept_launches", "load_kernel_module", "parse_target"]
 
@@ -81,7 +81,7 @@ def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise UserFacingError(
-            f"kernel file {path} does not import: {type(exc).__name__}: {_first_line(exc)}",
+            f"kernel file {path} does not import: {type(exc).__name__}: {first_line(exc)}",
             "fix the error so that `python " + str(path) + "` runs",
         ) from exc
     finally:
@@ -235,7 +235,7 @@ def capture_callable(
                 hint = "make it run with CPU tensors on a machine without a GPU" if "CUDA" in str(exc) else (
                     "fix the expression so that it runs against the kernel file"
                 )
-                raise UserFacingError(f"{what} raised {type(exc).__name__}: {_first_line(exc)}", hint) from exc
+                raise UserFacingError(f"{what} raised {type(exc).__name__}: {first_line(exc)}", hint) from exc
     if not launches:
         raise UserFacingError(
             f"{what} made no Triton launch",
@@ -329,7 +329,7 @@ def compile_launch(
         except Exception as exc:  # noqa: BLE001 - a kernel that does not compile is the user's to fix
             name = launch.fn.fn.__qualname__
             raise UserFacingError(
-                f"kernel {name} does not compile for {target_name(target)}: {type(exc).__name__}: {_first_line(exc)}",
+                f"kernel {name} does not compile for {target_name(target)}: {type(exc).__name__}: {first_line(exc)}",
                 "fix the kernel (run it under TRITON_INTERPRET=1 to debug) or pick another --target",
             ) from exc
     stderr, stdout = out["stderr"], out["stdout"]
@@ -402,11 +402,6 @@ def _compiler_output() -> Iterator[dict[str, str]]:
             out_file.seek(0)
             out["stderr"] = err_file.read().decode("utf-8", "replace")
             out["stdout"] = out_file.read().decode("utf-8", "replace") + py_stdout.getvalue()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 def _jsonable(value: Any) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["UserFacingError"]
+__all__ = ["UserFacingError", "first_line"]
 
 
 class UserFacingError(Exception):
@@ -20,3 +20,9 @@ class UserFacingError(Exception):
 
     def __str__(self) -> str:
         return f"{self.problem} — {self.fix}" if self.fix else self.problem
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none), for one-line reports."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

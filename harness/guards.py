@@ -243,19 +243,18 @@ def tensors_in(value: Any) -> list[Any]:
     return []
 
 
-def _span(t: Any) -> tuple[int, int]:
-    storage = t.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+def _shares_memory(a: Any, b: Any) -> bool:
+    """Whether two tensors' storages overlap (views of one buffer included)."""
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return sa.data_ptr() < sb.data_ptr() + sb.nbytes() and sb.data_ptr() < sa.data_ptr() + sa.nbytes()
 
 
 def aliasing(outputs: list[Any], inputs: list[Any], exempt: set[int]) -> str | None:
     for i, out in enumerate(outputs):
-        lo, hi = _span(out)
         for j, arg in enumerate(inputs):
             if j in exempt or not hasattr(arg, "untyped_storage") or arg.numel() == 0:
                 continue
-            alo, ahi = _span(arg)
-            if lo < ahi and alo < hi:
+            if _shares_memory(out, arg):
                 return f"output {i} aliases input argument {j} (shares its memory): write results to a new tensor"
     return None
 
@@ -263,10 +262,8 @@ def aliasing(outputs: list[Any], inputs: list[Any], exempt: set[int]) -> str | N
 def reused_output(earlier: list[Any], later: list[Any]) -> str | None:
     """The later call returned a buffer an earlier, still-alive output owns: a cached result."""
     for i, out in enumerate(later):
-        lo, hi = _span(out)
         for prev in earlier:
-            plo, phi = _span(prev)
-            if out.numel() and lo < phi and plo < hi:
+            if out.numel() and _shares_memory(out, prev):
                 return (f"output {i} is the buffer an earlier call returned (a cached result): "
                         "allocate each call's output afresh")
     return None

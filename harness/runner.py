@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import guards
-from harness.errors import UserFacingError
+from harness.errors import UserFacingError, first_line
 from harness.measurement import CaseCheck, CaseResult, KernelRun, RunReport
-from harness.task import Task, load_task, task_from_call, tolerance_for
+from harness.task import Task, defining_file, load_task, task_from_call, tolerance_for
 
 __all__ = ["execute", "load_job_task"]
 
@@ -96,7 +96,7 @@ def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[s
     import torch
 
     name = getattr(entry, "__name__", "entry")
-    reasons = guards.static_guards(_source_of(entry, run.source), name, task.allow_torch)
+    reasons = guards.static_guards(defining_file(entry, run.source), name, task.allow_torch)
     if reasons:
         run.rejected = reasons[0]
         return
@@ -129,7 +129,7 @@ def _check_once(task: Task, entry: Any, reference: Any, args: tuple[Any, ...], e
     except UserFacingError:
         raise
     except Exception as exc:  # noqa: BLE001 - the kernel's failure is this candidate's result
-        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        result.error = f"{type(exc).__name__}: {first_line(exc)}"
         _reraise_if_fatal(exc)
         return None
     run.launches = run.launches or len(log.kernels)
@@ -241,11 +241,6 @@ def _clone(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _source_of(entry: Any, fallback: str) -> str:
-    code = getattr(getattr(entry, "__wrapped__", entry), "__code__", None)
-    return code.co_filename if code is not None else fallback
-
-
 def _sync() -> None:
     import torch
 
@@ -260,7 +255,7 @@ _FATAL = ("illegal memory access", "unspecified launch failure", "CUDA error", "
 def _reraise_if_fatal(exc: BaseException) -> None:
     """A CUDA context that saw a device fault is unusable: end this worker so the next job gets a fresh one."""
     if any(marker in str(exc) for marker in _FATAL):
-        raise WorkerPoisoned(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        raise WorkerPoisoned(f"{type(exc).__name__}: {first_line(exc)}") from exc
 
 
 class WorkerPoisoned(RuntimeError):

@@ -43,7 +43,7 @@ from harness.artifacts import Artifacts
 from harness.capture import capture_callable, load_kernel_module
 from harness.errors import UserFacingError
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "load_task", "task_from_call", "task_name", "tolerance_for"]
+__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "load_task", "defining_file", "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
 # integers and data movement exact.
@@ -118,7 +118,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         allow_torch=tuple(ns.get("allow_torch", ())),
         warm_cache=bool(ns.get("warm_cache", False)),
         path=str(Path(path).resolve()),
-        source_file=_defining_file(ns["entry"], path),
+        source_file=defining_file(ns["entry"], path),
     )
 
 
@@ -188,7 +188,8 @@ def _case_list(value: Any, path: Any, name: str) -> list[dict[str, Any]]:
     return value
 
 
-def _defining_file(fn: Any, fallback: Any) -> str:
+def defining_file(fn: Any, fallback: Any) -> str:
+    """The file that defines a callable (through functools.wraps), else `fallback`."""
     code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
     return str(Path(code.co_filename).resolve()) if code is not None else str(Path(fallback).resolve())
 

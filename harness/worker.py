@@ -24,7 +24,7 @@ def main() -> None:
     import torch  # noqa: F401 - import before answering ready, so job time limits exclude it
     import triton  # noqa: F401
 
-    from harness.errors import UserFacingError
+    from harness.errors import UserFacingError, first_line
     from harness.runner import WorkerPoisoned, execute
 
     send({"ready": True, "pid": os.getpid()})
@@ -39,13 +39,8 @@ def main() -> None:
             send({"ok": False, "failure": str(exc), "fatal": True})
             return
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
-            send({"ok": False, "failure": f"{type(exc).__name__}: {_first_line(exc)}",
+            send({"ok": False, "failure": f"{type(exc).__name__}: {first_line(exc)}",
                   "traceback": traceback.format_exc(limit=8)})
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
 
 
 if __name__ == "__main__":
