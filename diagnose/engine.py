@@ -1,27 +1,68 @@
-"""`kb why`: answer a question about a kernel from compiler evidence.
+"""The diagnosis engine: L1 pattern triage -> L2 profile -> L3 IR attribution -> L4 compiler source.
 
-Flow: capture (harness) -> L3 analyzers on the topics the question asks about -> L1 patterns whose
-symptoms match each defect (plus patterns retrieved for the question) -> L4 the deciding compiler
-code at the matching release -> an Answer whose every claim cites Evidence.
+`diagnose` escalates only as far as the strategy says:
+
+- progressive (default): stop at the first level whose best hypothesis is confident (>= 0.8) and has
+  a pattern whose risk that level may act on (L1/L2: low-risk rewrites only; L3: low; anything
+  riskier, or a defect no pattern covers, goes to L4 for the compiler's exact blocking condition).
+  A level that cannot run (no measurements for L2, no indexed compiler for L4) is skipped, with why.
+- profile-only: L2 alone — what a profiler-driven engineer sees, no source, IR or compiler code.
+- always-deep: every level up to --level-max.
+
+Each decision is recorded as an Escalation; every claim in the Answer cites Evidence. `why` is the
+same engine on the topics a question asks about, always deep.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from diagnose.analyzers import ANALYZERS, TOPICS
+from diagnose.analyzers import TOPICS, run_analyzers
 from diagnose.l4 import escalate
-from diagnose.records import Answer, EvidenceLog, Finding, Recommendation
+from diagnose.rank import finding_score
+from diagnose.records import Answer, Escalation, EvidenceLog, Finding, Recommendation
 from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
+from harness.measurement import RunReport
 from kb.home import KBHome
 from kb.patterns import Pattern, load_catalog
 
-__all__ = ["question_topics", "why"]
+__all__ = ["CONFIDENT", "LEVELS", "STRATEGIES", "DiagnosisRequest", "diagnose", "question_topics", "why"]
 
-_GENERIC = ("slow", "fast", "perf", "optimi", "speed", "bottleneck", "improve", "wrong with")
+LEVELS = ("L1", "L2", "L3", "L4")
+STRATEGIES = ("progressive", "profile-only", "always-deep")
+CONFIDENT = 0.8
 _RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
+# The riskiest rewrite each level may stop on; L4 is the last level and stops on anything.
+_STOP_RISK = {"L1": "low", "L2": "low", "L3": "low", "L4": "high"}
+_GENERIC = ("slow", "fast", "perf", "optimi", "speed", "bottleneck", "improve", "wrong with")
+_MAX_KINDS = 3  # recommendations and compiler reasons for the top defects only
+
+
+@dataclass
+class DiagnosisRequest:
+    """What there is to diagnose. Artifacts are produced lazily: compiling is what L3 costs.
+
+    Attributes:
+        kernel_file: the kernel's Python source (L1); None when only IR is at hand.
+        artifacts: a callable that compiles (or reads) the kernel's Artifacts, called at most once.
+        report: measurements of the kernel (L2), e.g. from `kb run --json --profile`.
+        target: "cuda:90", "npu", ...; chooses the patterns' backend.
+    """
+
+    kernel_file: str | None
+    artifacts: Callable[[], list[Artifacts]] | None
+    report: RunReport | None = None
+    target: str = "cuda:90"
+    _compiled: list[Artifacts] | None = field(default=None, repr=False)
+
+    def compiled(self) -> list[Artifacts]:
+        if self._compiled is None:
+            self._compiled = self.artifacts() if self.artifacts else []
+        return self._compiled
 
 
 def question_topics(question: str) -> list[str]:
@@ -32,104 +73,271 @@ def question_topics(question: str) -> list[str]:
     if not topics:
         raise UserFacingError(
             f"the compiler evidence cannot answer {question!r}",
-            "ask about vectorization / memory accesses, tensor cores / dots, register spills, or why it is slow",
+            "ask about vectorization / memory accesses, tensor cores / dots, register spills, pipelining, layouts, "
+            "reductions, index math, atomics, or why it is slow",
         )
     return topics
 
 
-def why(
-    question: str,
-    artifacts: list[Artifacts],
+def _backend(target: str) -> str:
+    return "ascend" if target.split(":")[0] in ("npu", "ascend") else {"hip": "hip"}.get(target.split(":")[0], "cuda")
+
+
+def diagnose(
+    request: DiagnosisRequest,
     home: KBHome | None,
     release: str | None = None,
-    log_progress: Callable[[str], None] | None = None,
+    strategy: str = "progressive",
+    level_max: str = "L4",
+    question: str = "",
+    topics: list[str] | None = None,
 ) -> Answer:
-    topics = question_topics(question)
+    if strategy not in STRATEGIES:
+        raise UserFacingError(f"unknown strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
+    if level_max not in LEVELS:
+        raise UserFacingError(f"unknown level {level_max!r}", "use --level-max L1, L2, L3 or L4")
+    if strategy == "profile-only" and request.report is None:
+        raise UserFacingError("--strategy profile-only needs measurements",
+                              "pass --measurements REPORT.json from `kb run --json --profile` on the device")
     log = EvidenceLog()
-    findings: list[Finding] = []
-    for art in artifacts:
-        for topic in topics:
-            findings.extend(ANALYZERS[topic](art, log))
-    if not findings:
+    state = _State(request, log, home, release, topics, question)
+    allowed = LEVELS[: LEVELS.index(level_max) + 1]
+    plan = ("L2",) if strategy == "profile-only" else allowed
+    for level in plan:
+        if level not in allowed:
+            break
+        ran = state.run(level)
+        if not ran:
+            continue
+        if strategy == "progressive" and state.sufficient(level):
+            break
+    return state.answer(strategy)
+
+
+def why(question: str, artifacts: list[Artifacts], home: KBHome | None, release: str | None = None,
+        report: RunReport | None = None) -> Answer:
+    """Answer a question about compiled kernels: every level, restricted to the question's topics."""
+    topics = question_topics(question)
+    source = artifacts[0].source_file if artifacts and artifacts[0].source_file else None
+    request = DiagnosisRequest(source, lambda: artifacts, report, artifacts[0].target if artifacts else "cuda:90")
+    answer = diagnose(request, home, release, "always-deep", "L4", question, topics)
+    if not answer.findings:
         asked = " / ".join(topics)
         raise UserFacingError(
             f"the compiled kernel holds no evidence about {asked} (nothing of that kind was compiled)",
             "ask about what the kernel does (e.g. a kernel without tl.dot cannot answer a tensor-core question)",
         )
-    levels = ["L3"]
-    notes: list[str] = []
-    for art in artifacts:
-        if note := art.metadata.get("note"):
-            notes.append(note)
-    catalog = {p.id: p for p in load_catalog()}
-    kb = _KBView.open(home, release, notes)
-    recommendations: list[Recommendation] = []
-    reasons = []
-    defects = [f for f in findings if not f.healthy]
-    backend = {"cuda": "nvidia", "hip": "amd"}.get(artifacts[0].target.split(":")[0], "")
-    # One recommendation set and one compiler reason per finding kind: a masked load and a masked
-    # store share their cause, their fix and their deciding code.
-    for finding in {f.kind: f for f in defects}.values():
-        patterns = _patterns_for(finding, question, catalog, kb)
-        if patterns:
-            levels.append("L1")
-        for pattern, how in patterns[:2]:
-            ev = log.add("L1", "pattern", f"pattern `{pattern.id}` ({pattern.title}) addresses {finding.kind}: "
-                         f"{pattern.rationale}", f"pattern:{pattern.id}", pattern.path)
-            recommendations.append(Recommendation(
-                pattern.id, pattern.title, pattern.rewrite.summary.strip(), pattern.rewrite.before,
-                pattern.rewrite.after, pattern.risk, finding.kind, [ev], how,
-            ))
-        if kb.store is not None and kb.release:
+    return answer
+
+
+class _State:
+    def __init__(self, request: DiagnosisRequest, log: EvidenceLog, home: KBHome | None, release: str | None,
+                 topics: list[str] | None, question: str) -> None:
+        self.request, self.log, self.home, self.release = request, log, home, release
+        self.topics, self.question = topics, question
+        self.findings: list[Finding] = []
+        self.levels: list[str] = []
+        self.escalations: list[Escalation] = []
+        self.notes: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.recommendations: list[Recommendation] = []
+        self.reasons: list[Any] = []
+        self.catalog = [p for p in load_catalog() if _backend(request.target) in p.backends]
+        self._kb: _KBView | None = None
+
+    # ------------------------------------------------------------------ levels
+    def run(self, level: str) -> bool:
+        started = time.perf_counter()
+        ran = getattr(self, f"_{level.lower()}")()
+        self.timings[level] = round(time.perf_counter() - started, 4)
+        if ran:
+            self.levels.append(level)
+        return ran
+
+    def _l1(self) -> bool:
+        if not self.request.kernel_file:
+            self.escalations.append(Escalation("L1", "skip", "no kernel source: only IR was given"))
+            return False
+        from diagnose.features import kernel_features
+        from diagnose.triage import triage
+
+        found = triage(kernel_features(self.request.kernel_file), self.log)
+        self.findings += [f for f in found if self.topics is None or f.topic in self.topics]
+        return True
+
+    def _l2(self) -> bool:
+        if self.request.report is None:
+            self.escalations.append(Escalation("L2", "skip", "no measurements: run `kb run --json --profile` on the "
+                                               "device and pass the report with --measurements"))
+            return False
+        from diagnose.bottleneck import classify
+
+        found = classify(self.request.report, self.log)
+        self.findings += [f for f in found if self.topics is None or f.topic in self.topics or f.kind.startswith("profile.")]
+        return True
+
+    def _l3(self) -> bool:
+        artifacts = self.request.compiled()
+        if not artifacts:
+            self.escalations.append(Escalation("L3", "skip", "nothing compiled to analyze"))
+            return False
+        found: list[Finding] = []
+        for art in artifacts:
+            found += run_analyzers(art, self.log, self.topics)
+            if note := art.metadata.get("note"):
+                self.notes.append(note)
+        # The IR settles what L1 could only suspect: a suspicion it shows is replaced by the IR's finding
+        # (keeping the source line as the chain's first link); one it does not show is dropped.
+        l3_kinds = {f.kind: f for f in found}
+        kept = []
+        for f in self.findings:
+            if f.level != "L1":
+                kept.append(f)
+            elif f.kind in l3_kinds:
+                l3_kinds[f.kind].evidence = [*f.evidence, *l3_kinds[f.kind].evidence]
+                self.notes.append(f"L1 suspected {f.kind}; the IR confirms it")
+            elif f.confidence >= 0.5:
+                self.notes.append(f"L1 suspected {f.kind}; the compiled IR does not show it")
+        self.findings = kept + found
+        return True
+
+    def _l4(self) -> bool:
+        kb = self._kb_view()
+        if kb.store is None or not kb.releases:
+            self.escalations.append(Escalation("L4", "skip", "no compiler release indexed: run `kb index compiler "
+                                               "--installed` (or --source DIR) for compiler-source citations"))
+            return False
+        backend = {"cuda": "nvidia", "hip": "amd"}.get(_backend(self.request.target), "ascend")
+        for finding in self._top_kinds():
+            patterns = self.patterns_for(finding)
             top = patterns[0][0] if patterns else None
-            reason, missing = escalate(finding, top, kb.store, kb.release, kb.chunk_text, log, backend)
-            notes.extend(m for m in missing if m not in notes)
-            if reason is not None:
-                reasons.append(reason)
-                levels.append("L4")
-    kernel = ", ".join(sorted({a.kernel for a in artifacts}))
-    return Answer(
-        question=question,
-        kernel=kernel,
-        target=artifacts[0].target,
-        release=kb.release or f"triton-{artifacts[0].triton_version} (not indexed)",
-        findings=findings,
-        recommendations=recommendations,
-        reasons=reasons,
-        evidence=log.items,
-        levels=sorted(set(levels)),
-        notes=notes,
-    )
+            # A compiler can span repositories (triton-ascend + bishengir): each release answers what it holds.
+            missing_all: list[str] = []
+            found = False
+            for release in kb.releases:
+                reason, missing = escalate(finding, top, kb.store, release, kb.chunk_text, self.log, backend)
+                if reason is not None:
+                    self.reasons.append(reason)
+                    found = True
+                missing_all += missing
+            if not found:
+                self.notes.extend(m for m in missing_all if m not in self.notes)
+        return True
+
+    # ------------------------------------------------------------------ decisions
+    def ranked(self) -> list[Finding]:
+        return sorted((f for f in self.findings if f.defect), key=lambda f: -finding_score(f))
+
+    def _top_kinds(self) -> list[Finding]:
+        """The best finding of each of the top defect kinds (a masked load and store share one cause)."""
+        best: dict[str, Finding] = {}
+        for f in self.ranked():
+            best.setdefault(f.kind, f)
+        return list(best.values())[:_MAX_KINDS]
+
+    def sufficient(self, level: str) -> bool:
+        """Whether progressive diagnosis stops after `level`; records the decision either way."""
+        ranked = self.ranked()
+        if level == "L4":
+            self.escalations.append(Escalation(level, "stop", "compiler source is the last level"))
+            return True
+        if not ranked:
+            if level == "L3":
+                self.escalations.append(Escalation(level, "stop", "the compiled IR shows no defect"))
+                return True
+            self.escalations.append(Escalation(level, "escalate", "no hypothesis at this level"))
+            return False
+        best = ranked[0]
+        patterns = self.patterns_for(best)
+        if best.confidence < CONFIDENT:
+            self.escalations.append(Escalation(level, "escalate", f"best hypothesis {best.kind} has confidence "
+                                               f"{best.confidence:.2f} < {CONFIDENT}"))
+            return False
+        if not patterns:
+            self.escalations.append(Escalation(level, "escalate", f"no pattern covers {best.kind}: look for the "
+                                               "deciding compiler code"))
+            return False
+        pattern = patterns[0][0]
+        if _RISK_ORDER[pattern.risk] > _RISK_ORDER[_STOP_RISK[level]]:
+            self.escalations.append(Escalation(level, "escalate", f"{best.kind}: the rewrite `{pattern.id}` is "
+                                               f"{pattern.risk}-risk; find the compiler's exact condition first"))
+            return False
+        self.escalations.append(Escalation(level, "stop", f"{best.kind} (confidence {best.confidence:.2f}) is "
+                                           f"justified by the {pattern.risk}-risk pattern `{pattern.id}`"))
+        return True
+
+    def patterns_for(self, finding: Finding) -> list[tuple[Pattern, str]]:
+        """Patterns whose symptoms name the finding kind, ranked by risk, then their record (wins over
+        tries, smoothed), then specificity; then patterns retrieved for the question, for context."""
+        def win_rate(p: Pattern) -> float:
+            return (float(p.stats.get("wins", 0)) + 1) / (float(p.stats.get("tries", 0)) + 2)
+
+        matched = sorted((p for p in self.catalog if finding.kind in p.symptoms),
+                         key=lambda p: (_RISK_ORDER[p.risk], -win_rate(p), len(p.symptoms), p.id))
+        out = [(p, "symptom") for p in matched]
+        if self.question and self.home is not None:
+            ids = {p.id: p for p in self.catalog}
+            for pid in self._kb_view().retrieve_patterns(f"{self.question} {finding.title}"):
+                p = ids.get(pid)
+                if p is not None and p not in matched and finding.kind.split(".")[0] == p.family and len(out) < 3:
+                    out.append((p, "retrieved"))
+        return out
+
+    def _kb_view(self) -> "_KBView":
+        if self._kb is None:
+            self._kb = _KBView.open(self.home, self.release, self.notes)
+        return self._kb
+
+    # ------------------------------------------------------------------ answer
+    def answer(self, strategy: str) -> Answer:
+        for finding in self._top_kinds():
+            for pattern, how in self.patterns_for(finding)[:2]:
+                ev = self.log.add("L1", "pattern", f"pattern `{pattern.id}` ({pattern.title}) addresses {finding.kind}: "
+                                  f"{pattern.rationale}", f"pattern:{pattern.id}", pattern.path)
+                self.recommendations.append(Recommendation(
+                    pattern.id, pattern.title, pattern.rewrite.summary.strip(), pattern.rewrite.before,
+                    pattern.rewrite.after, pattern.risk, finding.kind, [ev], how))
+        arts = self.request._compiled or []
+        kernel = ", ".join(sorted({a.kernel for a in arts})) or (self.request.kernel_file or "").rsplit("/", 1)[-1]
+        target = arts[0].target if arts else self.request.target
+        kb = self._kb
+        release = (", ".join(kb.releases) if kb and kb.releases else
+                   f"triton-{arts[0].triton_version} (not indexed)" if arts else "(not indexed)")
+        findings = self.ranked() + [f for f in self.findings if not f.defect]
+        answer = Answer(question=self.question or "why is this kernel slow?", kernel=kernel, target=target,
+                        release=release, findings=findings, recommendations=self.recommendations,
+                        reasons=self.reasons, evidence=[], levels=list(self.levels), notes=self.notes,
+                        strategy=strategy, stopped_at=self.levels[-1] if self.levels else "",
+                        escalations=self.escalations)
+        answer.evidence = _referenced(self.log, answer)
+        answer.timings = self.timings
+        return answer
 
 
-def _patterns_for(finding: Finding, question: str, catalog: dict[str, Pattern], kb: "_KBView"
-                  ) -> list[tuple[Pattern, str]]:
-    """Patterns whose symptoms name the finding kind, then retrieved ones for context.
-
-    Ranked by risk, then specificity: a pattern written for this one symptom beats a broad one
-    (autotuning lists many symptoms) at equal risk.
-    """
-    matched = sorted((p for p in catalog.values() if finding.kind in p.symptoms),
-                     key=lambda p: (_RISK_ORDER[p.risk], len(p.symptoms), p.id))
-    out = [(p, "symptom") for p in matched]
-    for pid in kb.retrieve_patterns(f"{question} {finding.title}"):
-        p = catalog.get(pid)
-        if p is not None and p not in matched and finding.kind.split(".")[0] == p.family and len(out) < 3:
-            out.append((p, "retrieved"))
-    return out
+def _referenced(log: EvidenceLog, answer: Answer) -> list[Any]:
+    """Only evidence something in the answer cites (refuted L1 suspicions leave theirs behind)."""
+    cited = {i for f in answer.findings for i in f.evidence}
+    cited |= {i for r in answer.recommendations for i in r.evidence}
+    cited |= {i for r in answer.reasons for i in r.evidence}
+    return [e for e in log.items if e.id in cited]
 
 
 class _KBView:
-    """The parts of the knowledge base `why` reads; absent parts degrade to notes, never errors."""
+    """The parts of the knowledge base diagnosis reads; absent parts degrade to notes, never errors."""
 
     def __init__(self) -> None:
         self.store: Any = None
-        self.release: str | None = None
+        self.releases: list[str] = []
         self._patterns: Any = None
-        self._compiler: Any = None
+        self._compilers: list[Any] = []
+
+    @property
+    def release(self) -> str | None:
+        return ", ".join(self.releases) or None
 
     @classmethod
     def open(cls, home: KBHome | None, release: str | None, notes: list[str]) -> "_KBView":
+        """`release` may name several, comma-separated (a compiler spread over repositories)."""
         view = cls()
         if home is None:
             notes.append("no knowledge base given: L1 retrieval and L4 compiler-source citations skipped")
@@ -142,24 +350,33 @@ class _KBView:
             view._patterns = Searcher(home, "patterns", "catalog")
         else:
             notes.append(f"patterns are not indexed in {home.root}: run `kb index patterns` for retrieval")
-        view.release = release or default_release(home, "compiler")
-        if view.release is None:
+        names = [r.strip() for r in release.split(",") if r.strip()] if release else []
+        if not names and (default := default_release(home, "compiler")):
+            names = [default]
+        if not names:
             notes.append(f"no compiler release is indexed in {home.root}: run `kb index compiler --installed` "
                          "for compiler-source citations (L4)")
             return view
-        view._compiler = Searcher(home, "compiler", view.release, embedder=getattr(view._patterns, "embedder", None))
+        for name in names:
+            if load_manifest(home, "compiler", name) is None:
+                raise UserFacingError(f"compiler release {name!r} is not indexed in {home.root}",
+                                      "see `kb releases list`, or index it with `kb index compiler --source DIR`")
+        view.releases = names
+        embedder = getattr(view._patterns, "embedder", None)
+        view._compilers = [Searcher(home, "compiler", name, embedder=embedder) for name in names]
         view.store = SymbolStore(home.symbols_db)
         return view
 
     def retrieve_patterns(self, query: str) -> list[str]:
         # BM25 alone: the exact symptom match already ranks patterns, and skipping the query
-        # embedding keeps `kb why` from loading the embedding model.
+        # embedding keeps diagnosis from loading the embedding model.
         if self._patterns is None:
             return []
         return [h.metadata.get("pattern_id", "") for h in self._patterns.search(query, k=5, mode="bm25")]
 
     def chunk_text(self, chunk_id: str) -> tuple[str, dict[str, Any]] | None:
-        if self._compiler is None:
-            return None
-        hits = self._compiler.chunks([chunk_id])
-        return (hits[0].text, hits[0].metadata) if hits else None
+        for searcher in self._compilers:
+            hits = searcher.chunks([chunk_id])
+            if hits:
+                return hits[0].text, hits[0].metadata
+        return None

@@ -8,6 +8,7 @@ logged as Evidence citing file:line@release with the source text it rests on.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from diagnose.records import CompilerReason, EvidenceLog, Finding
@@ -56,28 +57,79 @@ def escalate(finding: Finding, pattern: Pattern | None, store: SymbolStore, rele
             where += f", implemented in {file}"
         role = "emitted the remark" if arg == finding.deciding_pass else "runs on this code"
         parts.append(f"pass `{p.argument}` ({p.def_name}: {p.summary}) {role} [{eid}]{where}")
+    ref_names = list(pattern.compiler_refs.symbols) if pattern else []
+    blocking: tuple[str, str] | None = None  # (evidence id, the line)
     for remark in _remarks_of(finding, log):
         for emit in store.find_message(remark, release, limit=1):
             eid = log.add("L4", "source", f"the remark is emitted by `{emit.scope or '?'}` ({emit.kind.split(':')[-1]})",
                           emit.cite(), f'"{emit.name}"')
             evidence.append(eid)
             parts.append(f"the remark comes from `{emit.scope}` at {emit.file}:{emit.line} [{eid}]")
-    for name in pattern.compiler_refs.symbols if pattern else ():
-        hits = [s for s in store.find(name, release) if s.role in ("def", "decl")]
+            if blocking is None and emit.scope:
+                blocking = _blocking_in(emit.scope.split("::")[-1], emit.file, store, release, chunk_text, ref_names,
+                                        log, evidence)
+    for name in ref_names:
+        leaf = name.split("::")[-1]
+        # Exact spelling: a case-insensitive hit (`axisInfo` for `AxisInfo`) is another symbol.
+        hits = [s for s in store.find(name, release) if s.role in ("def", "decl") and s.name == leaf]
         if not hits:
             notes.append(f"`{name}` is not in the indexed {release} sources (index a source checkout with "
                          "`kb index compiler --source DIR` to reach .cpp files)")
             continue
-        sym = min(hits, key=lambda s: (s.role != "decl", s.file.count("/"), s.line))
+        # Another backend's copy of a helper (third_party/amd for an NVIDIA kernel) is the wrong citation.
+        sym = min(hits, key=lambda s: (s.file.startswith("third_party/") and f"/{backend}/" not in f"/{s.file}",
+                                       s.role != "decl", s.file.count("/"), s.line))
         excerpt = _excerpt(chunk_text(sym.chunk_id), sym) if sym.chunk_id else ""
         eid = log.add("L4", "source", f"`{sym.name}` ({sym.kind}) is {'declared' if sym.role == 'decl' else 'defined'}"
                       f" at {sym.file}:{sym.line}", sym.cite(), excerpt)
         evidence.append(eid)
         parts.append(f"`{sym.name}` {'declared' if sym.role == 'decl' else 'defined'} at {sym.file}:{sym.line} [{eid}]")
+        if blocking is None and sym.role == "def":
+            blocking = _blocking_in(sym.name, sym.file, store, release, chunk_text,
+                                    [n for n in ref_names if n.split("::")[-1] != sym.name], log, evidence)
     if not evidence:
         return None, notes
     statement = f"At {release}: " + "; ".join(parts) + "."
+    if blocking is not None:
+        statement += f" Deciding code: `{blocking[1]}` [{blocking[0]}]."
+    if pattern is not None and pattern.unblock:
+        statement += f" A rewrite must ensure {pattern.unblock} (pattern `{pattern.id}`)."
     return CompilerReason(finding.kind, statement, evidence), notes
+
+
+def _blocking_in(function: str, file: str, store: SymbolStore, release: str, chunk_text: Any, names: list[str],
+                 log: EvidenceLog, evidence: list[str]) -> tuple[str, str] | None:
+    """The line inside `function`'s definition that uses one of `names` (the quantities the pattern
+    says decide), logged as evidence: where the compiler takes the decision the finding is about."""
+    leaves = [n.split("::")[-1] for n in names if n.split("::")[-1] != function]
+    if not leaves:
+        return None
+    defs = [s for s in store.find(function, release) if s.role == "def" and s.file == file and s.chunk_id]
+    for sym in defs:
+        chunk = chunk_text(sym.chunk_id)
+        if chunk is None:
+            continue
+        text, meta = chunk
+        lines = text.splitlines()
+        offset = int(meta.get("start_line", 1))
+        header = 1 if lines and lines[0].startswith(("//", "#")) and meta.get("lang") in ("cpp", "python") else 0
+        for leaf in leaves:  # the pattern lists its most specific symbol first
+            for lineno in range(sym.line, sym.end_line + 1):
+                idx = lineno - offset + header
+                if not 0 <= idx < len(lines):
+                    continue
+                code = lines[idx].strip()
+                if re.search(rf"\b{re.escape(leaf)}\b", code) and not _is_logging(code):
+                    eid = log.add("L4", "source", f"`{function}` decides it at {sym.file}:{lineno}",
+                                  f"{sym.file}:{lineno}@{release}", code)
+                    evidence.append(eid)
+                    return eid, code
+    return None
+
+
+def _is_logging(code: str) -> bool:
+    """Comments and debug output mention the deciding quantities without deciding anything."""
+    return code.startswith(("//", "LDBG", "LLVM_DEBUG", "DBGS", "#")) or "<<" in code or "dbgs()" in code
 
 
 def _remarks_of(finding: Finding, log: EvidenceLog) -> list[str]:

@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "CompilerReason", "Evidence", "EvidenceLog", "Finding", "Recommendation"]
+__all__ = ["Answer", "CompilerReason", "Escalation", "Evidence", "EvidenceLog", "Finding", "Recommendation",
+           "REPORT_CONFIDENCE"]
+
+# Below this confidence a finding is an opportunity (worth a try), not a diagnosed defect.
+REPORT_CONFIDENCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class Finding:
         kernel_lines: kernel source lines involved.
         deciding_pass: the pass argument that made the decision, when known.
         level: the level at which it became visible.
+        confidence: how strongly the evidence supports it (0-1). Static suspicions (L1) are weaker
+            than what the compiled IR shows (L3); below REPORT_CONFIDENCE it is an opportunity.
     """
 
     kind: str
@@ -72,10 +78,15 @@ class Finding:
     kernel_lines: list[int] = field(default_factory=list)
     deciding_pass: str = ""
     level: str = "L3"
+    confidence: float = 0.9
 
     @property
     def healthy(self) -> bool:
         return self.kind.endswith(".ok")
+
+    @property
+    def defect(self) -> bool:
+        return not self.healthy and self.confidence >= REPORT_CONFIDENCE
 
 
 @dataclass
@@ -103,6 +114,15 @@ class CompilerReason:
 
 
 @dataclass
+class Escalation:
+    """Why the engine went from one level to the next (or stopped, or skipped a level)."""
+
+    level: str  # the level this decision was taken after ("L1"...), or the level skipped
+    action: str  # "escalate" | "stop" | "skip"
+    reason: str
+
+
+@dataclass
 class Answer:
     question: str
     kernel: str
@@ -114,6 +134,17 @@ class Answer:
     evidence: list[Evidence]
     levels: list[str]
     notes: list[str] = field(default_factory=list)
+    strategy: str = "always-deep"
+    stopped_at: str = ""
+    escalations: list[Escalation] = field(default_factory=list)
+    narrative: str = ""
+    timings: dict[str, float] = field(default_factory=dict)  # seconds spent per level
+
+    def ranked(self) -> list[Finding]:
+        """Defects first, best-supported first; the order root-cause accuracy is scored on."""
+        from diagnose.rank import finding_score
+
+        return sorted((f for f in self.findings if f.defect), key=lambda f: -finding_score(f))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

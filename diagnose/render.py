@@ -16,18 +16,24 @@ def _refs(ids: list[str]) -> str:
 def to_markdown(answer: Answer) -> str:
     out = [f"# {answer.question}", "",
            f"Kernel `{answer.kernel}` compiled for `{answer.target}`; compiler release `{answer.release}`; "
-           f"levels reached: {', '.join(answer.levels)}.", ""]
-    defects = [f for f in answer.findings if not f.healthy]
+           f"levels reached: {', '.join(answer.levels) or 'none'} (strategy {answer.strategy}"
+           + (f", stopped at {answer.stopped_at}" if answer.stopped_at else "") + ").", ""]
+    defects = answer.ranked()
+    opportunities = [f for f in answer.findings if not f.healthy and not f.defect]
     healthy = [f for f in answer.findings if f.healthy]
     out.append("## Findings")
     if not defects:
-        out.append("No defect found for this question.")
-    for f in defects:
+        out.append("No defect found." if not answer.question.startswith("why is this kernel slow")
+                   else "No defect found at the levels reached.")
+    for rank, f in enumerate(defects, 1):
         lines = ", ".join(str(n) for n in f.kernel_lines)
-        out += [f"- **{f.title}**" + (f" (kernel line {lines})" if lines else "") + f" {_refs(f.evidence)}",
-                f"  {f.explanation}"]
+        out += [f"{rank}. **{f.title}**" + (f" (kernel line {lines})" if lines else "")
+                + f" — {f.level}, confidence {f.confidence:.2f} {_refs(f.evidence)}",
+                f"   {f.explanation}"]
         if f.deciding_pass:
-            out.append(f"  Decided by: `{f.deciding_pass}`.")
+            out.append(f"   Decided by: `{f.deciding_pass}`.")
+    for f in opportunities:
+        out.append(f"- Worth checking: {f.title} ({f.level}, confidence {f.confidence:.2f}) {_refs(f.evidence)}")
     for f in healthy:
         out.append(f"- OK: {f.title} {_refs(f.evidence)}")
     if answer.reasons:
@@ -49,6 +55,13 @@ def to_markdown(answer: Answer) -> str:
         out += ["", "### Excerpts"]
         for e in excerpts:
             out += [f"- {e.id} `{e.source}`", "", "  ```", *("  " + ln for ln in e.excerpt[:700].splitlines()), "  ```"]
+    if answer.escalations:
+        out += ["", "## How far it went"]
+        out += [f"- {e.level} {e.action}: {e.reason}" for e in answer.escalations]
+        if answer.timings:
+            out.append("- time per level: " + ", ".join(f"{k} {v:.2f} s" for k, v in answer.timings.items()))
+    if answer.narrative:
+        out += ["", "## Narrative (LLM, over the evidence above)", "", answer.narrative]
     if answer.notes:
         out += ["", "## Notes"] + [f"- {n}" for n in answer.notes]
     return "\n".join(out) + "\n"

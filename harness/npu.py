@@ -20,11 +20,19 @@ __all__ = ["collect_debug_dumps"]
 _FUNC = re.compile(r"(?:tt|func)\.func\s+(?:public\s+)?@([A-Za-z_][\w$.]*)")
 
 
-def collect_debug_dumps(dump_dir: str | Path, triton_version: str = "", write: bool = True) -> list[Artifacts]:
+_OUTPUT_SUFFIXES = (".log", ".txt", ".err", ".stderr")
+_OUTPUT_LIMIT = 20000
+
+
+def collect_debug_dumps(dump_dir: str | Path, triton_version: str = "", write: bool = True,
+                        source_file: str = "") -> list[Artifacts]:
     """One Artifacts per kernel hash directory with its TTIR, ttadapter (linalg) and bishengir input.
 
-    With `write`, each record is also saved as `artifacts.json` beside its dumps, so a report can
-    name the file instead of carrying the IR.
+    bishengir's `--mlir-print-ir-after` sections (TRITON_DEBUG adds hivm-inject-sync) become stages
+    named "pass:<pass>", the last snapshot of each pass winning; its plain output (log files, e.g.
+    a UB overflow message) is kept in metadata["compiler_output"]. With `write`, each record is
+    also saved as `artifacts.json` beside its dumps, so a report can name the file instead of
+    carrying the IR.
     """
     root = Path(dump_dir)
     if not root.is_dir():
@@ -34,14 +42,21 @@ def collect_debug_dumps(dump_dir: str | Path, triton_version: str = "", write: b
     for stage in dump.stages:
         if stage.kind == "stage":
             by_kernel[stage.kernel][stage.pass_arg] = stage.text
+    for stage in dump.stages:
+        if stage.kind == "pass":
+            # A stream file sits in a kernel's hash directory; its kernel is that directory.
+            kernel = str(Path(stage.source).parent) if Path(stage.source).parent != Path(".") else stage.kernel
+            by_kernel[kernel][f"pass:{stage.pass_arg}"] = stage.text
     records = []
     for kernel_dir, stages in sorted(by_kernel.items()):
         ttir = stages.get("ttir", "") or next(iter(stages.values()))
         match = _FUNC.search(ttir)
-        record = Artifacts(kernel=match.group(1) if match else kernel_dir, source_file="", target="npu",
+        output = "\n".join(p.read_text(errors="replace")[:_OUTPUT_LIMIT] for p in sorted((root / kernel_dir).glob("*"))
+                           if p.suffix in _OUTPUT_SUFFIXES and p.is_file())
+        record = Artifacts(kernel=match.group(1) if match else kernel_dir, source_file=source_file, target="npu",
                            triton_version=triton_version, signature={}, constants={}, arg_attrs={}, options={},
                            stages=stages, metadata={"hash": Path(kernel_dir).name, "dump_dir": str(root / kernel_dir),
-                                                    "problems": dump.problems},
+                                                    "problems": dump.problems, "compiler_output": output},
                            launched_on="device")
         if write:
             (root / kernel_dir / "artifacts.json").write_text(record.to_json())

@@ -409,7 +409,41 @@ def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[st
         click.echo(f"skipped: {skipped}")
 
 
-# ---------------------------------------------------------------------------------------------- why
+# ---------------------------------------------------------------------------------------------- why / diagnose
+def _diagnosis_home(ctx: click.Context) -> Any:
+    """The KB home if one exists (it must then be sound); None means "answer from the kernel and IR only"."""
+    from kb.home import KBHome
+
+    home = KBHome.resolve(ctx.obj.get("home"))
+    if not home.root.exists():
+        return None
+    home.validate()
+    return home
+
+
+def _echo_answer(answer: Any, as_json: bool, as_md: bool = False) -> None:
+    from diagnose.render import to_json, to_markdown
+
+    if as_json:
+        click.echo(to_json(answer))
+    elif as_md or not sys.stdout.isatty():
+        click.echo(to_markdown(answer))
+    else:
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(to_markdown(answer)))
+
+
+def _narrate(answer: Any) -> None:
+    """With an LLM endpoint configured, a narrative over the evidence; without one, nothing."""
+    from diagnose.llm import LLMConfig, narrate
+
+    config = LLMConfig.from_env()
+    if config is not None:
+        answer.narrative = narrate(answer, config)
+
+
 @main.command()
 @click.argument("question")
 @click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
@@ -418,7 +452,7 @@ def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[st
 @click.option("--task", "task_file", type=click.Path(dir_okay=False), default=None,
               help="A task file (entry, inputs, cases); its first case is compiled.")
 @click.option("--target", default=None, help="Compile target, e.g. cuda:90 (default: the GPU present, else cuda:90).")
-@click.option("--release", default=None, help="Compiler release to cite (default: the installed triton's).")
+@click.option("--release", default=None, help="Compiler release(s) to cite, comma-separated (default: the installed triton's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @click.pass_context
 @_user_errors
@@ -429,14 +463,9 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
         raise UserFacingError("give --kernel FILE with --call EXPR, or --task FILE",
                               'e.g. --kernel k.py --call "scale(torch.randn(1000003), 2.0)"')
     from diagnose.engine import question_topics
-    from kb.home import KBHome
 
     question_topics(question)  # reject unanswerable questions before compiling anything
-    home = KBHome.resolve(ctx.obj.get("home"))
-    kb_home = None
-    if home.root.exists():  # an existing home must be a sound one; a missing one means "answer from IR only"
-        home.validate()
-        kb_home = home
+    kb_home = _diagnosis_home(ctx)
     cache = kb_home.compile_cache if kb_home else None
     from harness.capture import capture_call
     from harness.task import capture_task
@@ -446,20 +475,97 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
     else:
         artifacts = capture_call(kernel_file, call, target=target, cache_dir=cache)
     from diagnose.engine import why as answer_why
-    from diagnose.render import to_json, to_markdown
 
     if kb_home is not None:
         with kb_home.lock(write=False):
             answer = answer_why(question, artifacts, kb_home, release)
     else:
         answer = answer_why(question, artifacts, None, release)
-    if as_json:
-        click.echo(to_json(answer))
-    else:
-        from rich.console import Console
-        from rich.markdown import Markdown
+    _narrate(answer)
+    _echo_answer(answer, as_json)
 
-        Console().print(Markdown(to_markdown(answer))) if sys.stdout.isatty() else click.echo(to_markdown(answer))
+
+@main.command()
+@click.argument("task_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
+              help="A kernel file from the wild (instead of a task file).")
+@click.option("--call", default=None, help="With --kernel: an example call of its launch wrapper.")
+@click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None,
+              help="A triton-ascend TRITON_DEBUG dump directory to diagnose (with --kernel for its source).")
+@click.option("--case", "case_index", default=0, show_default=True, help="Which case of the task to compile.")
+@click.option("--target", default=None,
+              help="cuda:90 (default: the GPU present, else cuda:90), or ascend/npu (needs --dump).")
+@click.option("--measurements", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A RunReport JSON from `kb run --json [--profile]` on the device: enables L2.")
+@click.option("--level-max", type=click.Choice(["L1", "L2", "L3", "L4"]), default="L4", show_default=True)
+@click.option("--strategy", type=click.Choice(["progressive", "profile-only", "always-deep"]), default="progressive",
+              show_default=True)
+@click.option("--release", default=None, help="Compiler release(s) for L4, comma-separated (default: installed triton's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
+@click.option("--md", "as_md", is_flag=True, help="Print plain Markdown (the default on a terminal is rendered).")
+@click.pass_context
+@_user_errors
+def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
+             dump_dir: str | None, case_index: int, target: str | None, measurements: str | None, level_max: str,
+             strategy: str, release: str | None, as_json: bool, as_md: bool) -> None:
+    """Why is this kernel slow? Escalates L1 pattern triage -> L2 profile -> L3 IR -> L4 compiler source."""
+    from diagnose.engine import DiagnosisRequest
+    from diagnose.engine import diagnose as run_diagnosis
+    from harness.measurement import RunReport
+
+    given = [x for x in (task_file, dump_dir, kernel_file and call and "call") if x]
+    if len(given) != 1:
+        raise UserFacingError("give one of: a TASK file, --kernel FILE --call EXPR, or --dump DIR [--kernel FILE]",
+                              'e.g. kb diagnose corpora/operators/softmax/task.py')
+    ascend = (target or "").split(":")[0] in ("ascend", "npu")
+    if ascend and dump_dir is None:
+        raise UserFacingError("--target ascend diagnoses triton-ascend dumps: no NPU compiler is installed here",
+                              "run the kernel with TRITON_DEBUG=1 on the NPU machine and pass --dump DIR")
+    for path in (task_file, kernel_file):
+        if path is not None and not Path(path).is_file():
+            raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
+    report = None
+    if measurements:
+        try:
+            report = RunReport.from_dict(json.loads(Path(measurements).read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserFacingError(f"{measurements} is not a run report ({type(exc).__name__}: {exc})",
+                                  "pass the JSON that `kb run --json` prints") from exc
+    kb_home = _diagnosis_home(ctx)
+    cache = kb_home.compile_cache if kb_home else None
+    source: str | None = kernel_file
+
+    def compile_kernel() -> list[Any]:
+        if dump_dir is not None:
+            from harness.npu import collect_debug_dumps
+
+            arts = collect_debug_dumps(dump_dir, write=False, source_file=str(Path(kernel_file).resolve())
+                                       if kernel_file else "")
+            if not arts:
+                raise UserFacingError(f"{dump_dir} holds no triton-ascend dumps (kernel.ttir.mlir, "
+                                      "kernel.ttadapter.mlir)", "run with TRITON_DEBUG=1 and pass TRITON_DUMP_DIR")
+            return arts
+        if task_file is not None:
+            from harness.task import capture_task
+
+            return capture_task(task_file, case_index, target=target, cache_dir=cache)
+        from harness.capture import capture_call
+
+        return capture_call(kernel_file, call, target=target, cache_dir=cache)
+
+    if task_file is not None:
+        from harness.task import load_task
+
+        task = load_task(task_file)
+        source = task.source_file
+    request = DiagnosisRequest(source, compile_kernel, report, "npu" if dump_dir else (target or "cuda:90"))
+    if kb_home is not None:
+        with kb_home.lock(write=False):
+            answer = run_diagnosis(request, kb_home, release, strategy, level_max)
+    else:
+        answer = run_diagnosis(request, None, release, strategy, level_max)
+    _narrate(answer)
+    _echo_answer(answer, as_json, as_md)
 
 
 # ---------------------------------------------------------------------------------------------- run

@@ -60,6 +60,7 @@ class Pattern:
     provenance: dict[str, Any]
     stats: dict[str, Any]
     path: str = ""
+    unblock: str = ""  # the source-level condition under which the compiler decides the other way
 
     def document(self) -> str:
         """The text that is embedded and searched."""
@@ -94,6 +95,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "citations": list,
     "provenance": dict,
     "stats": dict,
+    "unblock": str,
 }
 
 
@@ -156,6 +158,7 @@ def load_pattern(path: Path) -> Pattern:
         provenance=dict(data.get("provenance", {"kind": "curated"})),
         stats=dict(data.get("stats", {"tries": 0, "wins": 0})),
         path=where,
+        unblock=" ".join(data.get("unblock", "").split()),
     )
 
 

@@ -58,6 +58,40 @@ def _mask_bound_args(ttir: str, kernel_line: int) -> list[str]:
     return found
 
 
+def _address_terms(ttir: str, kernel_line: int) -> tuple[set[str], set[str], bool]:
+    """How the address of the access at `kernel_line` uses integer arguments.
+
+    Returns (base_args, element_args, divmod): arguments that scale a scalar (a row or program
+    offset: they decide the base's alignment), arguments splatted across the tile (a per-element
+    stride: they decide contiguity), and whether a division or remainder by a runtime value is on
+    the way.
+    """
+    defs = _ssa_defs(ttir)
+    int_args = {a.name for a in ir.func_args(ttir) if not a.is_pointer}
+    base, element, divmod = set(), set(), False
+    for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"}):
+        if op.loc is None or op.loc.line != kernel_line:
+            continue
+        operands = re.findall(r"%[\w.$-]+", op.text.split(":")[0].split("=", 1)[-1])
+        frontier, seen = operands[:1], set()
+        while frontier:
+            value = frontier.pop()
+            if value in seen or value not in defs:
+                continue
+            seen.add(value)
+            body = defs[value]
+            uses = re.findall(r"%[\w.$-]+", body.split(":")[0])
+            if re.match(r"arith\.(div|rem)[su]i", body) and len(uses) > 1 and not defs.get(uses[1], "").startswith("arith.constant"):
+                divmod = True
+            scalar_op = "tensor<" not in body.split(":", 1)[-1]
+            for u in uses:
+                name = u.lstrip("%")
+                if name in int_args:
+                    (base if scalar_op else element).add(name)
+            frontier.extend(uses)
+    return base, element, divmod
+
+
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     ptx = art.stages.get("ptx", "")
     if not ptx:
@@ -74,7 +108,11 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     ttir = art.stages.get("ttir", "")
     findings: list[Finding] = []
     healthy_evidence: list[str] = []
+    tile_lines = {op.loc.line for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"})
+                  if op.loc and "tensor<" in op.text.split(" : ")[-1]} if ttir else set()
     for (line, kind), group in sorted(by_line.items()):
+        if ttir and line not in tile_lines:
+            continue  # a scalar access (one value per program) has nothing to vectorize
         widest = max(group, key=lambda a: a.bits)
         ptx_ev = log.add(
             "L3", "ptx",
@@ -120,8 +158,30 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                 deciding_pass=remark.pass_name if remark else "",
             ))
             continue
+        base_args, element_args, divmod = _address_terms(ttir, line) if ttir else (set(), set(), False)
+        if divmod:
+            continue  # index.divmod owns this access: the division hides contiguity (diagnose.analyzers.index)
         pointer_args = [a.name for a in ir.func_args(ttir) if a.is_pointer] if ttir else []
         unaligned = [a for a in pointer_args if a not in divisible]
+        unaligned_base = sorted(a for a in base_args if a not in divisible and a not in element_args)
+        if not unaligned and unaligned_base and (origin is None or origin <= 1):
+            for arg in unaligned_base:
+                chain.append(_arg_evidence(art, log, arg, "scales the access's base offset"))
+            findings.append(Finding(
+                kind="vectorization.divisibility",
+                topic="vectorization",
+                title=f"the {kind} at {src}:{line} is scalar: its base offset uses {', '.join(unaligned_base)}, "
+                      "not known divisible by 16",
+                explanation=(
+                    f"The pointer argument is aligned, but the access starts at an offset scaled by "
+                    f"{', '.join(unaligned_base)} (a row stride or length), which the launch did not specialize as "
+                    "divisible by 16: AxisInfo can prove no alignment for the base, so every access is scalar."
+                ),
+                evidence=chain,
+                kernel_lines=[line],
+                deciding_pass=remark.pass_name if remark else "",
+            ))
+            continue
         if unaligned:
             for arg in unaligned:
                 chain.append(_arg_evidence(art, log, arg, "is a pointer"))

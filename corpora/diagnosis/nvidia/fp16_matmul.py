@@ -1,0 +1,24 @@
+"""fp16 matmul, 128x128x64 tiles, 4 warps, 3 stages: wgmma with pipelined loads (healthy)."""
+import torch, triton, triton.language as tl
+
+@triton.jit
+def mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(a_ptr + rm[:, None] * sam + (k + rk)[None, :] * sak)
+        b = tl.load(b_ptr + (k + rk)[:, None] * sbk + rn[None, :] * sbn)
+        acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.float16))
+
+def matmul(a, b, BM=128, BN=128, BK=64, num_warps=4, num_stages=3):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=torch.float16)
+    mm_kernel[(M // BM, N // BN)](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                  c.stride(0), c.stride(1), BM=BM, BN=BN, BK=BK, num_warps=num_warps,
+                                  num_stages=num_stages)
+    return c

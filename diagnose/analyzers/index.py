@@ -1,0 +1,64 @@
+"""L3: index arithmetic — 64-bit offsets (N5) and runtime division/remainder in offsets (N5, N1)."""
+
+from __future__ import annotations
+
+import re
+
+from diagnose.analyzers.common import log_op, short
+from diagnose.records import EvidenceLog, Finding
+from harness import ir
+from harness.artifacts import Artifacts
+
+__all__ = ["analyze"]
+
+_CONST = re.compile(r"^\s*(%[\w.$-]+)\s*=\s*arith\.constant")
+
+
+def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
+    ttir = art.stages.get("ttir", "")
+    if not ttir:
+        return []
+    src = short(art.source_file)
+    ptx = art.stages.get("ptx", "")
+    findings: list[Finding] = []
+    wide = [op for op in ir.op_source_lines(ttir, {"tt.addptr"}) if re.search(r"tensor<[\dx]+xi64>", op.text)]
+    if wide:
+        op = wide[0]
+        line = op.loc.line if op.loc else 0
+        chain = [log_op(log, "ttir", op, f"the pointer arithmetic at {src}:{line} adds an i64 offset tensor")]
+        i64_args = [a.name for a in ir.func_args(ttir) if a.type == "i64"]
+        if i64_args:
+            chain.append(log.add("L3", "ttir", f"argument(s) {', '.join(i64_args)} were specialized as i64 "
+                                 "(values outside int32)", "ttir", ", ".join(i64_args)))
+        n64 = sum(ptx.count(k) for k in ("add.s64", "mul.lo.s64", "setp.lt.s64", "setp.ge.s64", "shl.b64"))
+        chain.append(log.add("L3", "ptx", f"PTX has {n64} 64-bit integer add/mul/compare/shift instructions", "ptx",
+                             "add.s64 / mul.lo.s64 / setp.*.s64"))
+        findings.append(Finding(
+            "index.int64", "index-math", f"offsets at {src}:{line} are computed in int64",
+            "Every per-element offset, compare and address add is a 64-bit operation (two registers and extra "
+            "instructions per element); only the base needs 64 bits when a program addresses fewer than 2^31 "
+            "elements.", chain, sorted({o.loc.line for o in wide if o.loc}), "", confidence=0.8))
+    consts = {m.group(1) for line in ttir.splitlines() if (m := _CONST.match(line))}
+    divs = []
+    for op in ir.op_source_lines(ttir, {"arith.divsi", "arith.remsi", "arith.divui", "arith.remui"}):
+        operands = re.findall(r"%[\w.$-]+", op.text.split("=", 1)[-1].split(":")[0])
+        if len(operands) >= 2 and operands[1] not in consts and "tensor<" in op.text:
+            divs.append(op)
+    if divs:
+        op = divs[0]
+        line = op.loc.line if op.loc else 0
+        chain = [log_op(log, "ttir", o, f"`{o.op}` by a runtime value at {src}:{o.loc.line if o.loc else 0}")
+                 for o in divs[:2]]
+        n = sum(ptx.count(k) for k in ("div.s32", "rem.s32", "div.u32", "rem.u32", "div.s64", "rem.s64"))
+        chain.append(log.add("L3", "ptx", f"PTX has {n} integer division/remainder instructions (each a long "
+                             "emulated sequence)", "ptx", "div.s32 / rem.s32"))
+        remark = next((r for r in art.remarks if "vectorization fails" in r.message and r.line > line), None)
+        if remark is not None:
+            chain.append(log.add("L3", "remark", f"the compiler reports at {src}:{remark.line}: {remark.message}",
+                                 f"{src}:{remark.line}:{remark.col}", remark.message))
+        findings.append(Finding(
+            "index.divmod", "index-math", f"offsets at {src}:{line} use integer division/remainder by a runtime value",
+            "Per-element `//` and `%` by a runtime divisor compile to emulated integer division, and AxisInfo cannot "
+            "prove contiguity through them, so loads indexed by the result lose vectorization.",
+            chain, sorted({o.loc.line for o in divs if o.loc}), "tritongpu-coalesce", confidence=0.85))
+    return findings

@@ -1,0 +1,93 @@
+"""L3: layout conversions in hot loops (N13) and reductions that cross warps (N18)."""
+
+from __future__ import annotations
+
+import re
+
+from diagnose.analyzers.common import in_loops, log_op, short
+from diagnose.records import EvidenceLog, Finding
+from harness import ir
+from harness.artifacts import Artifacts
+
+__all__ = ["analyze"]
+
+_BLOCKED = re.compile(r"^(#\w+) = #ttg\.blocked<\{(?P<body>.*)\}>", re.MULTILINE)
+_FIELD = r"{}\s*=\s*\[([\d, ]+)\]"
+_REDUCE_AXIS = re.compile(r"axis\s*=\s*(\d+)")
+_OPERAND_LAYOUT = re.compile(r"tensor<(?P<shape>[\dx]+)x\w+,\s*(?P<enc>#\w+)>")
+# One warp holding the whole reduced row at <= 16 values per lane is the cheap alternative.
+_ONE_WARP_EXTENT = 32 * 16
+
+
+def _fields(body: str, name: str) -> list[int]:
+    m = re.search(_FIELD.format(name), body)
+    return [int(v) for v in m.group(1).split(",")] if m else []
+
+
+def _reduce_signature(lines: list[str], ir_line: int) -> str:
+    """The operand types of a generic-form `"tt.reduce"(...) ({ ... }) : (tensor<...>) -> ...` op,
+    printed on the line that closes its region."""
+    depth = 0
+    for text in lines[ir_line - 1:]:
+        code = text.split(" loc(")[0]
+        depth += code.count("{") - code.count("}")
+        if depth <= 0 and "})" in code:
+            return code.split("})", 1)[1].split("->")[0]
+    return ""
+
+
+def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
+    ttgir = art.stages.get("ttgir", "")
+    if not ttgir:
+        return []
+    src = short(art.source_file)
+    loop_lines = in_loops(ttgir)
+    lines = ttgir.splitlines()
+    has_loop = "scf.for" in ttgir or "scf.while" in ttgir
+    findings: list[Finding] = []
+    converts = [op for op in ir.op_source_lines(ttgir, {"ttg.convert_layout"}) if op.ir_line in loop_lines]
+    if converts:
+        op = converts[0]
+        line = op.loc.line if op.loc else 0
+        chain = [log_op(log, "ttgir", op, f"a `ttg.convert_layout` at {src}:{line} survives inside the loop body")]
+        ptx = art.stages.get("ptx", "")
+        if "bar.sync" in ptx and "st.shared" in ptx:
+            chain.append(log.add("L3", "ptx", f"PTX moves data through shared memory: {ptx.count('st.shared')} x "
+                                 f"`st.shared`, {ptx.count('bar.sync')} x `bar.sync`", "ptx", "st.shared ... bar.sync"))
+        findings.append(Finding(
+            "layout.convert", "layout", f"a layout conversion at {src}:{line} runs every loop iteration",
+            "Two ops in the loop want the same tensor in different register layouts (e.g. tl.trans, a reduction "
+            "axis, or a dot operand); RemoveLayoutConversions could not hoist or fold the conversion, so each "
+            "iteration shuffles the tile through shared memory with barriers.",
+            chain, sorted({c.loc.line for c in converts if c.loc}), "tritongpu-remove-layout-conversions"))
+    layouts = {alias: m.group("body") for m in _BLOCKED.finditer(ttgir) for alias in [m.group(1)]}
+    for op in ir.op_source_lines(ttgir, {"tt.reduce"}):
+        if has_loop and op.ir_line not in loop_lines:
+            continue  # a final reduction after a streaming loop is amortized over the loop
+        axis_m = _REDUCE_AXIS.search(op.text)
+        lay_m = _OPERAND_LAYOUT.search(_reduce_signature(lines, op.ir_line))
+        if not axis_m or not lay_m or lay_m.group("enc") not in layouts:
+            continue
+        axis = int(axis_m.group(1))
+        shape = [int(d) for d in lay_m.group("shape").split("x")]
+        body = layouts[lay_m.group("enc")]
+        warps = _fields(body, "warpsPerCTA")
+        if axis >= len(shape) or axis >= len(warps) or warps[axis] <= 1 or shape[axis] > _ONE_WARP_EXTENT:
+            continue
+        line = op.loc.line if op.loc else 0
+        per_thread = (_fields(body, "sizePerThread") or [1] * len(shape))[axis]
+        chain = [log_op(log, "ttgir", op, f"the reduction at {src}:{line} runs over axis {axis} of {shape[axis]} "
+                                          f"elements laid out with warpsPerCTA[{axis}] = {warps[axis]}, "
+                                          f"sizePerThread[{axis}] = {per_thread}")]
+        ptx = art.stages.get("ptx", "")
+        chain.append(log.add("L3", "ptx", f"PTX combines the per-warp partials through shared memory: "
+                             f"{ptx.count('shfl.sync')} x `shfl.sync`, {ptx.count('st.shared')} x `st.shared`, "
+                             f"{ptx.count('bar.sync')} x `bar.sync`", "ptx", "shfl.sync.bfly ... st.shared ... bar.sync"))
+        findings.append(Finding(
+            "reduction.cross-warp", "reduction", f"the reduction at {src}:{line} is split across {warps[axis]} warps",
+            f"The reduced axis ({shape[axis]} elements) is spread over {warps[axis]} warps, so after the in-warp "
+            "shuffles each warp's partial goes through shared memory with two barriers; one warp could hold the "
+            f"whole axis ({shape[axis] // 32} values per lane), reducing with shuffles only.",
+            chain, [line], "convert-triton-gpu-to-llvm"))
+        break  # one finding per kernel: every reduction over that layout shares the cause
+    return findings

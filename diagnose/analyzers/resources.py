@@ -1,0 +1,110 @@
+"""L3: shared-memory budget (N17), atomics (N19) and precise libdevice math (N23)."""
+
+from __future__ import annotations
+
+import re
+
+from diagnose.analyzers.common import log_op, short
+from diagnose.records import EvidenceLog, Finding
+from harness import ir
+from harness.artifacts import Artifacts
+
+__all__ = ["analyze", "SHARED_LIMIT"]
+
+# Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical
+# Specifications per Compute Capability"); sm90 = H100/H200.
+SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+_LIBDEVICE = re.compile(r"^(__nv_\w+?)\.exit(?:\.\w+)*:", re.MULTILINE)
+# Inlined libdevice helpers that are part of any fp code, not a precise-math choice.
+_HELPERS = ("__nv_isnan", "__nv_isinf", "__nv_fadd_rn", "__nv_fmul_rn", "__nv_fmaf", "__nv_fabs", "__nv_copysign",
+            "__nv_sqrt", "__nv_rsqrt", "__nv_fdiv")  # tl.sqrt and `/` lower through these; they are not a choice
+_ATOM = re.compile(r"atom\.global(?:\.(?P<sem>acq_rel|acquire|release|relaxed))?(?:\.(?P<scope>gpu|sys|cta))?")
+
+
+def _capability(target: str) -> int:
+    m = re.search(r":(\d+)", target)
+    return int(m.group(1)) if m else 90
+
+
+def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
+    findings: list[Finding] = []
+    src = short(art.source_file)
+    shared = int(art.metadata.get("shared") or 0)
+    cap = _capability(art.target)
+    limit = SHARED_LIMIT.get(cap)
+    if limit and shared:
+        stages, warps = art.options.get("num_stages"), art.options.get("num_warps")
+        ev = log.add("L3", "metadata", f"the kernel needs {shared} bytes of shared memory per block "
+                     f"(num_stages={stages}, num_warps={warps}); sm{cap} allows {limit} per block",
+                     "metadata:shared", f"shared = {shared}")
+        if shared > limit:
+            findings.append(Finding(
+                "resources.shared-memory-over-limit", "resources",
+                f"the kernel needs {shared // 1024} KiB of shared memory, above the {limit // 1024} KiB sm{cap} allows",
+                "The multi-buffered operand tiles (num_stages copies of each loaded tile) do not fit: the launch fails "
+                "with OutOfResources on the device. Fewer stages or smaller tiles fit.",
+                [ev], [], "allocate-shared-memory", confidence=0.95))
+    ptx = art.stages.get("ptx", "")
+    atoms = [m for m in _ATOM.finditer(ptx)]
+    if atoms:
+        ttir = art.stages.get("ttir", "")
+        ops = ir.op_source_lines(ttir, {"tt.atomic_rmw", "tt.atomic_cas"})
+        op = ops[0] if ops else None
+        line = op.loc.line if op and op.loc else 0
+        sem = atoms[0].group("sem") or "relaxed"
+        chain = []
+        if op is not None:
+            chain.append(log_op(log, "ttir", op, f"the atomic at {src}:{line} is `{op.op}` with its ordering as printed"))
+        chain.append(log.add("L3", "ptx", f"PTX issues {len(atoms)} `{atoms[0].group(0)}` instructions "
+                             f"({sem} ordering, {atoms[0].group('scope') or 'gpu'} scope)", "ptx", atoms[0].group(0)))
+        same_address = op is not None and _splat_pointer(ttir, op)
+        if same_address:
+            chain.append(log.add("L3", "ttir", "every lane's atomic targets the same address (the pointer tensor is "
+                                 "a splat/broadcast of one pointer)", "ttir", op.text[:200]))
+        if same_address or sem == "acq_rel":
+            findings.append(Finding(
+                "atomics.contended", "atomics", f"the atomic at {src}:{line} is per element"
+                + (" on one address" if same_address else "") + f" with {sem} ordering",
+                "Each element is its own read-modify-write at gpu scope; acq_rel adds ordering fences, and lanes "
+                "hitting one address serialize in the memory system. Reducing in registers first (tl.sum) leaves one "
+                "atomic per program.", chain, [line], "convert-triton-gpu-to-llvm",
+                confidence=0.9 if same_address else 0.6))
+    llir = art.stages.get("llir", "")
+    precise = sorted({n for n in _LIBDEVICE.findall(llir) if not n.startswith(_HELPERS)})
+    if precise:
+        ev = log.add("L3", "llir", f"LLVM IR inlines precise libdevice routine(s) {', '.join(precise)}",
+                     "llir", next(line for line in llir.splitlines() if precise[0] + ".exit" in line))
+        lines = ptx.count("\n")
+        chain = [ev, log.add("L3", "ptx", f"the PTX is {lines} lines long", "ptx", f"{lines} lines")]
+        findings.append(Finding(
+            "math.precise-libdevice", "math", f"the kernel calls precise libdevice math ({', '.join(precise)})",
+            "libdevice's correctly-rounded routines are inlined as long branchy sequences (special cases, range "
+            "reduction); the hardware approximations (ex2.approx, lg2.approx) are one instruction each.",
+            chain, [], "convert-triton-gpu-to-llvm", confidence=0.85))
+    return findings
+
+
+def _splat_pointer(ttir: str, op: ir.OpLine) -> bool:
+    """Whether the atomic's pointer operand is a splat of one scalar pointer plus a constant-zero offset."""
+    defs = {}
+    for line in ttir.splitlines():
+        m = re.match(r"\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)", line)
+        if m:
+            defs[m.group(1)] = m.group(2)
+    operands = re.findall(r"%[\w.$-]+", op.text.split("=", 1)[-1])
+    ptr = operands[0] if operands else ""
+    seen = 0
+    while ptr in defs and seen < 6:
+        body = defs[ptr]
+        seen += 1
+        if body.startswith("tt.splat"):
+            return True
+        if body.startswith("tt.addptr"):
+            base, off = (re.findall(r"%[\w.$-]+", body) + ["", ""])[:2]
+            off_def = defs.get(off, "")
+            if "arith.constant dense<0>" in off_def or "dense<0>" in off_def:
+                ptr = base
+                continue
+            return False
+        return False
+    return False

@@ -1,0 +1,100 @@
+"""L2 profiling diagnosis: a run's measurements become a bottleneck class with the metrics as evidence.
+
+Input is a `RunReport` (what `kb run --json [--profile]` prints): per case the median time, the
+roofline position against the device's measured ceilings, and, with --profile, Nsight Compute (or
+msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' symptoms):
+
+- launch-bound: every case finishes in a few microseconds, the launch overhead's order;
+- memory-bound far from the roofline: memory-bound by intensity, below 60% of the copy ceiling;
+- latency-bound: counters show the warps stalled on memory (long scoreboard) with DRAM far from busy,
+  or low achieved occupancy;
+- compute-bound without tensor cores: compute-bound with FLOP/s below the fp32 CUDA-core ceiling;
+- scalar-bound (Ascend): the scalar pipe dominates the vector pipe.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from diagnose.records import EvidenceLog, Finding
+from harness.measurement import CaseResult, RunReport
+
+__all__ = ["classify"]
+
+LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
+FAR_FROM_ROOF = 0.6
+
+
+def _timed(report: RunReport) -> list[CaseResult]:
+    run = report.run("baseline")
+    return [c for c in (run.cases if run else []) if c.timing is not None and not c.heldout]
+
+
+def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
+    cases = _timed(report)
+    if not cases:
+        return []
+    where = f"run:{report.task}@{report.device}"
+    findings: list[Finding] = []
+    times = [c.timing.median_us for c in cases]
+    if max(times) < LAUNCH_US:
+        ev = log.add("L2", "timing", f"every timed case takes under {LAUNCH_US:g} us (max {max(times):.1f} us, "
+                     f"{len(times)} cases on {report.device})", where, ", ".join(f"{c.label}: {c.timing.median_us:.1f} us"
+                                                                            for c in cases))
+        findings.append(Finding("profile.launch-bound", "launch", "launch-bound: each call is a few microseconds",
+                                "At this size the launch and the grid's tail dominate; more work per program or a "
+                                "persistent grid amortizes them.", [ev], [], "", "L2", 0.8))
+    memory = [c for c in cases if c.roofline and c.roofline.bound == "memory" and c.timing.median_us >= LAUNCH_US]
+    if memory:
+        fractions = [c.roofline.fraction for c in memory]
+        mid = median(fractions)
+        ev = log.add("L2", "roofline", f"{len(memory)} memory-bound case(s) reach a median {mid:.0%} of the measured "
+                     f"copy bandwidth ({(report.ceilings or {}).get('copy_gbps', '?')} GB/s)", where,
+                     ", ".join(f"{c.label}: {c.roofline.achieved_gbps:.0f} GB/s ({c.roofline.fraction:.0%})"
+                               for c in memory if c.roofline.achieved_gbps))
+        if mid < FAR_FROM_ROOF:
+            findings.append(Finding("profile.memory-bound", "memory", f"memory-bound at {mid:.0%} of the copy roofline",
+                                    "The kernel moves little data per unit time for a memory-bound operation: "
+                                    "accesses are narrow, uncoalesced, unpipelined, or the grid leaves bandwidth idle.",
+                                    [ev], [], "", "L2", 0.8 if mid < 0.4 else 0.65))
+        elif mid >= 0.8:
+            findings.append(Finding("profile.ok", "memory", f"memory-bound at {mid:.0%} of the copy roofline",
+                                    "Within 20% of the measured copy bandwidth: little left to gain.", [ev], [], "", "L2"))
+    compute = [c for c in cases if c.roofline and c.roofline.bound == "compute" and c.roofline.achieved_tflops]
+    fp32_ceiling = (report.ceilings or {}).get("matmul_fp32_tflops")
+    if compute and fp32_ceiling:
+        best = max(c.roofline.achieved_tflops for c in compute)
+        if best < fp32_ceiling:
+            ev = log.add("L2", "roofline", f"compute-bound cases reach at most {best:.1f} TFLOP/s, below the measured fp32 "
+                         f"CUDA-core ceiling of {fp32_ceiling:.0f} TFLOP/s", where,
+                         ", ".join(f"{c.label}: {c.roofline.achieved_tflops:.1f} TFLOP/s" for c in compute))
+            findings.append(Finding("profile.compute-bound", "tensor-cores", "compute-bound below the CUDA-core rate",
+                                    "A tensor-core matmul runs an order of magnitude above the fp32 CUDA-core rate; "
+                                    "this one does not, so its dots are on FMA or its tensor cores starve.",
+                                    [ev], [], "", "L2", 0.75))
+    profiles = [c.profile for c in cases if c.profile]
+    if profiles:
+        p = profiles[-1]  # the largest case: the one whose behaviour dominates
+        stalls = dict((s[0], s[1]) for s in p.get("top_stalls", []))
+        long_sb = max((v for k, v in stalls.items() if "long_scoreboard" in k), default=0.0)
+        dram = p.get("dram_throughput_pct")
+        occ = p.get("achieved_occupancy_pct")
+        if long_sb >= 40 and (dram is None or dram < 60):
+            ev = log.add("L2", "counters", f"ncu: {long_sb:.0f}% of warp stalls are long scoreboard (waiting on "
+                         f"global memory) while DRAM throughput is {dram if dram is not None else '?'}% of peak",
+                         f"{where}:{p.get('kernel')}", str({k: v for k, v in stalls.items()}))
+            findings.append(Finding("profile.latency-bound", "pipelining", "latency-bound: warps wait on memory, DRAM idle",
+                                    "Too few loads are in flight to cover memory latency: loads are not prefetched "
+                                    "(pipelining), or occupancy is too low to hide them.", [ev], [], "", "L2", 0.8))
+        elif occ is not None and occ < 25:
+            ev = log.add("L2", "counters", f"ncu: achieved occupancy {occ:.0f}%", f"{where}:{p.get('kernel')}", f"{occ}")
+            findings.append(Finding("profile.latency-bound", "pipelining", f"occupancy-bound: {occ:.0f}% achieved occupancy",
+                                    "Few warps per SM leave memory latency exposed.", [ev], [], "", "L2", 0.7))
+        pipes = p.get("pipes") or {}
+        if pipes.get("scalar", 0) > max(pipes.get("vector", 0), 1):
+            ev = log.add("L2", "counters", f"scalar pipe busy {pipes['scalar']:.0f}% vs vector {pipes.get('vector', 0):.0f}%",
+                         f"{where}:{p.get('kernel')}", str(pipes))
+            findings.append(Finding("profile.scalar-bound", "ascend-compute", "scalar-bound: the scalar pipe dominates",
+                                    "Work that should run on the vector unit runs element by element.", [ev], [], "",
+                                    "L2", 0.8))
+    return findings

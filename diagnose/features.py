@@ -1,0 +1,170 @@
+"""L1 static features of a Triton kernel file, read from its Python syntax tree.
+
+Cheap (no compile, no device): what the kernel loads and stores and how it masks them, how offsets
+are computed, its dots and their precision, loops and whether they ask for pipelining, reductions,
+atomics, math calls, hints, and the launch configuration its wrapper passes. Python's own `ast`
+is the exact parser for Python source; tree-sitter is for the compiler's C++.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserFacingError
+
+__all__ = ["KernelFeatures", "Site", "kernel_features"]
+
+_REDUCTIONS = {"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum", "cumsum", "cumprod", "associative_scan"}
+_ATOMICS = {"atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas"}
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place in the kernel: line, what is there, and the detail that matters."""
+
+    line: int
+    what: str
+    detail: str = ""
+    in_loop: bool = False
+
+
+@dataclass
+class KernelFeatures:
+    file: str
+    kernels: list[str]
+    params: dict[str, list[str]] = field(default_factory=dict)  # kernel -> runtime (non-constexpr) parameters
+    loads: list[Site] = field(default_factory=list)  # detail: "masked" | "unmasked"
+    stores: list[Site] = field(default_factory=list)
+    dots: list[Site] = field(default_factory=list)  # detail: input precision ("default" when not given)
+    loops: list[Site] = field(default_factory=list)  # what: range | tl.range | static_range; detail: loads/dot/num_stages
+    reductions: list[Site] = field(default_factory=list)
+    atomics: list[Site] = field(default_factory=list)  # detail: sem ("default" = acq_rel)
+    int64_casts: list[Site] = field(default_factory=list)
+    divmod: list[Site] = field(default_factory=list)  # detail: the runtime divisor
+    libdevice: list[Site] = field(default_factory=list)
+    transposes: list[Site] = field(default_factory=list)
+    hints: list[Site] = field(default_factory=list)  # multiple_of, max_contiguous, assume
+    block_pointers: list[Site] = field(default_factory=list)  # make_block_ptr / make_tensor_descriptor
+    launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _name(node: ast.AST) -> str:
+    """Dotted name of a call target: tl.load -> "tl.load", libdevice.pow -> "libdevice.pow"."""
+    if isinstance(node, ast.Attribute):
+        base = _name(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Call):
+        return _name(node.func)
+    return ""
+
+
+def _is_jit(fn: ast.FunctionDef) -> bool:
+    return any(_name(d).split(".")[-1] in ("jit", "autotune", "heuristics") for d in fn.decorator_list)
+
+
+def _kw(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _const(node: ast.expr | None) -> Any:
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+class _KernelVisitor(ast.NodeVisitor):
+    def __init__(self, feats: KernelFeatures, runtime_params: set[str]) -> None:
+        self.f = feats
+        self.runtime = runtime_params
+        self.loop_depth = 0
+
+    def visit_For(self, node: ast.For) -> None:
+        call = node.iter if isinstance(node.iter, ast.Call) else None
+        kind = _name(call.func) if call else "iter"
+        body = ast.Module(body=node.body, type_ignores=[])
+        names = {_name(n.func).split(".")[-1] for n in ast.walk(body) if isinstance(n, ast.Call)}
+        stages = _const(_kw(call, "num_stages")) if call else None
+        detail = ",".join(x for x in ("loads" if "load" in names else "", "dot" if "dot" in names else "",
+                                      f"num_stages={stages}" if stages is not None else "") if x)
+        self.f.loops.append(Site(node.lineno, kind, detail,
+                                 self.loop_depth > 0))
+        self.loop_depth += 1
+        self.generic_visit(node)
+        self.loop_depth -= 1
+
+    visit_While = visit_For  # type: ignore[assignment]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = _name(node.func)
+        leaf = name.split(".")[-1]
+        loop = self.loop_depth > 0
+        if name in ("tl.load", "tl.store"):
+            masked = _kw(node, "mask") is not None or len(node.args) >= (3 if leaf == "store" else 2)
+            (self.f.loads if leaf == "load" else self.f.stores).append(
+                Site(node.lineno, name, "masked" if masked else "unmasked", loop))
+        elif name == "tl.dot":
+            prec = _const(_kw(node, "input_precision"))
+            if prec is None and _const(_kw(node, "allow_tf32")) is False:
+                prec = "ieee"
+            self.f.dots.append(Site(node.lineno, name, str(prec or "default"), loop))
+        elif name.startswith("tl.") and leaf in _REDUCTIONS:
+            self.f.reductions.append(Site(node.lineno, name, "", loop))
+        elif leaf in _ATOMICS:
+            self.f.atomics.append(Site(node.lineno, name, str(_const(_kw(node, "sem")) or "default"), loop))
+        elif leaf == "to" and node.args and _name(node.args[0]) in ("tl.int64", "tl.uint64"):
+            self.f.int64_casts.append(Site(node.lineno, "to(int64)", "", loop))
+        elif name.startswith(("libdevice.", "tl.extra.", "tl.math.")) and leaf not in ("exp2", "log2", "fma", "rsqrt"):
+            self.f.libdevice.append(Site(node.lineno, name, "", loop))
+        elif name in ("tl.trans", "tl.permute") or (leaf == "trans" and isinstance(node.func, ast.Attribute)):
+            self.f.transposes.append(Site(node.lineno, name, "", loop))
+        elif name in ("tl.multiple_of", "tl.max_contiguous", "tl.assume", "tl.max_constancy"):
+            self.f.hints.append(Site(node.lineno, name, "", loop))
+        elif name in ("tl.make_block_ptr", "tl.make_tensor_descriptor"):
+            self.f.block_pointers.append(Site(node.lineno, name, "", loop))
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and isinstance(node.right, ast.Name) and node.right.id in self.runtime:
+            self.f.divmod.append(Site(node.lineno, "//" if isinstance(node.op, ast.FloorDiv) else "%", node.right.id,
+                                      self.loop_depth > 0))
+        self.generic_visit(node)
+
+
+def _runtime_params(fn: ast.FunctionDef) -> list[str]:
+    out = []
+    for arg in fn.args.args:
+        ann = _name(arg.annotation) if arg.annotation is not None else ""
+        if not ann.endswith("constexpr"):
+            out.append(arg.arg)
+    return out
+
+
+def kernel_features(path: str | Path) -> KernelFeatures:
+    """Features of every @triton.jit function in `path` and of the launches its wrappers write."""
+    path = Path(path)
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserFacingError(f"cannot read kernel file {path}: {exc}", "pass a readable .py file") from exc
+    except SyntaxError as exc:
+        raise UserFacingError(f"{path}:{exc.lineno}: not valid Python ({exc.msg})", "fix the syntax error") from exc
+    kernels = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and _is_jit(n)]
+    feats = KernelFeatures(str(path), [k.name for k in kernels])
+    for fn in kernels:
+        params = _runtime_params(fn)
+        feats.params[fn.name] = params
+        _KernelVisitor(feats, set(params)).visit(fn)
+    names = set(feats.kernels)
+    for node in ast.walk(tree):
+        # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and _name(node.func.value) in names:
+            for kw in node.keywords:
+                if kw.arg and isinstance(kw.value, ast.Constant):
+                    feats.launch.setdefault(kw.arg, kw.value.value)
+    return feats

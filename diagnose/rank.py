@@ -1,0 +1,39 @@
+"""How findings are ordered: confidence times the typical cost of the failure mode.
+
+Two findings can both be certain (ptxas spills and a serialized wgmma in the same kernel); the one
+that usually costs more is the better root-cause hypothesis. The weights are the rough order of
+slowdown each mode causes in failure-modes.md (a dot off tensor cores costs more than an int64
+offset), not measured per kernel; L2 measurements, where present, re-rank by adding their own
+evidence.
+"""
+
+from __future__ import annotations
+
+from diagnose.records import Finding
+
+__all__ = ["IMPACT", "finding_score"]
+
+IMPACT: dict[str, float] = {
+    "resources.shared-memory-over-limit": 1.2,  # does not launch at all
+    "ascend.ub-overflow": 1.2,  # does not compile at all
+    "dot": 1.0,
+    "ascend.discrete-access": 1.0,
+    "vectorization": 0.9,
+    "memory": 0.9,
+    "pipelining": 0.85,
+    "atomics": 0.85,
+    "profile": 0.85,
+    "ascend": 0.8,
+    "spills": 0.75,
+    "reduction": 0.7,
+    "resources": 0.7,
+    "layout": 0.65,
+    "index": 0.6,
+    "math": 0.55,
+}
+
+
+def finding_score(finding: Finding) -> float:
+    family = finding.kind.split(".")[0]
+    weight = IMPACT.get(finding.kind, IMPACT.get(family, 0.5))
+    return finding.confidence * weight

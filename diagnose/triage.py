@@ -1,0 +1,117 @@
+"""L1 pattern triage: static kernel features -> suspected failure modes -> catalog patterns.
+
+Each rule reads only the syntax tree and the launch keywords, so it can be wrong where the outcome
+depends on runtime values (a mask bound that happens to be a multiple of 16, fp16 operands that make
+input_precision irrelevant); its confidence says so, and progressive diagnosis escalates to the IR
+for anything not certain. Rules whose outcome the source alone decides (a streaming loop that never
+asks for pipelining; one element per thread) carry high confidence.
+"""
+
+from __future__ import annotations
+
+from diagnose.features import KernelFeatures, Site
+from diagnose.records import EvidenceLog, Finding
+
+__all__ = ["triage"]
+
+_SHARED_LIMIT_SM90 = 227 * 1024
+
+
+def _ev(log: EvidenceLog, feats: KernelFeatures, site: Site, claim: str) -> str:
+    name = feats.file.rsplit("/", 1)[-1]
+    return log.add("L1", "kernel", claim, f"{name}:{site.line}", _source_line(feats.file, site.line))
+
+
+def _source_line(path: str, line: int) -> str:
+    try:
+        with open(path) as fh:
+            for i, text in enumerate(fh, 1):
+                if i == line:
+                    return text.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def triage(feats: KernelFeatures, log: EvidenceLog) -> list[Finding]:
+    out: list[Finding] = []
+    name = feats.file.rsplit("/", 1)[-1]
+    for loop in feats.loops:
+        if "loads" in loop.detail and "dot" not in loop.detail and "num_stages" not in loop.detail \
+                and loop.what in ("range", "tl.range") and not loop.in_loop:
+            ev = _ev(log, feats, loop, f"the loop at {name}:{loop.line} loads global memory, has no tl.dot, and does "
+                                       "not ask for pipelining (no tl.range(..., num_stages=N))")
+            out.append(Finding("pipelining.none", "pipelining", f"the streaming loop at {name}:{loop.line} is not pipelined",
+                               "Triton pipelines only loads that feed a tl.dot unless the loop carries num_stages "
+                               "(tl.range docstring), so each iteration waits for its load.",
+                               [ev], [loop.line], "tritongpu-assign-latencies", "L1", 0.85))
+    for dot in feats.dots:
+        if dot.detail == "ieee":
+            ev = _ev(log, feats, dot, f"the tl.dot at {name}:{dot.line} asks for input_precision=\"ieee\"")
+            out.append(Finding("dot.fma", "tensor-cores", f"the dot at {name}:{dot.line} may run on FMA (ieee precision)",
+                               "With fp32 operands, IEEE input precision rules out tensor cores; whether the operands "
+                               "are fp32 is decided at launch.", [ev], [dot.line], "tritongpu-accelerate-matmul", "L1", 0.6))
+    if feats.int64_casts:
+        s = feats.int64_casts[0]
+        ev = _ev(log, feats, s, f"offsets are cast to int64 at {name}:{s.line}")
+        out.append(Finding("index.int64", "index-math", f"offsets widened to int64 at {name}:{s.line}",
+                           "64-bit per-element index math costs registers and instructions; needed only above 2^31 "
+                           "elements.", [ev], [x.line for x in feats.int64_casts], "", "L1", 0.6))
+    if feats.divmod:
+        s = feats.divmod[0]
+        ev = _ev(log, feats, s, f"`{s.what} {s.detail}` at {name}:{s.line} divides by the runtime argument {s.detail}")
+        out.append(Finding("index.divmod", "index-math", f"runtime `{s.what}` in index math at {name}:{s.line}",
+                           "Division by a runtime value is emulated and hides contiguity from the compiler.",
+                           [ev], sorted({x.line for x in feats.divmod}), "", "L1", 0.7))
+    if feats.libdevice:
+        s = feats.libdevice[0]
+        ev = _ev(log, feats, s, f"`{s.what}` is called at {name}:{s.line}")
+        out.append(Finding("math.precise-libdevice", "math", f"precise libdevice math ({s.what}) at {name}:{s.line}",
+                           "libdevice routines are correctly rounded and long once inlined.", [ev],
+                           [x.line for x in feats.libdevice], "", "L1", 0.7))
+    for s in feats.atomics:
+        if s.detail == "default":
+            ev = _ev(log, feats, s, f"`{s.what}` at {name}:{s.line} uses the default acq_rel ordering")
+            out.append(Finding("atomics.contended", "atomics", f"per-element acq_rel atomic at {name}:{s.line}",
+                               "Atomics default to acq_rel at gpu scope, one per element.", [ev], [s.line], "", "L1", 0.5))
+            break
+    for s in feats.transposes:
+        if s.in_loop:
+            ev = _ev(log, feats, s, f"`{s.what}` inside a loop at {name}:{s.line}")
+            out.append(Finding("layout.convert", "layout", f"a transpose inside the loop at {name}:{s.line}",
+                               "A transpose in a loop usually becomes a layout conversion every iteration.", [ev],
+                               [s.line], "", "L1", 0.4))
+            break
+    block, warps = feats.launch.get("BLOCK"), feats.launch.get("num_warps", 4)
+    if isinstance(block, int) and isinstance(warps, int) and warps > 0 and not feats.dots:
+        per_thread = block / (32 * warps)
+        if per_thread < 4:
+            site = next((s for s in feats.loads), Site(1, ""))
+            ev = log.add("L1", "kernel", f"the launch passes BLOCK={block} with num_warps={warps}: {block} elements over "
+                         f"{32 * warps} threads is {per_thread:g} per thread", f"{name}:launch",
+                         f"BLOCK={block}, num_warps={warps}")
+            out.append(Finding("vectorization.small-tile", "vectorization",
+                               f"{per_thread:g} element(s) per thread: BLOCK={block} over num_warps={warps}",
+                               "A 128-bit access needs 4 consecutive fp32 elements per thread; fewer elements per "
+                               "thread than that cannot be vectorized.", [ev], [site.line], "tritongpu-coalesce", "L1",
+                               0.85 if per_thread <= 1 else 0.6))
+    bm, bn, bk = (feats.launch.get(k) for k in ("BM", "BN", "BK"))
+    stages = feats.launch.get("num_stages", 3)
+    if feats.dots and all(isinstance(v, int) for v in (bm, bn, bk, stages)):
+        need = stages * (bm * bk + bk * bn) * 2  # 16-bit operands assumed; fp32 doubles it
+        if need > _SHARED_LIMIT_SM90:
+            ev = log.add("L1", "kernel", f"BM={bm}, BN={bn}, BK={bk}, num_stages={stages}: {stages} buffers of the A and "
+                         f"B tiles need at least {need} bytes of shared memory (2-byte elements)", f"{name}:launch",
+                         f"BM={bm}, BN={bn}, BK={bk}, num_stages={stages}")
+            out.append(Finding("resources.shared-memory-over-limit", "resources",
+                               f"num_stages={stages} of {bm}x{bk} and {bk}x{bn} tiles exceed sm90 shared memory",
+                               "Pipelined operands are buffered num_stages times in shared memory.", [ev], [],
+                               "allocate-shared-memory", "L1", 0.7))
+    masked = [s for s in feats.loads + feats.stores if s.detail == "masked"]
+    if masked:
+        s = masked[0]
+        ev = _ev(log, feats, s, f"the access at {name}:{s.line} is masked on every block")
+        out.append(Finding("vectorization.mask", "vectorization", f"masked accesses at {name}:{s.line}",
+                           "A mask bounded by a size that is not a multiple of 16 caps the vector width; whether it "
+                           "is depends on the launch.", [ev], [x.line for x in masked], "", "L1", 0.3))
+    return out
