@@ -48,8 +48,9 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
     if memory:
         fractions = [c.roofline.fraction for c in memory]
         mid = median(fractions)
+        copy = (report.ceilings or {}).get("copy_gbps")
         ev = log.add("L2", "roofline", f"{len(memory)} memory-bound case(s) reach a median {mid:.0%} of the measured "
-                     f"copy bandwidth ({(report.ceilings or {}).get('copy_gbps', '?')} GB/s)", where,
+                     f"copy bandwidth ({f'{copy:.0f}' if copy else '?'} GB/s)", where,
                      ", ".join(f"{c.label}: {c.roofline.achieved_gbps:.0f} GB/s ({c.roofline.fraction:.0%})"
                                for c in memory if c.roofline.achieved_gbps))
         if mid < FAR_FROM_ROOF:

@@ -188,7 +188,9 @@ class _State:
                 self.notes.append(note)
         # The IR settles what L1 could only suspect: a suspicion it shows is replaced by the IR's finding
         # (keeping the source line as the chain's first link); one it does not show is dropped.
-        l3_kinds = {f.kind: f for f in found}
+        l3_kinds: dict[str, Finding] = {}
+        for f in found:
+            l3_kinds.setdefault(f.kind, f)
         kept = []
         for f in self.findings:
             if f.level != "L1":

@@ -1,7 +1,7 @@
 """The LLM, through any OpenAI-compatible endpoint: configuration and the diagnosis narrative.
 
 Configuration comes from the environment: KB_LLM_BASE_URL (required to enable it), KB_LLM_MODEL,
-KB_LLM_API_KEY (or OPENAI_API_KEY), KB_LLM_TIMEOUT. The model gets the evidence, never authority:
+KB_LLM_API_KEY (or OPENAI_API_KEY), KB_LLM_TIMEOUT, KB_LLM_RETRIES. The model gets the evidence, never authority:
 its text is shown as a narrative beside the evidence table and is never executed or acted on. A
 failing endpoint leaves the structured answer as it was, with a note saying why.
 """
@@ -43,6 +43,7 @@ class LLMConfig:
             model=os.environ.get("KB_LLM_MODEL", "gpt-4o-mini"),
             api_key=os.environ.get("KB_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "unused",
             timeout_s=float(os.environ.get("KB_LLM_TIMEOUT", "60")),
+            max_retries=int(os.environ.get("KB_LLM_RETRIES", "2")),
         )
 
 

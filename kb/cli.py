@@ -3,6 +3,7 @@ commands, so `kb --help` stays instant."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -407,6 +408,56 @@ def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[st
                            f"{m['recall@5']:>6.2f} {m['recall@10']:>6.2f} {m['mrr']:>6.2f}")
     for skipped in report["skipped"]:
         click.echo(f"skipped: {skipped}")
+
+
+@eval_group.command("diagnosis")
+@click.option("--cases", "cases_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Gold cases YAML (default: corpora/diagnosis/cases.yaml).")
+@click.option("--only", default=None, help="Comma-separated case ids to run.")
+@click.option("--strategy", type=click.Choice(["progressive", "profile-only", "always-deep"]), default="progressive",
+              show_default=True)
+@click.option("--level-max", type=click.Choice(["L1", "L2", "L3", "L4"]), default="L4", show_default=True)
+@click.option("--release", default=None, help="Compiler release(s) for L4 citations, comma-separated.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report (every case's ranking) as JSON.")
+@click.pass_context
+@_user_errors
+def eval_diagnosis(ctx: click.Context, cases_file: Path | None, only: str | None, strategy: str, level_max: str,
+                   release: str | None, as_json: bool) -> None:
+    """Top-1/top-3 root cause, level accuracy, false positives on healthy kernels, citation validity."""
+    from diagnose.evaluate import evaluate_diagnosis, load_cases
+
+    cases = load_cases(cases_file)
+    if only:
+        wanted = {c.strip() for c in only.split(",")}
+        unknown = wanted - {c.id for c in cases}
+        if unknown:
+            raise UserFacingError(f"no gold case named {', '.join(sorted(unknown))}", "see the ids in the cases file")
+        cases = [c for c in cases if c.id in wanted]
+    home = _diagnosis_home(ctx)
+    with (home.lock(write=False) if home else contextlib.nullcontext()), _progress_bar("diagnosing") as bar:
+        task = bar.add_task("cases", total=len(cases))
+        report = evaluate_diagnosis(cases, home, release, strategy, level_max,
+                                    progress=lambda done, total: bar.update(task, completed=done))
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+        return
+    click.echo(f"{'case':<24} {'expected':<36} {'top-ranked':<36} {'level':>9} {'s':>6}")
+    for o in report["per_case"]:
+        got = o["ranked"][0] if o["ranked"] else ("healthy" if not o["error"] else "error")
+        mark = "ok " if o["top1"] else "MISS"
+        click.echo(f"{o['id']:<24} {o['root_cause']:<36} {got:<36} {o['stopped_at'] or '-':>4}/{o['expected_level']} "
+                   f"{o['seconds']:>6.2f} {mark}")
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.0%}"
+
+    click.echo(f"\n{report['cases']} cases ({report['defect_cases']} with a defect, {report['healthy_cases']} healthy), "
+               f"strategy {strategy}, up to {level_max}")
+    click.echo(f"top-1 {pct(report['top1'])}  top-3 {pct(report['top3'])}  level accuracy {pct(report['level_accuracy'])}  "
+               f"false positives on healthy {pct(report['false_positive_rate'])}  citation validity "
+               f"{pct(report['citation_validity'])} of {report['citations']}  median {report['median_seconds']} s per case")
+    for err in report["errors"]:
+        click.echo(f"error: {err}")
 
 
 # ---------------------------------------------------------------------------------------------- why / diagnose

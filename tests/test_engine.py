@@ -1,0 +1,273 @@
+"""The escalation engine: L1 features and triage, L2 classes, strategies, the recorded decisions,
+L4 at a release, the CLI, citation checking, and the LLM narrative through a real local server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import REPO
+from diagnose.bottleneck import classify
+from diagnose.engine import DiagnosisRequest, diagnose
+from diagnose.evaluate import GoldCase, _check_citations, load_cases
+from diagnose.features import kernel_features
+from diagnose.records import Answer, Evidence, EvidenceLog
+from diagnose.triage import triage
+from harness.artifacts import Artifacts
+from harness.errors import UserFacingError
+from harness.measurement import CaseResult, KernelRun, Roofline, RunReport, Timing
+from kb.cli import main
+
+GOLD = REPO / "corpora" / "diagnosis"
+H200 = REPO / "docs" / "device" / "2026-11-29-h200"
+
+
+def _case(case_id: str) -> GoldCase:
+    return next(c for c in load_cases() if c.id == case_id)
+
+
+def _never_compile() -> list[Artifacts]:
+    raise AssertionError("L1 should have decided without compiling")
+
+
+# ------------------------------------------------------------------------------------------ L1
+def test_features_read_the_syntax_tree():
+    f = kernel_features(GOLD / "nvidia" / "divmod_index.py")
+    assert f.kernels == ["bias_kernel"]
+    assert [(s.what, s.detail) for s in f.divmod] == [("//", "cols"), ("%", "cols")]
+    assert {s.detail for s in f.loads} == {"masked"} and f.launch == {"BLOCK": 1024}
+    loop = kernel_features(GOLD / "nvidia" / "pipelined_rowsum.py").loops[0]
+    assert (loop.what, loop.detail) == ("tl.range", "loads,num_stages=3")
+    assert kernel_features(GOLD / "nvidia" / "fp32_dot_ieee.py").dots[0].detail == "ieee"
+    assert kernel_features(GOLD / "nvidia" / "precise_pow.py").libdevice[0].what == "libdevice.pow"
+
+
+def test_triage_confidence_says_how_much_the_source_decides():
+    log = EvidenceLog()
+    found = {f.kind: f for f in triage(kernel_features(GOLD / "nvidia" / "streaming_rowsum.py"), log)}
+    assert found["pipelining.none"].confidence >= 0.8  # the source alone decides: no num_stages, no dot
+    masked = {f.kind: f for f in triage(kernel_features(GOLD / "nvidia" / "masked_add.py"), log)}
+    assert masked["vectorization.mask"].confidence < 0.5  # depends on n at launch: only an opportunity
+    assert all(e.level == "L1" and e.source.split(":")[0].endswith(".py") for e in log.items)
+
+
+def test_bad_kernel_source_is_one_clear_error(tmp_path):
+    bad = tmp_path / "k.py"
+    bad.write_text("def broken(:\n")
+    with pytest.raises(UserFacingError, match=r"k.py:1: not valid Python"):
+        kernel_features(bad)
+
+
+# ------------------------------------------------------------------------------------------ escalation
+def test_progressive_stops_at_l1_without_compiling():
+    request = DiagnosisRequest(str(GOLD / "nvidia" / "streaming_rowsum.py"), _never_compile)
+    answer = diagnose(request, home=None)
+    assert answer.stopped_at == "L1" and answer.levels == ["L1"]
+    assert answer.ranked()[0].kind == "pipelining.none"
+    assert answer.escalations[-1].action == "stop" and "tl-range-pipelining" in answer.escalations[-1].reason
+    assert answer.recommendations[0].pattern_id == "tl-range-pipelining"
+
+
+def test_each_escalation_is_recorded_with_its_reason():
+    answer = diagnose(_request("masked-add"), home=None)
+    trail = [(e.level, e.action) for e in answer.escalations]
+    assert trail == [("L1", "escalate"), ("L2", "skip"), ("L3", "stop")]
+    assert "no measurements" in answer.escalations[1].reason
+    assert any("L1 suspected vectorization.mask; the IR confirms it" in n for n in answer.notes)
+    top = answer.ranked()[0]
+    by_id = {e.id: e for e in answer.evidence}
+    kinds = [by_id[i].kind for i in top.evidence]
+    assert kinds[0] == "kernel" and "remark" in kinds  # the source line leads the IR chain
+
+
+def test_level_max_and_always_deep():
+    capped = diagnose(_request("masked-add"), home=None, level_max="L1")
+    assert capped.levels == ["L1"] and not capped.ranked()  # L1 alone only suspects the mask
+    deep = diagnose(_request("streaming-loop"), home=None, strategy="always-deep")
+    assert deep.levels == ["L1", "L3"]  # L2 skipped (no measurements), L4 skipped (no KB)
+    assert deep.ranked()[0].kind == "pipelining.none" and deep.ranked()[0].level == "L3"
+
+
+def test_always_deep_reaches_the_compiler_source_at_the_release(built_home):
+    answer = diagnose(_request("masked-add"), built_home, release="fixture-1", strategy="always-deep")
+    assert answer.levels[-1] == "L4" and answer.release == "fixture-1"
+    statement = answer.reasons[0].statement
+    assert "A rewrite must ensure the access carries no mask" in statement
+    assert all(e.source.endswith("@fixture-1") for e in answer.evidence if e.level == "L4")
+    with pytest.raises(UserFacingError, match="release 'nope' is not indexed"):
+        diagnose(_request("masked-add"), built_home, release="nope", strategy="always-deep")
+
+
+def _request(case_id: str) -> DiagnosisRequest:
+    from diagnose.evaluate import request_for
+
+    return request_for(_case(case_id))
+
+
+# ------------------------------------------------------------------------------------------ L2
+def _report(times_us: list[float], fraction: float = 0.9, profile: dict | None = None) -> RunReport:
+    cases = [CaseResult(case={"n": i}, label=f"n={i}", timing=Timing(t, t, t, 100),
+                        roofline=Roofline(1e6, None, 1000.0 * fraction, None, "memory", fraction),
+                        profile=profile) for i, t in enumerate(times_us)]
+    return RunReport("t", "cuda", "NVIDIA H200", [KernelRun("baseline", "k.py", cases)],
+                     ceilings={"copy_gbps": 4200, "matmul_fp32_tflops": 51})
+
+
+def test_l2_classes_from_measurements():
+    kinds = lambda r: {f.kind for f in classify(r, EvidenceLog())}  # noqa: E731
+    assert kinds(_report([3.0, 4.5])) == {"profile.launch-bound"}
+    assert kinds(_report([40.0, 90.0], fraction=0.3)) == {"profile.memory-bound"}
+    assert kinds(_report([40.0, 90.0], fraction=0.95)) == {"profile.ok"}
+    stalled = {"kernel": "k", "source": "ncu", "dram_throughput_pct": 35.0,
+               "top_stalls": [["smsp__pcsamp_warps_issue_stalled_long_scoreboard", 71.0]]}
+    assert "profile.latency-bound" in kinds(_report([40.0, 90.0], fraction=0.5, profile=stalled))
+
+
+def test_l2_on_a_real_h200_report_and_profile_only():
+    report = RunReport.from_dict(json.loads((H200 / "row_sum.1.json").read_text()))
+    log = EvidenceLog()
+    findings = classify(report, log)
+    assert [f.kind for f in findings] == ["profile.ok"]  # row_sum reached a median 83% of copy bandwidth
+    assert "83%" in findings[0].title and "(4208 GB/s)" in log.items[0].claim
+    assert log.items[0].source.endswith("@NVIDIA H200")
+    request = DiagnosisRequest(None, _never_compile, report)
+    answer = diagnose(request, home=None, strategy="profile-only")
+    assert answer.levels == ["L2"] and answer.strategy == "profile-only"
+    with pytest.raises(UserFacingError, match="profile-only needs measurements"):
+        diagnose(DiagnosisRequest(None, _never_compile), home=None, strategy="profile-only")
+
+
+def test_ascend_grid_above_core_count():
+    from diagnose.analyzers import ascend
+
+    art = Artifacts("k", "", "npu", "", {}, {}, {}, {}, {"ttadapter": "module {\n}\n"},
+                    metadata={"grid": [4096]})
+    log = EvidenceLog()
+    found = ascend.analyze(art, log)
+    assert [f.kind for f in found] == ["ascend.grid-too-large"] and found[0].confidence > 0.8
+    assert "48 vector cores" in log.items[0].claim
+    art.metadata = {"grid": [40], "num_vectorcore": 40}
+    assert ascend.analyze(art, EvidenceLog()) == []
+
+
+# ------------------------------------------------------------------------------------------ citations
+def test_citation_check_catches_a_line_past_the_end(tmp_path):
+    case = _case("streaming-loop")
+    answer = Answer("q", "k", "cuda:90", "r", [], [], [], [
+        Evidence("E1", "L1", "kernel", "ok", "streaming_rowsum.py:9"),
+        Evidence("E2", "L1", "kernel", "bad", "streaming_rowsum.py:999"),
+        Evidence("E3", "L4", "source", "bad", "lib/X.cpp:3@rel"),
+        Evidence("E4", "L1", "pattern", "not a line", "pattern:x"),
+    ], [])
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "X.cpp").write_text("a\nb\n")
+    checked, invalid = _check_citations(answer, case, {"rel": tmp_path}, DiagnosisRequest(None, None))
+    assert checked == 3 and invalid == ["streaming_rowsum.py:999", "lib/X.cpp:3@rel"]
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_kb_diagnose_a_task_in_json(tmp_path):
+    task = REPO / "corpora" / "operators" / "vector_add" / "task.py"
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "none"), "diagnose", str(task), "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["strategy"] == "progressive" and answer["levels"][0] == "L1"
+    assert answer["escalations"] and "timings" in answer
+
+
+def test_kb_diagnose_an_ascend_dump():
+    case = _case("ascend-gather")
+    result = CliRunner().invoke(main, ["--home", "/nonexistent-kb", "diagnose", "--dump", str(case.dump),
+                                       "--kernel", str(case.kernel), "--md"])
+    assert result.exit_code == 0, result.output
+    assert "scalarized (discrete)" in result.output and "ascend-structured-gather" in result.output
+    assert "kernel.py:8" in result.output  # the ttadapter op mapped back to the kernel line
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give one of: a TASK file"),
+    (["--kernel", "k.py"], "give one of"),
+    (["--dump", ".", "--target", "ascend", "x.py"], "give one of"),
+    (["--kernel", "x.py", "--call", "f()", "--target", "ascend"], "--target ascend diagnoses triton-ascend dumps"),
+    (["missing_task.py"], "missing_task.py does not exist"),
+])
+def test_kb_diagnose_bad_input_is_one_line(args, message):
+    result = CliRunner().invoke(main, ["--home", "/nonexistent-kb", "diagnose", *args])
+    assert result.exit_code == 2 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_kb_eval_diagnosis_reports_the_figures():
+    result = CliRunner().invoke(main, ["--home", "/nonexistent-kb", "eval", "diagnosis", "--json",
+                                       "--only", "streaming-loop,ascend-gather,ascend-vector-add"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["top1"] == 1.0 and report["false_positive_rate"] == 0.0 and report["citation_validity"] == 1.0
+    assert {o["id"] for o in report["per_case"]} == {"streaming-loop", "ascend-gather", "ascend-vector-add"}
+    bad = CliRunner().invoke(main, ["--home", "/nonexistent-kb", "eval", "diagnosis", "--only", "nope"])
+    assert bad.exit_code == 2 and "no gold case named nope" in bad.output
+
+
+# ------------------------------------------------------------------------------------------ LLM
+class _ChatHandler(BaseHTTPRequestHandler):
+    """The chat-completions protocol, enough for the openai client: echoes how many evidence rows it saw."""
+
+    status = 200
+    requests: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        if self.status != 200:
+            self.send_response(self.status)
+            self.end_headers()
+            return
+        rows = body["messages"][-1]["content"].count("\n| E")
+        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": f"Narrative over {rows} evidence rows [E1]."}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def chat_server():
+    server = HTTPServer(("127.0.0.1", 0), _ChatHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    _ChatHandler.status = 200
+    _ChatHandler.requests.clear()
+
+
+def test_llm_narrative_through_the_openai_client(chat_server, monkeypatch):
+    monkeypatch.setenv("KB_LLM_BASE_URL", f"http://127.0.0.1:{chat_server.server_port}/v1")
+    monkeypatch.setenv("KB_LLM_MODEL", "local-test")
+    kernel = GOLD / "nvidia" / "streaming_rowsum.py"
+    args = ["--home", "/nonexistent-kb", "diagnose", "--kernel", str(kernel), "--call", "row_sum(torch.randn(64, 8192))",
+            "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["narrative"].startswith("Narrative over ") and "[E1]" in answer["narrative"]
+    sent = _ChatHandler.requests[0]
+    assert sent["model"] == "local-test" and "## Evidence" in sent["messages"][-1]["content"]
+    _ChatHandler.status = 500  # a failing endpoint leaves the evidence-only answer and says why
+    monkeypatch.setenv("KB_LLM_RETRIES", "0")
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["narrative"] == "" and any("LLM narrative skipped" in n for n in answer["notes"])
