@@ -9,6 +9,7 @@ msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' sympt
 - latency-bound: counters show the warps stalled on memory (long scoreboard) with DRAM far from busy,
   or low achieved occupancy;
 - compute-bound without tensor cores: compute-bound with FLOP/s below the fp32 CUDA-core ceiling;
+- ALU-bound: a memory-bound operation whose SMs are busy (>= 60%) while DRAM is not (< 40%);
 - scalar-bound (Ascend): the scalar pipe dominates the vector pipe.
 """
 
@@ -91,6 +92,14 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
             ev = log.add("L2", "counters", f"ncu: achieved occupancy {occ:.0f}%", f"{where}:{p.get('kernel')}", f"{occ}")
             findings.append(Finding("profile.latency-bound", "pipelining", f"occupancy-bound: {occ:.0f}% achieved occupancy",
                                     "Few warps per SM leave memory latency exposed.", [ev], [], "", "L2", 0.7))
+        sm, bound_memory = p.get("sm_throughput_pct"), any(c.roofline and c.roofline.bound == "memory" for c in cases)
+        if sm is not None and sm >= 60 and dram is not None and dram < 40 and bound_memory:
+            ev = log.add("L2", "counters", f"ncu: SM throughput {sm:.0f}% of peak while DRAM is at {dram:.0f}% in a "
+                         "memory-bound operation", f"{where}:{p.get('kernel')}", f"sm {sm}, dram {dram}")
+            findings.append(Finding("profile.alu-bound", "index-math", "ALU-bound: instructions, not bytes, limit it",
+                                    "A memory-bound operation whose SMs are busier than its DRAM spends its time on "
+                                    "instructions: index arithmetic (64-bit, division), scalar accesses, or "
+                                    "redundant work per element.", [ev], [], "", "L2", 0.75))
         pipes = p.get("pipes") or {}
         if pipes.get("scalar", 0) > max(pipes.get("vector", 0), 1):
             ev = log.add("L2", "counters", f"scalar pipe busy {pipes['scalar']:.0f}% vs vector {pipes.get('vector', 0):.0f}%",

@@ -40,6 +40,7 @@ _RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
 _STOP_RISK = {"L1": "low", "L2": "low", "L3": "low", "L4": "high"}
 _GENERIC = ("slow", "fast", "perf", "optimi", "speed", "bottleneck", "improve", "wrong with")
 _MAX_KINDS = 3  # recommendations and compiler reasons for the top defects only
+_MEMORY_FAMILIES = ("vectorization", "memory", "pipelining", "index")
 
 
 @dataclass
@@ -200,8 +201,22 @@ class _State:
                 self.notes.append(f"L1 suspected {f.kind}; the IR confirms it")
             elif f.confidence >= 0.5:
                 self.notes.append(f"L1 suspected {f.kind}; the compiled IR does not show it")
+        self._temper_by_measurements(found)
         self.findings = kept + found
         return True
+
+    def _temper_by_measurements(self, found: list[Finding]) -> None:
+        """A memory-traffic defect in the IR matters little when the device already runs the kernel near
+        the copy roofline: measured evidence outranks the IR's suspicion of slowness."""
+        near_roof = next((f for f in self.findings if f.kind == "profile.ok"), None)
+        if near_roof is None:
+            return
+        for f in found:
+            if f.kind.split(".")[0] in _MEMORY_FAMILIES and f.defect:
+                f.confidence = min(f.confidence, 0.45)
+                f.evidence = [*f.evidence, *near_roof.evidence]
+                self.notes.append(f"{f.kind} is real in the IR, but the measured run is {near_roof.title}: "
+                                  "it is listed as worth checking, not as the cause of slowness")
 
     def _l4(self) -> bool:
         kb = self._kb_view()
@@ -277,9 +292,9 @@ class _State:
         matched = sorted((p for p in self.catalog if finding.kind in p.symptoms),
                          key=lambda p: (_RISK_ORDER[p.risk], -win_rate(p), len(p.symptoms), p.id))
         out = [(p, "symptom") for p in matched]
-        if self.question and self.home is not None:
+        if self.home is not None:
             ids = {p.id: p for p in self.catalog}
-            for pid in self._kb_view().retrieve_patterns(f"{self.question} {finding.title}"):
+            for pid in self._kb_view().retrieve_patterns(f"{self.question} {finding.title}".strip()):
                 p = ids.get(pid)
                 if p is not None and p not in matched and finding.kind.split(".")[0] == p.family and len(out) < 3:
                     out.append((p, "retrieved"))
@@ -298,7 +313,7 @@ class _State:
                                   f"{pattern.rationale}", f"pattern:{pattern.id}", pattern.path)
                 self.recommendations.append(Recommendation(
                     pattern.id, pattern.title, pattern.rewrite.summary.strip(), pattern.rewrite.before,
-                    pattern.rewrite.after, pattern.risk, finding.kind, [ev], how))
+                    pattern.rewrite.after, pattern.risk, finding.kind, [ev], how, list(pattern.preconditions)))
         arts = self.request._compiled or []
         kernel = ", ".join(sorted({a.kernel for a in arts})) or (self.request.kernel_file or "").rsplit("/", 1)[-1]
         target = arts[0].target if arts else self.request.target

@@ -102,6 +102,7 @@ class Recommendation:
     for_finding: str
     evidence: list[str]
     match: str  # "symptom" (the finding kind) or "retrieved" (similar text)
+    preconditions: list[str] = field(default_factory=list)  # what must hold for the rewrite to be valid
 
 
 @dataclass

@@ -44,6 +44,8 @@ def to_markdown(answer: Answer) -> str:
         for r in answer.recommendations:
             out += [f"- **{r.title}** (`{r.pattern_id}`, risk {r.risk}, for {r.for_finding}) {_refs(r.evidence)}",
                     f"  {r.summary}"]
+            if r.preconditions:
+                out.append("  Valid only if: " + "; ".join(r.preconditions) + ".")
             if r.after:
                 out += ["", "  ```python", *("  " + ln for ln in r.after.rstrip().splitlines()), "  ```"]
     out += ["", "## Evidence", "", "| id | level | kind | where | claim |", "|---|---|---|---|---|"]

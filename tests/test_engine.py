@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -126,6 +125,8 @@ def test_l2_classes_from_measurements():
     stalled = {"kernel": "k", "source": "ncu", "dram_throughput_pct": 35.0,
                "top_stalls": [["smsp__pcsamp_warps_issue_stalled_long_scoreboard", 71.0]]}
     assert "profile.latency-bound" in kinds(_report([40.0, 90.0], fraction=0.5, profile=stalled))
+    busy = {"kernel": "k", "source": "ncu", "dram_throughput_pct": 22.0, "sm_throughput_pct": 81.0}
+    assert kinds(_report([40.0, 90.0], fraction=0.3, profile=busy)) == {"profile.memory-bound", "profile.alu-bound"}
 
 
 def test_l2_on_a_real_h200_report_and_profile_only():

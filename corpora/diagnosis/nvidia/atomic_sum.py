@@ -8,6 +8,6 @@ def sum_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.atomic_add(out_ptr + tl.zeros_like(offs), x)
 
 def total(x):
-    out = torch.zeros(1, dtype=x.dtype)
+    out = torch.zeros(1, dtype=x.dtype, device=x.device)
     sum_kernel[(x.numel() // 1024,)](x, out, BLOCK=1024)
     return out

@@ -17,6 +17,6 @@ def bmm_kernel(a_ptr, b_ptr, c_ptr, K, B: tl.constexpr, BM: tl.constexpr, BN: tl
 def bmm(a, b):
     B, M, K = a.shape
     N = b.shape[2]
-    c = torch.empty((B, M, N), dtype=torch.float32)
+    c = torch.empty((B, M, N), dtype=torch.float32, device=a.device)
     bmm_kernel[(1,)](a, b, c, K, B=B, BM=M, BN=N, BK=32)
     return c

@@ -17,7 +17,7 @@ def mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
 def matmul(a, b):
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty((M, N), dtype=torch.float32)
+    c = torch.empty((M, N), dtype=torch.float32, device=a.device)
     mm_kernel[(M // 64, N // 64)](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                   c.stride(0), c.stride(1), BM=64, BN=64, BK=32)
     return c

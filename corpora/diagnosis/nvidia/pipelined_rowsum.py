@@ -11,6 +11,6 @@ def rowsum_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
     tl.store(out_ptr + row, tl.sum(acc, axis=0))
 
 def row_sum(x):
-    out = torch.empty(x.shape[0], dtype=x.dtype)
+    out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
     rowsum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=1024)
     return out

@@ -9,7 +9,7 @@ def real_scale_kernel(x_ptr, out_ptr, n, stride, s, BLOCK: tl.constexpr):
 
 def real_scale(z, s):
     x = torch.view_as_real(z)[:, 0]  # stride 2 over the float buffer
-    out = torch.empty(x.shape, dtype=x.dtype)
+    out = torch.empty(x.shape, dtype=x.dtype, device=z.device)
     n = x.numel()
     real_scale_kernel[(n // 1024,)](x, out, n, x.stride(0), s, BLOCK=1024)
     return out

@@ -10,7 +10,7 @@ def copy_kernel(x_ptr, out_ptr, M, N, sxm, sxn, som, son, BM: tl.constexpr, BN: 
 
 def copy_t(a):
     x = a.t()  # (N, M) view of a row-major (M, N) tensor: stride (1, M)
-    out = torch.empty(x.shape, dtype=x.dtype)
+    out = torch.empty(x.shape, dtype=x.dtype, device=a.device)
     M, N = x.shape
     copy_kernel[(M // 64, N // 64)](x, out, M, N, x.stride(0), x.stride(1), out.stride(0), out.stride(1), BM=64, BN=64)
     return out

@@ -12,6 +12,6 @@ def acc_t_kernel(x_ptr, out_ptr, T, B: tl.constexpr):
 
 def acc_t(x):
     T, B, _ = x.shape
-    out = torch.empty((B, B), dtype=x.dtype)
+    out = torch.empty((B, B), dtype=x.dtype, device=x.device)
     acc_t_kernel[(1,)](x, out, T, B=B)
     return out
