@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EXAMPLES, FIXTURES
+from conftest import EXAMPLES, FIXTURES, REPO
 from diagnose.engine import question_topics, why
 from harness import ir
 from harness.capture import capture_call
@@ -53,7 +53,8 @@ def test_ieee_fp32_dot_is_diagnosed_as_fma_and_tf32_fixes_it(tmp_path):
 
 
 def test_register_spills_are_found_with_their_cause(tmp_path):
-    arts = capture_call(FIXTURES / "kernels" / "center_spills.py", "center(torch.randn(2, 16384))", cache_dir=tmp_path)
+    arts = capture_call(REPO / "corpora" / "diagnosis" / "nvidia" / "center_spills.py", "center(torch.randn(2, 16384))",
+                        cache_dir=tmp_path)
     answer = why("why does it spill registers?", arts, home=None)
     assert [f.kind for f in answer.findings] == ["spills.registers"]
     assert answer.recommendations[0].pattern_id == "reduce-register-pressure"

@@ -50,7 +50,7 @@ def test_triage_confidence_says_how_much_the_source_decides():
     log = EvidenceLog()
     found = {f.kind: f for f in triage(kernel_features(GOLD / "nvidia" / "streaming_rowsum.py"), log)}
     assert found["pipelining.none"].confidence >= 0.8  # the source alone decides: no num_stages, no dot
-    masked = {f.kind: f for f in triage(kernel_features(GOLD / "nvidia" / "masked_add.py"), log)}
+    masked = {f.kind: f for f in triage(kernel_features(GOLD / "nvidia" / "vector_add.py"), log)}
     assert masked["vectorization.mask"].confidence < 0.5  # depends on n at launch: only an opportunity
     assert all(e.level == "L1" and e.source.split(":")[0].endswith(".py") for e in log.items)
 

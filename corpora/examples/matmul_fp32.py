@@ -19,7 +19,7 @@ def mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
 def matmul(a, b, prec="ieee", BM=64, BN=64, BK=32, num_warps=4):
     M, K = a.shape
     _, N = b.shape
-    c = torch.empty((M, N), dtype=torch.float32)
+    c = torch.empty((M, N), dtype=torch.float32, device=a.device)
     mm_kernel[(M // BM, N // BN)](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                   c.stride(0), c.stride(1), BM=BM, BN=BN, BK=BK, PREC=prec, num_warps=num_warps)
     return c

@@ -1,7 +1,7 @@
 """Vector add on small vectors (4K-64K elements): the kernel is fine, the work per launch is not."""
 import torch
 
-from aligned_add import add as entry  # noqa: F401
+from vector_add import add as entry  # noqa: F401
 
 
 def inputs(n):
