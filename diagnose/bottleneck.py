@@ -10,13 +10,15 @@ msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' sympt
   or low achieved occupancy;
 - compute-bound without tensor cores: compute-bound with FLOP/s below the fp32 CUDA-core ceiling;
 - ALU-bound: a memory-bound operation whose SMs are busy (>= 60%) while DRAM is not (< 40%);
-- scalar-bound (Ascend): the scalar pipe dominates the vector pipe.
+- scalar-bound (Ascend): the scalar pipe dominates the vector pipe;
+- grid above the core count (Ascend): the profiler's Block Dim exceeds the vector cores.
 """
 
 from __future__ import annotations
 
 from statistics import median
 
+from diagnose.analyzers.ascend import DEFAULT_VECTOR_CORES
 from diagnose.records import EvidenceLog, Finding
 from harness.measurement import CaseResult, RunReport
 
@@ -100,6 +102,14 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
                                     "A memory-bound operation whose SMs are busier than its DRAM spends its time on "
                                     "instructions: index arithmetic (64-bit, division), scalar accesses, or "
                                     "redundant work per element.", [ev], [], "", "L2", 0.75))
+        block_dim = p.get("block_dim")
+        if report.backend == "npu" and block_dim and block_dim > DEFAULT_VECTOR_CORES:
+            ev = log.add("L2", "counters", f"{p.get('source')}: Block Dim {block_dim}, above the {DEFAULT_VECTOR_CORES} "
+                         "vector cores of a 910B-class device (triton-ascend docs/en/debug_guide/profiling.md)",
+                         f"{where}:{p.get('kernel')}", f"block_dim = {block_dim}")
+            findings.append(Finding("ascend.grid-too-large", "ascend-launch", f"{block_dim} blocks for "
+                                    f"{DEFAULT_VECTOR_CORES} cores", "The launch runs in batches of the core count, "
+                                    "paying scheduling overhead per batch.", [ev], [], "", "L2", 0.8))
         pipes = p.get("pipes") or {}
         if pipes.get("scalar", 0) > max(pipes.get("vector", 0), 1):
             ev = log.add("L2", "counters", f"scalar pipe busy {pipes['scalar']:.0f}% vs vector {pipes.get('vector', 0):.0f}%",

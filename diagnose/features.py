@@ -40,6 +40,7 @@ class KernelFeatures:
     stores: list[Site] = field(default_factory=list)
     dots: list[Site] = field(default_factory=list)  # detail: input precision ("default" when not given)
     loops: list[Site] = field(default_factory=list)  # what: range | tl.range | static_range; detail: loads/dot/num_stages
+    loop_bounds: dict[int, str] = field(default_factory=dict)  # loop line -> its range arguments as written
     reductions: list[Site] = field(default_factory=list)
     atomics: list[Site] = field(default_factory=list)  # detail: sem ("default" = acq_rel)
     int64_casts: list[Site] = field(default_factory=list)
@@ -90,8 +91,10 @@ class _KernelVisitor(ast.NodeVisitor):
         body = ast.Module(body=node.body, type_ignores=[])
         names = {_name(n.func).split(".")[-1] for n in ast.walk(body) if isinstance(n, ast.Call)}
         stages = _const(_kw(call, "num_stages")) if call else None
+        bounds = ", ".join(ast.unparse(a) for a in call.args) if call else ""
         detail = ",".join(x for x in ("loads" if "load" in names else "", "dot" if "dot" in names else "",
                                       f"num_stages={stages}" if stages is not None else "") if x)
+        self.f.loop_bounds[node.lineno] = bounds  # the trip count, symbolically: (start, stop, step)
         self.f.loops.append(Site(node.lineno, kind, detail,
                                  self.loop_depth > 0))
         self.loop_depth += 1

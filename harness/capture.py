@@ -97,6 +97,7 @@ class Launch:
     fn: Any  # triton.runtime.jit.JITFunction
     compile: dict[str, Any]  # what JITFunction._call_hook passes as `compile`
     config_note: str = ""
+    grid: list[int] | None = None  # the launch grid, resolved against the call's arguments
 
     @property
     def key(self) -> str:
@@ -140,12 +141,21 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     from triton.runtime import autotuner
     from triton.runtime.driver import driver
 
+    from triton.runtime.jit import JITFunction
+
     launches: list[Launch] = []
-    note = {"text": ""}
+    note: dict[str, Any] = {"text": "", "grid": None}
 
     def hook(**kwargs: Any) -> bool:
-        launches.append(Launch(kwargs["fn"].jit_function, kwargs["compile"], note["text"]))
+        launches.append(Launch(kwargs["fn"].jit_function, kwargs["compile"], note["text"], note["grid"]))
         return True  # tells JITFunction.run to neither compile nor launch
+
+    original_jit_run = JITFunction.run
+
+    def run_noting_grid(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
+        # The cache hook does not see the grid; JITFunction.run does, before it calls the hook.
+        note["grid"] = _resolve_grid(self, grid, args, kwargs)
+        return original_jit_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     original_autotune_run = autotuner.Autotuner.run
 
@@ -162,6 +172,7 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     previous_driver = driver._active
     knobs.runtime.jit_cache_hook = hook
     autotuner.Autotuner.run = first_config_run
+    JITFunction.run = run_noting_grid
     if target is not None:
         driver.set_active(_SpecializingDriver(target))
     try:
@@ -171,8 +182,21 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     finally:
         knobs.runtime.jit_cache_hook = previous_hook
         autotuner.Autotuner.run = original_autotune_run
+        JITFunction.run = original_jit_run
         if target is not None:
             driver.set_active(previous_driver)
+
+
+def _resolve_grid(fn: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int] | None:
+    """The grid as numbers: a callable grid gets the launch's named arguments, as Triton passes them."""
+    try:
+        if callable(grid):
+            named = dict(zip(getattr(fn, "arg_names", []), args))
+            named.update(kwargs)
+            grid = grid(named)
+        return [int(g) for g in grid]
+    except Exception:  # noqa: BLE001 - an unusual grid leaves the record without one, nothing else
+        return None
 
 
 def _gpu_present() -> bool:
@@ -311,7 +335,10 @@ def compile_launch(
     cache_file = Path(cache_dir) / f"{key}.json" if cache_dir else None
     if cache_file is not None and cache_file.is_file():
         with contextlib.suppress(ValueError, TypeError, KeyError):
-            return Artifacts.from_json(cache_file.read_text())
+            cached = Artifacts.from_json(cache_file.read_text())
+            # The grid is not part of the specialization: the same compile serves every grid.
+            cached.metadata["grid"] = launch.grid
+            return cached
         # An unreadable cache entry (older schema, torn write) is recompiled and replaced.
 
     import triton
@@ -355,6 +382,7 @@ def compile_launch(
     )
     if launch.config_note:
         artifacts.metadata["note"] = launch.config_note
+    artifacts.metadata["grid"] = launch.grid
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(f".tmp{os.getpid()}")

@@ -129,6 +129,21 @@ def test_l2_classes_from_measurements():
     assert kinds(_report([40.0, 90.0], fraction=0.3, profile=busy)) == {"profile.memory-bound", "profile.alu-bound"}
 
 
+def test_l2_on_npu_profiles():
+    profile = {"kernel": "k", "source": "msprof", "block_dim": 4096, "pipes": {"scalar": 61.0, "vector": 12.0}}
+    report = _report([40.0, 90.0], profile=profile)
+    report.backend = "npu"
+    kinds = {f.kind for f in classify(report, EvidenceLog())}
+    assert {"ascend.grid-too-large", "profile.scalar-bound"} <= kinds
+
+
+def test_capture_records_the_launch_grid():
+    from harness.capture import capture_call
+
+    art = capture_call(GOLD / "nvidia" / "vector_add.py", "add(torch.randn(1000003), torch.randn(1000003))")[0]
+    assert art.metadata["grid"] == [977]  # cdiv(1000003, 1024), from the wrapper's grid tuple
+
+
 def test_l2_on_a_real_h200_report_and_profile_only():
     report = RunReport.from_dict(json.loads((H200 / "row_sum.1.json").read_text()))
     log = EvidenceLog()
@@ -141,6 +156,28 @@ def test_l2_on_a_real_h200_report_and_profile_only():
     assert answer.levels == ["L2"] and answer.strategy == "profile-only"
     with pytest.raises(UserFacingError, match="profile-only needs measurements"):
         diagnose(DiagnosisRequest(None, _never_compile), home=None, strategy="profile-only")
+
+
+def test_remark_only_and_block_pointer_modes():
+    """Two modes this triton cannot produce from a gold kernel: the pipeliner's register-pipelining
+    remark (Triton 3.5-3.9 print it only for some loads) and block pointers (3.9 rejects them)."""
+    from diagnose.analyzers import pipelining
+    from harness.artifacts import Remark
+
+    ttgir = ("module {\n  tt.func @k() {\n    %r = scf.for %i = %c0 to %n step %c1 iter_args(%a = %z) -> (f32) {\n"
+             "      %d = tt.dot %x, %y, %a : tensor<64x64xf16> * tensor<64x64xf16> -> tensor<64x64xf32> loc(#loc1)\n"
+             "      scf.yield %d : f32\n    }\n    tt.return\n  }\n}\n#loc1 = loc(\"k.py\":9:14)\n")
+    ttir = "%p = tt.make_tensor_ptr %a, [%m, %k], [%s, %c1], [%z, %z] {order = array<i32: 1, 0>} : <tensor<64x64xf16>> loc(#loc2)\n"
+    art = Artifacts("k", "/x/k.py", "cuda:90", "3.6.0", {}, {}, {}, {}, {"ttgir": ttgir, "ttir": ttir},
+                    remarks=[Remark("/x/k.py", 7, 5, "remark", "Pipelining load that cannot use vectorized copy. This "
+                                    "will likely lead to pipelining in registers and severe performance degradation.",
+                                    "tritongpu-pipeline")])
+    found = {f.kind: f for f in pipelining.analyze(art, EvidenceLog())}
+    assert found["pipelining.registers"].kernel_lines == [7] and found["pipelining.registers"].defect
+    assert found["memory.no-tma"].defect and found["memory.no-tma"].kernel_lines == [9]
+    art.stages["ttir"] = ""
+    plain = {f.kind: f for f in pipelining.analyze(art, EvidenceLog())}
+    assert not plain["memory.no-tma"].defect  # pointer tensors alone: an opportunity, not a defect
 
 
 def test_ascend_grid_above_core_count():

@@ -6,6 +6,10 @@
   rotated through registers instead (N10).
 - dot.wgmma-serialized: `ttng.warp_group_dot_wait {pendings = 0}` inside the loop, so each wgmma
   waits for the previous one to drain (N8).
+- memory.no-tma: on sm90+, the dot loop's operand tiles are loaded through pointer tensors, not
+  tensor descriptors (N12). Block pointers (`tt.make_tensor_ptr`), which read like TMA but are
+  rewritten to pointer loads in Triton <= 3.7, make it a defect; plain pointer loads only an
+  opportunity, since cp.async pipelining already serves most shapes well.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         findings.append(Finding("pipelining.ok", "pipelining", "loop loads are prefetched with async copies",
                                 "The pipeliner converted loop loads into multi-buffered async copies.",
                                 [log_op(log, "ttgir", async_op, "the loop's loads are async copies into shared memory")]))
+    findings += _no_tma(art, ttgir, loop_lines, src, log)
     for op in ir.op_source_lines(ttgir, {"ttng.warp_group_dot_wait"}):
         m = _PENDINGS.search(op.text)
         if op.ir_line in loop_lines and m and int(m.group(1)) == 0:
@@ -81,3 +86,32 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                 "tile loads: each iteration drains the tensor cores (dotCanBeProperlyAsync refuses).",
                 chain, [line], "tritongpu-pipeline"))
     return findings
+
+
+_TMA_OPS = ("ttng.async_tma_copy_global_to_local", "tt.descriptor_load", "ttng.tensormap_create", "tt.make_tensor_descriptor")
+
+
+def _no_tma(art: Artifacts, ttgir: str, loop_lines: set[int], src: str, log: EvidenceLog) -> list[Finding]:
+    m = re.search(r"cuda:(\d+)", art.target)
+    if not m or int(m.group(1)) < 90 or any(op in ttgir for op in _TMA_OPS):
+        return []
+    dots = [op for op in ir.op_source_lines(ttgir, {"tt.dot", "ttng.warp_group_dot"}) if op.ir_line in loop_lines]
+    if not dots:
+        return []
+    ttir = art.stages.get("ttir", "")
+    block_ptrs = ir.op_source_lines(ttir, {"tt.make_tensor_ptr"})
+    line = dots[0].loc.line if dots[0].loc else 0
+    chain = [log_op(log, "ttgir", dots[0], f"the dot at {src}:{line} runs in a loop on sm{m.group(1)}, and the final "
+                                           "TTGIR has no TMA copy or tensor descriptor")]
+    if block_ptrs:
+        op = block_ptrs[0]
+        chain.append(log_op(log, "ttir", op, "its tiles come from block pointers (tt.make_tensor_ptr), which this "
+                                             "Triton rewrites to pointer loads, never TMA"))
+        return [Finding("memory.no-tma", "pipelining", f"block pointers at {src}:{line} do not become TMA",
+                        "rewrite-tensor-pointer lowers tl.make_block_ptr loads to per-element pointer tensors (Triton "
+                        "3.3-3.7; removed in 3.8); only tensor descriptors produce TMA bulk copies.", chain, [line],
+                        "triton-rewrite-tensor-pointer", confidence=0.85)]
+    return [Finding("memory.no-tma", "pipelining", f"the dot loop at {src}:{line} loads tiles through pointer tensors",
+                    "TMA (tensor descriptors) would move each tile with one bulk copy and no per-element address "
+                    "registers; worth trying on large tiles, not a defect by itself.", chain, [line], "",
+                    confidence=0.4)]
