@@ -29,21 +29,27 @@ class RunOptions:
 
 
 def run_task(task: dict[str, Any], options: RunOptions, candidate: str | None = None,
-             candidate_entry: str | None = None, worker: Worker | None = None) -> RunReport:
-    """`task` is {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None}."""
+             candidate_entry: str | None = None, worker: Worker | None = None,
+             baseline: str | None = None) -> RunReport:
+    """`task` is {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None}.
+
+    `baseline`: a file whose entry stands in for the task's own kernel as the baseline (the optimize
+    loop times each candidate against the current best, in the same worker).
+    """
     own = worker is None
     worker = worker or Worker(options.backend)
     try:
-        return _run(task, options, candidate, candidate_entry, worker)
+        return _run(task, options, candidate, candidate_entry, worker, baseline)
     finally:
         if own:
             worker.close()
 
 
 def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candidate_entry: str | None,
-         worker: Worker) -> RunReport:
+         worker: Worker, baseline: str | None = None) -> RunReport:
     base_job = {"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds}
-    kernels = [{"role": "baseline"}]
+    kernels: list[dict[str, Any]] = [{"role": "baseline", "path": baseline, "entry": candidate_entry} if baseline
+                                     else {"role": "baseline"}]
     if candidate:
         kernels.append({"role": "candidate", "path": candidate, "entry": candidate_entry})
     report: RunReport | None = None

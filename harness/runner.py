@@ -4,7 +4,7 @@
 it returns a `RunReport` as a dict. Jobs:
 
     {"task": {"path": FILE} | {"kernel": FILE, "call": EXPR, "reference": EXPR | None},
-     "kernels": [{"role": "baseline"} | {"role": "candidate", "path": FILE, "entry": NAME | None}],
+     "kernels": [{"role": "baseline", ["path": FILE, "entry": NAME]} | {"role": "candidate", "path": FILE, "entry": NAME | None}],
      "backend": "cuda" | "interpreter" | "npu", "cases": [indices] | None, "seeds": 3,
      "check": true, "time": false, "roofline": true}
 """
@@ -51,7 +51,7 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         run = KernelRun(role=role, source=source)
         report.runs.append(run)
         if job.get("check", True):
-            _check(task, entry, run, cases, int(job.get("seeds", 3)), baseline=role == "baseline")
+            _check(task, entry, run, cases, int(job.get("seeds", 3)), baseline=entry is task.entry)
             if backend.name == "npu":
                 run.artifacts = _npu_artifacts()
     if job.get("profile"):
@@ -76,7 +76,7 @@ def _npu_artifacts() -> list[str]:
 
 
 def _entry_of(task: Task, kernel: dict[str, Any]) -> Any:
-    if kernel["role"] == "baseline":
+    if not kernel.get("path"):  # the task's own kernel
         return task.entry
     from harness.capture import load_kernel_module
 

@@ -1,0 +1,400 @@
+"""The optimize loop: measure, then rounds of diagnose -> hypothesis -> rewrite -> validate -> decide.
+
+Every step is committed to the run's rounds store (diagnose/rounds.py) before the next starts, so a
+Ctrl-C, kill -9 or lost machine leaves a run that `resume` continues without repeating a finished
+round. A candidate is accepted only if every case passes and the geometric mean of its per-case
+speedups over the current best exceeds 1 + the measured noise (the larger repeat spread of the two
+kernels, at least `noise_floor`). A hypothesis (finding, pattern, rewriter) already tried on the
+same parent kernel is not tried again.
+
+Rewriters: the deterministic pattern rewriters (diagnose/rewrite.py), and with `llm="openai"` an
+LLM through any OpenAI-compatible endpoint (diagnose/llm.py) when no deterministic rewrite is left.
+Timing goes through a `Judge`, by default the sandboxed harness (`HarnessJudge`); tests inject one
+that checks correctness through the same harness and times deterministically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagnose.records import Answer
+from diagnose.rewrite import Variant, rewrite, unified_diff
+from diagnose.rounds import Round, RoundsStore
+from harness.errors import UserFacingError, first_line
+from harness.measurement import RunReport
+
+__all__ = ["HarnessJudge", "Judge", "OptimizeOptions", "optimize", "report"]
+
+# judge(task_spec, baseline_file_or_None, candidate_file_or_None, entry_name) -> RunReport
+Judge = Callable[[dict[str, Any], str | None, str | None, str], RunReport]
+# The generic search every kernel can try when its diagnosis offers nothing untried.
+_FALLBACK = ("autotune-configs", "launch configuration search")
+
+
+@dataclass
+class OptimizeOptions:
+    rounds: int = 5
+    time_budget_s: float | None = None
+    llm: str = "none"  # "none" | "openai"
+    strategy: str = "progressive"
+    backend: str = "cuda"
+    seeds: int = 2
+    timeout_s: float = 300.0
+    noise_floor: float = 0.02
+    release: str | None = None
+
+
+@dataclass
+class Hypothesis:
+    finding: str  # finding kind ("" for the generic launch search)
+    title: str
+    pattern: str
+    rewriter: str  # "pattern" | "llm"
+    level: str
+    evidence: list[str] = field(default_factory=list)
+
+
+class HarnessJudge:
+    """Checks and times through the sandboxed harness; one worker serves the whole run (a crashed or
+    hung candidate costs that worker, and the next job gets a fresh one)."""
+
+    def __init__(self, options: OptimizeOptions, time: bool = True) -> None:
+        from harness.run import RunOptions
+        from harness.sandbox import Worker
+
+        self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time)
+        self.worker = Worker(options.backend)
+
+    def __call__(self, spec: dict[str, Any], baseline: str | None, candidate: str | None, entry: str) -> RunReport:
+        from harness.run import run_task
+
+        return run_task(spec, self.options, candidate=candidate, candidate_entry=entry, worker=self.worker,
+                        baseline=baseline)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home: Any = None,
+             judge: Judge | None = None, log: Callable[[str], None] | None = None, resume: bool = False) -> RoundsStore:
+    """Run (or, with `resume`, continue) the loop in `run_dir`; returns the store for reporting."""
+    from harness.task import load_task
+
+    say = log or (lambda _msg: None)
+    if "path" not in spec:
+        raise UserFacingError("kb optimize needs a task file (entry, inputs, cases, reference)",
+                              "write a task module for the kernel (see docs/harness.md) and pass its path")
+    task = load_task(spec["path"])
+    entry = getattr(task.entry, "__name__", "")
+    own_judge = judge is None
+    judge = judge or HarnessJudge(options)
+    if resume:
+        store = RoundsStore(run_dir)
+        info = store.run()
+        options = OptimizeOptions(**{**asdict(options), **{k: v for k, v in info.options.items()
+                                                           if k in ("rounds", "llm", "strategy", "backend")}})
+    else:
+        if (run_dir / "rounds.sqlite").exists():
+            raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
+        store = RoundsStore(run_dir, create=True)
+        original = run_dir / "round-000.py"
+        shutil.copyfile(task.source_file, original)
+        store.create_run(run_dir.name, task.name, spec, asdict(options))
+    info = store.run()
+    if info.baseline is None:
+        say("measuring the baseline")
+        base = judge(spec, None, None, entry)
+        if not (base.run("baseline") and base.run("baseline").correct):
+            store.update_run(status="failed", note=f"the task's own kernel is not correct: {_why_rejected(base, 'baseline')}")
+            raise UserFacingError(f"the task's own kernel fails its checks: {_why_rejected(base, 'baseline')}",
+                                  "fix the task or its kernel first (kb run TASK shows the cases)")
+        store.update_run(baseline=base.to_dict(), best_round=0, best_path=str(run_dir / "round-000.py"))
+    started = time.monotonic()
+    try:
+        while True:
+            rounds = store.rounds()
+            pending = next((r for r in rounds if r.state != "done"), None)
+            if pending is None and len(rounds) >= options.rounds:
+                break
+            if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
+                store.update_run(note=f"time budget of {options.time_budget_s:g} s reached after {len(rounds)} rounds")
+                break
+            if pending is not None:
+                say(f"round {pending.idx}: resuming from {pending.state}")
+                _finish(store, pending, spec, task, entry, judge, options, home, say)
+                continue
+            planned = _plan(store, spec, task, entry, options, home, len(rounds) + 1, say)
+            if planned is None:
+                store.update_run(note=f"no untried hypothesis left after {len(rounds)} rounds")
+                break
+            _finish(store, planned, spec, task, entry, judge, options, home, say)
+        store.update_run(status="finished")
+    except KeyboardInterrupt:
+        store.update_run(status="interrupted")
+        raise
+    finally:
+        if own_judge:
+            judge.close()  # type: ignore[union-attr]
+    return store
+
+
+# ------------------------------------------------------------------------------------ planning
+def _best_path(store: RoundsStore) -> tuple[int, Path]:
+    info = store.run()
+    return int(info.best_round or 0), Path(info.best_path or store.dir / "round-000.py")
+
+
+def _plan(store: RoundsStore, spec: dict[str, Any], task: Any, entry: str, options: OptimizeOptions, home: Any,
+          idx: int, say: Callable[[str], None]) -> Round | None:
+    parent_idx, parent = _best_path(store)
+    source = parent.read_text()
+    answer = _diagnose(store, task, parent, entry, options, home)
+    rounds = store.rounds()
+    lineage = _lineage(rounds, parent_idx)
+    rejected_on = {(r.hypothesis.get("finding"), r.hypothesis.get("pattern"), r.rewriter): r.parent or 0
+                   for r in rounds if r.outcome in ("rejected", "failed")}
+    seen = _measured_sources(store)
+    for hyp in _hypotheses(answer, options):
+        what = (hyp.finding, hyp.pattern, hyp.rewriter)
+        if rejected_on.get(what, -1) in lineage:
+            continue  # rejected on this kernel or an ancestor: not retried blindly
+        if hyp.rewriter == "pattern":
+            fresh = [v for v in rewrite(hyp.pattern, source, _context(task, hyp)) if _sha(v.source) not in seen]
+            if not fresh:
+                continue  # no rewrite, or every variant was measured already in this run
+        key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
+        r = Round(idx, parent_idx, "planned", asdict(hyp), key, hyp.level, hyp.evidence, hyp.rewriter)
+        store.plan(r)
+        say(f"round {idx}: {hyp.finding or 'search'} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level})")
+        (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
+        return r
+    return None
+
+
+def _lineage(rounds: list[Round], idx: int) -> set[int]:
+    """`idx` and the rounds its kernel descends from (0 is the task's own kernel)."""
+    parents = {r.idx: r.parent or 0 for r in rounds}
+    out = {idx}
+    while idx in parents and idx != 0:
+        idx = parents[idx]
+        out.add(idx)
+    return out | {0}
+
+
+def _measured_sources(store: RoundsStore) -> set[str]:
+    """Hashes of every kernel source validated in this run (the original included)."""
+    seen = {_sha((store.dir / "round-000.py").read_text())}
+    for r in store.rounds():
+        for v in (r.timings or {}).get("variants", []):
+            if v.get("sha"):
+                seen.add(v["sha"])
+    return seen
+
+
+def _hypotheses(answer: Answer, options: OptimizeOptions) -> list[Hypothesis]:
+    """In order: each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite
+    of that finding after its patterns when an endpoint is in use; then the generic launch search; then
+    a free-form LLM rewrite."""
+    findings = answer.ranked() + [f for f in answer.findings if not f.healthy and not f.defect]
+    by_finding: dict[str, list[str]] = {}
+    for rec in answer.recommendations:
+        by_finding.setdefault(rec.for_finding, []).append(rec.pattern_id)
+    out: list[Hypothesis] = []
+    for f in findings:
+        for pattern in by_finding.get(f.kind, []):
+            out.append(Hypothesis(f.kind, f.title, pattern, "pattern", f.level, list(f.evidence)))
+        if options.llm == "openai":
+            out.append(Hypothesis(f.kind, f.title, "llm-rewrite", "llm", f.level, list(f.evidence)))
+    out.append(Hypothesis("", _FALLBACK[1], _FALLBACK[0], "pattern", answer.stopped_at or "L1"))
+    if options.llm == "openai":
+        out.append(Hypothesis("", "free-form optimization", "llm-rewrite", "llm", answer.stopped_at or "L1"))
+    return out
+
+
+def _diagnose(store: RoundsStore, task: Any, parent: Path, entry: str, options: OptimizeOptions, home: Any) -> Answer:
+    from diagnose.engine import DiagnosisRequest, diagnose
+
+    def compile_parent() -> list[Any]:
+        from harness.capture import capture_callable, load_kernel_module
+
+        module = load_kernel_module(parent)
+        fn = getattr(module, entry)
+        case = task.cases[0]
+        return capture_callable(lambda ns: fn(*task.inputs(**case)), vars(module), None,
+                                store.dir / "compile-cache", what=f"{parent.name} case {case}")
+
+    report = _last_report(store)
+    request = DiagnosisRequest(str(parent), compile_parent, report, "cuda:90")
+    return diagnose(request, home, options.release, options.strategy)
+
+
+def _last_report(store: RoundsStore) -> RunReport | None:
+    """The current best kernel's latest measurements, for L2."""
+    info = store.run()
+    best = info.best_round or 0
+    for r in reversed(store.rounds()):
+        if r.idx == best and r.timings and r.timings.get("report"):
+            report = RunReport.from_dict(r.timings["report"])
+            # The accepted candidate is the best now: present it as the measured baseline.
+            report.runs = [run for run in report.runs if run.role == "candidate"]
+            for run in report.runs:
+                run.role = "baseline"
+            return report
+    return RunReport.from_dict(info.baseline) if info.baseline else None
+
+
+def _context(task: Any, hyp: Hypothesis) -> dict[str, Any]:
+    from harness.task import tolerance_for
+
+    return {"finding": hyp.finding, "fp32_rtol": tolerance_for(task, "float32")["rtol"],
+            "features": "loop"}
+
+
+def _markdown(answer: Answer) -> str:
+    from diagnose.render import to_markdown
+
+    return to_markdown(answer)
+
+
+# ------------------------------------------------------------------------------------ rewrite + validate
+def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry: str, judge: Judge,
+            options: OptimizeOptions, home: Any, say: Callable[[str], None]) -> None:
+    parent = store.dir / f"round-{r.parent or 0:03d}.py"
+    source = parent.read_text()
+    hyp = Hypothesis(**r.hypothesis)
+    if r.state == "planned":
+        try:
+            variants = _variants(hyp, source, task, store, r, options)
+        except Exception as exc:  # noqa: BLE001 - a rewriter or an LLM reply that fails is a rejected round
+            store.done(r.idx, "failed", f"rewrite failed: {type(exc).__name__}: {first_line(exc)}")
+            return
+        seen = _measured_sources(store)
+        variants = [v for v in variants if _sha(v.source) not in seen]
+        if not variants:
+            store.done(r.idx, "rejected", "the rewrite produced no change not already measured in this run")
+            return
+        for i, v in enumerate(variants):
+            (store.dir / f"round-{r.idx:03d}.v{i}.py").write_text(v.source)
+        (store.dir / f"round-{r.idx:03d}.variants").write_text(
+            "\n".join(repr(v.params) for v in variants) + "\n")
+        store.rewritten(r.idx, str(store.dir / f"round-{r.idx:03d}.v0.py"), unified_diff(source, variants[0].source))
+    variant_files = sorted(store.dir.glob(f"round-{r.idx:03d}.v*.py"))
+    params = (store.dir / f"round-{r.idx:03d}.variants").read_text().splitlines()
+    results = []
+    for i, file in enumerate(variant_files):
+        say(f"round {r.idx}: validating variant {i + 1}/{len(variant_files)} {params[i] if i < len(params) else ''}")
+        report = judge(spec, str(parent), str(file), entry)
+        results.append((file, params[i] if i < len(params) else "", report, _verdict(report, options)))
+    passing = [x for x in results if x[3][0] is not None]
+    best = max(passing, key=lambda x: x[3][0]) if passing else None
+    summary = [{"variant": p, "sha": _sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}
+               for f, p, _, v in results]
+    if best is None:
+        store.done(r.idx, "rejected", "; ".join(f"{p or 'variant'}: {v[2]}" for _, p, _, v in results),
+                   {"variants": summary})
+        return
+    file, p, report, (geomean, noise, why) = best
+    chosen = store.dir / f"round-{r.idx:03d}.py"
+    shutil.copyfile(file, chosen)
+    store.rewritten(r.idx, str(chosen), unified_diff(source, chosen.read_text()))
+    timings = {"variants": summary, "chosen": p, "report": report.to_dict(), "per_case": report.speedups()}
+    if geomean > 1 + noise:
+        store.done(r.idx, "accepted", f"{p}: geomean speedup {geomean:.3f}x over the parent, above noise {noise:.1%}",
+                   timings, geomean)
+        store.update_run(best_round=r.idx, best_path=str(chosen))
+        _write_best(store, r, hyp, geomean)
+        say(f"round {r.idx}: accepted ({geomean:.3f}x)")
+    else:
+        store.done(r.idx, "rejected", f"{p}: geomean speedup {geomean:.3f}x is within noise {noise:.1%}", timings,
+                   geomean)
+        say(f"round {r.idx}: rejected ({geomean:.3f}x)")
+
+
+def _variants(hyp: Hypothesis, source: str, task: Any, store: RoundsStore, r: Round,
+              options: OptimizeOptions) -> list[Variant]:
+    if hyp.rewriter == "pattern":
+        return rewrite(hyp.pattern, source, _context(task, hyp))
+    from diagnose.llm import LLMConfig, rewrite_kernel
+
+    config = LLMConfig.from_env()
+    if config is None:
+        raise UserFacingError("--llm openai needs KB_LLM_BASE_URL", "set KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY")
+    diagnosis = (store.dir / f"round-{r.idx:03d}.diagnosis.md").read_text()
+    new = rewrite_kernel(config, source, diagnosis, getattr(task.entry, "__name__", "entry"))
+    return [Variant({"llm": config.model}, new)]
+
+
+def _verdict(report: RunReport, options: OptimizeOptions) -> tuple[float | None, float, str]:
+    """(geomean speedup of candidate over baseline or None if it cannot be accepted, noise, reason)."""
+    cand = report.run("candidate")
+    if report.failure or cand is None or not cand.correct:
+        return None, 0.0, _why_rejected(report, "candidate")
+    speedups = [s for s in report.speedups().values() if s > 0]
+    if not speedups:
+        return None, 0.0, "no timed case"
+    spreads = [c.timing.repeat_spread for run in report.runs for c in run.cases
+               if c.timing and c.timing.repeat_spread is not None]
+    noise = max([options.noise_floor, *spreads])
+    geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    return geomean, noise, "timed"
+
+
+def _why_rejected(report: RunReport, role: str) -> str:
+    run = report.run(role)
+    if report.failure:
+        return report.failure
+    if run is None:
+        return f"no {role} run"
+    if run.rejected:
+        return run.rejected
+    bad = next((c for c in run.cases if not c.correct), None)
+    if bad is not None:
+        return f"case {bad.label}: " + (bad.error or "outputs differ from the reference")
+    return "not correct"
+
+
+def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float) -> None:
+    chosen = Path(store.dir / f"round-{r.idx:03d}.py").read_text()
+    info = store.run()
+    header = (f'"""kernel-kb optimize: best kernel of run {info.id} (task {info.task}).\n\n'
+              f"Round {r.idx} (parent round {r.parent or 0}): {hyp.finding or 'search'} -> pattern {hyp.pattern} "
+              f"({hyp.rewriter}); diagnosed at {hyp.level}; evidence {', '.join(hyp.evidence) or '-'} "
+              f"in round-{r.idx:03d}.diagnosis.md.\nGeomean speedup over its parent: {geomean:.3f}x. "
+              f'History: kb rounds show {store.dir}\n"""\n')
+    body = re.sub(r'^"""kernel-kb optimize:.*?"""\n', "", chosen, flags=re.DOTALL)
+    (store.dir / "best.py").write_text(header + body)
+
+
+# ------------------------------------------------------------------------------------ report
+def report(store: RoundsStore) -> dict[str, Any]:
+    info = store.run()
+    rounds = store.rounds()
+    accepted = [r for r in rounds if r.outcome == "accepted"]
+    best = next((r for r in rounds if r.idx == info.best_round), None)
+    chain = 1.0
+    for r in accepted:
+        chain *= r.speedup or 1.0
+    return {
+        "run": info.id, "task": info.task, "status": info.status, "note": info.note, "dir": str(store.dir),
+        "rounds": len(rounds), "best_round": info.best_round or 0,
+        "best_level": (best.level if best else None), "speedup_vs_initial": round(chain, 4),
+        "levels": {r.idx: r.level for r in rounds},
+        "rejected": [{"round": r.idx, "pattern": r.hypothesis.get("pattern"), "why": r.reason}
+                     for r in rounds if r.outcome in ("rejected", "failed")],
+        "per_case_best": (best.timings or {}).get("per_case") if best else None,
+        "history": [{"round": r.idx, "parent": r.parent, "state": r.state, "finding": r.hypothesis.get("finding"),
+                     "pattern": r.hypothesis.get("pattern"), "rewriter": r.rewriter, "level": r.level,
+                     "outcome": r.outcome, "speedup": r.speedup, "reason": r.reason} for r in rounds],
+    }

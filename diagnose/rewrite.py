@@ -1,0 +1,318 @@
+"""Deterministic rewriters: source transformations a catalog pattern justifies, on the syntax tree.
+
+Each rewriter takes a kernel module's source and returns variants (a parameter description and the
+new source); an empty list means the pattern does not apply to this source, with the reason. They
+work on libcst's concrete syntax tree, so comments and formatting outside the changed nodes
+survive and the result reads like the input.
+
+| pattern id                  | rewrite |
+|-----------------------------|---------|
+| block-size-num-warps, autotune-configs, warp-local-reduction, reduce-register-pressure, num-stages | launch configuration: a small search, one knob per variant |
+| tl-range-pipelining         | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
+| dot-input-precision-tf32    | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
+| int32-offsets               | drop per-element `.to(tl.int64)` casts |
+| relaxed-atomics             | `sem="relaxed"` on atomics that give none |
+| exp2-fast-math              | `tl.exp(x)` -> `tl.exp2(x * log2(e))` |
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+__all__ = ["REWRITERS", "Variant", "rewrite", "unified_diff"]
+
+_LOG2E = "1.4426950408889634"
+_WARPS = (1, 2, 4, 8, 16)
+_STAGES = (1, 2, 3, 4, 5)
+_MAX_VARIANTS = 6
+
+
+@dataclass(frozen=True)
+class Variant:
+    params: dict[str, Any]  # what changed, e.g. {"num_warps": 4}
+    source: str
+
+
+Rewriter = Callable[[str, dict[str, Any]], list[Variant]]
+
+
+def unified_diff(before: str, after: str, name: str = "kernel.py") -> str:
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{name}", f"b/{name}"))
+
+
+def _is_jit(fn: cst.FunctionDef) -> bool:
+    return any(m.matches(d.decorator, m.Attribute(attr=m.Name("jit")) | m.Name("jit")
+                         | m.Call(func=m.Attribute(attr=m.Name("jit")))) for d in fn.decorators)
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return ""
+
+
+class _InJit(cst.CSTTransformer):
+    """Base: only nodes inside @triton.jit functions are rewritten."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.changed = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if _is_jit(node):
+            self.depth += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if _is_jit(original):
+            self.depth -= 1
+        return updated
+
+
+# ------------------------------------------------------------------------------ launch configuration
+class _LaunchKnobs(cst.CSTVisitor):
+    """Integer launch keywords of `kernel[grid](...)` calls, and wrapper defaults they are bound to."""
+
+    def __init__(self, kernels: set[str]) -> None:
+        self.kernels = kernels
+        self.literal: dict[str, int] = {}  # keyword -> value written at the launch
+        self.bound: dict[str, str] = {}  # keyword -> wrapper parameter name it is passed from
+        self.defaults: dict[str, int] = {}  # wrapper parameter -> its integer default
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        for p in node.params.params:
+            if p.default is not None and isinstance(p.default, cst.Integer):
+                self.defaults[p.name.value] = int(p.default.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Subscript) and _dotted(node.func.value) in self.kernels:
+            for arg in node.args:
+                if arg.keyword is None:
+                    continue
+                key = arg.keyword.value
+                if isinstance(arg.value, cst.Integer):
+                    self.literal[key] = int(arg.value.value)
+                elif isinstance(arg.value, cst.Name):
+                    self.bound[key] = arg.value.value
+
+
+class _SetKnob(cst.CSTTransformer):
+    def __init__(self, kernels: set[str], key: str, value: int, param: str | None) -> None:
+        self.kernels, self.key, self.value, self.param = kernels, key, value, param
+        self.done = False
+
+    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
+        if self.param and original.name.value == self.param and isinstance(original.default, cst.Integer):
+            self.done = True
+            return updated.with_changes(default=cst.Integer(str(self.value)))
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if self.param or not (isinstance(original.func, cst.Subscript) and _dotted(original.func.value) in self.kernels):
+            return updated
+        args = list(updated.args)
+        for i, arg in enumerate(args):
+            if arg.keyword is not None and arg.keyword.value == self.key:
+                args[i] = arg.with_changes(value=cst.Integer(str(self.value)))
+                break
+        else:
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            if args:
+                args[-1] = args[-1].with_changes(comma=comma)
+            args.append(cst.Arg(keyword=cst.Name(self.key), value=cst.Integer(str(self.value)),
+                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        self.done = True
+        return updated.with_changes(args=args)
+
+
+def _jit_names(module: cst.Module) -> set[str]:
+    return {n.name.value for n in module.body if isinstance(n, cst.FunctionDef) and _is_jit(n)}
+
+
+def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
+    """One knob per variant: num_warps, num_stages (for loops), and power-of-two block sizes halved or
+    doubled. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both ways)."""
+    module = cst.parse_module(source)
+    kernels = _jit_names(module)
+    knobs = _LaunchKnobs(kernels)
+    module.visit(knobs)
+    current: dict[str, tuple[int, str | None]] = {k: (v, None) for k, v in knobs.literal.items()}
+    for key, param in knobs.bound.items():
+        if param in knobs.defaults:
+            current[key] = (knobs.defaults[param], param)
+    direction = context.get("direction", "")
+    proposals: list[tuple[str, int]] = []
+    warps = current.get("num_warps", (4, None))[0]
+    for w in _WARPS:
+        if w != warps and (direction != "fewer-warps" or w < warps) and (direction != "more-warps" or w > warps):
+            proposals.append(("num_warps", w))
+    stages = current.get("num_stages", (3, None))[0]
+    if "loop" in context.get("features", "") or direction == "fewer-stages" or "num_stages" in current:
+        for s in _STAGES:
+            if s != stages and (direction != "fewer-stages" or s < stages):
+                proposals.append(("num_stages", s))
+    for key, (value, _) in current.items():
+        if key.upper() == key and value >= 16 and value & (value - 1) == 0 and direction not in ("fewer-stages",):
+            proposals += [(key, value * 2), (key, value // 2)]
+    # Nearest first: the search stays small and each variant is one step from the parent.
+    proposals.sort(key=lambda kv: abs(_log2(kv[1]) - _log2(current.get(kv[0], (4 if kv[0] == "num_warps" else 3,))[0])))
+    variants = []
+    for key, value in proposals[:_MAX_VARIANTS]:
+        param = current.get(key, (0, None))[1]
+        setter = _SetKnob(kernels, key, value, param)
+        new = module.visit(setter)
+        if setter.done:
+            variants.append(Variant({key: value}, new.code))
+    return variants
+
+
+def _log2(v: int) -> float:
+    import math
+
+    return math.log2(max(v, 1))
+
+
+# ------------------------------------------------------------------------------ loop pipelining
+class _Pipeline(_InJit):
+    def __init__(self, stages: int) -> None:
+        super().__init__()
+        self.stages = stages
+
+    def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
+        if not self.depth or not isinstance(updated.iter, cst.Call):
+            return updated
+        name = _dotted(updated.iter.func)
+        calls = {_dotted(c.func).split(".")[-1] for c in m.findall(original.body, m.Call())}  # type: ignore[union-attr]
+        if "load" not in calls or "dot" in calls or name not in ("range", "tl.range"):
+            return updated
+        args = list(updated.iter.args)
+        if any(a.keyword is not None and a.keyword.value == "num_stages" for a in args):
+            return updated
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        args[-1] = args[-1].with_changes(comma=comma)
+        args.append(cst.Arg(keyword=cst.Name("num_stages"), value=cst.Integer(str(self.stages)),
+                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        self.changed += 1
+        func = cst.Attribute(value=cst.Name("tl"), attr=cst.Name("range"))
+        return updated.with_changes(iter=updated.iter.with_changes(func=func, args=args))
+
+
+def tl_range_pipelining(source: str, context: dict[str, Any]) -> list[Variant]:
+    out = []
+    for stages in (3, 2, 4):
+        t = _Pipeline(stages)
+        new = cst.parse_module(source).visit(t)
+        if t.changed:
+            out.append(Variant({"num_stages": stages, "loops": t.changed}, new.code))
+    return out
+
+
+# ------------------------------------------------------------------------------ keyword rewrites
+class _DotPrecision(_InJit):
+    def __init__(self, precision: str) -> None:
+        super().__init__()
+        self.precision = precision
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.depth or _dotted(updated.func) != "tl.dot":
+            return updated
+        args = []
+        for arg in updated.args:
+            if arg.keyword is not None and arg.keyword.value == "input_precision" and m.matches(
+                    arg.value, m.SimpleString('"ieee"') | m.SimpleString("'ieee'")):
+                arg = arg.with_changes(value=cst.SimpleString(f'"{self.precision}"'))
+                self.changed += 1
+            elif arg.keyword is not None and arg.keyword.value == "allow_tf32" and m.matches(arg.value, m.Name("False")):
+                arg = arg.with_changes(keyword=cst.Name("input_precision"),
+                                       value=cst.SimpleString(f'"{self.precision}"'))
+                self.changed += 1
+            args.append(arg)
+        return updated.with_changes(args=args)
+
+
+def dot_input_precision(source: str, context: dict[str, Any]) -> list[Variant]:
+    # tf32 keeps 10 mantissa bits (about 1e-3 relative); tf32x3 recovers about fp32 accuracy.
+    rtol = float(context.get("fp32_rtol", 1e-4))
+    out = []
+    for precision in (("tf32", "tf32x3") if rtol >= 1e-3 else ("tf32x3",)):
+        t = _DotPrecision(precision)
+        new = cst.parse_module(source).visit(t)
+        if t.changed:
+            out.append(Variant({"input_precision": precision}, new.code))
+    return out
+
+
+class _DropInt64(_InJit):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if (self.depth and isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "to"
+                and len(updated.args) == 1 and _dotted(updated.args[0].value) in ("tl.int64", "tl.uint64")):
+            self.changed += 1
+            return updated.func.value
+        return updated
+
+
+class _RelaxAtomics(_InJit):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        name = _dotted(updated.func)
+        if not self.depth or not name.startswith("tl.atomic_") or name == "tl.atomic_cas":
+            return updated
+        if any(a.keyword is not None and a.keyword.value == "sem" for a in updated.args):
+            return updated
+        args = list(updated.args)
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(cst.Arg(keyword=cst.Name("sem"), value=cst.SimpleString('"relaxed"'),
+                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        self.changed += 1
+        return updated.with_changes(args=args)
+
+
+class _Exp2(_InJit):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.depth or _dotted(updated.func) != "tl.exp" or len(updated.args) != 1:
+            return updated
+        self.changed += 1
+        scaled = cst.BinaryOperation(left=cst.ensure_type(updated.args[0].value, cst.BaseExpression),
+                                     operator=cst.Multiply(), right=cst.Float(_LOG2E))
+        if isinstance(updated.args[0].value, cst.BinaryOperation):
+            scaled = scaled.with_changes(left=updated.args[0].value.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
+        return updated.with_changes(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("exp2")),
+                                    args=[cst.Arg(scaled)])
+
+
+def _one(transformer: Callable[[], _InJit], params: dict[str, Any]) -> Rewriter:
+    def rewriter(source: str, context: dict[str, Any]) -> list[Variant]:
+        t = transformer()
+        new = cst.parse_module(source).visit(t)
+        return [Variant({**params, "sites": t.changed}, new.code)] if t.changed else []
+    return rewriter
+
+
+REWRITERS: dict[str, Rewriter] = {
+    "block-size-num-warps": launch_config,
+    "autotune-configs": launch_config,
+    "warp-local-reduction": lambda s, c: launch_config(s, {**c, "direction": "fewer-warps"}),
+    "reduce-register-pressure": lambda s, c: launch_config(s, {**c, "direction": "more-warps"}),
+    "num-stages": lambda s, c: launch_config(s, {**c, "direction": "fewer-stages" if "shared-memory" in
+                                                 c.get("finding", "") else ""}),
+    "tl-range-pipelining": tl_range_pipelining,
+    "dot-input-precision-tf32": dot_input_precision,
+    "int32-offsets": _one(_DropInt64, {"cast": "removed int64"}),
+    "relaxed-atomics": _one(_RelaxAtomics, {"sem": "relaxed"}),
+    "exp2-fast-math": _one(_Exp2, {"exp": "exp2"}),
+}
+
+
+def rewrite(pattern_id: str, source: str, context: dict[str, Any]) -> list[Variant]:
+    """Variants of `source` under the pattern's rewrite; [] when it has no rewriter or does not apply."""
+    rewriter = REWRITERS.get(pattern_id)
+    if rewriter is None:
+        return []
+    return [v for v in rewriter(source, context) if v.source != source]

@@ -1,0 +1,135 @@
+"""The rounds store: one SQLite file per optimize run, written before and after every step.
+
+A run directory holds `rounds.sqlite` (WAL, so a kill -9 between statements loses nothing that was
+committed), the baseline and every candidate kernel file, and `best.py`. A round moves through
+states, each committed before the next step starts:
+
+    planned    hypothesis chosen (finding, pattern, rewriter, parameters, evidence ids, level)
+    rewritten  candidate file and diff written
+    done       validated: accepted, or rejected with its reason, with per-case timings
+
+Resuming re-enters the first round that is not done: a planned round is rewritten again (the rewrite
+is deterministic or re-asked), a rewritten one is validated again; no done round is repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserFacingError
+
+__all__ = ["Round", "RoundsStore", "RunInfo"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS run (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, spec TEXT NOT NULL, options TEXT NOT NULL, created REAL NOT NULL,
+    status TEXT NOT NULL, baseline TEXT, best_round INTEGER, best_path TEXT, note TEXT
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    idx INTEGER PRIMARY KEY, parent INTEGER, state TEXT NOT NULL, hypothesis TEXT NOT NULL, key TEXT NOT NULL,
+    level TEXT, evidence TEXT, rewriter TEXT, candidate TEXT, diff TEXT, outcome TEXT, reason TEXT,
+    timings TEXT, speedup REAL, started REAL, finished REAL
+);
+"""
+
+
+@dataclass
+class RunInfo:
+    id: str
+    task: str
+    spec: dict[str, Any]
+    options: dict[str, Any]
+    created: float
+    status: str  # "running" | "finished" | "interrupted"
+    baseline: dict[str, Any] | None
+    best_round: int | None
+    best_path: str | None
+    note: str | None
+
+
+@dataclass
+class Round:
+    idx: int
+    parent: int | None  # the round whose kernel this one rewrote (None: the task's own kernel)
+    state: str  # planned | rewritten | done
+    hypothesis: dict[str, Any]
+    key: str  # what was tried, on which parent: never retried blindly
+    level: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    rewriter: str | None = None
+    candidate: str | None = None
+    diff: str | None = None
+    outcome: str | None = None  # accepted | rejected | failed
+    reason: str | None = None
+    timings: dict[str, Any] | None = None
+    speedup: float | None = None
+    started: float | None = None
+    finished: float | None = None
+
+
+class RoundsStore:
+    def __init__(self, run_dir: str | Path, create: bool = False) -> None:
+        self.dir = Path(run_dir)
+        path = self.dir / "rounds.sqlite"
+        if not create and not path.is_file():
+            raise UserFacingError(f"{self.dir} is not an optimize run (no rounds.sqlite)",
+                                  "pass a directory written by `kb optimize` (see `kb rounds list`)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---------------------------------------------------------------- run
+    def create_run(self, run_id: str, task: str, spec: dict[str, Any], options: dict[str, Any]) -> None:
+        self._db.execute("INSERT INTO run (id, task, spec, options, created, status) VALUES (?, ?, ?, ?, ?, 'running')",
+                         (run_id, task, json.dumps(spec), json.dumps(options), time.time()))
+
+    def run(self) -> RunInfo:
+        row = self._db.execute("SELECT id, task, spec, options, created, status, baseline, best_round, best_path, note "
+                               "FROM run").fetchone()
+        if row is None:
+            raise UserFacingError(f"{self.dir} holds no run record", "start a new run with `kb optimize TASK`")
+        return RunInfo(row[0], row[1], json.loads(row[2]), json.loads(row[3]), row[4], row[5],
+                       json.loads(row[6]) if row[6] else None, row[7], row[8], row[9])
+
+    def update_run(self, **fields: Any) -> None:
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        values = [json.dumps(v) if k == "baseline" else v for k, v in fields.items()]
+        self._db.execute(f"UPDATE run SET {cols}", values)
+
+    # ---------------------------------------------------------------- rounds
+    def plan(self, r: Round) -> None:
+        self._db.execute(
+            "INSERT INTO rounds (idx, parent, state, hypothesis, key, level, evidence, rewriter, started) "
+            "VALUES (?, ?, 'planned', ?, ?, ?, ?, ?, ?)",
+            (r.idx, r.parent, json.dumps(r.hypothesis), r.key, r.level, json.dumps(r.evidence), r.rewriter, time.time()))
+
+    def rewritten(self, idx: int, candidate: str, diff: str) -> None:
+        self._db.execute("UPDATE rounds SET state = 'rewritten', candidate = ?, diff = ? WHERE idx = ?",
+                         (candidate, diff, idx))
+
+    def done(self, idx: int, outcome: str, reason: str, timings: dict[str, Any] | None = None,
+             speedup: float | None = None) -> None:
+        self._db.execute("UPDATE rounds SET state = 'done', outcome = ?, reason = ?, timings = ?, speedup = ?, "
+                         "finished = ? WHERE idx = ?",
+                         (outcome, reason, json.dumps(timings) if timings is not None else None, speedup, time.time(),
+                          idx))
+
+    def rounds(self) -> list[Round]:
+        rows = self._db.execute("SELECT idx, parent, state, hypothesis, key, level, evidence, rewriter, candidate, diff, "
+                                "outcome, reason, timings, speedup, started, finished FROM rounds ORDER BY idx")
+        return [Round(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], json.loads(r[6] or "[]"), r[7], r[8], r[9],
+                      r[10], r[11], json.loads(r[12]) if r[12] else None, r[13], r[14], r[15]) for r in rows]
+
+    def tried(self) -> dict[str, str]:
+        """key -> outcome of every finished round (a rejected hypothesis on the same parent is not retried)."""
+        return {r.key: r.outcome or "" for r in self.rounds() if r.state == "done"}
