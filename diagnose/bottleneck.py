@@ -33,6 +33,15 @@ def _timed(report: RunReport) -> list[CaseResult]:
     return [c for c in (run.cases if run else []) if c.timing is not None and not c.heldout]
 
 
+def _numeric(profile: dict) -> dict:
+    """A profile with non-numeric metric values dropped (a hand-edited or foreign report)."""
+    keys = ("dram_throughput_pct", "sm_throughput_pct", "achieved_occupancy_pct", "block_dim")
+    out = {k: v for k, v in profile.items() if k not in keys or isinstance(v, (int, float))}
+    pipes = profile.get("pipes")
+    out["pipes"] = {k: v for k, v in pipes.items() if isinstance(v, (int, float))} if isinstance(pipes, dict) else {}
+    return out
+
+
 def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
     cases = _timed(report)
     if not cases:
@@ -76,10 +85,11 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
                                     "A tensor-core matmul runs an order of magnitude above the fp32 CUDA-core rate; "
                                     "this one does not, so its dots are on FMA or its tensor cores starve.",
                                     [ev], [], "", "L2", 0.75))
-    profiles = [c.profile for c in cases if c.profile]
+    profiles = [c.profile for c in cases if isinstance(c.profile, dict)]
     if profiles:
-        p = profiles[-1]  # the largest case: the one whose behaviour dominates
-        stalls = dict((s[0], s[1]) for s in p.get("top_stalls", []))
+        p = _numeric(profiles[-1])  # the largest case: the one whose behaviour dominates
+        stalls = {str(s[0]): float(s[1]) for s in p.get("top_stalls", [])
+                  if isinstance(s, (list, tuple)) and len(s) == 2 and isinstance(s[1], (int, float))}
         long_sb = max((v for k, v in stalls.items() if "long_scoreboard" in k), default=0.0)
         dram = p.get("dram_throughput_pct")
         occ = p.get("achieved_occupancy_pct")

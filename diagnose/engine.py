@@ -97,6 +97,9 @@ def diagnose(
         raise UserFacingError(f"unknown strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
     if level_max not in LEVELS:
         raise UserFacingError(f"unknown level {level_max!r}", "use --level-max L1, L2, L3 or L4")
+    if strategy == "profile-only" and LEVELS.index(level_max) < LEVELS.index("L2"):
+        raise UserFacingError("--strategy profile-only runs L2, above --level-max " + level_max,
+                              "drop --level-max or set it to L2 or deeper")
     if strategy == "profile-only" and request.report is None:
         raise UserFacingError("--strategy profile-only needs measurements",
                               "pass --measurements REPORT.json from `kb run --json --profile` on the device")
@@ -162,7 +165,7 @@ class _State:
         from diagnose.features import kernel_features
         from diagnose.triage import triage
 
-        found = triage(kernel_features(self.request.kernel_file), self.log)
+        found = triage(kernel_features(self.request.kernel_file), self.log, self.request.target)
         self.findings += [f for f in found if self.topics is None or f.topic in self.topics]
         return True
 
@@ -175,6 +178,7 @@ class _State:
 
         found = classify(self.request.report, self.log)
         self.findings += [f for f in found if self.topics is None or f.topic in self.topics or f.kind.startswith("profile.")]
+        self._temper_by_measurements(self.findings)
         return True
 
     def _l3(self) -> bool:
@@ -347,10 +351,6 @@ class _KBView:
         self.releases: list[str] = []
         self._patterns: Any = None
         self._compilers: list[Any] = []
-
-    @property
-    def release(self) -> str | None:
-        return ", ".join(self.releases) or None
 
     @classmethod
     def open(cls, home: KBHome | None, release: str | None, notes: list[str]) -> "_KBView":

@@ -122,12 +122,14 @@ def evaluate_diagnosis(cases: list[GoldCase], home: KBHome | None, release: str 
     roots = _release_roots(home)
     for i, case in enumerate(cases):
         started = time.perf_counter()
-        request = request_for(case)
         try:
+            request = request_for(case)
             answer = diagnose(request, home, release, strategy, level_max)
-        except UserFacingError as exc:
+        except (UserFacingError, ValueError, KeyError, TypeError, AttributeError) as exc:
             outcomes.append(CaseOutcome(case.id, case.root_cause, case.level, [], "", 0.0, False, False, False,
-                                        False, 0, [], [], str(exc)))
+                                        False, 0, [], [], f"{type(exc).__name__}: {exc}"))
+            if progress:
+                progress(i + 1, len(cases))
             continue
         seconds = time.perf_counter() - started
         kinds = list(dict.fromkeys(f.kind for f in answer.ranked()))
@@ -167,7 +169,7 @@ def _summary(outcomes: list[CaseOutcome], strategy: str, level_max: str) -> dict
         "false_positive_rate": rate(healthy, "false_positive"),
         "citations": cited,
         "citation_validity": round(1 - invalid / cited, 4) if cited else None,
-        "median_seconds": round(median(o.seconds for o in outcomes if not o.error), 3) if outcomes else None,
+        "median_seconds": round(median(ok), 3) if (ok := [o.seconds for o in outcomes if not o.error]) else None,
         "errors": [f"{o.id}: {o.error}" for o in outcomes if o.error],
         "per_case": [asdict(o) for o in outcomes],
     }

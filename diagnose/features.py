@@ -50,6 +50,7 @@ class KernelFeatures:
     hints: list[Site] = field(default_factory=list)  # multiple_of, max_contiguous, assume
     block_pointers: list[Site] = field(default_factory=list)  # make_block_ptr / make_tensor_descriptor
     launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
+    launch_line: int = 0  # the line of the first kernel[grid](...) call
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,7 +91,11 @@ class _KernelVisitor(ast.NodeVisitor):
         kind = _name(call.func) if call else "iter"
         body = ast.Module(body=node.body, type_ignores=[])
         names = {_name(n.func).split(".")[-1] for n in ast.walk(body) if isinstance(n, ast.Call)}
-        stages = _const(_kw(call, "num_stages")) if call else None
+        stages_node = _kw(call, "num_stages") if call else None
+        if call is not None and stages_node is None and kind.endswith("tl.range") and len(call.args) >= 4:
+            stages_node = call.args[3]  # tl.range(start, end, step, num_stages)
+        stages = (_const(stages_node) if isinstance(stages_node, ast.Constant) else
+                  ast.unparse(stages_node) if stages_node is not None else None)
         bounds = ", ".join(ast.unparse(a) for a in call.args) if call else ""
         detail = ",".join(x for x in ("loads" if "load" in names else "", "dot" if "dot" in names else "",
                                       f"num_stages={stages}" if stages is not None else "") if x)
@@ -101,7 +106,11 @@ class _KernelVisitor(ast.NodeVisitor):
         self.generic_visit(node)
         self.loop_depth -= 1
 
-    visit_While = visit_For  # type: ignore[assignment]
+    def visit_While(self, node: ast.While) -> None:
+        self.f.loops.append(Site(node.lineno, "while", "", self.loop_depth > 0))
+        self.loop_depth += 1
+        self.generic_visit(node)
+        self.loop_depth -= 1
 
     def visit_Call(self, node: ast.Call) -> None:
         name = _name(node.func)
@@ -122,7 +131,7 @@ class _KernelVisitor(ast.NodeVisitor):
             self.f.atomics.append(Site(node.lineno, name, str(_const(_kw(node, "sem")) or "default"), loop))
         elif leaf == "to" and node.args and _name(node.args[0]) in ("tl.int64", "tl.uint64"):
             self.f.int64_casts.append(Site(node.lineno, "to(int64)", "", loop))
-        elif name.startswith(("libdevice.", "tl.extra.", "tl.math.")) and leaf not in ("exp2", "log2", "fma", "rsqrt"):
+        elif name.startswith(("libdevice.", "tl.extra.")) and leaf not in ("exp2", "log2", "fma", "rsqrt", "sqrt"):
             self.f.libdevice.append(Site(node.lineno, name, "", loop))
         elif name in ("tl.trans", "tl.permute") or (leaf == "trans" and isinstance(node.func, ast.Attribute)):
             self.f.transposes.append(Site(node.lineno, name, "", loop))
@@ -167,6 +176,7 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and _name(node.func.value) in names:
+            feats.launch_line = feats.launch_line or node.lineno
             for kw in node.keywords:
                 if kw.arg and isinstance(kw.value, ast.Constant):
                     feats.launch.setdefault(kw.arg, kw.value.value)

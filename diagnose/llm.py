@@ -16,7 +16,7 @@ from typing import Any
 
 from diagnose.records import Answer
 from diagnose.render import to_markdown
-from harness.errors import first_line
+from harness.errors import UserFacingError, first_line
 
 __all__ = ["LLMConfig", "chat", "narrate", "rewrite_kernel"]
 
@@ -40,12 +40,18 @@ class LLMConfig:
         base_url = os.environ.get("KB_LLM_BASE_URL", "").strip()
         if not base_url:
             return None
+        try:
+            timeout_s = float(os.environ.get("KB_LLM_TIMEOUT", "60"))
+            retries = int(os.environ.get("KB_LLM_RETRIES", "2"))
+        except ValueError as exc:
+            raise UserFacingError(f"KB_LLM_TIMEOUT / KB_LLM_RETRIES must be numbers ({exc})",
+                                  "e.g. KB_LLM_TIMEOUT=60 KB_LLM_RETRIES=2") from exc
         return cls(
             base_url=base_url,
             model=os.environ.get("KB_LLM_MODEL", "gpt-4o-mini"),
             api_key=os.environ.get("KB_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "unused",
-            timeout_s=float(os.environ.get("KB_LLM_TIMEOUT", "60")),
-            max_retries=int(os.environ.get("KB_LLM_RETRIES", "2")),
+            timeout_s=timeout_s,
+            max_retries=retries,
         )
 
 

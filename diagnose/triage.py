@@ -33,10 +33,13 @@ def _source_line(path: str, line: int) -> str:
     return ""
 
 
-def triage(feats: KernelFeatures, log: EvidenceLog) -> list[Finding]:
+def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> list[Finding]:
+    """Suspicions from the source. Rules about NVIDIA lowering (vector widths, shared memory, the
+    pipeliner, FMA dots) apply only to CUDA targets; index math and atomics are target-neutral."""
     out: list[Finding] = []
     name = feats.file.rsplit("/", 1)[-1]
-    for loop in feats.loops:
+    cuda = target.split(":")[0] == "cuda"
+    for loop in feats.loops if cuda else ():
         if "loads" in loop.detail and "dot" not in loop.detail and "num_stages" not in loop.detail \
                 and loop.what in ("range", "tl.range") and not loop.in_loop:
             ev = _ev(log, feats, loop, f"the loop at {name}:{loop.line} loads global memory, has no tl.dot, and does "
@@ -45,7 +48,7 @@ def triage(feats: KernelFeatures, log: EvidenceLog) -> list[Finding]:
                                "Triton pipelines only loads that feed a tl.dot unless the loop carries num_stages "
                                "(tl.range docstring), so each iteration waits for its load.",
                                [ev], [loop.line], "tritongpu-assign-latencies", "L1", 0.85))
-    for dot in feats.dots:
+    for dot in feats.dots if cuda else ():
         if dot.detail == "ieee":
             ev = _ev(log, feats, dot, f"the tl.dot at {name}:{dot.line} asks for input_precision=\"ieee\"")
             out.append(Finding("dot.fma", "tensor-cores", f"the dot at {name}:{dot.line} may run on FMA (ieee precision)",
@@ -72,10 +75,11 @@ def triage(feats: KernelFeatures, log: EvidenceLog) -> list[Finding]:
     for s in feats.atomics:
         if s.detail == "default":
             ev = _ev(log, feats, s, f"`{s.what}` at {name}:{s.line} uses the default acq_rel ordering")
-            out.append(Finding("atomics.contended", "atomics", f"per-element acq_rel atomic at {name}:{s.line}",
-                               "Atomics default to acq_rel at gpu scope, one per element.", [ev], [s.line], "", "L1", 0.5))
+            out.append(Finding("atomics.contended", "atomics", f"acq_rel atomic at {name}:{s.line}",
+                               "Atomics default to acq_rel at gpu scope; whether they are per element and contended "
+                               "shows in the IR.", [ev], [s.line], "", "L1", 0.4))
             break
-    for s in feats.transposes:
+    for s in feats.transposes if cuda else ():
         if s.in_loop:
             ev = _ev(log, feats, s, f"`{s.what}` inside a loop at {name}:{s.line}")
             out.append(Finding("layout.convert", "layout", f"a transpose inside the loop at {name}:{s.line}",
@@ -83,13 +87,13 @@ def triage(feats: KernelFeatures, log: EvidenceLog) -> list[Finding]:
                                [s.line], "", "L1", 0.4))
             break
     block, warps = feats.launch.get("BLOCK"), feats.launch.get("num_warps", 4)
-    if isinstance(block, int) and isinstance(warps, int) and warps > 0 and not feats.dots:
+    if cuda and isinstance(block, int) and isinstance(warps, int) and warps > 0 and not feats.dots:
         per_thread = block / (32 * warps)
         if per_thread < 4:
-            site = next((s for s in feats.loads), Site(1, ""))
+            site = Site(feats.launch_line or 1, "launch")
             ev = log.add("L1", "kernel", f"the launch passes BLOCK={block} with num_warps={warps}: {block} elements over "
-                         f"{32 * warps} threads is {per_thread:g} per thread", f"{name}:launch",
-                         f"BLOCK={block}, num_warps={warps}")
+                         f"{32 * warps} threads is {per_thread:g} per thread", f"{name}:{site.line}",
+                         _source_line(feats.file, site.line))
             out.append(Finding("vectorization.small-tile", "vectorization",
                                f"{per_thread:g} element(s) per thread: BLOCK={block} over num_warps={warps}",
                                "A 128-bit access needs 4 consecutive fp32 elements per thread; fewer elements per "
@@ -97,20 +101,20 @@ def triage(feats: KernelFeatures, log: EvidenceLog) -> list[Finding]:
                                0.85 if per_thread <= 1 else 0.6))
     bm, bn, bk = (feats.launch.get(k) for k in ("BM", "BN", "BK"))
     stages = feats.launch.get("num_stages", 3)
-    if feats.dots and all(isinstance(v, int) for v in (bm, bn, bk, stages)):
+    if cuda and feats.dots and all(isinstance(v, int) for v in (bm, bn, bk, stages)):
         need = stages * (bm * bk + bk * bn) * 2  # 16-bit operands assumed; fp32 doubles it
         if need > _SHARED_LIMIT_SM90:
             ev = log.add("L1", "kernel", f"BM={bm}, BN={bn}, BK={bk}, num_stages={stages}: {stages} buffers of the A and "
-                         f"B tiles need at least {need} bytes of shared memory (2-byte elements)", f"{name}:launch",
-                         f"BM={bm}, BN={bn}, BK={bk}, num_stages={stages}")
+                         f"B tiles need at least {need} bytes of shared memory (2-byte elements)",
+                         f"{name}:{feats.launch_line or 1}", _source_line(feats.file, feats.launch_line or 1))
             out.append(Finding("resources.shared-memory-over-limit", "resources",
                                f"num_stages={stages} of {bm}x{bk} and {bk}x{bn} tiles exceed sm90 shared memory",
                                "Pipelined operands are buffered num_stages times in shared memory.", [ev], [],
                                "allocate-shared-memory", "L1", 0.7))
     masked = [s for s in feats.loads + feats.stores if s.detail == "masked"]
-    if masked:
+    if masked and cuda:
         s = masked[0]
-        ev = _ev(log, feats, s, f"the access at {name}:{s.line} is masked on every block")
+        ev = _ev(log, feats, s, f"the access at {name}:{s.line} carries a mask")
         out.append(Finding("vectorization.mask", "vectorization", f"masked accesses at {name}:{s.line}",
                            "A mask bounded by a size that is not a multiple of 16 caps the vector width; whether it "
                            "is depends on the launch.", [ev], [x.line for x in masked], "", "L1", 0.3))

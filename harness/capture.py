@@ -191,9 +191,12 @@ def _resolve_grid(fn: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, A
     """The grid as numbers: a callable grid gets the launch's named arguments, as Triton passes them."""
     try:
         if callable(grid):
-            named = dict(zip(getattr(fn, "arg_names", []), args))
-            named.update(kwargs)
-            grid = grid(named)
+            import inspect
+
+            bound = inspect.signature(fn.fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
+                                                                   if k in getattr(fn, "arg_names", [])})
+            bound.apply_defaults()
+            grid = grid({**kwargs, **bound.arguments})
         return [int(g) for g in grid]
     except Exception:  # noqa: BLE001 - an unusual grid leaves the record without one, nothing else
         return None

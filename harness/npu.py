@@ -38,24 +38,23 @@ def collect_debug_dumps(dump_dir: str | Path, triton_version: str = "", write: b
     if not root.is_dir():
         return []
     dump = read_ir_dump(root)
+    # Key every snapshot by the directory its file sits in: a kernel's hash directory, or the root
+    # itself when DIR is one kernel's directory.
     by_kernel: dict[str, dict[str, str]] = defaultdict(dict)
-    for stage in dump.stages:
-        if stage.kind == "stage":
-            by_kernel[stage.kernel][stage.pass_arg] = stage.text
-    for stage in dump.stages:
-        if stage.kind == "pass":
-            # A stream file sits in a kernel's hash directory; its kernel is that directory.
-            kernel = str(Path(stage.source).parent) if Path(stage.source).parent != Path(".") else stage.kernel
-            by_kernel[kernel][f"pass:{stage.pass_arg}"] = stage.text
+    for stage in sorted(dump.stages, key=lambda st: st.kind != "stage"):
+        directory = Path(stage.source).parent.as_posix()
+        name = stage.pass_arg if stage.kind == "stage" else f"pass:{stage.pass_arg}"
+        by_kernel[directory][name] = stage.text
     records = []
     for kernel_dir, stages in sorted(by_kernel.items()):
         ttir = stages.get("ttir", "") or next(iter(stages.values()))
         match = _FUNC.search(ttir)
         output = "\n".join(p.read_text(errors="replace")[:_OUTPUT_LIMIT] for p in sorted((root / kernel_dir).glob("*"))
                            if p.suffix in _OUTPUT_SUFFIXES and p.is_file())
-        record = Artifacts(kernel=match.group(1) if match else kernel_dir, source_file=source_file, target="npu",
+        where = (root / kernel_dir).resolve()
+        record = Artifacts(kernel=match.group(1) if match else where.name, source_file=source_file, target="npu",
                            triton_version=triton_version, signature={}, constants={}, arg_attrs={}, options={},
-                           stages=stages, metadata={"hash": Path(kernel_dir).name, "dump_dir": str(root / kernel_dir),
+                           stages=stages, metadata={"hash": where.name, "dump_dir": str(where),
                                                     "problems": dump.problems, "compiler_output": output},
                            launched_on="device")
         if write:

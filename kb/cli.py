@@ -579,7 +579,7 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
     if measurements:
         try:
             report = RunReport.from_dict(json.loads(Path(measurements).read_text()))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UserFacingError(f"{measurements} is not a run report ({type(exc).__name__}: {exc})",
                                   "pass the JSON that `kb run --json` prints") from exc
     kb_home = _diagnosis_home(ctx)

@@ -55,6 +55,25 @@ def test_triage_confidence_says_how_much_the_source_decides():
     assert all(e.level == "L1" and e.source.split(":")[0].endswith(".py") for e in log.items)
 
 
+def test_features_of_while_loops_and_named_stages(tmp_path):
+    k = tmp_path / "k.py"
+    k.write_text("import triton, triton.language as tl\n@triton.jit\ndef f(x_ptr, n, NS: tl.constexpr):\n"
+                 "    i = 0\n    while i < n:\n        tl.load(x_ptr + i)\n        i += 1\n"
+                 "    for j in tl.range(0, n, 1, NS):\n        tl.load(x_ptr + j)\n")
+    f = kernel_features(k)
+    assert [(s.what, s.detail) for s in f.loops] == [("while", ""), ("tl.range", "loads,num_stages=NS")]
+    assert [x.kind for x in triage(f, EvidenceLog())] == []  # a named num_stages is asking for pipelining
+
+
+def test_a_dump_dir_may_be_one_kernels_hash_directory():
+    case = _case("ascend-ub-overflow")
+    hash_dir = next(case.dump.iterdir())
+    answer = diagnose(DiagnosisRequest(str(case.kernel), lambda: __import__("harness.npu", fromlist=["x"])
+                                       .collect_debug_dumps(hash_dir, write=False, source_file=str(case.kernel)),
+                                       target="npu"), home=None)
+    assert answer.ranked()[0].kind == "ascend.ub-overflow"
+
+
 def test_bad_kernel_source_is_one_clear_error(tmp_path):
     bad = tmp_path / "k.py"
     bad.write_text("def broken(:\n")

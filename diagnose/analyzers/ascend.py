@@ -48,6 +48,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         return findings
     loop_lines = in_loops(adapter)
     discrete = [op for op in ir.op_source_lines(adapter) if "DiscreteMemAccess" in op.text]
+    # Untagged scalar loads in a loop are the same symptom without the pass's own tag: weaker evidence.
     scalar = [op for op in ir.op_source_lines(adapter, {"memref.load", "tensor.extract"}) if op.ir_line in loop_lines]
     if discrete or scalar:
         op = (discrete or scalar)[0]
@@ -60,7 +61,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             "triton-to-unstructure could not prove a structured (contiguous, 32-byte-multiple) offset for this access "
             "(offsets from loaded indices, modulo, or an inner extent that is not a 32 B multiple), so it became a "
             "loop of scalar loads instead of one DMA.", chain, sorted({o.loc.line for o in discrete + scalar if o.loc}),
-            "triton-to-unstructure", confidence=0.9))
+            "triton-to-unstructure", confidence=0.9 if discrete else 0.6))
     int_ops = [(op, m) for op in ir.op_source_lines(adapter) if (m := _INT_TENSOR_OP.search(op.text))
                and (m.group("t") == "i64" or m.group("op") == "cmpi")]
     if int_ops:

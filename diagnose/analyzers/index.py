@@ -31,8 +31,9 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             chain.append(log.add("L3", "ttir", f"argument(s) {', '.join(i64_args)} were specialized as i64 "
                                  "(values outside int32)", "ttir", ", ".join(i64_args)))
         n64 = sum(ptx.count(k) for k in ("add.s64", "mul.lo.s64", "setp.lt.s64", "setp.ge.s64", "shl.b64"))
-        chain.append(log.add("L3", "ptx", f"PTX has {n64} 64-bit integer add/mul/compare/shift instructions", "ptx",
-                             "add.s64 / mul.lo.s64 / setp.*.s64"))
+        if n64:
+            chain.append(log.add("L3", "ptx", f"PTX has {n64} 64-bit integer add/mul/compare/shift instructions",
+                                 "ptx", "add.s64 / mul.lo.s64 / setp.*.s64"))
         findings.append(Finding(
             "index.int64", "index-math", f"offsets at {src}:{line} are computed in int64",
             "Every per-element offset, compare and address add is a 64-bit operation (two registers and extra "
@@ -50,9 +51,14 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         chain = [log_op(log, "ttir", o, f"`{o.op}` by a runtime value at {src}:{o.loc.line if o.loc else 0}")
                  for o in divs[:2]]
         n = sum(ptx.count(k) for k in ("div.s32", "rem.s32", "div.u32", "rem.u32", "div.s64", "rem.s64"))
-        chain.append(log.add("L3", "ptx", f"PTX has {n} integer division/remainder instructions (each a long "
-                             "emulated sequence)", "ptx", "div.s32 / rem.s32"))
-        remark = next((r for r in art.remarks if "vectorization fails" in r.message and r.line > line), None)
+        if n:
+            chain.append(log.add("L3", "ptx", f"PTX has {n} integer division/remainder instructions (each a long "
+                                 "emulated sequence)", "ptx", "div.s32 / rem.s32"))
+        # The loads whose address goes through the division are the ones it can cost vectorization.
+        from diagnose.analyzers.vectorization import _address_terms
+
+        remark = next((r for r in art.remarks if "vectorization fails" in r.message and _address_terms(ttir, r.line)[2]),
+                      None)
         if remark is not None:
             chain.append(log.add("L3", "remark", f"the compiler reports at {src}:{remark.line}: {remark.message}",
                                  f"{src}:{remark.line}:{remark.col}", remark.message))

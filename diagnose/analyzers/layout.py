@@ -51,14 +51,16 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         line = op.loc.line if op.loc else 0
         chain = [log_op(log, "ttgir", op, f"a `ttg.convert_layout` at {src}:{line} survives inside the loop body")]
         ptx = art.stages.get("ptx", "")
-        if "bar.sync" in ptx and "st.shared" in ptx:
-            chain.append(log.add("L3", "ptx", f"PTX moves data through shared memory: {ptx.count('st.shared')} x "
-                                 f"`st.shared`, {ptx.count('bar.sync')} x `bar.sync`", "ptx", "st.shared ... bar.sync"))
+        through_smem = "bar.sync" in ptx and "st.shared" in ptx
+        if through_smem:
+            chain.append(log.add("L3", "ptx", f"the kernel's PTX stages data in shared memory: {ptx.count('st.shared')} "
+                                 f"x `st.shared`, {ptx.count('bar.sync')} x `bar.sync`", "ptx", "st.shared ... bar.sync"))
         findings.append(Finding(
             "layout.convert", "layout", f"a layout conversion at {src}:{line} runs every loop iteration",
             "Two ops in the loop want the same tensor in different register layouts (e.g. tl.trans, a reduction "
             "axis, or a dot operand); RemoveLayoutConversions could not hoist or fold the conversion, so each "
-            "iteration shuffles the tile through shared memory with barriers.",
+            "iteration re-lays the tile out" + (", and this kernel's PTX does so through shared memory and barriers."
+                                                if through_smem else " (in registers or with warp shuffles)."),
             chain, sorted({c.loc.line for c in converts if c.loc}), "tritongpu-remove-layout-conversions"))
     layouts = {alias: m.group("body") for m in _BLOCKED.finditer(ttgir) for alias in [m.group(1)]}
     for op in ir.op_source_lines(ttgir, {"tt.reduce"}):

@@ -81,9 +81,10 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                 chain.append(log_op(log, "ttgir", dot, "the loop's dot is an async warp-group MMA (wgmma)"))
             findings.append(Finding(
                 "dot.wgmma-serialized", "tensor-cores", f"the wgmma at {src}:{line} is serialized every iteration",
-                "The accumulator is used by something other than the next dot inside the loop (a rescale, a "
-                "conditional, a second use), so the wgmma pipeliner cannot keep one wgmma in flight while the next "
-                "tile loads: each iteration drains the tensor cores (dotCanBeProperlyAsync refuses).",
+                "The compiler waits for every wgmma in flight inside the loop, so the tensor cores drain each "
+                "iteration instead of overlapping the next tile. The wgmma pipeliner keeps a dot in flight only when "
+                "its accumulator feeds nothing but the next dot (a rescale or second use of the accumulator in the "
+                "loop prevents it).",
                 chain, [line], "tritongpu-pipeline"))
     return findings
 

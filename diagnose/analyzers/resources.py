@@ -21,9 +21,10 @@ _HELPERS = ("__nv_isnan", "__nv_isinf", "__nv_fadd_rn", "__nv_fmul_rn", "__nv_fm
 _ATOM = re.compile(r"atom\.global(?:\.(?P<sem>acq_rel|acquire|release|relaxed))?(?:\.(?P<scope>gpu|sys|cta))?")
 
 
-def _capability(target: str) -> int:
-    m = re.search(r":(\d+)", target)
-    return int(m.group(1)) if m else 90
+def _capability(target: str) -> int | None:
+    """The CUDA compute capability of a "cuda:90" target; None for other backends."""
+    m = re.fullmatch(r"cuda:(\d+)\w*", target)
+    return int(m.group(1)) if m else None
 
 
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
@@ -31,7 +32,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     src = short(art.source_file)
     shared = int(art.metadata.get("shared") or 0)
     cap = _capability(art.target)
-    limit = SHARED_LIMIT.get(cap)
+    limit = SHARED_LIMIT.get(cap) if cap is not None else None
     if limit and shared:
         stages, warps = art.options.get("num_stages"), art.options.get("num_warps")
         ev = log.add("L3", "metadata", f"the kernel needs {shared} bytes of shared memory per block "
@@ -63,8 +64,8 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                                  "a splat/broadcast of one pointer)", "ttir", op.text[:200]))
         if same_address or sem == "acq_rel":
             findings.append(Finding(
-                "atomics.contended", "atomics", f"the atomic at {src}:{line} is per element"
-                + (" on one address" if same_address else "") + f" with {sem} ordering",
+                "atomics.contended", "atomics", f"the atomic at {src}:{line} issues {len(atoms)} `atom.global` "
+                + ("on one address " if same_address else "") + f"with {sem} ordering",
                 "Each element is its own read-modify-write at gpu scope; acq_rel adds ordering fences, and lanes "
                 "hitting one address serialize in the memory system. Reducing in registers first (tl.sum) leaves one "
                 "atomic per program.", chain, [line], "convert-triton-gpu-to-llvm",

@@ -108,6 +108,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     ttir = art.stages.get("ttir", "")
     findings: list[Finding] = []
     healthy_evidence: list[str] = []
+    skipped = 0  # accesses another analyzer owns
     tile_lines = {op.loc.line for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"})
                   if op.loc and "tensor<" in op.text.split(" : ")[-1]} if ttir else set()
     for (line, kind), group in sorted(by_line.items()):
@@ -160,6 +161,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             continue
         base_args, element_args, divmod = _address_terms(ttir, line) if ttir else (set(), set(), False)
         if divmod:
+            skipped += 1
             continue  # index.divmod owns this access: the division hides contiguity (diagnose.analyzers.index)
         pointer_args = [a.name for a in ir.func_args(ttir) if a.is_pointer] if ttir else []
         unaligned = [a for a in pointer_args if a not in divisible]
@@ -198,7 +200,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                 deciding_pass=remark.pass_name if remark else "",
             ))
             continue
-        small_tile = layout is not None and layout[0].startswith("sizePerThread = [1")
+        small_tile = layout is not None and _elements_per_thread(layout[0]) == 1
         findings.append(Finding(
             kind="vectorization.small-tile" if small_tile and remark is None else "vectorization.contiguity",
             topic="vectorization",
@@ -213,16 +215,25 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             kernel_lines=[line],
             deciding_pass=remark.pass_name if remark else "tritongpu-coalesce",
         ))
-    if not findings and healthy_evidence:
+    if not findings and healthy_evidence and not skipped:
         findings.append(Finding(
             kind="vectorization.ok",
             topic="vectorization",
-            title="global loads and stores are vectorized (128-bit accesses)",
-            explanation="Every global load and store in the PTX uses 128-bit vector instructions.",
+            title="global loads and stores are vectorized",
+            explanation="Every tile load and store in the PTX is a vector access of 128 bits (or of 64 bits over "
+                        "16-bit elements); one-value-per-program accesses are not counted.",
             evidence=healthy_evidence,
             kernel_lines=sorted({line for (line, _) in by_line}),
         ))
     return findings
+
+
+def _elements_per_thread(description: str) -> int:
+    m = _SIZE_PER_THREAD.search(description)
+    n = 1
+    for v in (m.group("spt").split(",") if m else []):
+        n *= int(v)
+    return n
 
 
 def _line(text: str, lineno: int) -> str:
