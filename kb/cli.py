@@ -733,6 +733,9 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
             raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
                               backend=detect_backend() if backend == "auto" else backend, release=release)
+    if options.backend == "interpreter":
+        raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
+                              "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
     if resume_run is not None:
         directory = _run_dir(ctx, resume_run)
         spec = None
