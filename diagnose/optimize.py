@@ -171,7 +171,7 @@ def _plan(store: RoundsStore, spec: dict[str, Any], task: Any, entry: str, optio
         if rejected_on.get(what, -1) in lineage:
             continue  # rejected on this kernel or an ancestor: not retried blindly
         if hyp.rewriter == "pattern":
-            fresh = [v for v in rewrite(hyp.pattern, source, _context(task, hyp)) if _sha(v.source) not in seen]
+            fresh = [v for v in rewrite(hyp.pattern, source, _context(task, hyp, parent)) if _sha(v.source) not in seen]
             if not fresh:
                 continue  # no rewrite, or every variant was measured already in this run
         key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
@@ -255,11 +255,13 @@ def _last_report(store: RoundsStore) -> RunReport | None:
     return RunReport.from_dict(info.baseline) if info.baseline else None
 
 
-def _context(task: Any, hyp: Hypothesis) -> dict[str, Any]:
+def _context(task: Any, hyp: Hypothesis, source_file: Path | None = None) -> dict[str, Any]:
+    from diagnose.features import kernel_features
     from harness.task import tolerance_for
 
+    loops = bool(source_file and kernel_features(source_file).loops)
     return {"finding": hyp.finding, "fp32_rtol": tolerance_for(task, "float32")["rtol"],
-            "features": "loop"}
+            "features": "loop" if loops else ""}
 
 
 def _markdown(answer: Answer) -> str:
@@ -276,7 +278,7 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
     hyp = Hypothesis(**r.hypothesis)
     if r.state == "planned":
         try:
-            variants = _variants(hyp, source, task, store, r, options)
+            variants = _variants(hyp, source, task, store, r, options, parent)
         except Exception as exc:  # noqa: BLE001 - a rewriter or an LLM reply that fails is a rejected round
             store.done(r.idx, "failed", f"rewrite failed: {type(exc).__name__}: {first_line(exc)}")
             return
@@ -323,9 +325,9 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
 
 
 def _variants(hyp: Hypothesis, source: str, task: Any, store: RoundsStore, r: Round,
-              options: OptimizeOptions) -> list[Variant]:
+              options: OptimizeOptions, parent: Path) -> list[Variant]:
     if hyp.rewriter == "pattern":
-        return rewrite(hyp.pattern, source, _context(task, hyp))
+        return rewrite(hyp.pattern, source, _context(task, hyp, parent))
     from diagnose.llm import LLMConfig, rewrite_kernel
 
     config = LLMConfig.from_env()

@@ -104,9 +104,13 @@ class _LaunchKnobs(cst.CSTVisitor):
 
 
 class _SetKnob(cst.CSTTransformer):
-    def __init__(self, kernels: set[str], key: str, value: int, param: str | None) -> None:
-        self.kernels, self.key, self.value, self.param = kernels, key, value, param
+    """Sets one launch keyword. A block size written twice, as the keyword and as the divisor of the
+    wrapper's `triton.cdiv(n, 64)` grid, changes in both places, so the grid still covers the data."""
+
+    def __init__(self, kernels: set[str], key: str, value: int, param: str | None, old: int | None = None) -> None:
+        self.kernels, self.key, self.value, self.param, self.old = kernels, key, value, param, old
         self.done = False
+
 
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
         if self.param and original.name.value == self.param and isinstance(original.default, cst.Integer):
@@ -115,6 +119,10 @@ class _SetKnob(cst.CSTTransformer):
         return updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if (self.old is not None and not self.param and _dotted(updated.func) == "triton.cdiv" and len(updated.args) == 2
+                and m.matches(updated.args[1].value, m.Integer(str(self.old)))):
+            args = [updated.args[0], updated.args[1].with_changes(value=cst.Integer(str(self.value)))]
+            return updated.with_changes(args=args)
         if self.param or not (isinstance(original.func, cst.Subscript) and _dotted(original.func.value) in self.kernels):
             return updated
         args = list(updated.args)
@@ -154,22 +162,38 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
         if w != warps and (direction != "fewer-warps" or w < warps) and (direction != "more-warps" or w > warps):
             proposals.append(("num_warps", w))
     stages = current.get("num_stages", (3, None))[0]
-    if "loop" in context.get("features", "") or direction == "fewer-stages" or "num_stages" in current:
+    warps_only = direction in ("fewer-warps", "more-warps")
+    if not warps_only and ("loop" in context.get("features", "") or direction == "fewer-stages"
+                           or "num_stages" in current):
         for s in _STAGES:
             if s != stages and (direction != "fewer-stages" or s < stages):
                 proposals.append(("num_stages", s))
+    # Block sizes that are equal move together (BLOCK_M = BLOCK_N = 64 -> 128): a grid written as
+    # cdiv(m, 64), cdiv(n, 64) then stays consistent with every block it divides by.
+    groups: dict[int, list[str]] = {}
     for key, (value, _) in current.items():
-        if key.upper() == key and value >= 16 and value & (value - 1) == 0 and direction not in ("fewer-stages",):
-            proposals += [(key, value * 2), (key, value // 2)]
+        if key.upper() == key and value >= 16 and value & (value - 1) == 0 and direction != "fewer-stages" \
+                and not warps_only:
+            groups.setdefault(value, []).append(key)
+    for value, keys in groups.items():
+        proposals += [("+".join(keys), value * 2), ("+".join(keys), value // 2)]
     # Nearest first: the search stays small and each variant is one step from the parent.
-    proposals.sort(key=lambda kv: abs(_log2(kv[1]) - _log2(current.get(kv[0], (4 if kv[0] == "num_warps" else 3,))[0])))
+    def distance(kv: tuple[str, int]) -> float:
+        first = kv[0].split("+")[0]
+        return abs(_log2(kv[1]) - _log2(current.get(first, (4 if first == "num_warps" else 3,))[0]))
+
+    proposals.sort(key=distance)  # nearest first: each variant one step from the parent
     variants = []
-    for key, value in proposals[:_MAX_VARIANTS]:
-        param = current.get(key, (0, None))[1]
-        setter = _SetKnob(kernels, key, value, param)
-        new = module.visit(setter)
-        if setter.done:
-            variants.append(Variant({key: value}, new.code))
+    for keys, value in proposals[:_MAX_VARIANTS]:
+        new, done = module, False
+        for key in keys.split("+"):
+            old, param = current.get(key, (None, None))
+            block = key not in ("num_warps", "num_stages")
+            setter = _SetKnob(kernels, key, value, param, old if block else None)
+            new = new.visit(setter)
+            done = done or setter.done
+        if done:
+            variants.append(Variant({k: value for k in keys.split("+")}, new.code))
     return variants
 
 
