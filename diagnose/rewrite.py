@@ -9,6 +9,7 @@ survive and the result reads like the input.
 |-----------------------------|---------|
 | block-size-num-warps, autotune-configs, warp-local-reduction, reduce-register-pressure, num-stages | launch configuration: a small search, one knob per variant |
 | tl-range-pipelining         | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
+| masked-tail-split           | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | dot-input-precision-tf32    | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
 | int32-offsets               | drop per-element `.to(tl.int64)` casts |
 | relaxed-atomics             | `sem="relaxed"` on atomics that give none |
@@ -311,6 +312,95 @@ class _Exp2(_InJit):
                                     args=[cst.Arg(scaled)])
 
 
+# ------------------------------------------------------------------------------ masked tail split
+class _DropMask(cst.CSTTransformer):
+    """Removes `mask=M` (and the `other=` that only matters under it) from tl.load / tl.store."""
+
+    def __init__(self, mask: str) -> None:
+        self.mask = mask
+        self.changed = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if _dotted(updated.func) not in ("tl.load", "tl.store"):
+            return updated
+        if not any(a.keyword is not None and a.keyword.value == "mask" and m.matches(a.value, m.Name(self.mask))
+                   for a in updated.args):
+            return updated
+        args = [a for a in updated.args if a.keyword is None or a.keyword.value not in ("mask", "other")]
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        self.changed += 1
+        return updated.with_changes(args=args)
+
+
+class _TailSplit(cst.CSTTransformer):
+    """In a 1-D kernel written as `offs = START + tl.arange(0, BLOCK)`, `mask = offs < N`, the statements
+    after the mask run twice: unmasked when the whole block is in bounds (`START + BLOCK <= N`, a
+    scalar branch), as written otherwise."""
+
+    def __init__(self) -> None:
+        self.changed = 0
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if not _is_jit(original) or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = list(updated.body.body)
+        starts: dict[str, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+        for i, stmt in enumerate(body):
+            assign = _simple_assign(stmt)
+            if assign is None:
+                continue
+            target, value = assign
+            split = _start_plus_arange(value)
+            if split is not None:
+                starts[target] = split
+                continue
+            if (isinstance(value, cst.Comparison) and isinstance(value.left, cst.Name) and value.left.value in starts
+                    and len(value.comparisons) == 1 and isinstance(value.comparisons[0].operator, cst.LessThan)):
+                start, block = starts[value.left.value]
+                bound = value.comparisons[0].comparator
+                rest = body[i + 1:]
+                dropper = _DropMask(target)
+                fast = [st.visit(dropper) for st in rest]
+                if not dropper.changed:
+                    return updated
+                cond = cst.Comparison(
+                    left=cst.BinaryOperation(left=start, operator=cst.Add(), right=block),
+                    comparisons=[cst.ComparisonTarget(cst.LessThanEqual(), bound)])
+                branch = cst.If(test=cond, body=cst.IndentedBlock(body=fast),
+                                orelse=cst.Else(body=cst.IndentedBlock(body=rest)),
+                                leading_lines=[cst.EmptyLine(comment=cst.Comment(
+                                    "# full blocks: no mask, so loads and stores keep their vector width"))])
+                self.changed += 1
+                return updated.with_changes(body=updated.body.with_changes(body=[*body[:i + 1], branch]))
+        return updated
+
+
+def _simple_assign(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    if (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)
+            and len(stmt.body[0].targets) == 1 and isinstance(stmt.body[0].targets[0].target, cst.Name)):
+        return stmt.body[0].targets[0].target.value, stmt.body[0].value
+    return None
+
+
+def _start_plus_arange(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(START, BLOCK) of `START + tl.arange(0, BLOCK)` (either order)."""
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add)):
+        return None
+    for arange, start in ((value.right, value.left), (value.left, value.right)):
+        if (isinstance(arange, cst.Call) and _dotted(arange.func) == "tl.arange" and len(arange.args) == 2
+                and m.matches(arange.args[0].value, m.Integer("0"))):
+            start = start.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
+                if isinstance(start, cst.BinaryOperation) else start
+            return start, arange.args[1].value
+    return None
+
+
+def masked_tail_split(source: str, context: dict[str, Any]) -> list[Variant]:
+    t = _TailSplit()
+    new = cst.parse_module(source).visit(t)
+    return [Variant({"tail_split": t.changed}, new.code)] if t.changed else []
+
+
 def _one(transformer: Callable[[], _InJit], params: dict[str, Any]) -> Rewriter:
     def rewriter(source: str, context: dict[str, Any]) -> list[Variant]:
         t = transformer()
@@ -327,6 +417,7 @@ REWRITERS: dict[str, Rewriter] = {
     "num-stages": lambda s, c: launch_config(s, {**c, "direction": "fewer-stages" if "shared-memory" in
                                                  c.get("finding", "") else ""}),
     "tl-range-pipelining": tl_range_pipelining,
+    "masked-tail-split": masked_tail_split,
     "dot-input-precision-tf32": dot_input_precision,
     "int32-offsets": _one(_DropInt64, {"cast": "removed int64"}),
     "relaxed-atomics": _one(_RelaxAtomics, {"sem": "relaxed"}),

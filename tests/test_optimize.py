@@ -206,3 +206,21 @@ def test_llm_rewrites_through_a_local_chat_server(tmp_path, monkeypatch):
     assert "rowsum_kernel" in prompt and "## Evidence" in prompt  # the kernel and the cited diagnosis
     assert "no torch fallback" in Handler.requests[0]["messages"][0]["content"]
     store.close()
+
+
+def test_masked_tail_split_is_correct_and_vectorizes_full_blocks(tmp_path):
+    from harness.capture import capture_call
+    from harness.ir import ptx_memory_accesses
+    from harness.run import RunOptions, run_task
+
+    original = FIXTURES.parent.parent / "corpora" / "diagnosis" / "nvidia" / "vector_add.py"
+    (variant,) = rewrite("masked-tail-split", original.read_text(), {})
+    assert "if (tl.program_id(0) * BLOCK) + BLOCK <= n:" in variant.source
+    split = tmp_path / "vector_add_split.py"
+    split.write_text(variant.source)
+    spec = {"kernel": str(original), "call": "add(torch.randn(3001), torch.randn(3001))", "reference": "torch.add"}
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(split),
+                      candidate_entry="add")
+    assert report.run("candidate").correct, report.to_dict()
+    ptx = capture_call(split, "add(torch.randn(1000003), torch.randn(1000003))")[0].stages["ptx"]
+    assert any(a.kind == "load" and a.bits == 128 for a in ptx_memory_accesses(ptx))
