@@ -10,6 +10,7 @@ survive and the result reads like the input.
 | block-size-num-warps, autotune-configs, warp-local-reduction, reduce-register-pressure, num-stages | launch configuration: a small search, one knob per variant |
 | tl-range-pipelining         | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
 | masked-tail-split           | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
+| divisibility-hints          | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
 | dot-input-precision-tf32    | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
 | int32-offsets               | drop per-element `.to(tl.int64)` casts |
 | relaxed-atomics             | `sem="relaxed"` on atomics that give none |
@@ -401,6 +402,48 @@ def masked_tail_split(source: str, context: dict[str, Any]) -> list[Variant]:
     return [Variant({"tail_split": t.changed}, new.code)] if t.changed else []
 
 
+# ------------------------------------------------------------------------------ divisibility hints
+class _OffsetHints(cst.CSTTransformer):
+    """`offs = pid * BLOCK + tl.arange(0, BLOCK)` -> the same wrapped in tl.multiple_of / tl.max_contiguous.
+
+    Only this form is rewritten: its start is a multiple of BLOCK and its BLOCK values are
+    contiguous by construction, so the hint is true for every launch. Hints on runtime strides or
+    sizes could be false (a silent miscompile) and are left to a person or the LLM."""
+
+    def __init__(self) -> None:
+        self.changed = 0
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if _is_jit(node):
+            self.depth += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if _is_jit(original):
+            self.depth -= 1
+        return updated
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        split = _start_plus_arange(updated.value) if self.depth else None
+        if split is None:
+            return updated
+        start, block = split
+        inner = start.with_changes(lpar=[], rpar=[]) if isinstance(start, cst.BinaryOperation) else start
+        if not (isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Multiply)
+                and (inner.right.deep_equals(block) or inner.left.deep_equals(block))):
+            return updated
+        tl_call = lambda name, *args: cst.Call(cst.Attribute(cst.Name("tl"), cst.Name(name)),  # noqa: E731
+                                               [cst.Arg(a) for a in args])
+        self.changed += 1
+        return updated.with_changes(value=tl_call("max_contiguous", tl_call("multiple_of", updated.value, block), block))
+
+
+def divisibility_hints(source: str, context: dict[str, Any]) -> list[Variant]:
+    t = _OffsetHints()
+    new = cst.parse_module(source).visit(t)
+    return [Variant({"hints": t.changed}, new.code)] if t.changed else []
+
+
 def _one(transformer: Callable[[], _InJit], params: dict[str, Any]) -> Rewriter:
     def rewriter(source: str, context: dict[str, Any]) -> list[Variant]:
         t = transformer()
@@ -418,6 +461,7 @@ REWRITERS: dict[str, Rewriter] = {
                                                  c.get("finding", "") else ""}),
     "tl-range-pipelining": tl_range_pipelining,
     "masked-tail-split": masked_tail_split,
+    "divisibility-hints": divisibility_hints,
     "dot-input-precision-tf32": dot_input_precision,
     "int32-offsets": _one(_DropInt64, {"cast": "removed int64"}),
     "relaxed-atomics": _one(_RelaxAtomics, {"sem": "relaxed"}),

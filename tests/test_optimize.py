@@ -141,6 +141,11 @@ def test_rewriters_leave_readable_code():
     warps = {v.params.get("num_warps") for v in rewrite("autotune-configs", source, {})}
     assert {2, 8} <= warps
     assert rewrite("dot-input-precision-tf32", source, {}) == []  # no dot: does not apply
+    assert rewrite("divisibility-hints", source, {}) == []  # row * N + cols: no pid * BLOCK start to vouch for
+    gelu = (FIXTURES.parent.parent / "corpora" / "operators" / "gelu" / "gelu.py").read_text()
+    (hinted,) = rewrite("divisibility-hints", gelu, {})
+    assert ("offs = tl.max_contiguous(tl.multiple_of(tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), BLOCK), BLOCK)"
+            in hinted.source)
 
 
 def test_cli_rounds_list_and_show(tmp_path):
