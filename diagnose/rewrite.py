@@ -11,6 +11,7 @@ survive and the result reads like the input.
 | tl-range-pipelining         | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
 | masked-tail-split           | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | divisibility-hints          | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
+| persistent-kernel           | a 1-D grid `(G,)` -> a loop over the G tiles on at most 1, 2 or 4 programs per SM |
 | dot-input-precision-tf32    | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
 | int32-offsets               | drop per-element `.to(tl.int64)` casts |
 | relaxed-atomics             | `sem="relaxed"` on atomics that give none |
@@ -444,6 +445,89 @@ def divisibility_hints(source: str, context: dict[str, Any]) -> list[Variant]:
     return [Variant({"hints": t.changed}, new.code)] if t.changed else []
 
 
+# ------------------------------------------------------------------------------ persistent launch
+class _ProgramIdToTile(cst.CSTTransformer):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if _dotted(updated.func) == "tl.program_id" and len(updated.args) == 1 and m.matches(
+                updated.args[0].value, m.Integer("0")):
+            return cst.Name("tile")
+        return updated
+
+
+class _Persistent(cst.CSTTransformer):
+    """A kernel launched on a 1-D grid `(G,)` becomes a loop over its G tiles, `tl.num_programs(0)`
+    apart, launched on at most `PROGRAMS_PER_SM` programs per SM: one wave, no tail, no relaunch."""
+
+    def __init__(self, per_sm: int) -> None:
+        self.per_sm = per_sm
+        self.kernel: str | None = None
+        self.changed = 0
+
+    def visit_Module(self, node: cst.Module) -> None:
+        # The kernel to convert: launched on a literal 1-tuple grid, using only program_id(0).
+        jit = _jit_names(node)
+        for call in m.findall(node, m.Call(func=m.Subscript())):
+            name = _dotted(call.func.value)  # type: ignore[union-attr]
+            index = call.func.slice[0].slice if len(call.func.slice) == 1 else None  # type: ignore[union-attr]
+            if name in jit and isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) \
+                    and len(index.value.elements) == 1:
+                self.kernel = name
+                return
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if self.kernel is None:
+            return updated
+        if _is_jit(original) and original.name.value == self.kernel:
+            if m.findall(original, m.Call(func=m.Attribute(attr=m.Name("program_id")),
+                                          args=[m.Arg(value=~m.Integer("0"))])) or m.findall(original, m.Return()):
+                self.kernel = None  # a 2-D or early-returning kernel: not this rewrite
+                return updated
+            body = [st.visit(_ProgramIdToTile()) for st in updated.body.body]
+            loop = cst.For(target=cst.Name("tile"), iter=cst.parse_expression(
+                "tl.range(tl.program_id(0), n_tiles, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),
+                leading_lines=[cst.EmptyLine(comment=cst.Comment(
+                    "# persistent: each program walks the tiles num_programs apart"))])
+            params = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name("n_tiles"))])
+            self.changed += 1
+            return updated.with_changes(params=params, body=updated.body.with_changes(body=[loop]))
+        return updated.with_changes(body=updated.body.visit(_PersistentLaunch(self.kernel, self.per_sm)))
+
+
+class _PersistentLaunch(cst.CSTTransformer):
+    def __init__(self, kernel: str, per_sm: int) -> None:
+        self.kernel, self.per_sm = kernel, per_sm
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        calls = m.findall(updated, m.Call(func=m.Subscript(value=m.Name(self.kernel))))
+        if not calls:
+            return updated
+        call = calls[0]
+        grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[union-attr]
+        tiles = cst.parse_statement("n_tiles = 0").with_changes(
+            body=[cst.Assign([cst.AssignTarget(cst.Name("n_tiles"))], grid)])
+        sms = cst.parse_statement(
+            "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
+            "            if torch.cuda.is_available() else n_tiles)\n")
+        programs = cst.parse_expression(f"(min(n_tiles, {self.per_sm} * sm_count),)")
+        new_call = call.with_changes(
+            func=call.func.with_changes(slice=[cst.SubscriptElement(cst.Index(programs))]),  # type: ignore[union-attr]
+            args=[*call.args[:-1], call.args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                  cst.Arg(keyword=cst.Name("n_tiles"), value=cst.Name("n_tiles"),
+                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+        return cst.FlattenSentinel([tiles, sms, updated.deep_replace(call, new_call)])
+
+
+def persistent_launch(source: str, context: dict[str, Any]) -> list[Variant]:
+    out = []
+    for per_sm in (1, 2, 4):
+        t = _Persistent(per_sm)
+        new = cst.parse_module(source).visit(t)
+        if t.changed:
+            out.append(Variant({"programs_per_sm": per_sm}, new.code))
+    return out
+
+
 def _one(transformer: Callable[[], _InJit], params: dict[str, Any]) -> Rewriter:
     def rewriter(source: str, context: dict[str, Any]) -> list[Variant]:
         t = transformer()
@@ -462,6 +546,7 @@ REWRITERS: dict[str, Rewriter] = {
     "tl-range-pipelining": tl_range_pipelining,
     "masked-tail-split": masked_tail_split,
     "divisibility-hints": divisibility_hints,
+    "persistent-kernel": persistent_launch,
     "dot-input-precision-tf32": dot_input_precision,
     "int32-offsets": _one(_DropInt64, {"cast": "removed int64"}),
     "relaxed-atomics": _one(_RelaxAtomics, {"sem": "relaxed"}),

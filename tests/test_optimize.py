@@ -229,3 +229,24 @@ def test_masked_tail_split_is_correct_and_vectorizes_full_blocks(tmp_path):
     assert report.run("candidate").correct, report.to_dict()
     ptx = capture_call(split, "add(torch.randn(1000003), torch.randn(1000003))")[0].stages["ptx"]
     assert any(a.kind == "load" and a.bits == 128 for a in ptx_memory_accesses(ptx))
+
+
+def test_persistent_launch_is_correct(tmp_path):
+    from harness.capture import capture_call
+    from harness.run import RunOptions, run_task
+
+    original = FIXTURES.parent.parent / "corpora" / "operators" / "gelu" / "gelu.py"
+    variants = rewrite("persistent-kernel", original.read_text(), {})
+    assert [v.params["programs_per_sm"] for v in variants] == [1, 2, 4]
+    assert "for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):" in variants[1].source
+    assert rewrite("persistent-kernel", (FIXTURES.parent.parent / "corpora" / "operators" / "matmul" /
+                                         "matmul.py").read_text(), {}) == []  # a 2-D grid: not this rewrite
+    persistent = tmp_path / "gelu_persistent.py"
+    persistent.write_text(variants[1].source)
+    spec = {"kernel": str(original), "call": "gelu(torch.randn(5000))",
+            "reference": "torch.nn.functional.gelu"}
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(persistent),
+                      candidate_entry="gelu")
+    assert report.run("candidate").correct, report.to_dict()
+    ttgir = capture_call(persistent, "gelu(torch.randn(1 << 20))")[0].stages["ttgir"]
+    assert "scf.for" in ttgir
