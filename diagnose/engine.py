@@ -28,7 +28,7 @@ from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
 from harness.measurement import RunReport
 from kb.home import KBHome
-from kb.patterns import Pattern, load_catalog
+from kb.patterns import Pattern, catalog_for
 
 __all__ = ["CONFIDENT", "LEVELS", "STRATEGIES", "DiagnosisRequest", "diagnose", "question_topics", "why"]
 
@@ -146,7 +146,7 @@ class _State:
         self.timings: dict[str, float] = {}
         self.recommendations: list[Recommendation] = []
         self.reasons: list[Any] = []
-        self.catalog = [p for p in load_catalog() if _backend(request.target) in p.backends]
+        self.catalog = [p for p in catalog_for(home) if _backend(request.target) in p.backends]
         self._kb: _KBView | None = None
 
     # ------------------------------------------------------------------ levels

@@ -7,7 +7,7 @@ from typing import Any
 
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
-from kb.patterns import CATALOG_DIR, Pattern, load_catalog
+from kb.patterns import CATALOG_DIR, Pattern
 
 __all__ = ["PATTERNS_CORPUS", "PATTERNS_RELEASE", "index_patterns", "pattern_chunks"]
 
@@ -37,7 +37,10 @@ def pattern_chunks(patterns: list[Pattern]) -> list[Chunk]:
 
 
 def index_patterns(home: KBHome, embedder: Any, catalog: Path | None = None) -> Manifest:
-    patterns = load_catalog(catalog)  # validates before anything is written
+    """The catalog directory's patterns, plus the home's learned ones (kept by `kb synthesize`)."""
+    from kb.patterns import catalog_for
+
+    patterns = catalog_for(home, catalog)  # validates before anything is written
     return publish(
         home,
         PATTERNS_CORPUS,

@@ -681,7 +681,7 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
 def _runs_root(ctx: click.Context) -> Path:
     from kb.home import KBHome
 
-    return KBHome.resolve(ctx.obj.get("home")).root / "runs"
+    return KBHome.resolve(ctx.obj.get("home")).runs_dir
 
 
 def _run_dir(ctx: click.Context, run: str) -> Path:
@@ -743,7 +743,8 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
         if not Path(task_file).is_file():
             raise UserFacingError(f"{task_file} does not exist", "pass the path of a task .py file")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        directory = run_dir or _runs_root(ctx) / f"{task_name(task_file)}-{stamp}"
+        # The default place is the KB home's runs/, so the home must be one (created if new).
+        directory = run_dir or _home(ctx, create=True).runs_dir / f"{task_name(task_file)}-{stamp}"
         spec = {"path": str(Path(task_file).resolve())}
     kb_home = _diagnosis_home(ctx)
     if spec is None:
@@ -835,6 +836,103 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
         click.echo(json.dumps(summary, indent=1))
         return
     _echo_rounds(summary)
+
+
+# ---------------------------------------------------------------------------------------------- synthesis
+@main.command()
+@click.argument("runs", nargs=-1)
+@click.option("--into", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write learned patterns here (e.g. corpora/patterns/learned) instead of the KB home.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def synthesize(ctx: click.Context, runs: tuple[str, ...], into: Path | None, as_json: bool) -> None:
+    """Fold finished optimize runs (default: all in the KB home) into pattern statistics and learned patterns."""
+    from diagnose.synthesis import synthesize as fold
+
+    home = _home(ctx, create=True)
+    dirs = [_run_dir(ctx, r) for r in runs] or sorted(p.parent for p in home.runs_dir.glob("*/rounds.sqlite"))
+    if not dirs:
+        raise UserFacingError(f"no optimize runs under {home.runs_dir}", "run `kb optimize TASK` first, or name RUN dirs")
+    with home.lock(write=True):
+        summary = fold(home, dirs, into)
+        from kb.index import load_manifest
+
+        if summary["learned"] and load_manifest(home, "patterns", "catalog") is not None:
+            from indexer.patterns import index_patterns
+            from kb.embed import OfflineEmbedding
+
+            index_patterns(home, OfflineEmbedding(cache_path=home.embed_cache_db))
+            summary["reindexed"] = True
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    click.echo(f"{summary['rounds']} new rounds from {len(dirs)} runs")
+    for pid, s in summary["stats"].items():
+        click.echo(f"  {pid:<32} {s['wins']}/{s['tries']} won" + (f"  ({s['status']})" if s.get("status") else ""))
+    for pid in summary["learned"]:
+        click.echo(f"  learned: {pid}")
+    for pid in summary["demoted"]:
+        click.echo(f"  demoted to high risk (its wins do not hold up): {pid}")
+
+
+@main.group()
+def patterns() -> None:
+    """The pattern catalog with its statistics and provenance."""
+
+
+@patterns.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def patterns_list(ctx: click.Context, as_json: bool) -> None:
+    """Every pattern: id, family, risk, wins/tries, curated or learned."""
+    from kb.home import KBHome
+    from kb.patterns import catalog_for
+
+    home = KBHome.resolve(ctx.obj.get("home"))
+    rows = [{"id": p.id, "family": p.family, "risk": p.risk, "backends": list(p.backends),
+             "tries": p.stats.get("tries", 0), "wins": p.stats.get("wins", 0),
+             "status": p.stats.get("status", ""), "provenance": p.provenance.get("kind", "curated")}
+            for p in catalog_for(home if home.root.exists() else None)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        click.echo(f"{r['id']:<32} {r['family']:<14} {r['risk']:<7} {r['wins']:>3}/{r['tries']:<3} "
+                   f"{r['provenance']:<8} {r['status']}")
+
+
+@patterns.command("show")
+@click.argument("pattern_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def patterns_show(ctx: click.Context, pattern_id: str, as_json: bool) -> None:
+    """One pattern with its rewrite, provenance and statistics (where it applied, where it failed)."""
+    from kb.home import KBHome
+    from kb.patterns import catalog_for
+
+    home = KBHome.resolve(ctx.obj.get("home"))
+    found = {p.id: p for p in catalog_for(home if home.root.exists() else None)}
+    if pattern_id not in found:
+        raise UserFacingError(f"no pattern {pattern_id!r}", "see `kb patterns list`")
+    p = found[pattern_id]
+    if as_json:
+        click.echo(json.dumps(p.to_dict(), indent=1, default=str))
+        return
+    click.echo(f"{p.id}: {p.title}\n  family {p.family}, backends {', '.join(p.backends)}, risk {p.risk}, "
+               f"symptoms {', '.join(p.symptoms) or '-'}\n  provenance: {p.provenance}\n  file: {p.path}")
+    s = p.stats
+    click.echo(f"  record: {s.get('wins', 0)}/{s.get('tries', 0)} won" + (f", {s['status']}" if s.get("status") else "")
+               + (f", speedups {s['speedups']}" if s.get("speedups") else ""))
+    for where in s.get("applied", []):
+        click.echo(f"    applied: run {where['run']} round {where['round']} ({where['task']}, {where['finding'] or '-'})")
+    for where in s.get("failed", []):
+        click.echo(f"    failed:  run {where['run']} round {where['round']} ({where['task']}): {where['why']}")
+    click.echo(f"  rewrite ({p.rewrite.kind}): {p.rewrite.summary.strip()}")
+    if p.unblock:
+        click.echo(f"  unblock: {p.unblock}")
 
 
 # ---------------------------------------------------------------------------------------------- status

@@ -11,6 +11,8 @@ Layout (all under one directory, `$KB_HOME`, `--home`, or the per-user data dire
     parse-cache.sqlite  parsed source files by content hash (re-indexing re-parses only changed files)
     compile-cache/      harness artifacts by content hash
     ir/<name>.b<id>.json  step timelines of indexed IR dumps (the manifest names the live one)
+    runs/<run>/         optimize runs (rounds.sqlite, candidate kernels, best.py)
+    patterns/stats.json pattern statistics kept by `kb synthesize`; patterns/learned/*.yaml learned patterns
     lock                fcntl lock: one writer, or any number of readers
 """
 
@@ -83,6 +85,14 @@ class KBHome:
     def timeline_files(self, ir_name: str) -> list[Path]:
         """Every timeline file written for `ir_name` (one per build; its manifest names the live one)."""
         return sorted(self.ir_dir.glob(f"{re.sub(r'[^A-Za-z0-9._-]', '-', ir_name)}.b*.json"))
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def patterns_dir(self) -> Path:
+        return self.root / "patterns"
 
     @property
     def compile_cache(self) -> Path:

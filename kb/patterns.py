@@ -15,7 +15,7 @@ import yaml
 
 from harness.errors import UserFacingError
 
-__all__ = ["CATALOG_DIR", "Pattern", "load_catalog", "load_pattern"]
+__all__ = ["CATALOG_DIR", "Pattern", "catalog_for", "load_catalog", "load_pattern"]
 
 CATALOG_DIR = Path(__file__).resolve().parent.parent / "corpora" / "patterns"
 RISKS = ("low", "medium", "high")
@@ -133,7 +133,8 @@ def load_pattern(path: Path) -> Pattern:
     refs = data["compiler_refs"]
     if not set(refs) <= {"passes", "symbols", "files"}:
         raise fail("compiler_refs takes passes, symbols, files")
-    if not any(refs.get(k) for k in ("passes", "symbols", "files")):
+    learned = dict(data.get("provenance", {})).get("kind") == "learned"
+    if not learned and not any(refs.get(k) for k in ("passes", "symbols", "files")):
         raise fail("compiler_refs must name at least one pass, symbol or file (the compiler-side reason)")
     return Pattern(
         id=data["id"],
@@ -176,3 +177,30 @@ def load_catalog(directory: Path | None = None) -> list[Pattern]:
     if not patterns:
         raise UserFacingError(f"pattern catalog {directory} has no *.yaml patterns", "add patterns or fix --catalog")
     return patterns
+
+
+def catalog_for(home: Any = None, directory: Path | None = None) -> list[Pattern]:
+    """The catalog as diagnosis uses it: curated patterns, the home's learned patterns, and the
+    statistics `kb synthesize` keeps (tries, wins, speedups) laid over both."""
+    import json
+    from dataclasses import replace
+
+    patterns = load_catalog(directory)
+    if home is None:
+        return patterns
+    learned_dir = Path(home.patterns_dir) / "learned"
+    if learned_dir.is_dir() and any(learned_dir.glob("*.yaml")):
+        known = {p.id for p in patterns}
+        patterns += [p for p in load_catalog(learned_dir) if p.id not in known]
+    stats_file = Path(home.patterns_dir) / "stats.json"
+    try:
+        stats = json.loads(stats_file.read_text()).get("patterns", {})
+    except (OSError, ValueError):
+        stats = {}
+    out = []
+    for p in patterns:
+        s = stats.get(p.id)
+        if s:
+            p = replace(p, stats={**p.stats, **s}, risk=s.get("risk", p.risk))
+        out.append(p)
+    return out
