@@ -166,7 +166,9 @@ def _plan(store: RoundsStore, spec: dict[str, Any], task: Any, entry: str, optio
     rejected_on = {(r.hypothesis.get("finding"), r.hypothesis.get("pattern"), r.rewriter): r.parent or 0
                    for r in rounds if r.outcome in ("rejected", "failed")}
     seen = _measured_sources(store)
-    for hyp in _hypotheses(answer, options):
+    from kb.patterns import catalog_for
+
+    for hyp in _hypotheses(answer, options, catalog_for(home)):
         what = (hyp.finding, hyp.pattern, hyp.rewriter)
         if rejected_on.get(what, -1) in lineage:
             continue  # rejected on this kernel or an ancestor: not retried blindly
@@ -203,7 +205,7 @@ def _measured_sources(store: RoundsStore) -> set[str]:
     return seen
 
 
-def _hypotheses(answer: Answer, options: OptimizeOptions) -> list[Hypothesis]:
+def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
     """In order: each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite
     of that finding after its patterns when an endpoint is in use; then the generic launch search; then
     a free-form LLM rewrite."""
@@ -211,6 +213,9 @@ def _hypotheses(answer: Answer, options: OptimizeOptions) -> list[Hypothesis]:
     by_finding: dict[str, list[str]] = {}
     for rec in answer.recommendations:
         by_finding.setdefault(rec.for_finding, []).append(rec.pattern_id)
+    for f in findings:  # opportunities carry no recommendation: their patterns come from the catalog
+        if f.kind not in by_finding and catalog:
+            by_finding[f.kind] = [p.id for p in catalog if f.kind in p.symptoms and "cuda" in p.backends]
     out: list[Hypothesis] = []
     for f in findings:
         for pattern in by_finding.get(f.kind, []):

@@ -250,3 +250,25 @@ def test_persistent_launch_is_correct(tmp_path):
     assert report.run("candidate").correct, report.to_dict()
     ttgir = capture_call(persistent, "gelu(torch.randn(1 << 20))")[0].stages["ttgir"]
     assert "scf.for" in ttgir
+
+
+def test_tensor_descriptor_rewrite_dispatches_on_tma_rules(tmp_path):
+    from harness.capture import capture_call
+    from harness.run import RunOptions, run_task
+
+    original = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"
+    (variant,) = rewrite("tensor-descriptors-tma", original.read_text(), {})
+    assert variant.params == {"tma": ["a_ptr", "b_ptr"]}
+    assert "a_desc.load([pid_m * BLOCK_M, k])" in variant.source and "else:\n        matmul_kernel[grid]" in variant.source
+    tma = tmp_path / "matmul_tma.py"
+    tma.write_text(variant.source)
+    # Aligned operands take the descriptor kernel; k = 65 (130-byte rows) breaks TMA's rule and
+    # takes the original: both must match the reference.
+    for call in ("matmul(torch.randn(128, 64).half(), torch.randn(64, 128).half())",
+                 "matmul(torch.randn(65, 65).half(), torch.randn(65, 33).half())"):
+        spec = {"kernel": str(original), "call": call, "reference": "torch.matmul"}
+        report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(tma),
+                          candidate_entry="matmul")
+        assert report.run("candidate").correct, (call, report.to_dict())
+    arts = capture_call(tma, "matmul(torch.randn(512, 512).half(), torch.randn(512, 512).half())")
+    assert any("ttng.async_tma_copy_global_to_local" in a.stages["ttgir"] for a in arts)
