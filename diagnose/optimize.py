@@ -324,8 +324,8 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
         _write_best(store, r, hyp, geomean)
         say(f"round {r.idx}: accepted ({geomean:.3f}x)")
     else:
-        store.done(r.idx, "rejected", f"{p}: geomean speedup {geomean:.3f}x is within noise {noise:.1%}", timings,
-                   geomean)
+        verdict = "slower than the parent" if geomean < 1 - noise else f"within noise {noise:.1%}"
+        store.done(r.idx, "rejected", f"{p}: geomean speedup {geomean:.3f}x is {verdict}", timings, geomean)
         say(f"round {r.idx}: rejected ({geomean:.3f}x)")
 
 
