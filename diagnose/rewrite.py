@@ -1,7 +1,7 @@
 """Deterministic rewriters: source transformations a catalog pattern justifies, on the syntax tree.
 
 Each rewriter takes a kernel module's source and returns variants (a parameter description and the
-new source); an empty list means the pattern does not apply to this source, with the reason. They
+new source); an empty list means the pattern does not apply to this source. They
 work on libcst's concrete syntax tree, so comments and formatting outside the changed nodes
 survive and the result reads like the input.
 
@@ -405,25 +405,12 @@ def masked_tail_split(source: str, context: dict[str, Any]) -> list[Variant]:
 
 
 # ------------------------------------------------------------------------------ divisibility hints
-class _OffsetHints(cst.CSTTransformer):
+class _OffsetHints(_InJit):
     """`offs = pid * BLOCK + tl.arange(0, BLOCK)` -> the same wrapped in tl.multiple_of / tl.max_contiguous.
 
     Only this form is rewritten: its start is a multiple of BLOCK and its BLOCK values are
     contiguous by construction, so the hint is true for every launch. Hints on runtime strides or
     sizes could be false (a silent miscompile) and are left to a person or the LLM."""
-
-    def __init__(self) -> None:
-        self.changed = 0
-        self.depth = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if _is_jit(node):
-            self.depth += 1
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        if _is_jit(original):
-            self.depth -= 1
-        return updated
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         split = _start_plus_arange(updated.value) if self.depth else None
