@@ -284,16 +284,19 @@ class _ChatHandler(BaseHTTPRequestHandler):
             self.send_response(self.status)
             self.end_headers()
             return
-        rows = body["messages"][-1]["content"].count("\n| E")
         reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                  "choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": f"Narrative over {rows} evidence rows [E1]."}}]}
+                              "message": {"role": "assistant", "content": self.reply_text(body)}}]}
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def reply_text(self, body: dict) -> str:
+        rows = body["messages"][-1]["content"].count("\n| E")
+        return f"Narrative over {rows} evidence rows [E1]."
 
     def log_message(self, *args: object) -> None:
         pass

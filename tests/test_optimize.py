@@ -173,18 +173,8 @@ def test_llm_rewrites_through_a_local_chat_server(tmp_path, monkeypatch):
     replies = ["I cannot help with that.", f"Here is the kernel.\n```python\n{good}```\n"]
 
     class Handler(_ChatHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            Handler.requests.append(body)
-            text = replies[min(len(Handler.requests), len(replies)) - 1]
-            reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                     "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]}
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        def reply_text(self, body: dict) -> str:
+            return replies[min(len(Handler.requests), len(replies)) - 1]
 
     Handler.requests = []
     server = HTTPServer(("127.0.0.1", 0), Handler)
