@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import in_loops, log_op, short
+from diagnose.analyzers.common import at, in_loops, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -53,11 +53,11 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     if discrete or scalar:
         op = (discrete or scalar)[0]
         line = op.loc.line if op.loc else 0
-        chain = [log_op(log, "ttadapter", op, f"the access at {src}:{line} is "
+        chain = [log_op(log, "ttadapter", op, f"the access at {at(src, line)} is "
                         + ("tagged DiscreteMemAccess" if discrete else f"a scalar `{op.op}` inside an scf.for")
                         + " in ttadapter: it was lowered element by element")]
         findings.append(Finding(
-            "ascend.discrete-access", "ascend-memory", f"the memory access at {src}:{line} is scalarized (discrete)",
+            "ascend.discrete-access", "ascend-memory", f"the memory access at {at(src, line)} is scalarized (discrete)",
             "triton-to-unstructure could not prove a structured (contiguous, 32-byte-multiple) offset for this access "
             "(offsets from loaded indices, modulo, or an inner extent that is not a 32 B multiple), so it became a "
             "loop of scalar loads instead of one DMA.", chain, sorted({o.loc.line for o in discrete + scalar if o.loc}),
@@ -67,10 +67,10 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     if int_ops:
         op, m = int_ops[0]
         line = op.loc.line if op.loc else 0
-        chain = [log_op(log, "ttadapter", op, f"`arith.{m.group('op')}` on a {m.group('t')} tensor at {src}:{line} "
+        chain = [log_op(log, "ttadapter", op, f"`arith.{m.group('op')}` on a {m.group('t')} tensor at {at(src, line)} "
                         "survives into ttadapter")]
         findings.append(Finding(
-            "ascend.int-vector-op", "ascend-compute", f"integer vector op on {m.group('t')} at {src}:{line}",
+            "ascend.int-vector-op", "ascend-compute", f"integer vector op on {m.group('t')} at {at(src, line)}",
             f"The Vector unit has no {m.group('t')} {m.group('op')} (triton-ascend performance guidelines, "
             "'Optimizing Data Types'), so HIVM lowers it to a scalar loop (hivm-lower-to-loops).",
             chain, sorted({o.loc.line for o, _ in int_ops if o.loc}), "hivm-lower-to-loops", confidence=0.85))

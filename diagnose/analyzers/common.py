@@ -7,13 +7,18 @@ import re
 from diagnose.records import EvidenceLog
 from harness import ir
 
-__all__ = ["in_loops", "log_op", "short", "tensor_elements"]
+__all__ = ["at", "in_loops", "log_op", "short", "tensor_elements"]
 
 _LOOP_OPEN = re.compile(r"=?\s*scf\.(for|while)\b")
 
 
 def short(path: str) -> str:
     return path.rsplit("/", 1)[-1] if path else "kernel"
+
+
+def at(src: str, line: int) -> str:
+    """`file:line`, or just the file when the IR carried no location for the op."""
+    return f"{src}:{line}" if line else src
 
 
 def in_loops(text: str) -> set[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import log_op, short
+from diagnose.analyzers.common import at, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -25,7 +25,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     if wide:
         op = wide[0]
         line = op.loc.line if op.loc else 0
-        chain = [log_op(log, "ttir", op, f"the pointer arithmetic at {src}:{line} adds an i64 offset tensor")]
+        chain = [log_op(log, "ttir", op, f"the pointer arithmetic at {at(src, line)} adds an i64 offset tensor")]
         i64_args = [a.name for a in ir.func_args(ttir) if a.type == "i64"]
         if i64_args:
             chain.append(log.add("L3", "ttir", f"argument(s) {', '.join(i64_args)} were specialized as i64 "
@@ -35,7 +35,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             chain.append(log.add("L3", "ptx", f"PTX has {n64} 64-bit integer add/mul/compare/shift instructions",
                                  "ptx", "add.s64 / mul.lo.s64 / setp.*.s64"))
         findings.append(Finding(
-            "index.int64", "index-math", f"offsets at {src}:{line} are computed in int64",
+            "index.int64", "index-math", f"offsets at {at(src, line)} are computed in int64",
             "Every per-element offset, compare and address add is a 64-bit operation (two registers and extra "
             "instructions per element); only the base needs 64 bits when a program addresses fewer than 2^31 "
             "elements.", chain, sorted({o.loc.line for o in wide if o.loc}), "", confidence=0.8))
@@ -63,7 +63,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             chain.append(log.add("L3", "remark", f"the compiler reports at {src}:{remark.line}: {remark.message}",
                                  f"{src}:{remark.line}:{remark.col}", remark.message))
         findings.append(Finding(
-            "index.divmod", "index-math", f"offsets at {src}:{line} use integer division/remainder by a runtime value",
+            "index.divmod", "index-math", f"offsets at {at(src, line)} use integer division/remainder by a runtime value",
             "Per-element `//` and `%` by a runtime divisor compile to emulated integer division, and AxisInfo cannot "
             "prove contiguity through them, so loads indexed by the result lose vectorization.",
             chain, sorted({o.loc.line for o in divs if o.loc}), "tritongpu-coalesce", confidence=0.85))

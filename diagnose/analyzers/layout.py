@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import in_loops, log_op, short
+from diagnose.analyzers.common import at, in_loops, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -49,14 +49,14 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     if converts:
         op = converts[0]
         line = op.loc.line if op.loc else 0
-        chain = [log_op(log, "ttgir", op, f"a `ttg.convert_layout` at {src}:{line} survives inside the loop body")]
+        chain = [log_op(log, "ttgir", op, f"a `ttg.convert_layout` at {at(src, line)} survives inside the loop body")]
         ptx = art.stages.get("ptx", "")
         through_smem = "bar.sync" in ptx and "st.shared" in ptx
         if through_smem:
             chain.append(log.add("L3", "ptx", f"the kernel's PTX stages data in shared memory: {ptx.count('st.shared')} "
                                  f"x `st.shared`, {ptx.count('bar.sync')} x `bar.sync`", "ptx", "st.shared ... bar.sync"))
         findings.append(Finding(
-            "layout.convert", "layout", f"a layout conversion at {src}:{line} runs every loop iteration",
+            "layout.convert", "layout", f"a layout conversion at {at(src, line)} runs every loop iteration",
             "Two ops in the loop want the same tensor in different register layouts (e.g. tl.trans, a reduction "
             "axis, or a dot operand); RemoveLayoutConversions could not hoist or fold the conversion, so each "
             "iteration re-lays the tile out" + (", and this kernel's PTX does so through shared memory and barriers."
@@ -78,7 +78,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             continue
         line = op.loc.line if op.loc else 0
         per_thread = (_fields(body, "sizePerThread") or [1] * len(shape))[axis]
-        chain = [log_op(log, "ttgir", op, f"the reduction at {src}:{line} runs over axis {axis} of {shape[axis]} "
+        chain = [log_op(log, "ttgir", op, f"the reduction at {at(src, line)} runs over axis {axis} of {shape[axis]} "
                                           f"elements laid out with warpsPerCTA[{axis}] = {warps[axis]}, "
                                           f"sizePerThread[{axis}] = {per_thread}")]
         ptx = art.stages.get("ptx", "")
@@ -86,7 +86,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                              f"{ptx.count('shfl.sync')} x `shfl.sync`, {ptx.count('st.shared')} x `st.shared`, "
                              f"{ptx.count('bar.sync')} x `bar.sync`", "ptx", "shfl.sync.bfly ... st.shared ... bar.sync"))
         findings.append(Finding(
-            "reduction.cross-warp", "reduction", f"the reduction at {src}:{line} is split across {warps[axis]} warps",
+            "reduction.cross-warp", "reduction", f"the reduction at {at(src, line)} is split across {warps[axis]} warps",
             f"The reduced axis ({shape[axis]} elements) is spread over {warps[axis]} warps, so after the in-warp "
             "shuffles each warp's partial goes through shared memory with two barriers; one warp could hold the "
             f"whole axis ({shape[axis] // 32} values per lane), reducing with shuffles only.",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import in_loops, log_op, short
+from diagnose.analyzers.common import at, in_loops, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -52,7 +52,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         first = loads[0]
         line = first.loc.line if first.loc else 0
         chain = [log_op(log, "ttgir", first,
-                        f"the load at {src}:{line} runs inside an scf.for loop as a plain `tt.load` in the final TTGIR")]
+                        f"the load at {at(src, line)} runs inside an scf.for loop as a plain `tt.load` in the final TTGIR")]
         chain.append(log.add("L3", "ttgir", "the final TTGIR has no async copy (ttg.async_copy_global_to_local, "
                              "TMA or descriptor loads): no load is prefetched into shared memory", "ttgir",
                              "no " + ", ".join(_ASYNC)))
@@ -61,7 +61,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                "The loop's loads were not converted to multi-buffered async copies (num_stages <= 1, an outer loop, "
                "or loads the pipeliner cannot convert)")
         findings.append(Finding(
-            "pipelining.none", "pipelining", f"the loop loads at {src}:{line} are not software-pipelined",
+            "pipelining.none", "pipelining", f"the loop loads at {at(src, line)} are not software-pipelined",
             f"{why}; without it each iteration issues its load and waits the full global-memory latency before the "
             "arithmetic that uses it.", chain, sorted({op.loc.line for op in loads if op.loc}), "tritongpu-assign-latencies"))
     elif loads and has_async:
@@ -75,12 +75,12 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         if op.ir_line in loop_lines and m and int(m.group(1)) == 0:
             line = op.loc.line if op.loc else 0
             dot = next((d for d in ir.op_source_lines(ttgir, {"ttng.warp_group_dot"}) if d.ir_line in loop_lines), None)
-            chain = [log_op(log, "ttgir", op, f"inside the K-loop the wgmma at {src}:{line} is followed by "
+            chain = [log_op(log, "ttgir", op, f"inside the K-loop the wgmma at {at(src, line)} is followed by "
                                               "`warp_group_dot_wait {pendings = 0}`: it waits for every wgmma in flight")]
             if dot is not None:
                 chain.append(log_op(log, "ttgir", dot, "the loop's dot is an async warp-group MMA (wgmma)"))
             findings.append(Finding(
-                "dot.wgmma-serialized", "tensor-cores", f"the wgmma at {src}:{line} is serialized every iteration",
+                "dot.wgmma-serialized", "tensor-cores", f"the wgmma at {at(src, line)} is serialized every iteration",
                 "The compiler waits for every wgmma in flight inside the loop, so the tensor cores drain each "
                 "iteration instead of overlapping the next tile. The wgmma pipeliner keeps a dot in flight only when "
                 "its accumulator feeds nothing but the next dot (a rescale or second use of the accumulator in the "
@@ -102,17 +102,17 @@ def _no_tma(art: Artifacts, ttgir: str, loop_lines: set[int], src: str, log: Evi
     ttir = art.stages.get("ttir", "")
     block_ptrs = ir.op_source_lines(ttir, {"tt.make_tensor_ptr"})
     line = dots[0].loc.line if dots[0].loc else 0
-    chain = [log_op(log, "ttgir", dots[0], f"the dot at {src}:{line} runs in a loop on sm{m.group(1)}, and the final "
+    chain = [log_op(log, "ttgir", dots[0], f"the dot at {at(src, line)} runs in a loop on sm{m.group(1)}, and the final "
                                            "TTGIR has no TMA copy or tensor descriptor")]
     if block_ptrs:
         op = block_ptrs[0]
         chain.append(log_op(log, "ttir", op, "its tiles come from block pointers (tt.make_tensor_ptr), which this "
                                              "Triton rewrites to pointer loads, never TMA"))
-        return [Finding("memory.no-tma", "pipelining", f"block pointers at {src}:{line} do not become TMA",
+        return [Finding("memory.no-tma", "pipelining", f"block pointers at {at(src, line)} do not become TMA",
                         "rewrite-tensor-pointer lowers tl.make_block_ptr loads to per-element pointer tensors (Triton "
                         "3.3-3.7; removed in 3.8); only tensor descriptors produce TMA bulk copies.", chain, [line],
                         "triton-rewrite-tensor-pointer", confidence=0.85)]
-    return [Finding("memory.no-tma", "pipelining", f"the dot loop at {src}:{line} loads tiles through pointer tensors",
+    return [Finding("memory.no-tma", "pipelining", f"the dot loop at {at(src, line)} loads tiles through pointer tensors",
                     "TMA (tensor descriptors) would move each tile with one bulk copy and no per-element address "
                     "registers; worth trying on large tiles, not a defect by itself.", chain, [line], "",
                     confidence=0.4)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import log_op, short
+from diagnose.analyzers.common import at, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -55,7 +55,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         sem = atoms[0].group("sem") or "relaxed"
         chain = []
         if op is not None:
-            chain.append(log_op(log, "ttir", op, f"the atomic at {src}:{line} is `{op.op}` with its ordering as printed"))
+            chain.append(log_op(log, "ttir", op, f"the atomic at {at(src, line)} is `{op.op}` with its ordering as printed"))
         chain.append(log.add("L3", "ptx", f"PTX issues {len(atoms)} `{atoms[0].group(0)}` instructions "
                              f"({sem} ordering, {atoms[0].group('scope') or 'gpu'} scope)", "ptx", atoms[0].group(0)))
         same_address = op is not None and _splat_pointer(ttir, op)
@@ -64,7 +64,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                                  "a splat/broadcast of one pointer)", "ttir", op.text[:200]))
         if same_address or sem == "acq_rel":
             findings.append(Finding(
-                "atomics.contended", "atomics", f"the atomic at {src}:{line} issues {len(atoms)} `atom.global` "
+                "atomics.contended", "atomics", f"the atomic at {at(src, line)} issues {len(atoms)} `atom.global` "
                 + ("on one address " if same_address else "") + f"with {sem} ordering",
                 "Each element is its own read-modify-write at gpu scope; acq_rel adds ordering fences, and lanes "
                 "hitting one address serialize in the memory system. Reducing in registers first (tl.sum) leaves one "
