@@ -98,8 +98,6 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
                               "write a task module for the kernel (see docs/harness.md) and pass its path")
     task = load_task(spec["path"])
     entry = getattr(task.entry, "__name__", "")
-    own_judge = judge is None
-    judge = judge or HarnessJudge(options)
     if resume:
         store = RoundsStore(run_dir)
         info = store.run()
@@ -112,17 +110,19 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
         original = run_dir / "round-000.py"
         shutil.copyfile(task.source_file, original)
         store.create_run(run_dir.name, task.name, spec, asdict(options))
-    info = store.run()
-    if info.baseline is None:
-        say("measuring the baseline")
-        base = judge(spec, None, None, entry)
-        if not (base.run("baseline") and base.run("baseline").correct):
-            store.update_run(status="failed", note=f"the task's own kernel is not correct: {_why_rejected(base, 'baseline')}")
-            raise UserFacingError(f"the task's own kernel fails its checks: {_why_rejected(base, 'baseline')}",
-                                  "fix the task or its kernel first (kb run TASK shows the cases)")
-        store.update_run(baseline=base.to_dict(), best_round=0, best_path=str(run_dir / "round-000.py"))
+    own_judge = judge is None
+    judge = judge or HarnessJudge(options)
     started = time.monotonic()
     try:
+        if store.run().baseline is None:
+            say("measuring the baseline")
+            base = judge(spec, None, None, entry)
+            if not (base.run("baseline") and base.run("baseline").correct):
+                why = _why_rejected(base, "baseline")
+                store.update_run(status="failed", note=f"the task's own kernel is not correct: {why}")
+                raise UserFacingError(f"the task's own kernel fails its checks: {why}",
+                                      "fix the task or its kernel first (kb run TASK shows the cases)")
+            store.update_run(baseline=base.to_dict(), best_round=0, best_path=str(run_dir / "round-000.py"))
         while True:
             rounds = store.rounds()
             pending = next((r for r in rounds if r.state != "done"), None)
