@@ -22,7 +22,7 @@ from typing import Any
 
 from diagnose.analyzers import TOPICS, run_analyzers
 from diagnose.l4 import escalate
-from diagnose.rank import finding_score
+from diagnose.rank import ranked_defects
 from diagnose.records import Answer, Escalation, EvidenceLog, Finding, Recommendation
 from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
@@ -247,7 +247,7 @@ class _State:
 
     # ------------------------------------------------------------------ decisions
     def ranked(self) -> list[Finding]:
-        return sorted((f for f in self.findings if f.defect), key=lambda f: -finding_score(f))
+        return ranked_defects(self.findings)
 
     def _top_kinds(self) -> list[Finding]:
         """The best finding of each of the top defect kinds (a masked load and store share one cause)."""

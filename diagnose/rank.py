@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from diagnose.records import Finding
 
-__all__ = ["IMPACT", "finding_score"]
+__all__ = ["IMPACT", "finding_score", "ranked_defects"]
 
 IMPACT: dict[str, float] = {
     "resources.shared-memory-over-limit": 1.2,  # does not launch at all
@@ -37,3 +37,8 @@ def finding_score(finding: Finding) -> float:
     family = finding.kind.split(".")[0]
     weight = IMPACT.get(finding.kind, IMPACT.get(family, 0.5))
     return finding.confidence * weight
+
+
+def ranked_defects(findings: list[Finding]) -> list[Finding]:
+    """Defects only, best-supported first: the order root-cause accuracy is scored on."""
+    return sorted((f for f in findings if f.defect), key=lambda f: -finding_score(f))

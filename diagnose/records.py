@@ -142,10 +142,10 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per level
 
     def ranked(self) -> list[Finding]:
-        """Defects first, best-supported first; the order root-cause accuracy is scored on."""
-        from diagnose.rank import finding_score
+        """Defects only, best-supported first; the order root-cause accuracy is scored on."""
+        from diagnose.rank import ranked_defects
 
-        return sorted((f for f in self.findings if f.defect), key=lambda f: -finding_score(f))
+        return ranked_defects(self.findings)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
