@@ -28,7 +28,7 @@ __all__ = ["Round", "RoundsStore", "RunInfo"]
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (
     id TEXT PRIMARY KEY, task TEXT NOT NULL, spec TEXT NOT NULL, options TEXT NOT NULL, created REAL NOT NULL,
-    status TEXT NOT NULL, baseline TEXT, best_round INTEGER, best_path TEXT, note TEXT
+    status TEXT NOT NULL, baseline TEXT, best_round INTEGER, best_path TEXT, note TEXT, final TEXT
 );
 CREATE TABLE IF NOT EXISTS rounds (
     idx INTEGER PRIMARY KEY, parent INTEGER, state TEXT NOT NULL, hypothesis TEXT NOT NULL, key TEXT NOT NULL,
@@ -50,6 +50,7 @@ class RunInfo:
     best_round: int | None
     best_path: str | None
     note: str | None
+    final: dict[str, Any] | None = None  # the best kernel timed against the task's own, at the end
 
 
 @dataclass
@@ -84,6 +85,9 @@ class RoundsStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(run)")}
+        if "final" not in columns:  # a run written before the final measurement existed
+            self._db.execute("ALTER TABLE run ADD COLUMN final TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -94,16 +98,17 @@ class RoundsStore:
                          (run_id, task, json.dumps(spec), json.dumps(options), time.time()))
 
     def run(self) -> RunInfo:
-        row = self._db.execute("SELECT id, task, spec, options, created, status, baseline, best_round, best_path, note "
-                               "FROM run").fetchone()
+        row = self._db.execute("SELECT id, task, spec, options, created, status, baseline, best_round, best_path, note, "
+                               "final FROM run").fetchone()
         if row is None:
             raise UserFacingError(f"{self.dir} holds no run record", "start a new run with `kb optimize TASK`")
         return RunInfo(row[0], row[1], json.loads(row[2]), json.loads(row[3]), row[4], row[5],
-                       json.loads(row[6]) if row[6] else None, row[7], row[8], row[9])
+                       json.loads(row[6]) if row[6] else None, row[7], row[8], row[9],
+                       json.loads(row[10]) if row[10] else None)
 
     def update_run(self, **fields: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in fields)
-        values = [json.dumps(v) if k == "baseline" else v for k, v in fields.items()]
+        values = [json.dumps(v) if k in ("baseline", "final") else v for k, v in fields.items()]
         self._db.execute(f"UPDATE run SET {cols}", values)
 
     # ---------------------------------------------------------------- rounds

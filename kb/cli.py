@@ -773,8 +773,9 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
 
 def _echo_rounds(summary: dict[str, Any]) -> None:
     click.echo(f"run {summary['run']} ({summary['task']}): {summary['status']}, {summary['rounds']} rounds, best round "
-               f"{summary['best_round']} (diagnosed at {summary['best_level'] or '-'}), chained speedup over the "
-               f"initial kernel {summary['speedup_vs_initial']:.3f}x")
+               f"{summary['best_round']} (diagnosed at {summary['best_level'] or '-'}), speedup over the initial "
+               f"kernel {summary['speedup_vs_initial']:.3f}x "
+               + ("(measured)" if summary.get("speedup_vs_initial_measured") else "(chained over rounds)"))
     click.echo(f"{'round':>5} {'parent':>6} {'level':>5} {'finding':<30} {'pattern':<26} {'outcome':<9} {'speedup':>8}")
     for h in summary["history"]:
         speed = f"{h['speedup']:.3f}x" if h["speedup"] else "-"
@@ -782,7 +783,10 @@ def _echo_rounds(summary: dict[str, Any]) -> None:
                    f"{h['pattern']:<26} {h['outcome'] or h['state']:<9} {speed:>8}")
         if h["outcome"] in ("rejected", "failed"):
             click.echo(f"{'':>13}why: {h['reason']}")
-    if summary.get("per_case_best"):
+    if summary.get("per_case_vs_initial"):
+        click.echo("best vs initial per case: " + ", ".join(f"{k} {v:.3f}x"
+                                                             for k, v in summary["per_case_vs_initial"].items()))
+    elif summary.get("per_case_best"):
         click.echo("best round per case: " + ", ".join(f"{k} {v:.3f}x" for k, v in summary["per_case_best"].items()))
     if summary.get("note"):
         click.echo(f"note: {summary['note']}")
