@@ -36,8 +36,9 @@ LEVELS = ("L1", "L2", "L3", "L4")
 STRATEGIES = ("progressive", "profile-only", "always-deep")
 CONFIDENT = 0.8
 _RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
-# The riskiest rewrite each level may stop on; L4 is the last level and stops on anything.
-_STOP_RISK = {"L1": "low", "L2": "low", "L3": "low", "L4": "high"}
+# The riskiest rewrite each level may stop on; L4 is the last level and stops on anything
+# (`sufficient` stops there before consulting this).
+_STOP_RISK = {"L1": "low", "L2": "low", "L3": "low"}
 _GENERIC = ("slow", "fast", "perf", "optimi", "speed", "bottleneck", "improve", "wrong with")
 _MAX_KINDS = 3  # recommendations and compiler reasons for the top defects only
 _MEMORY_FAMILIES = ("vectorization", "memory", "pipelining", "index")

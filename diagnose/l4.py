@@ -111,11 +111,9 @@ def _blocking_in(function: str, file: str, store: SymbolStore, release: str, chu
             continue
         text, meta = chunk
         lines = text.splitlines()
-        offset = int(meta.get("start_line", 1))
-        header = 1 if lines and lines[0].startswith(("//", "#")) and meta.get("lang") in ("cpp", "python") else 0
         for leaf in leaves:  # the pattern lists its most specific symbol first
             for lineno in range(sym.line, sym.end_line + 1):
-                idx = lineno - offset + header
+                idx = _chunk_index(lines, meta, lineno)
                 if not 0 <= idx < len(lines):
                     continue
                 code = lines[idx].strip()
@@ -144,8 +142,13 @@ def _excerpt(chunk: tuple[str, dict[str, Any]] | None, sym: Any) -> str:
         return ""
     text, meta = chunk
     lines = text.splitlines()
-    offset = int(meta.get("start_line", 1))
-    header = 1 if lines and lines[0].startswith(("//", "#")) and meta.get("lang") in ("cpp", "python") else 0
-    start = sym.line - offset + header
-    end = min(sym.end_line - offset + header + 1, start + _MAX_EXCERPT_LINES)
+    start = _chunk_index(lines, meta, sym.line)
+    end = min(_chunk_index(lines, meta, sym.end_line) + 1, start + _MAX_EXCERPT_LINES)
     return "\n".join(lines[max(start, 0):max(end, start + 1)])
+
+
+def _chunk_index(lines: list[str], meta: dict[str, Any], lineno: int) -> int:
+    """Index into a chunk's lines of source line `lineno`; C++/Python chunks open with a one-line
+    location header the source does not have."""
+    header = 1 if lines and lines[0].startswith(("//", "#")) and meta.get("lang") in ("cpp", "python") else 0
+    return lineno - int(meta.get("start_line", 1)) + header

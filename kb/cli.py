@@ -684,6 +684,11 @@ def _runs_root(ctx: click.Context) -> Path:
     return KBHome.resolve(ctx.obj.get("home")).runs_dir
 
 
+def _runs_in(root: Path) -> list[Path]:
+    """Optimize run directories directly under `root` (each holds a rounds.sqlite)."""
+    return sorted(p.parent for p in root.glob("*/rounds.sqlite")) if root.is_dir() else []
+
+
 def _run_dir(ctx: click.Context, run: str) -> Path:
     """A run given as a directory, or as a run id under the KB home's runs/."""
     path = Path(run)
@@ -809,8 +814,8 @@ def rounds_list(ctx: click.Context, as_json: bool) -> None:
 
     root = _runs_root(ctx)
     rows = []
-    for d in sorted(root.glob("*/rounds.sqlite")) if root.is_dir() else []:
-        store = RoundsStore(d.parent)
+    for d in _runs_in(root):
+        store = RoundsStore(d)
         rows.append(report(store))
         store.close()
     if as_json:
@@ -855,7 +860,7 @@ def synthesize(ctx: click.Context, runs: tuple[str, ...], into: Path | None, as_
     from diagnose.synthesis import synthesize as fold
 
     home = _home(ctx, create=True)
-    dirs = [_run_dir(ctx, r) for r in runs] or sorted(p.parent for p in home.runs_dir.glob("*/rounds.sqlite"))
+    dirs = [_run_dir(ctx, r) for r in runs] or _runs_in(home.runs_dir)
     if not dirs:
         raise UserFacingError(f"no optimize runs under {home.runs_dir}", "run `kb optimize TASK` first, or name RUN dirs")
     with home.lock(write=True):

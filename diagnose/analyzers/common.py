@@ -7,13 +7,21 @@ import re
 from diagnose.records import EvidenceLog
 from harness import ir
 
-__all__ = ["at", "in_loops", "log_op", "short", "tensor_elements"]
+__all__ = ["at", "in_loops", "log_op", "short", "ssa_defs", "tensor_elements"]
 
 _LOOP_OPEN = re.compile(r"=?\s*scf\.(for|while)\b")
 
 
 def short(path: str) -> str:
     return path.rsplit("/", 1)[-1] if path else "kernel"
+
+
+_SSA_DEF = re.compile(r"\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)")
+
+
+def ssa_defs(text: str) -> dict[str, str]:
+    """SSA value -> the rest of its defining line (`%5 = arith.muli %3, %4 : i32` -> "arith.muli ...")."""
+    return {m.group(1): m.group(2) for line in text.splitlines() if (m := _SSA_DEF.match(line))}
 
 
 def at(src: str, line: int) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from diagnose.analyzers.common import short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -19,16 +20,12 @@ _PRECISION = re.compile(r"inputPrecision\s*=\s*(\w+)")
 _OPERAND_TYPE = re.compile(r":\s*tensor<[\dx]+x(?P<elt>\w+)")
 
 
-def _short(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
-
-
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     ttgir, ttir, ptx = (art.stages.get(k, "") for k in ("ttgir", "ttir", "ptx"))
     dots = ir.op_source_lines(ttgir, {"tt.dot", "ttng.warp_group_dot"})
     if not dots:
         return []
-    src = _short(art.source_file)
+    src = short(art.source_file)
     counts = {name: ptx.count(name) for name in ("wgmma.mma_async", "mma.sync", "fma.rn.f32")}
     ptx_ev = log.add(
         "L3", "ptx",

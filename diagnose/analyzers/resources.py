@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import at, log_op, short
+from diagnose.analyzers.common import at, log_op, short, ssa_defs
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -87,11 +87,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
 
 def _splat_pointer(ttir: str, op: ir.OpLine) -> bool:
     """Whether the atomic's pointer operand is a splat of one scalar pointer plus a constant-zero offset."""
-    defs = {}
-    for line in ttir.splitlines():
-        m = re.match(r"\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)", line)
-        if m:
-            defs[m.group(1)] = m.group(2)
+    defs = ssa_defs(ttir)
     operands = re.findall(r"%[\w.$-]+", op.text.split("=", 1)[-1])
     ptr = operands[0] if operands else ""
     seen = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from diagnose.analyzers.common import short, ssa_defs
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
 from harness.artifacts import Artifacts
@@ -21,22 +22,9 @@ _VEC_REMARK = re.compile(r"vectorization fails vec = (?P<vec>\d+) origin vec = (
 _SIZE_PER_THREAD = re.compile(r"sizePerThread = \[(?P<spt>[\d, ]+)\]")
 
 
-def _short(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
-
-
-def _ssa_defs(ttir: str) -> dict[str, str]:
-    defs = {}
-    for line in ttir.splitlines():
-        m = re.match(r"\s*(%[\w.$-]+)(?::\d+)?\s*=\s*(.*)", line)
-        if m:
-            defs[m.group(1)] = m.group(2)
-    return defs
-
-
 def _mask_bound_args(ttir: str, kernel_line: int) -> list[str]:
     """Kernel arguments that bound the mask of the load/store written at `kernel_line`."""
-    defs = _ssa_defs(ttir)
+    defs = ssa_defs(ttir)
     args = {a.name for a in ir.func_args(ttir)}
     found: list[str] = []
     for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"}):
@@ -66,7 +54,7 @@ def _address_terms(ttir: str, kernel_line: int) -> tuple[set[str], set[str], boo
     stride: they decide contiguity), and whether a division or remainder by a runtime value is on
     the way.
     """
-    defs = _ssa_defs(ttir)
+    defs = ssa_defs(ttir)
     int_args = {a.name for a in ir.func_args(ttir) if not a.is_pointer}
     base, element, divmod = set(), set(), False
     for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"}):
@@ -96,7 +84,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     ptx = art.stages.get("ptx", "")
     if not ptx:
         return []
-    src = _short(art.source_file)
+    src = short(art.source_file)
     accesses = [a for a in ir.ptx_memory_accesses(ptx) if a.kind in ("load", "store") and a.loc is not None]
     by_line: dict[tuple[int, str], list[ir.MemAccess]] = defaultdict(list)
     for a in accesses:
