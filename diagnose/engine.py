@@ -291,11 +291,8 @@ class _State:
     def patterns_for(self, finding: Finding) -> list[tuple[Pattern, str]]:
         """Patterns whose symptoms name the finding kind, ranked by risk, then their record (wins over
         tries, smoothed), then specificity; then patterns retrieved for the question, for context."""
-        def win_rate(p: Pattern) -> float:
-            return (float(p.stats.get("wins", 0)) + 1) / (float(p.stats.get("tries", 0)) + 2)
-
         matched = sorted((p for p in self.catalog if finding.kind in p.symptoms),
-                         key=lambda p: (_RISK_ORDER[p.risk], -win_rate(p), len(p.symptoms), p.id))
+                         key=lambda p: (_RISK_ORDER[p.risk], -p.win_rate(finding.kind), len(p.symptoms), p.id))
         out = [(p, "symptom") for p in matched]
         if self.home is not None:
             ids = {p.id: p for p in self.catalog}

@@ -60,6 +60,7 @@ class Hypothesis:
     rewriter: str  # "pattern" | "llm"
     level: str
     evidence: list[str] = field(default_factory=list)
+    record: float = 0.5  # the pattern's smoothed win rate for this finding when planned (0.5: no record)
 
 
 class HarnessJudge:
@@ -78,6 +79,13 @@ class HarnessJudge:
 
         return run_task(spec, self.options, candidate=candidate, candidate_entry=entry, worker=self.worker,
                         baseline=baseline)
+
+    def judge_all(self, spec: dict[str, Any], baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
+        """A round's variants against their (already validated) parent: the parent is timed once per
+        case with all of them, not once per variant."""
+        from harness.run import run_candidates
+
+        return run_candidates(spec, self.options, baseline, candidates, entry, self.worker)
 
     def close(self) -> None:
         self.worker.close()
@@ -109,7 +117,8 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
         store = RoundsStore(run_dir, create=True)
         original = run_dir / "round-000.py"
         shutil.copyfile(task.source_file, original)
-        store.create_run(run_dir.name, task.name, spec, asdict(options))
+        # The family travels in the spec so that synthesis can file the rounds without loading the task.
+        store.create_run(run_dir.name, task.name, {**spec, "family": task.family}, asdict(options))
     own_judge = judge is None
     judge = judge or HarnessJudge(options)
     started = time.monotonic()
@@ -186,7 +195,8 @@ def _plan(store: RoundsStore, spec: dict[str, Any], task: Any, entry: str, optio
         key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
         r = Round(idx, parent_idx, "planned", asdict(hyp), key, hyp.level, hyp.evidence, hyp.rewriter)
         store.plan(r)
-        say(f"round {idx}: {hyp.finding or 'search'} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level})")
+        say(f"round {idx}: {hyp.finding or 'search'} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level}, "
+            f"record {hyp.record:.2f})")
         (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
         return r
     return None
@@ -213,9 +223,12 @@ def _measured_sources(store: RoundsStore) -> set[str]:
 
 
 def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
-    """In order: each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite
-    of that finding after its patterns when an endpoint is in use; then the generic launch search; then
-    a free-form LLM rewrite."""
+    """Each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite of that
+    finding after its patterns when an endpoint is in use; then the generic launch search; then a
+    free-form LLM rewrite. That diagnosis order is then re-ranked by record: a pattern that has won
+    for this finding before (`kb synthesize` statistics) moves up, one that kept failing moves down,
+    behind the search if the search's record is better. The sort is stable, so without statistics
+    (every record 0.5) the diagnosis order stands."""
     findings = answer.ranked() + [f for f in answer.findings if not f.healthy and not f.defect]
     by_finding: dict[str, list[str]] = {}
     for rec in answer.recommendations:
@@ -232,7 +245,11 @@ def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | N
     out.append(Hypothesis("", _FALLBACK[1], _FALLBACK[0], "pattern", answer.stopped_at or "L1"))
     if options.llm == "openai":
         out.append(Hypothesis("", "free-form optimization", "llm-rewrite", "llm", answer.stopped_at or "L1"))
-    return out
+    records = {p.id: p for p in catalog or []}
+    for hyp in out:
+        if hyp.rewriter == "pattern" and hyp.pattern in records:
+            hyp.record = round(records[hyp.pattern].win_rate(hyp.finding), 4)
+    return sorted(out, key=lambda h: -h.record)
 
 
 def _diagnose(store: RoundsStore, task: Any, parent: Path, entry: str, options: OptimizeOptions, home: Any) -> Answer:
@@ -306,11 +323,12 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
         store.rewritten(r.idx, str(store.dir / f"round-{r.idx:03d}.v0.py"), unified_diff(source, variants[0].source))
     variant_files = sorted(store.dir.glob(f"round-{r.idx:03d}.v*.py"))
     params = (store.dir / f"round-{r.idx:03d}.variants").read_text().splitlines()
-    results = []
-    for i, file in enumerate(variant_files):
-        say(f"round {r.idx}: validating variant {i + 1}/{len(variant_files)} {params[i] if i < len(params) else ''}")
-        report = judge(spec, str(parent), str(file), entry)
-        results.append((file, params[i] if i < len(params) else "", report, _verdict(report, options)))
+    say(f"round {r.idx}: validating {len(variant_files)} variant(s): " + ", ".join(params[:len(variant_files)]))
+    judge_all = getattr(judge, "judge_all", None)
+    reports = (judge_all(spec, str(parent), [str(f) for f in variant_files], entry) if judge_all
+               else [judge(spec, str(parent), str(f), entry) for f in variant_files])
+    results = [(file, params[i] if i < len(params) else "", report, _verdict(report, options))
+               for i, (file, report) in enumerate(zip(variant_files, reports))]
     passing = [x for x in results if x[3][0] is not None]
     best = max(passing, key=lambda x: x[3][0]) if passing else None
     summary = [{"variant": p, "sha": _sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}

@@ -78,7 +78,8 @@ def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dic
                 if pid is None:
                     continue
                 _count(data["patterns"].setdefault(pid, {"tries": 0, "wins": 0, "speedups": [], "applied": [],
-                                                          "failed": []}), r, info.id, info.task)
+                                                          "failed": []}), r, info.id, info.task,
+                       info.spec.get("family", ""))
                 summary["updated"].add(pid)
         finally:
             store.close()
@@ -95,9 +96,10 @@ def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dic
     return summary
 
 
-def _count(s: dict[str, Any], r: Round, run: str, task: str) -> None:
+def _count(s: dict[str, Any], r: Round, run: str, task: str, family: str) -> None:
     s["tries"] = s.get("tries", 0) + 1
-    where = {"run": run, "round": r.idx, "task": task, "finding": r.hypothesis.get("finding", ""), "level": r.level}
+    where = {"run": run, "round": r.idx, "task": task, "family": family, "finding": r.hypothesis.get("finding", ""),
+             "level": r.level}
     if r.outcome == "accepted":
         s["wins"] = s.get("wins", 0) + 1
         s.setdefault("speedups", []).append(round(float(r.speedup or 1.0), 4))

@@ -14,7 +14,7 @@ from harness.errors import UserFacingError
 from harness.measurement import KernelRun, RunReport
 from harness.sandbox import Worker
 
-__all__ = ["RunOptions", "run_task"]
+__all__ = ["RunOptions", "run_candidates", "run_task", "split_timings"]
 
 
 @dataclass
@@ -79,6 +79,65 @@ def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candi
     return report
 
 
+def run_candidates(task: dict[str, Any], options: RunOptions, baseline: str, candidates: list[str], entry: str,
+                   worker: Worker) -> list[RunReport]:
+    """Several candidates against one baseline that was validated before (the optimize loop's parent):
+    each candidate is checked alone, then the baseline and every passing candidate are timed in one
+    job, interleaved, so the baseline is timed once per case instead of once per candidate. Returns
+    one report per candidate, in order, each shaped as `run_task` would give it (roles baseline and
+    candidate). If the shared timing job fails, the passing candidates are timed one at a time, so
+    one bad kernel cannot sink its siblings.
+    """
+    base_job = {"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds}
+    checked: list[RunReport] = []
+    for path in candidates:
+        kernel = {"role": "candidate", "path": path, "entry": entry}
+        answer = worker.submit({**base_job, "kernels": [kernel], "check": True, "time": False}, options.timeout_s)
+        checked.append(_report_or_failure(answer, "candidate", _task_name(task)))
+    passing = [i for i, r in enumerate(checked) if r.run("candidate") and r.run("candidate").correct]
+    timed: RunReport | None = None
+    if options.time and passing:
+        kernels = [{"role": "baseline", "path": baseline, "entry": entry}]
+        kernels += [{"role": f"candidate.{i}", "path": candidates[i], "entry": entry} for i in passing]
+        answer = worker.submit({**base_job, "kernels": kernels, "check": False, "time": True,
+                                "roofline": options.roofline}, options.timeout_s * len(kernels))
+        timed = _report_or_failure(answer, "candidate", _task_name(task))
+        if timed.failure:
+            return [run_task(task, options, candidate=candidates[i], candidate_entry=entry, worker=worker,
+                             baseline=baseline) if i in passing else r for i, r in enumerate(checked)]
+    return split_timings(checked, timed, baseline)
+
+
+def split_timings(checked: list[RunReport], timed: RunReport | None, baseline: str) -> list[RunReport]:
+    """One report per candidate out of the per-candidate checks and the shared timing job (roles
+    baseline, candidate.<i>): the baseline's timings go into every report."""
+    out = []
+    for i, report in enumerate(checked):
+        base_run = KernelRun(role="baseline", source=baseline)
+        report.runs.insert(0, base_run)
+        own = timed.run(f"candidate.{i}") if timed is not None else None
+        if timed is not None and own is not None:
+            report.ceilings = timed.ceilings
+            report.notes.extend(n for n in timed.notes if n not in report.notes)
+            _copy_timings(timed.run("baseline"), base_run)
+            _copy_timings(own, report.run("candidate"))
+        out.append(report)
+    return out
+
+
+def _copy_timings(source: KernelRun | None, target: KernelRun | None) -> None:
+    """Timed cases of `source` onto `target`'s cases of the same label (added when `target` has none)."""
+    if source is None or target is None:
+        return
+    by_label = {c.label: c for c in target.cases if not c.heldout}
+    for case in source.cases:
+        if case.label in by_label:
+            by_label[case.label].timing = case.timing
+            by_label[case.label].roofline = case.roofline
+        elif case.timing is not None:
+            target.cases.append(case)
+
+
 def _task_name(task: dict[str, Any]) -> str:
     from harness.task import task_name
 
@@ -107,11 +166,4 @@ def _merge_timings(report: RunReport, timed: RunReport) -> None:
     report.ceilings = timed.ceilings
     report.notes.extend(n for n in timed.notes if n not in report.notes)
     for run in timed.runs:
-        target = report.run(run.role)
-        if target is None:
-            continue
-        by_label = {c.label: c for c in target.cases if not c.heldout}
-        for case in run.cases:
-            if case.label in by_label:
-                by_label[case.label].timing = case.timing
-                by_label[case.label].roofline = case.roofline
+        _copy_timings(run, report.run(run.role))

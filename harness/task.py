@@ -23,6 +23,8 @@ A task file defines (only the first three are required):
     allow_torch names of torch calls the wrapper may make beyond allocation (e.g. ["sum"] for a
                 two-stage reduction finished by torch); anything else is a torch fallback.
     warm_cache  True when the workload is meant to run with a warm L2 (no flush between reps).
+    family      the operator's family ("elementwise", "reduction", "matmul", ...): benchmark reports
+                group by it and pattern statistics record it.
 
 A kernel file from the wild needs no task file: `task_from_call(FILE, "add(torch.randn(4096), torch.randn(4096))")`
 makes one case out of the example call (fresh random values per seed come from re-evaluating its
@@ -71,6 +73,7 @@ class Task:
     flops: Callable[..., float] | None = None
     allow_torch: tuple[str, ...] = ()
     warm_cache: bool = False
+    family: str = ""
     path: str = ""  # the file it came from; workers load tasks by path
     source_file: str = ""  # the file defining the entry (for the static guards)
 
@@ -117,6 +120,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         flops=ns.get("flops"),
         allow_torch=tuple(ns.get("allow_torch", ())),
         warm_cache=bool(ns.get("warm_cache", False)),
+        family=str(ns.get("family", "")),
         path=str(Path(path).resolve()),
         source_file=defining_file(ns["entry"], path),
     )

@@ -76,6 +76,18 @@ class Pattern:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def win_rate(self, finding: str | None = None) -> float:
+        """The pattern's record as a smoothed win rate, (wins + 1) / (tries + 2): 0.5 untried, falling
+        with each rejection. With `finding`, only the rounds that tried it for that finding kind
+        count, when there are any: a pattern can pay for one symptom and not another."""
+        wins, tries = int(self.stats.get("wins", 0)), int(self.stats.get("tries", 0))
+        if finding is not None:
+            won = sum(1 for a in self.stats.get("applied", []) if a.get("finding", "") == finding)
+            lost = sum(1 for f in self.stats.get("failed", []) if f.get("finding", "") == finding)
+            if won + lost:
+                wins, tries = won, won + lost
+        return (wins + 1) / (tries + 2)
+
 
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "id": str,

@@ -21,4 +21,5 @@ def test_operator_task_is_complete(name):
     assert task.reference is not None and callable(task.entry)
     assert len(task.cases) >= 5 and task.heldout
     assert task.bytes is not None or task.flops is not None
+    assert task.family  # reports group by it
     assert task.source_file.endswith(f"{name}.py")  # kernels are named after their operator

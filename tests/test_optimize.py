@@ -63,6 +63,9 @@ class TimedJudge(HarnessJudge):
                         case.timing = Timing(t, t, t, 100, repeat_spread=0.0)
         return report
 
+    def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
+        return [self(spec, baseline, c, entry) for c in candidates]
+
 
 def _run(tmp_path: Path, rounds: int, **kw) -> RoundsStore:
     judge = kw.pop("judge", None) or TimedJudge()

@@ -17,7 +17,7 @@ from harness.errors import UserFacingError
 from harness.guards import static_guards
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
 from harness.roofline import place
-from harness.run import RunOptions, run_task
+from harness.run import RunOptions, run_candidates, run_task, split_timings
 from harness.sandbox import Worker
 from harness.timing import ROTATE_BELOW_BYTES, rotation_count
 from kb.cli import main
@@ -157,6 +157,29 @@ def test_roofline_place_and_rotation():
     assert compute.bound == "compute" and compute.fraction == pytest.approx(0.5)
     assert rotation_count(ROTATE_BELOW_BYTES) == 1 and rotation_count(ROTATE_BELOW_BYTES // 4) == 4
     assert rotation_count(1) == 8
+
+
+def test_candidates_are_checked_alone_against_one_validated_baseline(worker):
+    files = [str(HARNESS / f) for f in ("add.py", "wrong.py", "crash.py", "add.py")]
+    reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files, "add", worker)
+    assert [r.run("candidate").correct for r in reports] == [True, False, False, True]
+    assert "died with SIGSEGV" in reports[2].run("candidate").rejected  # pinned on the crash, siblings unharmed
+    assert all(r.runs[0].role == "baseline" and r.runs[0].source.endswith("add.py") for r in reports)
+    assert not reports[0].run("baseline").cases  # the validated parent is not checked again
+
+
+def test_one_shared_timing_job_is_split_into_a_report_per_candidate():
+    def run_of(role, us, label="n=1"):
+        return KernelRun(role=role, source=f"{role}.py", cases=[
+            CaseResult(case={"n": 1}, label=label, timing=Timing(us, us, us, 10, 0.01) if us else None)])
+    checked = [RunReport(task="t", backend="cuda", device="H200", runs=[run_of("candidate", None)]) for _ in range(3)]
+    checked[1].runs[0].rejected = "wrong values"
+    timed = RunReport(task="t", backend="cuda", device="H200", ceilings={"copy_gbps": 4000.0},
+                      runs=[run_of("baseline", 100.0), run_of("candidate.0", 50.0), run_of("candidate.2", 200.0)])
+    reports = split_timings(checked, timed, "parent.py")
+    assert [r.speedups() for r in reports] == [{"n=1": 2.0}, {}, {"n=1": 0.5}]
+    assert reports[0].ceilings == {"copy_gbps": 4000.0} and reports[1].ceilings is None
+    assert reports[2].run("baseline").source == "parent.py"
 
 
 def test_report_speedups_flags_and_json_round_trip():

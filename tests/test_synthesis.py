@@ -81,3 +81,29 @@ def test_cli_synthesize_and_patterns(tmp_path):
     assert missing.exit_code == 2 and "no pattern 'nope'" in missing.output
     empty = CliRunner().invoke(main, ["--home", str(tmp_path / "fresh"), "synthesize"])
     assert empty.exit_code == 2 and "no optimize runs" in empty.output
+
+
+def test_statistics_reorder_the_optimize_loop(tmp_path):
+    """A record learned on other operators changes what the loop tries first: the pipelining pattern
+    that kept failing for `pipelining.none` goes behind the launch search that kept winning."""
+    from diagnose.optimize import OptimizeOptions, optimize
+    from test_optimize import SPEC, TimedJudge
+
+    def first_round(home: KBHome | None, name: str) -> dict:
+        judge = TimedJudge()
+        try:
+            store = optimize(SPEC, OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / name,
+                             home=home, judge=judge)
+        finally:
+            judge.close()
+        hypothesis = store.rounds()[0].hypothesis
+        store.close()
+        return hypothesis
+
+    assert first_round(None, "fresh")["pattern"] == "tl-range-pipelining"
+    home = KBHome(tmp_path / "home").ensure()
+    _run(home, "earlier", [_round(i, "tl-range-pipelining", "rejected", finding="pipelining.none") for i in (1, 2, 3)]
+         + [_round(i, "autotune-configs", "accepted", 1.2, finding="") for i in (4, 5)], task="row_sum")
+    synthesize(home, [home.runs_dir / "earlier"])
+    learned = first_round(home, "learned")
+    assert learned["pattern"] == "autotune-configs" and learned["record"] == 0.75  # (2 + 1) / (2 + 2)

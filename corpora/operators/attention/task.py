@@ -3,6 +3,8 @@ import torch
 
 from attention import attention as entry  # noqa: F401
 
+family = "attention"
+
 
 def inputs(batch, heads, seq, head=64):
     shape = (batch, heads, seq, head)

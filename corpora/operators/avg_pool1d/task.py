@@ -3,6 +3,8 @@ import torch
 
 from avg_pool1d import avg_pool1d as entry  # noqa: F401
 
+family = "pooling"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype),)

@@ -3,6 +3,8 @@ import torch
 
 from bmm import bmm as entry  # noqa: F401
 
+family = "matmul"
+
 
 def inputs(batch, m, n, k):
     return (torch.randn(batch, m, k, dtype=torch.float16), torch.randn(batch, k, n, dtype=torch.float16))

@@ -3,6 +3,8 @@ import torch
 
 from cross_entropy import cross_entropy as entry  # noqa: F401
 
+family = "loss"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype), torch.randint(0, n, (m,)))

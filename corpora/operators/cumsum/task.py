@@ -3,6 +3,8 @@ import torch
 
 from cumsum import cumsum as entry  # noqa: F401
 
+family = "scan"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype),)

@@ -3,6 +3,8 @@ import torch
 
 from embedding import embedding as entry  # noqa: F401
 
+family = "gather/index"
+
 
 def inputs(tokens, vocab, dim, dtype=torch.float32):
     return (torch.randint(0, vocab, (tokens,)), torch.randn(vocab, dim, dtype=dtype))

@@ -3,6 +3,8 @@ import torch
 
 from gelu import gelu as entry  # noqa: F401
 
+family = "activation"
+
 
 def inputs(n, dtype=torch.float32):
     return (torch.randn(n, dtype=dtype),)

@@ -3,6 +3,8 @@ import torch
 
 from layer_norm import layer_norm as entry  # noqa: F401
 
+family = "normalization"
+
 
 def inputs(m, n, dtype=torch.float16):
     return (torch.randn(m, n, dtype=dtype), torch.rand(n, dtype=dtype) + 0.5, torch.randn(n, dtype=dtype))

@@ -3,6 +3,8 @@ import torch
 
 from log_softmax import log_softmax as entry  # noqa: F401
 
+family = "softmax"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype),)

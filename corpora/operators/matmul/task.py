@@ -3,6 +3,8 @@ import torch
 
 from matmul import matmul as entry  # noqa: F401
 
+family = "matmul"
+
 
 def inputs(m, n, k):
     return (torch.randn(m, k, dtype=torch.float16), torch.randn(k, n, dtype=torch.float16))

@@ -3,6 +3,8 @@ import torch
 
 from mse_loss import mse_loss as entry  # noqa: F401
 
+family = "loss"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype), torch.randn(m, n, dtype=dtype))

@@ -3,6 +3,8 @@ import torch
 
 from rms_norm import rms_norm as entry  # noqa: F401
 
+family = "normalization"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype), torch.randn(n, dtype=dtype))

@@ -3,6 +3,8 @@ import torch
 
 from row_sum import row_sum as entry  # noqa: F401
 
+family = "reduction"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype),)

@@ -3,6 +3,8 @@ import torch
 
 from silu_mul import silu_mul as entry  # noqa: F401
 
+family = "fused composite"
+
 
 def inputs(n, dtype=torch.float32):
     return (torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype))

@@ -3,6 +3,8 @@ import torch
 
 from transpose import transpose as entry  # noqa: F401
 
+family = "transpose/layout"
+
 
 def inputs(m, n, dtype=torch.float32):
     return (torch.randn(m, n, dtype=dtype),)

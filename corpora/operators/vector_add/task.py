@@ -3,6 +3,8 @@ import torch
 
 from vector_add import vector_add as entry  # noqa: F401
 
+family = "elementwise"
+
 
 def inputs(n, dtype=torch.float32):
     return (torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype))
