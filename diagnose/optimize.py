@@ -96,8 +96,12 @@ def _sha(text: str) -> str:
 
 
 def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home: Any = None,
-             judge: Judge | None = None, log: Callable[[str], None] | None = None, resume: bool = False) -> RoundsStore:
-    """Run (or, with `resume`, continue) the loop in `run_dir`; returns the store for reporting."""
+             judge: Judge | None = None, log: Callable[[str], None] | None = None, resume: bool = False,
+             stop_at: float | None = None) -> RoundsStore:
+    """Run (or, with `resume`, continue) the loop in `run_dir`; returns the store for reporting.
+
+    `stop_at` (a `time.time()` value) is this invocation's deadline, not the run's budget: no round
+    starts after it and the run is left `paused`, to be resumed (a GPU machine lent for 10 minutes)."""
     from harness.task import load_task
 
     say = log or (lambda _msg: None)
@@ -111,6 +115,8 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
         info = store.run()
         options = OptimizeOptions(**{**asdict(options), **{k: v for k, v in info.options.items()
                                                            if k in ("rounds", "llm", "strategy", "backend")}})
+        if info.status in ("paused", "interrupted"):
+            store.update_run(status="running", note=None)
     else:
         if (run_dir / "rounds.sqlite").exists():
             raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
@@ -137,6 +143,10 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
             pending = next((r for r in rounds if r.state != "done"), None)
             if pending is None and len(rounds) >= options.rounds:
                 break
+            if stop_at is not None and time.time() >= stop_at:
+                store.update_run(status="paused", note=f"paused after {len(rounds)} rounds: resume to go on")
+                say(f"paused after {len(rounds)} rounds (deadline); resume with `kb optimize --resume {run_dir}`")
+                return store
             if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
                 store.update_run(note=f"time budget of {options.time_budget_s:g} s reached after {len(rounds)} rounds")
                 break

@@ -69,8 +69,10 @@ def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dic
         try:
             info = store.run()
             for r in store.rounds():
-                key = f"{info.id}:{r.idx}"
-                if r.state != "done" or key in counted:
+                # Run ids are directory names and can repeat (a bench names runs by operator under each
+                # condition): the creation time tells runs apart. Keys without it are from before.
+                key, legacy = f"{info.id}@{info.created:.3f}:{r.idx}", f"{info.id}:{r.idx}"
+                if r.state != "done" or key in counted or legacy in counted:
                     continue
                 counted.add(key)
                 summary["rounds"] += 1

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -689,6 +690,13 @@ def _runs_in(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/rounds.sqlite")) if root.is_dir() else []
 
 
+def _runs_of(ctx: click.Context, run: str) -> list[Path]:
+    """A run (directory or id), or every run of a bench directory (`kb bench`)."""
+    if (Path(run) / "bench.json").is_file():
+        return sorted(p.parent for p in (Path(run) / "runs").glob("*/*/rounds.sqlite"))
+    return [_run_dir(ctx, run)]
+
+
 def _run_dir(ctx: click.Context, run: str) -> Path:
     """A run given as a directory, or as a run id under the KB home's runs/."""
     path = Path(run)
@@ -714,12 +722,14 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
               help="Where the run lives (default: runs/<task>-<time> under the KB home).")
 @click.option("--resume", "resume_run", default=None, help="Continue a run (its directory or id).")
 @click.option("--release", default=None, help="Compiler release(s) for L4 citations.")
+@click.option("--stop-after", "stop_after", type=float, default=None,
+              help="Seconds from now after which no round starts; the run is left paused, to --resume later.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON.")
 @click.pass_context
 @_user_errors
 def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
              strategy: str, backend: str, run_dir: Path | None, resume_run: str | None, release: str | None,
-             as_json: bool) -> None:
+             stop_after: float | None, as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""
     import datetime
 
@@ -764,7 +774,8 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
 
     say(f"run: {directory}")
     try:
-        store = run_loop(spec, options, directory, kb_home, log=say, resume=resume_run is not None)
+        store = run_loop(spec, options, directory, kb_home, log=say, resume=resume_run is not None,
+                         stop_at=time.time() + stop_after if stop_after is not None else None)
     except KeyboardInterrupt:
         click.echo(f"interrupted: continue with `kb optimize --resume {directory}`", err=True)
         sys.exit(130)
@@ -847,6 +858,102 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
     _echo_rounds(summary)
 
 
+# ---------------------------------------------------------------------------------------------- bench
+@main.command()
+@click.option("--suite", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Operator folders, each with task.py (default: corpora/operators).")
+@click.option("--ops", default=None, help="Comma-separated operators (default: the whole suite).")
+@click.option("--rounds", default=5, show_default=True, help="Rounds per operator.")
+@click.option("--time-budget", "time_budget", type=float, default=None, help="Seconds per operator run.")
+@click.option("--strategy", default="progressive", show_default=True,
+              help="Diagnosis strategies, comma-separated; each one is a condition run over the whole suite.")
+@click.option("--workers", default=1, show_default=True, help="Jobs at once, one per GPU (CUDA_VISIBLE_DEVICES).")
+@click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "cuda", "npu"]), default="auto", show_default=True)
+@click.option("--bench-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the bench lives (default: bench/<time> under the KB home).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Continue a bench: finished runs are kept, paused ones resumed, the rest started.")
+@click.option("--stop-after", "stop_after", type=float, default=None,
+              help="Seconds from now after which no job or round starts (a GPU machine lent for minutes).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+@_user_errors
+def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
+          strategy: str, workers: int, llm: str, backend: str, bench_dir: Path | None, resume_dir: Path | None,
+          stop_after: float | None, as_json: bool) -> None:
+    """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
+    import datetime
+
+    from diagnose.bench import DEFAULT_SUITE, STRATEGIES, BenchSpec, Condition, create_bench, load_suite, run_bench
+    from diagnose.bench_report import write_report
+    from harness.backends import detect_backend
+
+    if resume_dir is not None:
+        directory = resume_dir
+    else:
+        strategies = [x.strip() for x in strategy.split(",") if x.strip()]
+        bad = [x for x in strategies if x not in STRATEGIES]
+        if bad or not strategies:
+            raise UserFacingError(f"unknown strategy {', '.join(bad) or strategy!r}", f"use {', '.join(STRATEGIES)}")
+        chosen = detect_backend() if backend == "auto" else backend
+        if chosen == "interpreter":
+            raise UserFacingError("kb bench times kernels on a device (cuda or npu)", "run it on the GPU machine")
+        suite_dir = suite or DEFAULT_SUITE
+        names = [x.strip() for x in ops.split(",") if x.strip()] if ops else list(load_suite(suite_dir))
+        # Each job resolves the home as this command does (--home, else $KB_HOME, else the default).
+        home = str(Path(ctx.obj["home"]).resolve()) if ctx.obj.get("home") else None
+        spec = BenchSpec(str(suite_dir.resolve()), names, [Condition(x, x, home) for x in strategies], rounds,
+                         time_budget, llm, chosen)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        directory = bench_dir or _home(ctx, create=True).root / "bench" / stamp
+        create_bench(directory, spec)
+    click.echo(f"bench: {directory}", err=True)
+    bar = _progress_bar("bench")
+
+    def event(what: str, job: Any) -> None:
+        if what == "done":
+            bar.advance(task)
+            bar.console.print(f"{job.condition.name}/{job.operator}: {job.state} in {job.seconds:.0f} s "
+                              f"(log {job.log})")
+
+    from diagnose.bench import jobs, load_bench
+
+    todo = [j for j in jobs(directory, load_bench(directory)) if j.state in ("new", "partial")]
+    with bar:
+        task = bar.add_task("jobs", total=len(todo))
+        try:
+            result = run_bench(directory, workers, stop_after, event)
+        except KeyboardInterrupt:
+            click.echo(f"interrupted: continue with `kb bench --resume {directory}`", err=True)
+            sys.exit(130)
+    data = write_report(directory)
+    left = [j for j in result if j.state in ("new", "partial")]
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+    else:
+        click.echo((directory / "report.md").read_text())
+    if left:
+        click.echo(f"{len(left)} job(s) not finished: continue with `kb bench --resume {directory}`", err=True)
+
+
+@main.command("bench-report")
+@click.argument("bench_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--into", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write report.json/.md/.png here (default: the bench directory).")
+@click.option("--json", "as_json", is_flag=True)
+@_user_errors
+def bench_report_cmd(bench_dir: Path, into: Path | None, as_json: bool) -> None:
+    """Re-render a bench's report from its runs (a bench cut short reports what finished)."""
+    from diagnose.bench_report import write_report
+
+    data = write_report(bench_dir, into)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    click.echo(((into or bench_dir) / "report.md").read_text())
+
+
 # ---------------------------------------------------------------------------------------------- synthesis
 @main.command()
 @click.argument("runs", nargs=-1)
@@ -856,11 +963,12 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
 @click.pass_context
 @_user_errors
 def synthesize(ctx: click.Context, runs: tuple[str, ...], into: Path | None, as_json: bool) -> None:
-    """Fold finished optimize runs (default: all in the KB home) into pattern statistics and learned patterns."""
+    """Fold finished optimize runs (run dirs, ids or bench dirs; default: all in the KB home) into pattern
+    statistics and learned patterns."""
     from diagnose.synthesis import synthesize as fold
 
     home = _home(ctx, create=True)
-    dirs = [_run_dir(ctx, r) for r in runs] or _runs_in(home.runs_dir)
+    dirs = [d for r in runs for d in _runs_of(ctx, r)] or _runs_in(home.runs_dir)
     if not dirs:
         raise UserFacingError(f"no optimize runs under {home.runs_dir}", "run `kb optimize TASK` first, or name RUN dirs")
     with home.lock(write=True):

@@ -1,0 +1,242 @@
+"""`kb bench`: the optimize loop over a suite of operators, one worker per GPU, resumable across invocations.
+
+A bench directory holds `bench.json` (the suite, operators, conditions and budget; written once) and
+`runs/<condition>/<operator>/`, one optimize run each with its own rounds store. Nothing else holds
+state: a job whose run is finished is skipped, one whose run exists is resumed, any other is started.
+So a bench killed at any point, or cut by a GPU machine's 10-minute limit (`stop_after`), goes on
+with `kb bench --resume DIR` and repeats no finished round.
+
+A condition is one way of running the suite: a diagnosis strategy and the KB home whose patterns and
+statistics the loop reads. The strategy comparison is three conditions over one home; the synthesis
+split-half is two conditions (learned statistics, a fresh home) over one strategy. Jobs interleave
+the conditions operator by operator, so with two or more workers an operator's conditions run side
+by side on the same kind of device.
+
+Each job is a `kb optimize` subprocess pinned to one device through CUDA_VISIBLE_DEVICES (one worker
+per GPU on a host); its output goes to `logs/<condition>.<operator>.log`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserFacingError
+
+__all__ = ["BenchSpec", "Condition", "Job", "create_bench", "jobs", "load_bench", "load_suite", "optimize_command",
+           "run_bench"]
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SUITE = REPO / "corpora" / "operators"
+STRATEGIES = ("progressive", "profile-only", "always-deep")
+# After the deadline a running job is asked to stop (SIGINT: its round is left resumable), then killed.
+_GRACE_S = 60.0
+
+
+@dataclass
+class Condition:
+    name: str
+    strategy: str = "progressive"
+    home: str | None = None  # the KB home the runs read patterns and statistics from (None: the caller's)
+
+
+@dataclass
+class BenchSpec:
+    suite: str
+    operators: list[str]
+    conditions: list[Condition]
+    rounds: int = 5
+    time_budget_s: float | None = None  # per operator run; a resumed run's budget restarts
+    llm: str = "none"
+    backend: str = "cuda"
+    created: str = ""
+    note: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BenchSpec":
+        return cls(**{**d, "conditions": [Condition(**c) for c in d["conditions"]]})
+
+
+@dataclass
+class Job:
+    condition: Condition
+    operator: str
+    task: Path
+    run_dir: Path
+    state: str = "new"  # new | partial | finished | failed
+    returncode: int | None = None
+    seconds: float = 0.0
+    log: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_suite(suite: Path, only: list[str] | None = None) -> dict[str, Path]:
+    """Operator name -> task file: every `<suite>/<name>/task.py`, or the named ones."""
+    if not suite.is_dir():
+        raise UserFacingError(f"suite {suite} is not a directory", "pass --suite DIR holding <operator>/task.py folders")
+    found = {p.parent.name: p for p in sorted(suite.glob("*/task.py"))}
+    if not found:
+        raise UserFacingError(f"suite {suite} holds no <operator>/task.py", "see corpora/operators/README.md")
+    if only:
+        missing = [name for name in only if name not in found]
+        if missing:
+            raise UserFacingError(f"no operator {', '.join(missing)} in {suite}",
+                                  f"pick among: {', '.join(found)}")
+        return {name: found[name] for name in only}
+    return found
+
+
+def create_bench(bench_dir: Path, spec: BenchSpec) -> BenchSpec:
+    manifest = bench_dir / "bench.json"
+    if manifest.exists():
+        raise UserFacingError(f"{bench_dir} already holds a bench", f"continue it with `kb bench --resume {bench_dir}`")
+    names = [c.name for c in spec.conditions]
+    if len(set(names)) != len(names) or not names:
+        raise UserFacingError(f"condition names must be unique and non-empty: {names}", "name each condition once")
+    load_suite(Path(spec.suite), spec.operators)  # fail now, not in the middle of the bench
+    spec.created = spec.created or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    tmp = manifest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(spec), indent=1))
+    os.replace(tmp, manifest)  # all or nothing: a half-written manifest would strand the bench
+    return spec
+
+
+def load_bench(bench_dir: Path) -> BenchSpec:
+    try:
+        return BenchSpec.from_dict(json.loads((bench_dir / "bench.json").read_text()))
+    except FileNotFoundError:
+        raise UserFacingError(f"{bench_dir} is not a bench directory (no bench.json)",
+                              "start one with `kb bench --bench-dir DIR`") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UserFacingError(f"{bench_dir}/bench.json is damaged ({exc})", "restore it or start a new bench") from None
+
+
+def jobs(bench_dir: Path, spec: BenchSpec) -> list[Job]:
+    """Every (operator, condition) job in run order, with the state its run directory says."""
+    from diagnose.rounds import RoundsStore
+
+    tasks = load_suite(Path(spec.suite), spec.operators)
+    out = []
+    for operator in spec.operators:
+        for condition in spec.conditions:
+            run_dir = bench_dir / "runs" / condition.name / operator
+            job = Job(condition, operator, tasks[operator], run_dir, log=bench_dir / "logs" / f"{condition.name}.{operator}.log")
+            if (run_dir / "rounds.sqlite").is_file():
+                store = RoundsStore(run_dir)
+                try:
+                    status = store.run().status
+                except UserFacingError:
+                    status = "new"  # killed between creating the file and writing the run record
+                finally:
+                    store.close()
+                job.state = {"finished": "finished", "failed": "failed", "new": "new"}.get(status, "partial")
+            out.append(job)
+    return out
+
+
+def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> list[str]:
+    """The `kb optimize` command line that starts or resumes `job`."""
+    cmd = [sys.executable, "-m", "kb.cli"]
+    if job.condition.home:
+        cmd += ["--home", job.condition.home]
+    cmd += ["optimize"]
+    if job.state == "partial" or (job.state == "new" and (job.run_dir / "rounds.sqlite").is_file()):
+        cmd += ["--resume", str(job.run_dir)]
+    else:
+        cmd += [str(job.task), "--run-dir", str(job.run_dir), "--rounds", str(spec.rounds),
+                "--strategy", job.condition.strategy, "--llm", spec.llm, "--backend", spec.backend]
+        if spec.time_budget_s is not None:
+            cmd += ["--time-budget", f"{spec.time_budget_s:g}"]
+    if stop_after is not None:
+        cmd += ["--stop-after", f"{max(stop_after, 0.0):.0f}"]
+    return cmd + ["--json"]
+
+
+Command = Callable[[Job, BenchSpec, "float | None"], list[str]]
+
+
+def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None,
+              on_event: Callable[[str, Job], None] | None = None, devices: list[str] | None = None,
+              command: Command = optimize_command) -> list[Job]:
+    """Run every job not finished, `workers` at a time, each worker on its own device.
+
+    `stop_after`: seconds from now after which no job or round starts; running jobs are asked to
+    stop (their run is left paused or with a resumable round) and killed if they do not within a
+    minute. `devices`: what each worker's CUDA_VISIBLE_DEVICES is (default 0..workers-1 when there
+    is more than one worker; one worker keeps the caller's environment). `command` builds a job's
+    command line (tests run the loop with a deterministic judge through it).
+    """
+    spec = load_bench(bench_dir)
+    todo = [j for j in jobs(bench_dir, spec) if j.state != "finished" and j.state != "failed"]
+    if workers < 1:
+        raise UserFacingError(f"--workers must be at least 1 (got {workers})", "pass --workers N, one per GPU")
+    if devices is None:
+        devices = [str(i) for i in range(workers)] if workers > 1 else [None] * workers  # type: ignore[list-item]
+    elif len(devices) < workers:
+        raise UserFacingError(f"{workers} workers need {workers} devices, got {devices}", "name one device per worker")
+    deadline = time.time() + stop_after if stop_after is not None else None
+    pending: queue.Queue[Job] = queue.Queue()
+    for job in todo:
+        pending.put(job)
+    say = on_event or (lambda _what, _job: None)
+    (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def worker(device: str | None) -> None:
+        env = dict(os.environ)
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        while True:
+            if deadline is not None and time.time() >= deadline:
+                return
+            try:
+                job = pending.get_nowait()
+            except queue.Empty:
+                return
+            say("start", job)
+            left = deadline - time.time() if deadline is not None else None
+            started = time.monotonic()
+            job.returncode = _run_job(command(job, spec, left), env, job.log, deadline)  # type: ignore[arg-type]
+            job.seconds = time.monotonic() - started
+            job.state = next((j.state for j in jobs(bench_dir, spec) if j.run_dir == job.run_dir), "partial")
+            say("done", job)
+
+    threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices[:workers]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return jobs(bench_dir, spec)
+
+
+def _run_job(cmd: list[str], env: dict[str, str], log: Path, deadline: float | None) -> int:
+    """One job; past the deadline plus a grace period it is interrupted, then killed. The rounds
+    store is written before and after every step, so either leaves a resumable run."""
+    with open(log, "a") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        while True:
+            try:
+                return child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if deadline is not None and time.time() > deadline + _GRACE_S:
+                os.killpg(child.pid, signal.SIGINT)
+                try:
+                    return child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    return child.wait()

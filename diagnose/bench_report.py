@@ -1,0 +1,226 @@
+"""The report of a bench directory: per operator and per condition, then the suite, in JSON, Markdown
+and a PNG plot, beside the published figures (evaluation.md).
+
+Everything is read from the runs' rounds stores, so the report of a bench cut short says so (its
+unfinished runs are listed as such, their speedup the chained product of their accepted rounds).
+Per operator the speedup is the geometric mean over its cases, measured best-vs-initial at the end
+of a finished run; the suite figure is the geometric mean over operators.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from diagnose.bench import jobs, load_bench
+
+__all__ = ["PUBLISHED", "bench_report", "write_report"]
+
+# The reference result (evaluation.md): 37 operators x 5 cases on Ascend, initial -> optimized kernel.
+PUBLISHED = {"operators": 37, "geomean": 4.35, "median": 2.73, "above_2x": 22, "above_5x": 13, "median_best_round": 10}
+LEVELS = ("L1", "L2", "L3", "L4")
+
+
+def _geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _fraction(report: dict[str, Any] | None, role: str) -> float | None:
+    """Median roofline fraction over the timed cases of one kernel in a run report."""
+    if not report:
+        return None
+    run = next((r for r in report.get("runs", []) if r.get("role") == role), None)
+    fractions = [c["roofline"]["fraction"] for c in (run or {}).get("cases", []) if c.get("roofline")]
+    return round(statistics.median(fractions), 4) if fractions else None
+
+
+def _operator_row(job: Any) -> dict[str, Any]:
+    from diagnose.optimize import report
+    from diagnose.rounds import RoundsStore
+
+    row: dict[str, Any] = {"operator": job.operator, "condition": job.condition.name, "state": job.state}
+    if job.state == "new":
+        return row
+    store = RoundsStore(job.run_dir)
+    try:
+        summary = report(store)
+        info = store.run()
+        rounds = store.rounds()
+    finally:
+        store.close()
+    best = next((r for r in rounds if r.idx == summary["best_round"]), None)
+    levels = [r.level for r in rounds if r.level in LEVELS]
+    row.update({
+        "family": info.spec.get("family", ""),
+        "status": info.status,
+        "rounds": summary["rounds"],
+        "accepted": sum(1 for r in rounds if r.outcome == "accepted"),
+        "best_round": summary["best_round"],
+        "best_level": summary["best_level"],
+        "best_pattern": best.hypothesis.get("pattern") if best else None,
+        "deepest_level": max(levels, key=LEVELS.index) if levels else None,
+        "speedup": summary["speedup_vs_initial"],
+        "speedup_measured": summary["speedup_vs_initial_measured"],
+        "per_case": summary["per_case_vs_initial"] or summary["per_case_best"],
+        "seconds_to_best": round(best.finished - info.created, 1) if best and best.finished else 0.0,
+        "seconds": round(max([r.finished or 0 for r in rounds] + [info.created]) - info.created, 1),
+        "roofline_initial": _fraction(info.baseline, "baseline"),
+        "roofline_best": _fraction((best.timings or {}).get("report"), "candidate") if best else
+        _fraction(info.baseline, "baseline"),
+        "device": (info.baseline or {}).get("device"),
+        "ceilings": (info.baseline or {}).get("ceilings"),
+        "patterns_tried": [r.hypothesis.get("pattern") for r in rounds],
+    })
+    return row
+
+
+def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [r for r in rows if r.get("speedup")]
+    speedups = [r["speedup"] for r in done]
+    best_level = {lv: sum(1 for r in done if r.get("best_level") == lv and r["best_round"]) for lv in LEVELS}
+    best_level["none"] = sum(1 for r in done if not r["best_round"])
+    reached = {lv: sum(1 for r in done if r.get("deepest_level") and LEVELS.index(r["deepest_level"]) >= i)
+               for i, lv in enumerate(LEVELS)}
+    return {
+        "operators": len(rows),
+        "finished": sum(1 for r in rows if r.get("status") == "finished"),
+        "geomean": round(_geomean(speedups) or 0.0, 4),
+        "median": round(statistics.median(speedups), 4) if speedups else None,
+        "above_2x": sum(1 for s in speedups if s > 2),
+        "above_5x": sum(1 for s in speedups if s > 5),
+        "improved": sum(1 for r in done if r["best_round"]),
+        "median_best_round": statistics.median([r["best_round"] for r in done]) if done else None,
+        "mean_best_round_improved": round(statistics.mean([r["best_round"] for r in done if r["best_round"]]), 2)
+        if any(r["best_round"] for r in done) else None,
+        "best_from_level": best_level,
+        "trajectories_reaching": reached,
+        "rounds": sum(r.get("rounds", 0) for r in rows),
+        "seconds": round(sum(r.get("seconds", 0.0) for r in rows), 1),
+    }
+
+
+def bench_report(bench_dir: Path) -> dict[str, Any]:
+    spec = load_bench(bench_dir)
+    rows = [_operator_row(j) for j in jobs(bench_dir, spec)]
+    by_condition = {c.name: [r for r in rows if r["condition"] == c.name] for c in spec.conditions}
+    device = next((r["device"] for r in rows if r.get("device")), None)
+    ceilings = next((r["ceilings"] for r in rows if r.get("ceilings")), None)
+    return {
+        "bench": str(bench_dir), "created": spec.created, "suite": spec.suite, "rounds": spec.rounds,
+        "time_budget_s": spec.time_budget_s, "llm": spec.llm, "backend": spec.backend, "note": spec.note,
+        "device": device, "ceilings": ceilings,
+        "conditions": [{"name": c.name, "strategy": c.strategy, "home": c.home} for c in spec.conditions],
+        "suite_by_condition": {name: _suite(rs) for name, rs in by_condition.items()},
+        "operators": rows, "published": PUBLISHED,
+    }
+
+
+def _fmt(value: Any, suffix: str = "") -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}{suffix}" if suffix == "x" else f"{value:.2f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def to_markdown(data: dict[str, Any]) -> str:
+    names = [c["name"] for c in data["conditions"]]
+    lines = [f"# Bench {Path(data['bench']).name}", "",
+             f"Created {data['created']}; suite `{data['suite']}`; {data['rounds']} rounds per operator"
+             + (f", {data['time_budget_s']:g} s per operator" if data.get("time_budget_s") else "")
+             + f"; LLM: {data['llm']}; device: {data.get('device') or '-'}.", ""]
+    if data.get("note"):
+        lines += [data["note"], ""]
+    if data.get("ceilings"):
+        c = data["ceilings"]
+        lines += [f"Ceilings measured on this device: copy {c.get('copy_gbps', 0):.0f} GB/s, bf16 matmul "
+                  f"{c.get('matmul_bf16_tflops', 0):.0f} TFLOP/s, fp32 matmul {c.get('matmul_fp32_tflops', 0):.0f} "
+                  f"TFLOP/s ({c.get('measured', '')}).", ""]
+    lines += ["## Suite", "", "| figure | " + " | ".join(names) + " | published |",
+              "|---|" + "---|" * (len(names) + 1)]
+    suites = data["suite_by_condition"]
+    pub = data["published"]
+    for key, label, published in [
+        ("operators", "operators", pub["operators"]), ("finished", "runs finished", None),
+        ("geomean", "geomean speedup vs initial", pub["geomean"]), ("median", "median speedup", pub["median"]),
+        ("above_2x", "operators above 2x", pub["above_2x"]), ("above_5x", "operators above 5x", pub["above_5x"]),
+        ("improved", "operators improved (a round accepted)", None),
+        ("median_best_round", "median best-round index", pub["median_best_round"]),
+        ("mean_best_round_improved", "mean best-round index, improved operators", None),
+        ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None)]:
+        cells = [_fmt(suites[n].get(key), "x" if key in ("geomean", "median") else "") for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(published)} |")
+    for lv in (*LEVELS, "none"):
+        label = f"best round diagnosed at {lv}" if lv != "none" else "no round accepted"
+        lines.append(f"| {label} | " + " | ".join(str(suites[n]["best_from_level"][lv]) for n in names) + " | - |")
+    lines += ["", "## Operators", "",
+              "| operator | family | " + " | ".join(f"{n}: speedup | {n}: best round (level, pattern)" for n in names)
+              + " | roofline initial |", "|---|---|" + "---|---|" * len(names) + "---|"]
+    by_key = {(r["operator"], r["condition"]): r for r in data["operators"]}
+    for op in dict.fromkeys(r["operator"] for r in data["operators"]):
+        rows = [by_key.get((op, n), {}) for n in names]
+        family = next((r.get("family") for r in rows if r.get("family")), "")
+        cells = []
+        for r in rows:
+            if not r.get("speedup"):
+                cells += [r.get("state", "-"), "-"]
+                continue
+            mark = "" if r.get("speedup_measured") else " (chained)"
+            best = f"{r['best_round']} ({r.get('best_level') or '-'}, {r.get('best_pattern') or '-'})" \
+                if r["best_round"] else "0 (none accepted)"
+            cells += [f"{r['speedup']:.3f}x{mark}" + ("" if r.get("status") == "finished" else f", {r.get('status')}"),
+                      best]
+        roof = next((r.get("roofline_initial") for r in rows if r.get("roofline_initial") is not None), None)
+        lines.append(f"| {op} | {family} | " + " | ".join(cells) + f" | {_fmt(roof)} |")
+    lines += ["", "Speedups are the geometric mean over an operator's cases of the best kernel against the "
+              "initial one, timed together at the end of the run; '(chained)' marks a run not finished, whose "
+              "figure is the product of its accepted rounds. Roofline: median over cases of achieved / "
+              "attainable at the case's arithmetic intensity, against the ceilings above.", ""]
+    return "\n".join(lines)
+
+
+def plot(data: dict[str, Any], path: Path) -> bool:
+    """Per-operator speedup by condition (log scale) and each operator's best-round index. False when
+    matplotlib is missing (the `plots` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = [c["name"] for c in data["conditions"]]
+    ops = list(dict.fromkeys(r["operator"] for r in data["operators"]))
+    by_key = {(r["operator"], r["condition"]): r for r in data["operators"]}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.6 * len(ops) * len(names)), 7), sharex=True)
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [k + i * width for k in range(len(ops))]
+        top.bar(xs, [by_key.get((op, name), {}).get("speedup") or 0 for op in ops], width, label=name)
+        bottom.bar(xs, [by_key.get((op, name), {}).get("best_round") or 0 for op in ops], width, label=name)
+    top.axhline(1.0, color="grey", lw=0.8)
+    top.set_yscale("log")
+    top.set_ylabel("speedup vs initial")
+    top.legend()
+    bottom.set_ylabel("best-round index")
+    bottom.set_xticks([k + 0.4 - width / 2 for k in range(len(ops))], ops, rotation=45, ha="right")
+    top.set_title(f"{Path(data['bench']).name}: {data['rounds']} rounds per operator, {data.get('device') or ''}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(bench_dir: Path, into: Path | None = None) -> dict[str, Any]:
+    """report.json, report.md and report.png in `into` (default: the bench directory)."""
+    into = into or bench_dir
+    into.mkdir(parents=True, exist_ok=True)
+    data = bench_report(bench_dir)
+    (into / "report.json").write_text(json.dumps(data, indent=1))
+    (into / "report.md").write_text(to_markdown(data))
+    data["plot"] = str(into / "report.png") if plot(data, into / "report.png") else None
+    return data
