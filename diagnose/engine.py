@@ -358,8 +358,14 @@ class _KBView:
             notes.append("no knowledge base given: L1 retrieval and L4 compiler-source citations skipped")
             return view
         from kb.index import load_manifest
-        from kb.retrieve import Searcher, default_release
         from kb.symbols import SymbolStore
+
+        try:
+            from kb.retrieve import Searcher, default_release
+        except ImportError as exc:  # a GPU worker's image may lack the KB stack (llama-index, chromadb)
+            notes.append(f"the knowledge base at {home.root} cannot be searched here ({exc.name} is not installed): "
+                         "L1 retrieval and L4 compiler-source citations skipped")
+            return view
 
         if load_manifest(home, "patterns", "catalog") is not None:
             view._patterns = Searcher(home, "patterns", "catalog")

@@ -121,6 +121,18 @@ def test_always_deep_reaches_the_compiler_source_at_the_release(built_home):
         diagnose(_request("masked-add"), built_home, release="nope", strategy="always-deep")
 
 
+def test_a_home_without_the_kb_stack_installed_still_diagnoses(tmp_path, monkeypatch):
+    """A GPU worker's image may lack llama-index and chromadb: the KB is then skipped with a note."""
+    import sys
+
+    from kb.home import KBHome
+
+    monkeypatch.setitem(sys.modules, "kb.retrieve", None)  # import kb.retrieve now raises ImportError
+    answer = diagnose(_request("streaming-loop"), KBHome(tmp_path / "home").ensure(), strategy="always-deep")
+    assert answer.ranked()[0].kind == "pipelining.none"
+    assert any("cannot be searched here" in n and "L4 compiler-source citations skipped" in n for n in answer.notes)
+
+
 def _request(case_id: str) -> DiagnosisRequest:
     from diagnose.evaluate import request_for
 
