@@ -169,7 +169,9 @@ def to_markdown(data: dict[str, Any]) -> str:
             if not r.get("speedup"):
                 cells += [r.get("state", "-"), "-"]
                 continue
-            mark = "" if r.get("speedup_measured") else " (chained)"
+            # A finished run that accepted nothing kept the initial kernel: 1.0 exactly, nothing to time.
+            exact = r.get("speedup_measured") or (r.get("status") == "finished" and not r["best_round"])
+            mark = "" if exact else " (chained)"
             best = f"{r['best_round']} ({r.get('best_level') or '-'}, {r.get('best_pattern') or '-'})" \
                 if r["best_round"] else "0 (none accepted)"
             cells += [f"{r['speedup']:.3f}x{mark}" + ("" if r.get("status") == "finished" else f", {r.get('status')}"),
@@ -203,12 +205,20 @@ def plot(data: dict[str, Any], path: Path) -> bool:
         top.bar(xs, [by_key.get((op, name), {}).get("speedup") or 0 for op in ops], width, label=name)
         bottom.bar(xs, [by_key.get((op, name), {}).get("best_round") or 0 for op in ops], width, label=name)
     top.axhline(1.0, color="grey", lw=0.8)
-    top.set_yscale("log")
+    speedups = [r.get("speedup") or 0 for r in data["operators"]]
+    if max(speedups, default=0) > 4:  # wide ranges on a log axis, written as plain numbers
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        top.set_yscale("log")
+        top.yaxis.set_major_formatter(ScalarFormatter())
+        top.yaxis.set_minor_formatter(NullFormatter())
+    elif any(speedups):  # a narrow range: start the axis near 1 so that a few percent show
+        top.set_ylim(bottom=min(0.9, 0.95 * min(s for s in speedups if s)))
     top.set_ylabel("speedup vs initial")
     top.legend()
     bottom.set_ylabel("best-round index")
     bottom.set_xticks([k + 0.4 - width / 2 for k in range(len(ops))], ops, rotation=45, ha="right")
-    top.set_title(f"{Path(data['bench']).name}: {data['rounds']} rounds per operator, {data.get('device') or ''}")
+    top.set_title(f"bench {Path(data['bench']).name}: {data['rounds']} rounds per operator, {data.get('device') or ''}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
