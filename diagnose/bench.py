@@ -62,6 +62,7 @@ class BenchSpec:
     backend: str = "cuda"
     created: str = ""
     note: str = ""
+    references: list[str] = field(default_factory=lambda: ["eager"])  # PyTorch stand-ins timed at the end
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BenchSpec":
@@ -159,6 +160,8 @@ def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> lis
                 "--strategy", job.condition.strategy, "--llm", spec.llm, "--backend", spec.backend]
         if spec.time_budget_s is not None:
             cmd += ["--time-budget", f"{spec.time_budget_s:g}"]
+    for ref in spec.references:  # a resumed run takes them too: they are timed only at its end
+        cmd += ["--vs", ref]
     if stop_after is not None:
         cmd += ["--stop-after", f"{max(stop_after, 0.0):.0f}"]
     return cmd + ["--json"]

@@ -38,6 +38,13 @@ def _fraction(report: dict[str, Any] | None, role: str) -> float | None:
     return round(statistics.median(fractions), 4) if fractions else None
 
 
+def _memory_fractions(report: dict[str, Any] | None, role: str) -> list[float]:
+    """Roofline fractions of the memory-bound cases of one kernel (achieved over measured copy bandwidth)."""
+    run = next((r for r in (report or {}).get("runs", []) if r.get("role") == role), None)
+    return [round(c["roofline"]["fraction"], 4) for c in (run or {}).get("cases", [])
+            if c.get("roofline") and c["roofline"].get("bound") == "memory"]
+
+
 def _operator_row(job: Any) -> dict[str, Any]:
     from diagnose.optimize import report
     from diagnose.rounds import RoundsStore
@@ -54,6 +61,9 @@ def _operator_row(job: Any) -> dict[str, Any]:
         store.close()
     best = next((r for r in rounds if r.idx == summary["best_round"]), None)
     levels = [r.level for r in rounds if r.level in LEVELS]
+    final = info.final if info.final and info.final.get("best_round") == summary["best_round"] else {}
+    final_report = final.get("report")
+    best_role = "candidate" if summary["best_round"] else "baseline"
     row.update({
         "family": info.spec.get("family", ""),
         "status": info.status,
@@ -71,6 +81,9 @@ def _operator_row(job: Any) -> dict[str, Any]:
         "roofline_initial": _fraction(info.baseline, "baseline"),
         "roofline_best": _fraction((best.timings or {}).get("report"), "candidate") if best else
         _fraction(info.baseline, "baseline"),
+        "vs_eager": {k: (final.get("vs_eager") or {}).get(k, {}).get("geomean") for k in ("initial", "best")},
+        "vs_compiled": {k: (final.get("vs_compiled") or {}).get(k, {}).get("geomean") for k in ("initial", "best")},
+        "memory_bound_fractions": _memory_fractions(final_report, best_role),
         "device": (info.baseline or {}).get("device"),
         "ceilings": (info.baseline or {}).get("ceilings"),
         "patterns_tried": [r.hypothesis.get("pattern") for r in rounds],
@@ -85,9 +98,20 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
     best_level["none"] = sum(1 for r in done if not r["best_round"])
     reached = {lv: sum(1 for r in done if r.get("deepest_level") and LEVELS.index(r["deepest_level"]) >= i)
                for i, lv in enumerate(LEVELS)}
+    def vs(key: str, which: str) -> float | None:
+        value = _geomean([r[key][which] for r in done if r.get(key, {}).get(which)])
+        return round(value, 4) if value else None
+
+    memory = [f for r in done for f in r.get("memory_bound_fractions", [])]
     return {
         "operators": len(rows),
         "finished": sum(1 for r in rows if r.get("status") == "finished"),
+        "initial_vs_eager": vs("vs_eager", "initial"),
+        "best_vs_eager": vs("vs_eager", "best"),
+        "best_vs_compiled": vs("vs_compiled", "best"),
+        "at_least_eager": sum(1 for r in done if (r.get("vs_eager") or {}).get("best") and r["vs_eager"]["best"] >= 1.0),
+        "memory_bound_cases": len(memory),
+        "memory_bound_median_fraction": round(statistics.median(memory), 4) if memory else None,
         "geomean": round(_geomean(speedups) or 0.0, 4),
         "median": round(statistics.median(speedups), 4) if speedups else None,
         "above_2x": sum(1 for s in speedups if s > 2),
@@ -149,17 +173,24 @@ def to_markdown(data: dict[str, Any]) -> str:
         ("geomean", "geomean speedup vs initial", pub["geomean"]), ("median", "median speedup", pub["median"]),
         ("above_2x", "operators above 2x", pub["above_2x"]), ("above_5x", "operators above 5x", pub["above_5x"]),
         ("improved", "operators improved (a round accepted)", None),
+        ("initial_vs_eager", "initial kernel vs PyTorch eager (geomean)", None),
+        ("best_vs_eager", "optimized kernel vs PyTorch eager (geomean; goal 1.0)", None),
+        ("best_vs_compiled", "optimized kernel vs torch.compile (geomean)", None),
+        ("at_least_eager", "operators at least as fast as eager", None),
+        ("memory_bound_median_fraction", "memory-bound cases: median fraction of copy bandwidth (goal 0.80)", None),
         ("median_best_round", "median best-round index", pub["median_best_round"]),
         ("mean_best_round_improved", "mean best-round index, improved operators", None),
         ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None)]:
-        cells = [_fmt(suites[n].get(key), "x" if key in ("geomean", "median") else "") for n in names]
+        cells = [_fmt(suites[n].get(key), "x" if key in ("geomean", "median", "initial_vs_eager", "best_vs_eager",
+                                                           "best_vs_compiled") else "") for n in names]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(published)} |")
     for lv in (*LEVELS, "none"):
         label = f"best round diagnosed at {lv}" if lv != "none" else "no round accepted"
         lines.append(f"| {label} | " + " | ".join(str(suites[n]["best_from_level"][lv]) for n in names) + " | - |")
     lines += ["", "## Operators", "",
-              "| operator | family | " + " | ".join(f"{n}: speedup | {n}: best round (level, pattern)" for n in names)
-              + " | roofline initial |", "|---|---|" + "---|---|" * len(names) + "---|"]
+              "| operator | family | " + " | ".join(f"{n}: speedup | {n}: best round (level, pattern) | {n}: best vs eager"
+                                                 for n in names)
+              + " | initial vs eager | roofline initial |", "|---|---|" + "---|---|---|" * len(names) + "---|---|"]
     by_key = {(r["operator"], r["condition"]): r for r in data["operators"]}
     for op in dict.fromkeys(r["operator"] for r in data["operators"]):
         rows = [by_key.get((op, n), {}) for n in names]
@@ -167,7 +198,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         cells = []
         for r in rows:
             if not r.get("speedup"):
-                cells += [r.get("state", "-"), "-"]
+                cells += [r.get("state", "-"), "-", "-"]
                 continue
             # A finished run that accepted nothing kept the initial kernel: 1.0 exactly, nothing to time.
             exact = r.get("speedup_measured") or (r.get("status") == "finished" and not r["best_round"])
@@ -175,13 +206,16 @@ def to_markdown(data: dict[str, Any]) -> str:
             best = f"{r['best_round']} ({r.get('best_level') or '-'}, {r.get('best_pattern') or '-'})" \
                 if r["best_round"] else "0 (none accepted)"
             cells += [f"{r['speedup']:.3f}x{mark}" + ("" if r.get("status") == "finished" else f", {r.get('status')}"),
-                      best]
+                      best, _fmt((r.get("vs_eager") or {}).get("best"), "x")]
         roof = next((r.get("roofline_initial") for r in rows if r.get("roofline_initial") is not None), None)
-        lines.append(f"| {op} | {family} | " + " | ".join(cells) + f" | {_fmt(roof)} |")
+        eager = next(((r.get("vs_eager") or {}).get("initial") for r in rows if (r.get("vs_eager") or {}).get("initial")),
+                     None)
+        lines.append(f"| {op} | {family} | " + " | ".join(cells) + f" | {_fmt(eager, 'x')} | {_fmt(roof)} |")
     lines += ["", "Speedups are the geometric mean over an operator's cases of the best kernel against the "
-              "initial one, timed together at the end of the run; '(chained)' marks a run not finished, whose "
-              "figure is the product of its accepted rounds. Roofline: median over cases of achieved / "
-              "attainable at the case's arithmetic intensity, against the ceilings above.", ""]
+              "initial one, timed together at the end of the run with the PyTorch reference (eager: the task's "
+              "reference as written; a figure above 1 means the kernel is faster); '(chained)' marks a run not "
+              "finished, whose figure is the product of its accepted rounds. Roofline: median over cases of "
+              "achieved / attainable at the case's arithmetic intensity, against the ceilings above.", ""]
     return "\n".join(lines)
 
 

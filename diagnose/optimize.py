@@ -48,6 +48,8 @@ class OptimizeOptions:
     backend: str = "cuda"
     seeds: int = 2
     timeout_s: float = 300.0
+    # PyTorch stand-ins timed beside the initial and best kernels at the end ("eager", "compiled").
+    references: tuple[str, ...] = ("eager",)
     noise_floor: float = 0.02
     release: str | None = None
 
@@ -72,6 +74,7 @@ class HarnessJudge:
         from harness.sandbox import Worker
 
         self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time)
+        self.references = tuple(options.references)
         self.worker = Worker(options.backend)
 
     def __call__(self, spec: dict[str, Any], baseline: str | None, candidate: str | None, entry: str) -> RunReport:
@@ -79,6 +82,16 @@ class HarnessJudge:
 
         return run_task(spec, self.options, candidate=candidate, candidate_entry=entry, worker=self.worker,
                         baseline=baseline)
+
+    def final(self, spec: dict[str, Any], best: str | None, entry: str) -> RunReport:
+        """The end-of-run measurement: the best kernel (None: the initial one alone) against the task's
+        own, with the PyTorch stand-ins the options name."""
+        from dataclasses import replace
+
+        from harness.run import run_task
+
+        return run_task(spec, replace(self.options, references=self.references), candidate=best,
+                        candidate_entry=entry, worker=self.worker)
 
     def judge_all(self, spec: dict[str, Any], baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
         """A round's variants against their (already validated) parent: the parent is timed once per
@@ -160,12 +173,18 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
                 break
             _finish(store, planned, spec, task, entry, judge, options, home, say)
         info = store.run()
-        if info.best_round and (info.final or {}).get("best_round") != info.best_round:
-            # Chained per-round speedups drift; the best kernel is timed against the original once, at the end.
-            say(f"timing the best kernel (round {info.best_round}) against the task's own")
-            final = judge(spec, None, info.best_path, entry)
-            store.update_run(final={"best_round": info.best_round, "per_case": final.speedups(),
-                                    "geomean": _verdict(final, options)[0]})
+        best = info.best_round or 0
+        if (info.final or {}).get("best_round") != best:
+            # Chained per-round speedups drift: the best kernel is timed against the original once, at
+            # the end, with the PyTorch stand-ins beside them (a weak initial kernel cannot hide).
+            say(f"timing the best kernel (round {best}) against the task's own and PyTorch" if best
+                else "timing the task's own kernel against PyTorch")
+            final_judge = getattr(judge, "final", None)
+            if final_judge is not None:
+                store.update_run(final=_final_record(best, final_judge(spec, info.best_path if best else None, entry),
+                                                     options))
+            elif best:
+                store.update_run(final=_final_record(best, judge(spec, None, info.best_path, entry), options))
         store.update_run(status="finished")
     except KeyboardInterrupt:
         store.update_run(status="interrupted")
@@ -376,6 +395,31 @@ def _variants(hyp: Hypothesis, source: str, task: Any, store: RoundsStore, r: Ro
     diagnosis = (store.dir / f"round-{r.idx:03d}.diagnosis.md").read_text()
     new = rewrite_kernel(config, source, diagnosis, getattr(task.entry, "__name__", "entry"))
     return [Variant({"llm": config.model}, new)]
+
+
+def _geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dict[str, Any]:
+    """The end-of-run measurement: best over initial per case (1.0 when no round was accepted: the
+    best kernel is the initial one), and both over each PyTorch stand-in that was timed."""
+    record: dict[str, Any] = {"best_round": best, "report": report.to_dict()}
+    if best:
+        record["per_case"] = report.speedups()
+        record["geomean"] = _verdict(report, options)[0]
+    else:
+        record["per_case"] = {label: 1.0 for label in report.speedups("baseline", "baseline")}
+        record["geomean"] = 1.0 if report.run("baseline") and report.run("baseline").correct else None
+    for ref in ("eager", "compiled"):
+        if report.run(ref) is None:
+            continue
+        kernels = {"initial": "baseline", "best": "candidate" if best else "baseline"}
+        per_case = {name: report.speedups(ref, role) for name, role in kernels.items()}
+        record[f"vs_{ref}"] = {name: {"per_case": cases, "geomean": _geomean(list(cases.values()))}
+                               for name, cases in per_case.items()}
+    return record
 
 
 def _verdict(report: RunReport, options: OptimizeOptions) -> tuple[float | None, float, str]:

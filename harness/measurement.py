@@ -81,7 +81,7 @@ class CaseResult:
 
 @dataclass
 class KernelRun:
-    role: str  # "baseline" | "candidate"
+    role: str  # "baseline" | "candidate" | "eager" | "compiled" (PyTorch stand-ins, timed only)
     source: str  # file that defines the entry
     cases: list[CaseResult] = field(default_factory=list)
     rejected: str | None = None  # the first reason this kernel cannot be trusted or timed
@@ -107,9 +107,10 @@ class RunReport:
     def run(self, role: str) -> KernelRun | None:
         return next((r for r in self.runs if r.role == role), None)
 
-    def speedups(self) -> dict[str, float]:
-        """Baseline median / candidate median per timed case label."""
-        base, cand = self.run("baseline"), self.run("candidate")
+    def speedups(self, baseline: str = "baseline", candidate: str = "candidate") -> dict[str, float]:
+        """`baseline` median / `candidate` median per timed case label (e.g. eager over candidate: the
+        kernel's speedup over PyTorch)."""
+        base, cand = self.run(baseline), self.run(candidate)
         if base is None or cand is None:
             return {}
         times = {c.label: c.timing.median_us for c in base.cases if c.timing}

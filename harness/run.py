@@ -26,6 +26,9 @@ class RunOptions:
     roofline: bool = True
     timeout_s: float = 300.0
     profile: bool = False  # Nsight Compute metrics per timed case (cuda, when ncu is present)
+    # PyTorch stand-ins timed with the kernels (roles "eager", "compiled": the task's reference as
+    # written and through torch.compile); each case's speedup over them is in the report.
+    references: tuple[str, ...] = ()
 
 
 def run_task(task: dict[str, Any], options: RunOptions, candidate: str | None = None,
@@ -65,8 +68,9 @@ def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candi
     assert report is not None
     passed = [k for k, run in zip(kernels, report.runs) if run.correct]
     if options.time and passed:
-        answer = worker.submit({**base_job, "kernels": passed, "check": False, "time": True,
-                                "roofline": options.roofline}, options.timeout_s * len(passed))
+        timed_kernels = passed + [{"role": r, "reference": r} for r in options.references]
+        answer = worker.submit({**base_job, "kernels": timed_kernels, "check": False, "time": True,
+                                "roofline": options.roofline}, options.timeout_s * len(timed_kernels))
         timed = _report_or_failure(answer, "candidate" if candidate else "baseline", _task_name(task))
         _merge_timings(report, timed)
     if options.profile and passed:
@@ -166,4 +170,7 @@ def _merge_timings(report: RunReport, timed: RunReport) -> None:
     report.ceilings = timed.ceilings
     report.notes.extend(n for n in timed.notes if n not in report.notes)
     for run in timed.runs:
+        if report.run(run.role) is None and run.cases:  # a PyTorch stand-in: timed, never checked
+            report.runs.append(run)
+            continue
         _copy_timings(run, report.run(run.role))

@@ -58,7 +58,8 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         _profile_calls(task, kernels, [c for c in cases if not c[2]])
         return report.to_dict()
     if job.get("time") and backend.times:
-        timed = [(role, entry) for (role, entry, _), run in zip(kernels, report.runs) if run.correct or not job.get("check", True)]
+        timed = [(role, entry) for (role, entry, _), run in zip(kernels, report.runs)
+                 if entry is not None and (run.correct or not job.get("check", True))]
         _time(task, timed, report, [c for c in cases if not c[2]], backend, job.get("roofline", True))
     return report.to_dict()
 
@@ -75,7 +76,20 @@ def _npu_artifacts() -> list[str]:
     return [str(Path(r.metadata["dump_dir"]) / "artifacts.json") for r in records]
 
 
+# PyTorch stand-ins timed beside the kernels: the task's reference as written (eager), and the same
+# through torch.compile (inductor), for the speedup of a Triton kernel over what a user already has.
+REFERENCE_ROLES = ("eager", "compiled")
+
+
 def _entry_of(task: Task, kernel: dict[str, Any]) -> Any:
+    if kernel.get("reference"):
+        if task.reference is None:
+            return None
+        if kernel["reference"] == "compiled":
+            import torch
+
+            return torch.compile(task.reference)
+        return task.reference
     if not kernel.get("path"):  # the task's own kernel
         return task.entry
     from harness.capture import load_kernel_module
@@ -297,11 +311,13 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
         first = _inputs(task, case)
         nbytes = sum(a.numel() * a.element_size() for a in first if isinstance(a, torch.Tensor))
         arg_sets = [first] + [_inputs(task, case) for _ in range(rotation_count(nbytes) - 1)]
-        timings: dict[str, list[Any]] = {role: [] for role, _ in kernels}
+        here = [(role, entry) for role, entry in kernels
+                if role not in REFERENCE_ROLES or _reference_runs(entry, first, role, task.case_label(case), report)]
+        timings: dict[str, list[Any]] = {role: [] for role, _ in here}
         for _ in range(2):
-            for role, entry in kernels:
+            for role, entry in here:
                 timings[role].append(time_calls(lambda a, e=entry: e(*a), arg_sets, warm_cache=task.warm_cache))
-        for role, _ in kernels:
+        for role, _ in here:
             first_t, second_t = timings[role]
             merged = first_t
             merged.median_us = (first_t.median_us + second_t.median_us) / 2
@@ -316,6 +332,18 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
                 work = float(task.flops(**case)) if task.flops else None
                 result.roofline = place(moved, work, merged.median_us * 1e-6, ceiling, _compute_dtype(first))
         del arg_sets, first
+
+
+def _reference_runs(entry: Any, args: tuple[Any, ...], role: str, label: str, report: RunReport) -> bool:
+    """One trial call of a PyTorch stand-in (torch.compile may fail on an op): a failure drops it from
+    this case's timing with a note instead of sinking the kernels' timings."""
+    try:
+        entry(*args)
+        _sync()
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure of the stand-in is reported, not raised
+        report.notes.append(f"{role} reference not timed for {label}: {type(exc).__name__}: {first_line(exc)}")
+        return False
 
 
 def _case_result(run: KernelRun, label: str, case: dict[str, Any]) -> CaseResult:

@@ -637,11 +637,13 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Seconds a kernel may take per job.")
 @click.option("--no-time", is_flag=True, help="Check correctness only.")
 @click.option("--profile", is_flag=True, help="Nsight Compute metrics per case (cuda; needs ncu).")
+@click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True,
+              help="Also time the task's PyTorch reference as written (eager) or through torch.compile (compiled).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_user_errors
 def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
             candidate: str | None, candidate_entry: str | None, backend: str, cases: str | None, seeds: int,
-            timeout_s: float, no_time: bool, profile: bool, as_json: bool) -> None:
+            timeout_s: float, no_time: bool, profile: bool, versus: tuple[str, ...], as_json: bool) -> None:
     """Check a task's kernel (and a candidate) for correctness, then time it: sandboxed, guarded."""
     from harness.backends import detect_backend
     from harness.run import RunOptions, run_task
@@ -662,7 +664,8 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
     except ValueError as exc:
         raise UserFacingError(f"--cases {cases!r} is not a list of indices", "e.g. --cases 0,2") from exc
     options = RunOptions(backend=detect_backend() if backend == "auto" else backend, cases=indices,
-                         seeds=max(1, seeds), time=not no_time, timeout_s=timeout_s, profile=profile)
+                         seeds=max(1, seeds), time=not no_time, timeout_s=timeout_s, profile=profile,
+                         references=tuple(dict.fromkeys(versus)))
     report = run_task(spec, options, candidate=str(Path(candidate).resolve()) if candidate else None,
                       candidate_entry=candidate_entry)
     if as_json:
@@ -724,12 +727,14 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.option("--release", default=None, help="Compiler release(s) for L4 citations.")
 @click.option("--stop-after", "stop_after", type=float, default=None,
               help="Seconds from now after which no round starts; the run is left paused, to --resume later.")
+@click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True, default=("eager",),
+              show_default=True, help="PyTorch stand-ins timed beside the initial and best kernels at the end.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON.")
 @click.pass_context
 @_user_errors
 def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
              strategy: str, backend: str, run_dir: Path | None, resume_run: str | None, release: str | None,
-             stop_after: float | None, as_json: bool) -> None:
+             stop_after: float | None, versus: tuple[str, ...], as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""
     import datetime
 
@@ -747,7 +752,8 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
         if LLMConfig.from_env() is None:
             raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
-                              backend=detect_backend() if backend == "auto" else backend, release=release)
+                              backend=detect_backend() if backend == "auto" else backend, release=release,
+                              references=tuple(dict.fromkeys(versus)))
     if options.backend == "interpreter":
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
@@ -876,12 +882,14 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
               help="Continue a bench: finished runs are kept, paused ones resumed, the rest started.")
 @click.option("--stop-after", "stop_after", type=float, default=None,
               help="Seconds from now after which no job or round starts (a GPU machine lent for minutes).")
+@click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True, default=("eager",),
+              show_default=True, help="PyTorch stand-ins each operator's initial and best kernels are timed against.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 @_user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
           strategy: str, workers: int, llm: str, backend: str, bench_dir: Path | None, resume_dir: Path | None,
-          stop_after: float | None, as_json: bool) -> None:
+          stop_after: float | None, versus: tuple[str, ...], as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
     import datetime
 
@@ -904,7 +912,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         # Each job resolves the home as this command does (--home, else $KB_HOME, else the default).
         home = str(Path(ctx.obj["home"]).resolve()) if ctx.obj.get("home") else None
         spec = BenchSpec(str(suite_dir.resolve()), names, [Condition(x, x, home) for x in strategies], rounds,
-                         time_budget, llm, chosen)
+                         time_budget, llm, chosen, references=list(dict.fromkeys(versus)))
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         directory = bench_dir or _home(ctx, create=True).root / "bench" / stamp
         create_bench(directory, spec)

@@ -8,6 +8,8 @@ from harness.measurement import CaseResult, KernelRun, RunReport
 
 __all__ = ["render_run"]
 
+STAND_INS = {"eager": "PyTorch eager", "compiled": "torch.compile"}
+
 
 def render_run(report: RunReport, console: Any) -> None:
     from rich.table import Table
@@ -17,6 +19,8 @@ def render_run(report: RunReport, console: Any) -> None:
     timed = any(c.timing for r in report.runs for c in r.cases)
     for run in report.runs:
         verdict = "[green]correct[/]" if run.correct else f"[red]rejected[/]: {run.rejected or _first_failure(run)}"
+        if run.role in STAND_INS:
+            verdict = "PyTorch stand-in, timed only"
         console.print(f"{run.role}: {run.source}  {verdict}")
         if not run.cases:
             continue
@@ -36,6 +40,11 @@ def render_run(report: RunReport, console: Any) -> None:
         console.print(table)
         for problem in problems:
             console.print(f"[red]{problem}[/]")
+    for ref in STAND_INS:
+        for role in ("baseline", "candidate"):
+            over = report.speedups(ref, role)
+            if report.run(ref) is not None and over:
+                console.print(f"{role} over {STAND_INS[ref]}: " + ", ".join(f"{k} {v:.2f}x" for k, v in over.items()))
     ceil = report.ceilings
     if ceil:
         console.print(f"ceilings ({ceil.get('measured', '?')}): copy {ceil['copy_gbps']:.0f} GB/s, "

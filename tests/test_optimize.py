@@ -21,7 +21,7 @@ from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize, report
 from diagnose.rewrite import rewrite
 from diagnose.rounds import RoundsStore
 from harness.errors import UserFacingError
-from harness.measurement import RunReport, Timing
+from harness.measurement import CaseResult, KernelRun, RunReport, Timing
 from kb.cli import main
 
 TASK = FIXTURES / "optimize" / "task.py"
@@ -65,6 +65,15 @@ class TimedJudge(HarnessJudge):
 
     def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
         return [self(spec, baseline, c, entry) for c in candidates]
+
+    def final(self, spec, best, entry) -> RunReport:
+        """Best against initial, and PyTorch eager at a fixed 80 µs per case."""
+        report = self(spec, None, best, entry)
+        base = report.run("baseline")
+        report.runs.append(KernelRun(role="eager", source="reference", cases=[
+            CaseResult(case=c.case, label=c.label, timing=Timing(80.0, 80.0, 80.0, 100, repeat_spread=0.0))
+            for c in base.cases if not c.heldout]))
+        return report
 
 
 def _run(tmp_path: Path, rounds: int, **kw) -> RoundsStore:
@@ -266,3 +275,20 @@ def test_tensor_descriptor_rewrite_dispatches_on_tma_rules(tmp_path):
         assert report.run("candidate").correct, (call, report.to_dict())
     arts = capture_call(tma, "matmul(torch.randn(512, 512).half(), torch.randn(512, 512).half())")
     assert any("ttng.async_tma_copy_global_to_local" in a.stages["ttgir"] for a in arts)
+
+
+def test_the_final_measurement_reports_speedups_over_pytorch():
+    from diagnose.optimize import _final_record
+
+    def run_of(role, us):
+        return KernelRun(role=role, source=f"{role}.py", cases=[
+            CaseResult(case={"n": i}, label=f"n={i}", timing=Timing(t, t, t, 10, 0.0)) for i, t in enumerate(us)])
+    report = RunReport(task="t", backend="cuda", device="H200", runs=[
+        run_of("baseline", [100.0, 100.0]), run_of("candidate", [50.0, 25.0]), run_of("eager", [100.0, 50.0])])
+    record = _final_record(2, report, OptimizeOptions())
+    assert record["geomean"] == pytest.approx(8 ** 0.5) and record["per_case"] == {"n=0": 2.0, "n=1": 4.0}
+    assert record["vs_eager"]["initial"]["geomean"] == pytest.approx(0.5 ** 0.5)  # the initial kernel lost to eager
+    assert record["vs_eager"]["best"]["per_case"] == {"n=0": 2.0, "n=1": 2.0}
+    unchanged = _final_record(0, RunReport(task="t", backend="cuda", device="H200", runs=[
+        run_of("baseline", [100.0, 100.0]), run_of("eager", [100.0, 50.0])]), OptimizeOptions())
+    assert unchanged["geomean"] == 1.0 and unchanged["vs_eager"]["best"] == unchanged["vs_eager"]["initial"]

@@ -182,6 +182,27 @@ def test_one_shared_timing_job_is_split_into_a_report_per_candidate():
     assert reports[2].run("baseline").source == "parent.py"
 
 
+def test_pytorch_stand_ins_are_timed_beside_the_kernels_never_checked():
+    from harness.run import _merge_timings
+    from harness.runner import _entry_of, _reference_runs
+    from harness.task import load_task
+
+    task = load_task(TASK["path"])
+    assert _entry_of(task, {"role": "eager", "reference": "eager"}) is task.reference
+    report = RunReport(task="t", backend="cuda", device="H200")
+    assert not _reference_runs(lambda x, y: 1 / 0, (1, 2), "compiled", "n=1", report)
+    assert report.notes == ["compiled reference not timed for n=1: ZeroDivisionError: division by zero"]
+
+    def run_of(role, us):
+        return KernelRun(role=role, source=f"{role}.py", cases=[
+            CaseResult(case={"n": 1}, label="n=1", timing=Timing(us, us, us, 10, 0.01) if us else None)])
+    checked = RunReport(task="t", backend="cuda", device="H200", runs=[run_of("baseline", None)])
+    timed = RunReport(task="t", backend="cuda", device="H200", runs=[run_of("baseline", 50.0), run_of("eager", 80.0)])
+    _merge_timings(checked, timed)
+    assert [r.role for r in checked.runs] == ["baseline", "eager"]
+    assert checked.speedups("eager", "baseline") == {"n=1": pytest.approx(1.6)}  # the kernel over eager PyTorch
+
+
 def test_report_speedups_flags_and_json_round_trip():
     def run_of(role, us):
         return KernelRun(role=role, source=f"{role}.py", cases=[
