@@ -11,8 +11,8 @@ from harness.task import load_task
 OPERATORS = sorted(p.parent.name for p in (REPO / "corpora" / "operators").glob("*/task.py"))
 
 
-def test_the_suite_grows_past_the_first_five():
-    assert len(OPERATORS) >= 19
+def test_the_suite_covers_the_published_size():
+    assert len(OPERATORS) >= 37  # the reference result's 37 operators (evaluation.md)
 
 
 @pytest.mark.parametrize("name", OPERATORS)
