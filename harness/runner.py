@@ -44,7 +44,7 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         raise UserFacingError(f"task {task.name} has no case among {indices}", f"pick indices 0..{len(task.cases) - 1}")
     if job.get("check", True):
         cases += [(len(task.cases) + i, c, True) for i, c in enumerate(task.heldout)]
-    kernels = [(k["role"], _entry_of(task, k), k.get("path") or task.source_file) for k in job["kernels"]]
+    kernels = [(k["role"], _entry_of(task, k), _source_of(task, k)) for k in job["kernels"]]
     if not backend.times and job.get("time"):
         report.notes.append(f"the {backend.name} backend is never timed: its seconds say nothing about a kernel")
     for role, entry, source in kernels:
@@ -79,6 +79,12 @@ def _npu_artifacts() -> list[str]:
 # PyTorch stand-ins timed beside the kernels: the task's reference as written (eager), and the same
 # through torch.compile (inductor), for the speedup of a Triton kernel over what a user already has.
 REFERENCE_ROLES = ("eager", "compiled")
+
+
+def _source_of(task: Task, kernel: dict[str, Any]) -> str:
+    if kernel.get("reference"):
+        return f"{task.path}: reference" + (" through torch.compile" if kernel["reference"] == "compiled" else "")
+    return kernel.get("path") or task.source_file
 
 
 def _entry_of(task: Task, kernel: dict[str, Any]) -> Any:
