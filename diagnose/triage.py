@@ -111,6 +111,18 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                                f"num_stages={stages} of {bm}x{bk} and {bk}x{bn} tiles exceed sm90 shared memory",
                                "Pipelined operands are buffered num_stages times in shared memory.", [ev], [],
                                "allocate-shared-memory", "L1", 0.7))
+    ascend = target.split(":")[0] in ("npu", "ascend")
+    for loop in feats.loops if ascend else ():
+        if loop.what.endswith("static_range") and "loads" in loop.detail:
+            ev = _ev(log, feats, loop, f"the loop at {name}:{loop.line} is a tl.static_range over loads: it is unrolled "
+                                       "in TTIR, one copy of its tiles per iteration")
+            out.append(Finding("ascend.static-unroll", "ascend-memory",
+                               f"tl.static_range at {name}:{loop.line} unrolls tile loads",
+                               "Every unrolled iteration's buffers are live when hivm-plan-memory places them; on "
+                               "910_95 this overflows the Unified Buffer where tl.range fits (triton-ascend#2246). "
+                               "Whether it does depends on the trip count and tile sizes.",
+                               [ev], [loop.line], "hivm-plan-memory", "L1", 0.5))
+            break
     masked = [s for s in feats.loads + feats.stores if s.detail == "masked"]
     if masked and cuda:
         s = masked[0]

@@ -58,6 +58,8 @@ __all__ = [
     "KernelProfile",
     "find_ncu",
     "ncu_command",
+    "find_msprof",
+    "msprof_op_command",
     "parse_msprof_op",
     "parse_ncu_csv",
     "parse_torch_npu_profile",
@@ -291,6 +293,34 @@ def ncu_command(
             raise UserFacingError(f"launch count {launch_count} profiles nothing", "pass a launch count of 1 or more")
         command += ["--launch-count", str(launch_count)]
     return [*command, *argv]
+
+
+def msprof_op_command(argv: list[str], *, output: str | Path, kernel_name: str | None = None,
+                      msprof: str = "msprof") -> list[str]:
+    """The command line that profiles `argv` under `msprof op`, writing an OPPROF_* directory into
+    `output` that `parse_msprof_op` reads (triton-ascend docs/en/debug_guide/profiling.md:
+    `msprof op --kernel-name=NAME --output=DIR python3 app.py`)."""
+    if not argv:
+        raise UserFacingError("nothing to profile: the command to run under msprof op is empty",
+                              "pass the worker's argv")
+    command = [msprof, "op", f"--output={output}"]
+    if kernel_name:
+        command.append(f"--kernel-name={kernel_name}")
+    return [*command, *argv]
+
+
+def find_msprof() -> str | None:
+    """`msprof` on PATH, else under the CANN toolkit ($ASCEND_TOOLKIT_HOME or $ASCEND_HOME_PATH)."""
+    found = shutil.which("msprof")
+    if found:
+        return found
+    for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+        home = os.environ.get(var)
+        for candidate in ((Path(home) / "bin" / "msprof", Path(home) / "tools" / "profiler" / "bin" / "msprof")
+                          if home else ()):
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    return None
 
 
 def find_ncu() -> str | None:

@@ -74,12 +74,9 @@ def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candi
         timed = _report_or_failure(answer, "candidate" if candidate else "baseline", _task_name(task))
         _merge_timings(report, timed)
     if options.profile and passed:
-        if options.backend == "cuda":
-            from harness.profile import profile_cases
+        from harness.profile import profile_cases
 
-            profile_cases(report, task, options, passed)
-        else:
-            report.notes.append(f"--profile measures CUDA kernels through ncu; the {options.backend} backend is not profiled")
+        profile_cases(report, task, options, passed)
     return report
 
 

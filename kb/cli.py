@@ -636,7 +636,8 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
 @click.option("--seeds", default=3, show_default=True, help="Fresh random inputs per case.")
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Seconds a kernel may take per job.")
 @click.option("--no-time", is_flag=True, help="Check correctness only.")
-@click.option("--profile", is_flag=True, help="Nsight Compute metrics per case (cuda; needs ncu).")
+@click.option("--profile", is_flag=True,
+              help="Profiler metrics per case: Nsight Compute on cuda (needs ncu), msprof op on npu (needs msprof).")
 @click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True,
               help="Also time the task's PyTorch reference as written (eager) or through torch.compile (compiled).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -133,6 +133,22 @@ def test_a_home_without_the_kb_stack_installed_still_diagnoses(tmp_path, monkeyp
     assert any("cannot be searched here" in n and "L4 compiler-source citations skipped" in n for n in answer.notes)
 
 
+def test_static_range_over_loads_is_an_ascend_suspicion_only(tmp_path):
+    from diagnose.features import kernel_features
+    from diagnose.records import EvidenceLog
+    from diagnose.triage import triage
+
+    kernel = tmp_path / "unrolled.py"
+    kernel.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                      "def k(x_ptr, out_ptr, BLOCK: tl.constexpr):\n    acc = tl.zeros((BLOCK,), tl.float32)\n"
+                      "    for i in tl.static_range(8):\n        acc += tl.load(x_ptr + i * BLOCK + tl.arange(0, BLOCK))\n"
+                      "    tl.store(out_ptr + tl.arange(0, BLOCK), acc)\n")
+    feats = kernel_features(kernel)
+    ascend = triage(feats, EvidenceLog(), target="npu")
+    assert [(f.kind, f.kernel_lines, f.confidence) for f in ascend] == [("ascend.static-unroll", [8], 0.5)]
+    assert not [f for f in triage(feats, EvidenceLog(), target="cuda:90") if f.kind.startswith("ascend")]
+
+
 def _request(case_id: str) -> DiagnosisRequest:
     from diagnose.evaluate import request_for
 

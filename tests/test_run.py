@@ -238,25 +238,62 @@ def test_profile_wraps_the_worker_and_parses_what_the_profiler_prints(tmp_path, 
     """))
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:" + __import__("os").environ["PATH"])
-    from harness.profile import profile_cases
+    from harness.profile import NCU, profile_cases
 
-    report = RunReport(task="task_add", backend="interpreter", device="cpu", runs=[
-        KernelRun(role="baseline", source="add.py", kernels=["add_kernel"],
-                  cases=[CaseResult(case={"n": 1000}, label="n=1000")])])
+    report = _one_case_report()
     options = RunOptions(backend="interpreter", cases=[0], timeout_s=60)
-    profile_cases(report, TASK, options, [{"role": "baseline"}])
+    profile_cases(report, TASK, options, [{"role": "baseline"}], profiler=NCU)  # the cuda backend's profiler
     profile = report.run("baseline").cases[0].profile
     assert profile is not None and profile["source"] == "ncu", report.notes
     assert profile["duration_us"] > 0 and profile["dram_throughput_pct"] is not None
 
 
-def test_profile_without_ncu_says_so(monkeypatch, tmp_path):
+def _one_case_report() -> RunReport:
+    return RunReport(task="task_add", backend="interpreter", device="cpu", runs=[
+        KernelRun(role="baseline", source="add.py", kernels=["add_kernel"],
+                  cases=[CaseResult(case={"n": 1000}, label="n=1000")])])
+
+
+def test_npu_profile_runs_the_worker_under_msprof_op(tmp_path, monkeypatch):
+    """A stand-in `msprof` (it checks the documented `msprof op --output=DIR --kernel-name=K app`
+    form, runs the worker, then writes a recorded OPPROF_* directory into DIR) exercises the npu
+    backend's profiler end to end but for the board."""
+    fake = tmp_path / "msprof"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import shutil, subprocess, sys
+        assert sys.argv[1] == "op", sys.argv
+        out = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--output="))
+        assert "--kernel-name=add_kernel" in sys.argv, sys.argv
+        subprocess.run([a for a in sys.argv[2:] if not a.startswith("--")] , check=False)
+        shutil.copytree({str(FIXTURES / 'profiles' / 'msprof_single' / 'OPPROF_20261129_ABC')!r},
+                        out + "/OPPROF_20261129_ABC")
+    """))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:" + __import__("os").environ["PATH"])
+    from harness.profile import MSPROF, PROFILERS, profile_cases
+
+    assert PROFILERS["npu"] is MSPROF
+    report = _one_case_report()
+    profile_cases(report, TASK, RunOptions(backend="interpreter", cases=[0], timeout_s=60), [{"role": "baseline"}],
+                  profiler=MSPROF)
+    profile = report.run("baseline").cases[0].profile
+    assert profile is not None and profile["source"] == "msprof", report.notes
+    assert profile["duration_us"] == pytest.approx(24.56)
+
+
+def test_profile_without_the_profiler_says_so(tmp_path):
+    from dataclasses import replace
+
     import harness.profile as prof
 
-    monkeypatch.setattr(prof, "find_ncu", lambda: None)
     report = RunReport(task="t", backend="cuda", device="x", runs=[KernelRun(role="baseline", source="a.py")])
-    prof.profile_cases(report, TASK, RunOptions(), [{"role": "baseline"}])
+    prof.profile_cases(report, TASK, RunOptions(), [{"role": "baseline"}], profiler=replace(prof.NCU, find=lambda: None))
     assert "ncu is not installed" in report.notes[0]
+    npu = RunReport(task="t", backend="npu", device="x", runs=[KernelRun(role="baseline", source="a.py")])
+    prof.profile_cases(npu, TASK, RunOptions(backend="npu"), [{"role": "baseline"}],
+                       profiler=replace(prof.MSPROF, find=lambda: None))
+    assert "msprof is not on PATH" in npu.notes[0]
 
 
 def test_harness_imports_nothing_above_it():

@@ -2,7 +2,7 @@
 
 Reads the TRITON_DEBUG dumps collected by harness.npu (stages "ttir", "ttadapter", "mlir"; HIVM
 pass snapshots as "pass:<arg>"; bishengir's own output in metadata["compiler_output"]). Modes and
-their documented signatures: failure-modes.md A1-A6.
+their documented signatures: failure-modes.md A1-A7 and A9.
 """
 
 from __future__ import annotations
@@ -104,4 +104,122 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             "Multi-buffer (ping-pong) needs a loop over sub-tiles to rotate buffers across; a kernel that processes "
             "its block in one step leaves hivm-enable-multi-buffer nothing to double-buffer.",
             [ev, ev2], [], "hivm-enable-multi-buffer", confidence=0.8))
+    findings += _mask_padding(adapter, src, log)
+    findings += _alignment_padding(adapter, src, log)
+    findings += _dynamic_strides(adapter, src, log)
+    findings += _cube_vector_sync(adapter, hivm or art.stages.get("mlir", ""), log)
     return findings
+
+
+def _mask_padding(adapter: str, src: str, log: EvidenceLog) -> list[Finding]:
+    """A5: a masked load without `other` is filled before the copy: `scf.if %partial { linalg.fill }`
+    tagged hivm.unlikely_condition (LoadConverter::fillTensorWithOtherForMaskScenario), so the
+    MTE2 copy waits for a Vector fill on every partial tile."""
+    lines = adapter.splitlines()
+    ops = ir.op_source_lines(adapter)
+    copies = [o for o in ops if o.op == "memref.copy"]
+    for op in (o for o in ops if o.op == "scf.if"):
+        indent = len(lines[op.ir_line - 1]) - len(lines[op.ir_line - 1].lstrip())
+        end = next((j for j in range(op.ir_line, len(lines)) if lines[j].strip().startswith("}")
+                    and len(lines[j]) - len(lines[j].lstrip()) == indent), None)
+        if end is None or "hivm.unlikely_condition" not in lines[end] \
+                or not any("linalg.fill" in lines[k] for k in range(op.ir_line, end)):
+            continue
+        load = next((c for c in copies if c.ir_line > end + 1), None)
+        line = load.loc.line if load and load.loc else 0
+        chain = [log_op(log, "ttadapter", op, f"the masked load at {at(src, line)} is preceded by `scf.if {{ linalg.fill "
+                        "}}` tagged hivm.unlikely_condition: partial tiles are zero-filled before the copy")]
+        if load is not None:
+            chain.append(log_op(log, "ttadapter", load, "the copy (MTE2) that fills the same buffer after the Vector fill"))
+        return [Finding(
+            "ascend.mask-padding", "ascend-memory", f"the masked load at {at(src, line)} pads its tile before copying",
+            "A masked tl.load without `other` keeps GPU semantics (zeros in masked lanes) by default, so triton-to-linalg "
+            "fills the local buffer with a Vector op before the MTE2 copy into it: a Vector->MTE2 dependency on every "
+            "partial tile. Where the masked lanes are never read, care_padding=False drops the fill.",
+            chain, [line] if line else [], "triton-to-linalg", confidence=0.75)]
+    return []
+
+
+_ALLOC = re.compile(r"memref\.alloc\(\)\s*:\s*memref<(?P<shape>\d+(?:x\d+)*)x(?P<t>f32|f16|bf16|i8|i16|i32|i64)\b")
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
+UB_ALIGN_BYTES = 32  # the last axis of a UB buffer is laid out in 32-byte units (AscendNPU-IR best_practice.md)
+
+
+def _alignment_padding(adapter: str, src: str, log: EvidenceLog) -> list[Finding]:
+    """A6: a multi-dimensional local buffer whose last axis is not a 32-byte multiple is padded to one
+    by hivm-align-alloc-size / hivm-enable-stride-align: UB holds (and DMAs move) the padding too."""
+    worst: tuple[float, ir.OpLine, list[int], int] | None = None
+    for op in ir.op_source_lines(adapter, {"memref.alloc"}):
+        m = _ALLOC.search(op.text)
+        if not m or "x" not in m.group("shape"):
+            continue  # 1-D buffers are one contiguous run: only the total is rounded
+        dims = [int(d) for d in m.group("shape").split("x")]
+        last = dims[-1] * _BYTES[m.group("t")]
+        if last % UB_ALIGN_BYTES == 0:
+            continue
+        padded = -(-last // UB_ALIGN_BYTES) * UB_ALIGN_BYTES
+        factor = padded / last
+        if worst is None or factor > worst[0]:
+            worst = (factor, op, dims, last)
+    if worst is None or worst[0] < 1.5:
+        return []
+    factor, op, dims, last = worst
+    line = op.loc.line if op.loc else 0
+    chain = [log_op(log, "ttadapter", op, f"the local buffer {'x'.join(map(str, dims))} at {at(src, line)} has a "
+                    f"{last}-byte last axis, padded to {-(-last // UB_ALIGN_BYTES) * UB_ALIGN_BYTES} bytes in UB: "
+                    f"{factor:.1f}x the space and the transfer")]
+    return [Finding(
+        "ascend.alignment-padding", "ascend-memory",
+        f"the tile at {at(src, line)} wastes {100 * (1 - 1 / factor):.0f}% of its Unified Buffer on alignment padding",
+        "UB buffers are aligned to 32 bytes on their last axis (hivm-align-alloc-size, hivm-enable-stride-align); a "
+        "tile whose innermost extent is a few bytes is stored, moved and computed at the padded width, which shrinks "
+        "the tiles that fit and multiplies DMA work.", chain, [line] if line else [], "hivm-align-alloc-size",
+        confidence=0.8 if factor >= 2 else 0.6)]
+
+
+_DYNAMIC_STRIDE = re.compile(r"memref\.reinterpret_cast .*strides: \[(?P<strides>[^\]]*)\]")
+
+
+def _dynamic_strides(adapter: str, src: str, log: EvidenceLog) -> list[Finding]:
+    """A7: a 2-D (or higher) block whose outer stride is a runtime value (`strides: [%x, 1]`)."""
+    for op in ir.op_source_lines(adapter, {"memref.reinterpret_cast"}):
+        m = _DYNAMIC_STRIDE.search(op.text)
+        if not m:
+            continue
+        strides = [x.strip() for x in m.group("strides").split(",")]
+        if len(strides) < 2 or not any(x.startswith("%") for x in strides[:-1]):
+            continue
+        line = op.loc.line if op.loc else 0
+        chain = [log_op(log, "ttadapter", op, f"the block at {at(src, line)} is addressed with runtime strides "
+                        f"[{', '.join(strides)}]")]
+        return [Finding(
+            "ascend.dynamic-strides", "ascend-memory", f"runtime strides in the block access at {at(src, line)}",
+            "A block whose outer stride is only known at run time is moved as a strided DMA with dynamic strides; "
+            "triton-ascend#1673 measured such a kernel 5.4x slower than the same one with constexpr strides. Whether "
+            "it matters here depends on the transfer sizes: the cause is reported, not measured.",
+            chain, [line] if line else [], "triton-to-linalg", confidence=0.5)]
+    return []
+
+
+_SYNC = re.compile(r"hivm\.hir\.sync_block_(set|wait)\b")
+
+
+def _cube_vector_sync(adapter: str, hivm: str, log: EvidenceLog) -> list[Finding]:
+    """A9: a mixed Cube-Vector kernel whose cores hand data to each other with block syncs inside
+    the loop: every iteration waits for the other core type."""
+    if 'mix_mode = "mix"' not in adapter or not _SYNC.search(hivm):
+        return []
+    loops = in_loops(hivm)
+    syncs = [(i, ln) for i, ln in enumerate(hivm.splitlines(), start=1) if _SYNC.search(ln)]
+    looped = [(i, ln) for i, ln in syncs if i in loops]
+    if not looped:
+        return []
+    ev = log.add("L3", "hivm", f"the kernel is a mixed Cube-Vector kernel (mix_mode = \"mix\") with {len(looped)} of its "
+                 f"{len(syncs)} sync_block_set/wait operations inside a loop: Cube and Vector wait for each other "
+                 "every iteration", f"hivm:{looped[0][0]}", looped[0][1].strip())
+    return [Finding(
+        "ascend.cv-sync", "ascend-pipeline", f"Cube and Vector cores synchronize {len(looped)} times per loop iteration",
+        "hivm-split-mix-kernel splits a kernel with tl.dot and vector work into a Cube and a Vector part that hand "
+        "tiles over through the workspace; with the hand-over inside the loop, each core idles while the other "
+        "works unless cv-pipelining and the mix tiling (tile_mix_cube_loop / tile_mix_vector_loop) overlap them.",
+        [ev], [], "hivm-split-mix-kernel", confidence=0.6)]

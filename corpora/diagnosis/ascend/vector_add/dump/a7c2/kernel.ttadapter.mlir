@@ -13,9 +13,6 @@ module {
     %5 = arith.minsi %2, %4 : index loc(#loc4)
     %6 = arith.subi %5, %1 : index loc(#loc4)
     %7 = arith.cmpi slt, %6, %c1024 : index loc(#loc4)
-    scf.if %7 {
-      linalg.fill ins(%cst : f32) outs(%alloc : memref<1024xf32>) loc(#loc3)
-    } {hivm.unlikely_condition} loc(#loc3)
     %subview = memref.subview %reinterpret_cast[0] [%6] [1] : memref<1024xf32, strided<[1], offset: ?>> to memref<?xf32, strided<[1], offset: ?>> loc(#loc3)
     %subview_0 = memref.subview %alloc[0] [%6] [1] : memref<1024xf32> to memref<?xf32, strided<[1]>> loc(#loc3)
     memref.copy %subview, %subview_0 : memref<?xf32, strided<[1], offset: ?>> to memref<?xf32, strided<[1]>> loc(#loc3)
