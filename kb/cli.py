@@ -487,6 +487,19 @@ def _echo_answer(answer: Any, as_json: bool, as_md: bool = False) -> None:
         Console().print(Markdown(to_markdown(answer)))
 
 
+def _ascend_dumps(dump_dir: str, kernel_file: str | None) -> list[Any]:
+    """The Artifacts of a triton-ascend TRITON_DEBUG dump directory, mapped to `kernel_file`'s lines."""
+    from harness.npu import collect_debug_dumps
+
+    if not Path(dump_dir).is_dir():
+        raise UserFacingError(f"{dump_dir} is not a directory", "pass the TRITON_DUMP_DIR of a TRITON_DEBUG=1 run")
+    arts = collect_debug_dumps(dump_dir, write=False, source_file=str(Path(kernel_file).resolve()) if kernel_file else "")
+    if not arts:
+        raise UserFacingError(f"{dump_dir} holds no triton-ascend dumps (kernel.ttir.mlir, kernel.ttadapter.mlir)",
+                              "run with TRITON_DEBUG=1 and pass TRITON_DUMP_DIR")
+    return arts
+
+
 def _narrate(answer: Any) -> None:
     """With an LLM endpoint configured, a narrative over the evidence; without one, nothing."""
     from diagnose.llm import LLMConfig, narrate
@@ -503,16 +516,18 @@ def _narrate(answer: Any) -> None:
 @click.option("--call", default=None, help='Expression that launches it, e.g. "scale(torch.randn(1000003), 2.0)".')
 @click.option("--task", "task_file", type=click.Path(dir_okay=False), default=None,
               help="A task file (entry, inputs, cases); its first case is compiled.")
+@click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None,
+              help="A triton-ascend TRITON_DEBUG dump directory (with --kernel for its source).")
 @click.option("--target", default=None, help="Compile target, e.g. cuda:90 (default: the GPU present, else cuda:90).")
 @click.option("--release", default=None, help="Compiler release(s) to cite, comma-separated (default: the installed triton's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @click.pass_context
 @_user_errors
 def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | None, task_file: str | None,
-        target: str | None, release: str | None, as_json: bool) -> None:
+        dump_dir: str | None, target: str | None, release: str | None, as_json: bool) -> None:
     """Answer QUESTION about a kernel from compiler evidence (IR, remarks, ptxas, compiler source)."""
-    if task_file is None and (kernel_file is None or call is None):
-        raise UserFacingError("give --kernel FILE with --call EXPR, or --task FILE",
+    if task_file is None and dump_dir is None and (kernel_file is None or call is None):
+        raise UserFacingError("give --kernel FILE with --call EXPR, --task FILE, or --dump DIR [--kernel FILE]",
                               'e.g. --kernel k.py --call "scale(torch.randn(1000003), 2.0)"')
     from diagnose.engine import question_topics
 
@@ -522,7 +537,9 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
     from harness.capture import capture_call
     from harness.task import capture_task
 
-    if task_file is not None:
+    if dump_dir is not None:
+        artifacts = _ascend_dumps(dump_dir, kernel_file)
+    elif task_file is not None:
         artifacts = capture_task(task_file, target=target, cache_dir=cache)
     else:
         artifacts = capture_call(kernel_file, call, target=target, cache_dir=cache)
@@ -589,14 +606,7 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
 
     def compile_kernel() -> list[Any]:
         if dump_dir is not None:
-            from harness.npu import collect_debug_dumps
-
-            arts = collect_debug_dumps(dump_dir, write=False, source_file=str(Path(kernel_file).resolve())
-                                       if kernel_file else "")
-            if not arts:
-                raise UserFacingError(f"{dump_dir} holds no triton-ascend dumps (kernel.ttir.mlir, "
-                                      "kernel.ttadapter.mlir)", "run with TRITON_DEBUG=1 and pass TRITON_DUMP_DIR")
-            return arts
+            return _ascend_dumps(dump_dir, kernel_file)
         if task_file is not None:
             from harness.task import capture_task
 

@@ -274,6 +274,19 @@ def test_kb_diagnose_an_ascend_dump():
     assert "kernel.py:8" in result.output  # the ttadapter op mapped back to the kernel line
 
 
+def test_kb_why_answers_about_an_ascend_dump(built_home):
+    """`kb why` on a TRITON_DEBUG dump answers from the ttadapter evidence with the Ascend pattern."""
+    case = _case("ascend-masked-scale")
+    result = CliRunner().invoke(main, ["--home", str(built_home.root), "why", "why does the masked load pad its tile?",
+                                       "--dump", str(case.dump), "--kernel", str(case.kernel), "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["findings"][0]["kind"] == "ascend.mask-padding"
+    assert answer["recommendations"][0]["pattern_id"] == "ascend-care-padding"
+    missing = CliRunner().invoke(main, ["--home", "/nonexistent-kb", "why", "why is it slow?", "--dump", "/nonexistent"])
+    assert missing.exit_code == 2 and "is not a directory" in missing.output
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "give one of: a TASK file"),
     (["--kernel", "k.py"], "give one of"),

@@ -128,7 +128,7 @@ def _mask_padding(adapter: str, src: str, log: EvidenceLog) -> list[Finding]:
         load = next((c for c in copies if c.ir_line > end + 1), None)
         line = load.loc.line if load and load.loc else 0
         chain = [log_op(log, "ttadapter", op, f"the masked load at {at(src, line)} is preceded by `scf.if {{ linalg.fill "
-                        "}}` tagged hivm.unlikely_condition: partial tiles are zero-filled before the copy")]
+                        "}` tagged hivm.unlikely_condition: partial tiles are zero-filled before the copy")]
         if load is not None:
             chain.append(log_op(log, "ttadapter", load, "the copy (MTE2) that fills the same buffer after the Vector fill"))
         return [Finding(
