@@ -13,7 +13,9 @@ the conditions operator by operator, so with two or more workers an operator's c
 by side on the same kind of device.
 
 Each job is a `kb optimize` subprocess pinned to one device through CUDA_VISIBLE_DEVICES (one worker
-per GPU on a host); its output goes to `logs/<condition>.<operator>.log`.
+per GPU on a host); its output goes to `logs/<condition>.<operator>.log`. Across hosts, `ray_address`
+hands the same jobs to a Ray cluster as tasks of one GPU each (Ray sets CUDA_VISIBLE_DEVICES); every
+node then needs this checkout at the same path and the bench directory on a shared filesystem.
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ Command = Callable[[Job, BenchSpec, "float | None"], list[str]]
 
 def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None,
               on_event: Callable[[str, Job], None] | None = None, devices: list[str] | None = None,
-              command: Command = optimize_command) -> list[Job]:
+              command: Command = optimize_command, ray_address: str | None = None) -> list[Job]:
     """Run every job not finished, `workers` at a time, each worker on its own device.
 
     `stop_after`: seconds from now after which no job or round starts; running jobs are asked to
@@ -183,6 +185,9 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
     """
     spec = load_bench(bench_dir)
     todo = [j for j in jobs(bench_dir, spec) if j.state != "finished" and j.state != "failed"]
+    (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if ray_address is not None:
+        return _run_on_ray(bench_dir, spec, todo, ray_address, stop_after, on_event, command)
     if workers < 1:
         raise UserFacingError(f"--workers must be at least 1 (got {workers})", "pass --workers N, one per GPU")
     if devices is None:
@@ -194,13 +199,9 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
     for job in todo:
         pending.put(job)
     say = on_event or (lambda _what, _job: None)
-    (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def worker(device: str | None) -> None:
-        env = dict(os.environ)
-        if device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env = _job_env(device)
         while True:
             if deadline is not None and time.time() >= deadline:
                 return
@@ -221,6 +222,50 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
         t.start()
     for t in threads:
         t.join()
+    return jobs(bench_dir, spec)
+
+
+def _job_env(device: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _ray_job(cmd: list[str], log: str, deadline: float | None) -> tuple[int | None, float]:
+    """One job as a Ray task on whichever node has a free GPU (Ray has set CUDA_VISIBLE_DEVICES)."""
+    if deadline is not None and time.time() >= deadline:
+        return None, 0.0  # queued past the deadline: left for the next invocation
+    started = time.monotonic()
+    return _run_job(cmd, _job_env(), Path(log), deadline), time.monotonic() - started
+
+
+def _run_on_ray(bench_dir: Path, spec: BenchSpec, todo: list[Job], address: str, stop_after: float | None,
+                on_event: Callable[[str, Job], None] | None, command: Command) -> list[Job]:
+    try:
+        import ray
+    except ImportError:
+        raise UserFacingError("--ray needs the ray package", "pip install 'kernel-kb[ray]' on every node") from None
+    say = on_event or (lambda _what, _job: None)
+    deadline = time.time() + stop_after if stop_after is not None else None
+    # Workers import this module, so they need the checkout on their path (the same path on every node).
+    ray.init(address=None if address == "local" else address, ignore_reinit_error=True,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, include_dashboard=False, log_to_driver=False)
+    if ray.cluster_resources().get("GPU", 0) < 1:
+        raise UserFacingError(f"the Ray cluster at {address} has no GPU", "start its nodes with GPUs (ray start --num-gpus N)")
+    remote = ray.remote(num_gpus=1)(_ray_job)
+    pending = {}
+    for job in todo:
+        left = deadline - time.time() if deadline is not None else None
+        pending[remote.remote(command(job, spec, left), str(job.log), deadline)] = job
+        say("queued", job)
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        job = pending.pop(done[0])
+        job.returncode, job.seconds = ray.get(done[0])
+        job.state = next((j.state for j in jobs(bench_dir, spec) if j.run_dir == job.run_dir), "partial")
+        say("done", job)
     return jobs(bench_dir, spec)
 
 

@@ -895,12 +895,15 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
               help="Seconds from now after which no job or round starts (a GPU machine lent for minutes).")
 @click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True, default=("eager",),
               show_default=True, help="PyTorch stand-ins each operator's initial and best kernels are timed against.")
+@click.option("--ray", "ray_address", default=None,
+              help="Run the jobs on a Ray cluster, one GPU each: auto (the running cluster), ray://HOST:PORT, or "
+                   "local (start one here). Every node needs this checkout at the same path and the bench dir shared.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 @_user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
           strategy: str, workers: int, llm: str, backend: str, bench_dir: Path | None, resume_dir: Path | None,
-          stop_after: float | None, versus: tuple[str, ...], as_json: bool) -> None:
+          stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
     import datetime
 
@@ -942,7 +945,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
     with bar:
         task = bar.add_task("jobs", total=len(todo))
         try:
-            result = run_bench(directory, workers, stop_after, event)
+            result = run_bench(directory, workers, stop_after, event, ray_address=ray_address)
         except KeyboardInterrupt:
             click.echo(f"interrupted: continue with `kb bench --resume {directory}`", err=True)
             sys.exit(130)

@@ -94,3 +94,22 @@ def test_a_deadline_starts_nothing_new_and_leaves_the_bench_resumable(tmp_path):
 def test_bench_cli_errors_are_one_line(args, message, tmp_path):
     out = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), *args])
     assert out.exit_code == 2 and message in out.output
+
+
+def test_jobs_run_as_ray_tasks_one_gpu_each(tmp_path):
+    """A local Ray cluster with two logical GPUs stands in for several hosts: each job is a Ray task
+    that Ray pins to one GPU (CUDA_VISIBLE_DEVICES), and the bench finishes as with local workers."""
+    ray = pytest.importorskip("ray")
+    from diagnose.bench import REPO
+
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_b"], [Condition("fresh")], rounds=1,
+                                      backend="interpreter"))
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    try:
+        done = run_bench(bench_dir, command=_command({}), ray_address="local")
+    finally:
+        ray.shutdown()
+    assert [j.state for j in done] == ["finished", "finished"]
+    assert {p.read_text() for p in (bench_dir / "runs").glob("*/*.device")} <= {"0", "1"}

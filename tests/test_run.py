@@ -203,6 +203,14 @@ def test_pytorch_stand_ins_are_timed_beside_the_kernels_never_checked():
     assert checked.speedups("eager", "baseline") == {"n=1": pytest.approx(1.6)}  # the kernel over eager PyTorch
 
 
+def test_a_timing_job_starts_with_a_burn_in_of_every_kernel():
+    from harness.runner import _burn_in
+
+    calls = {"a": 0, "b": 0}
+    rounds = _burn_in([(k, lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls], (), seconds=0.05)
+    assert rounds >= 1 and calls == {"a": rounds, "b": rounds}
+
+
 def test_report_speedups_flags_and_json_round_trip():
     def run_of(role, us):
         return KernelRun(role=role, source=f"{role}.py", cases=[
