@@ -20,6 +20,7 @@ node then needs this checkout at the same path and the bench directory on a shar
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -104,6 +105,7 @@ def create_bench(bench_dir: Path, spec: BenchSpec) -> BenchSpec:
     manifest = bench_dir / "bench.json"
     if manifest.exists():
         raise UserFacingError(f"{bench_dir} already holds a bench", f"continue it with `kb bench --resume {bench_dir}`")
+    spec.operators = list(dict.fromkeys(spec.operators))  # a name given twice would share one run directory
     names = [c.name for c in spec.conditions]
     if len(set(names)) != len(names) or not names:
         raise UserFacingError(f"condition names must be unique and non-empty: {names}", "name each condition once")
@@ -128,25 +130,31 @@ def load_bench(bench_dir: Path) -> BenchSpec:
 
 def jobs(bench_dir: Path, spec: BenchSpec) -> list[Job]:
     """Every (operator, condition) job in run order, with the state its run directory says."""
-    from diagnose.rounds import RoundsStore
-
     tasks = load_suite(Path(spec.suite), spec.operators)
     out = []
     for operator in spec.operators:
         for condition in spec.conditions:
             run_dir = bench_dir / "runs" / condition.name / operator
             job = Job(condition, operator, tasks[operator], run_dir, log=bench_dir / "logs" / f"{condition.name}.{operator}.log")
-            if (run_dir / "rounds.sqlite").is_file():
-                store = RoundsStore(run_dir)
-                try:
-                    status = store.run().status
-                except UserFacingError:
-                    status = "new"  # killed between creating the file and writing the run record
-                finally:
-                    store.close()
-                job.state = {"finished": "finished", "failed": "failed", "new": "new"}.get(status, "partial")
+            job.state = _state_of(run_dir)
             out.append(job)
     return out
+
+
+def _state_of(run_dir: Path) -> str:
+    """new (no run yet, or killed before its record was written), partial, finished or failed."""
+    from diagnose.rounds import RoundsStore
+
+    if not (run_dir / "rounds.sqlite").is_file():
+        return "new"
+    store = RoundsStore(run_dir)
+    try:
+        status = store.run().status
+    except UserFacingError:
+        return "new"  # killed between creating the file and writing the run record: starts afresh
+    finally:
+        store.close()
+    return {"finished": "finished", "failed": "failed"}.get(status, "partial")
 
 
 def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> list[str]:
@@ -155,13 +163,13 @@ def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> lis
     if job.condition.home:
         cmd += ["--home", job.condition.home]
     cmd += ["optimize"]
-    if job.state == "partial" or (job.state == "new" and (job.run_dir / "rounds.sqlite").is_file()):
+    if job.state == "partial":
         cmd += ["--resume", str(job.run_dir)]
     else:
         cmd += [str(job.task), "--run-dir", str(job.run_dir), "--rounds", str(spec.rounds),
                 "--strategy", job.condition.strategy, "--llm", spec.llm, "--backend", spec.backend]
-        if spec.time_budget_s is not None:
-            cmd += ["--time-budget", f"{spec.time_budget_s:g}"]
+    if spec.time_budget_s is not None:  # per invocation: a resumed run gets the budget again
+        cmd += ["--time-budget", f"{spec.time_budget_s:g}"]
     for ref in spec.references:  # a resumed run takes them too: they are timed only at its end
         cmd += ["--vs", ref]
     if stop_after is not None:
@@ -179,30 +187,36 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
 
     `stop_after`: seconds from now after which no job or round starts; running jobs are asked to
     stop (their run is left paused or with a resumable round) and killed if they do not within a
-    minute. `devices`: what each worker's CUDA_VISIBLE_DEVICES is (default 0..workers-1 when there
-    is more than one worker; one worker keeps the caller's environment). `command` builds a job's
-    command line (tests run the loop with a deterministic judge through it).
+    minute. `devices`: what each worker's CUDA_VISIBLE_DEVICES is (default: the first `workers` of
+    the caller's CUDA_VISIBLE_DEVICES, else 0..workers-1, when there is more than one worker; one
+    worker keeps the caller's environment). `command` builds a job's command line (tests run the
+    loop with a deterministic judge through it). Ctrl-C interrupts the running jobs (their rounds
+    stay resumable) before it returns to the caller.
     """
     spec = load_bench(bench_dir)
-    todo = [j for j in jobs(bench_dir, spec) if j.state != "finished" and j.state != "failed"]
+    todo = [j for j in jobs(bench_dir, spec) if j.state not in ("finished", "failed")]
     (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + stop_after if stop_after is not None else None
     if ray_address is not None:
-        return _run_on_ray(bench_dir, spec, todo, ray_address, stop_after, on_event, command)
+        return _run_on_ray(bench_dir, spec, todo, ray_address, deadline, on_event, command)
     if workers < 1:
         raise UserFacingError(f"--workers must be at least 1 (got {workers})", "pass --workers N, one per GPU")
     if devices is None:
-        devices = [str(i) for i in range(workers)] if workers > 1 else [None] * workers  # type: ignore[list-item]
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        devices = (visible if len(visible) >= workers else [str(i) for i in range(workers)]) if workers > 1 \
+            else [None]  # type: ignore[list-item]
     elif len(devices) < workers:
         raise UserFacingError(f"{workers} workers need {workers} devices, got {devices}", "name one device per worker")
-    deadline = time.time() + stop_after if stop_after is not None else None
     pending: queue.Queue[Job] = queue.Queue()
     for job in todo:
         pending.put(job)
     say = on_event or (lambda _what, _job: None)
+    live: set[subprocess.Popen[bytes]] = set()
+    stop = threading.Event()
 
     def worker(device: str | None) -> None:
         env = _job_env(device)
-        while True:
+        while not stop.is_set():
             if deadline is not None and time.time() >= deadline:
                 return
             try:
@@ -212,17 +226,37 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
             say("start", job)
             left = deadline - time.time() if deadline is not None else None
             started = time.monotonic()
-            job.returncode = _run_job(command(job, spec, left), env, job.log, deadline)  # type: ignore[arg-type]
+            job.returncode = _run_job(command(job, spec, left), env, job.log, deadline, live)  # type: ignore[arg-type]
             job.seconds = time.monotonic() - started
-            job.state = next((j.state for j in jobs(bench_dir, spec) if j.run_dir == job.run_dir), "partial")
+            job.state = _state_of(job.run_dir)
             say("done", job)
 
     threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices[:workers]]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)  # a timed join, so Ctrl-C reaches this thread
+    except KeyboardInterrupt:
+        stop.set()
+        _interrupt(live)
+        raise
     return jobs(bench_dir, spec)
+
+
+def _interrupt(children: set[subprocess.Popen[bytes]]) -> None:
+    """SIGINT to each job's process group (kb optimize marks its run interrupted), then SIGKILL."""
+    for child in list(children):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGINT)
+    for child in list(children):
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
 
 
 def _job_env(device: str | None = None) -> dict[str, str]:
@@ -233,58 +267,73 @@ def _job_env(device: str | None = None) -> dict[str, str]:
     return env
 
 
-def _ray_job(cmd: list[str], log: str, deadline: float | None) -> tuple[int | None, float]:
-    """One job as a Ray task on whichever node has a free GPU (Ray has set CUDA_VISIBLE_DEVICES)."""
+def _ray_job(command: Command, job: Job, spec: BenchSpec, deadline: float | None) -> tuple[int | None, float, str]:
+    """One job as a Ray task on whichever node has a free GPU (Ray has set CUDA_VISIBLE_DEVICES).
+    The command is built when the task starts, so its own deadline is what is left then."""
     if deadline is not None and time.time() >= deadline:
-        return None, 0.0  # queued past the deadline: left for the next invocation
+        return None, 0.0, job.state  # queued past the deadline: left for the next invocation
     started = time.monotonic()
-    return _run_job(cmd, _job_env(), Path(log), deadline), time.monotonic() - started
+    code = _run_job(command(job, spec, deadline - time.time() if deadline is not None else None), _job_env(),
+                    Path(job.log or os.devnull), deadline)
+    return code, time.monotonic() - started, _state_of(job.run_dir)
 
 
-def _run_on_ray(bench_dir: Path, spec: BenchSpec, todo: list[Job], address: str, stop_after: float | None,
+def _run_on_ray(bench_dir: Path, spec: BenchSpec, todo: list[Job], address: str, deadline: float | None,
                 on_event: Callable[[str, Job], None] | None, command: Command) -> list[Job]:
     try:
         import ray
     except ImportError:
         raise UserFacingError("--ray needs the ray package", "pip install 'kernel-kb[ray]' on every node") from None
     say = on_event or (lambda _what, _job: None)
-    deadline = time.time() + stop_after if stop_after is not None else None
     # Workers import this module, so they need the checkout on their path (the same path on every node).
     ray.init(address=None if address == "local" else address, ignore_reinit_error=True,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, include_dashboard=False, log_to_driver=False)
     if ray.cluster_resources().get("GPU", 0) < 1:
         raise UserFacingError(f"the Ray cluster at {address} has no GPU", "start its nodes with GPUs (ray start --num-gpus N)")
     remote = ray.remote(num_gpus=1)(_ray_job)
-    pending = {}
+    pending = {remote.remote(command, job, spec, deadline): job for job in todo}
     for job in todo:
-        left = deadline - time.time() if deadline is not None else None
-        pending[remote.remote(command(job, spec, left), str(job.log), deadline)] = job
         say("queued", job)
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        job = pending.pop(done[0])
-        job.returncode, job.seconds = ray.get(done[0])
-        job.state = next((j.state for j in jobs(bench_dir, spec) if j.run_dir == job.run_dir), "partial")
-        say("done", job)
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            job = pending.pop(done[0])
+            try:
+                job.returncode, job.seconds, job.state = ray.get(done[0])
+            except ray.exceptions.RayError as exc:  # a lost node or a task that died: the run stays resumable
+                job.returncode, job.state = None, "partial"
+                job.extra["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            say("done", job)
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref)  # raises KeyboardInterrupt in the task, which interrupts its job (_run_job)
+        raise
     return jobs(bench_dir, spec)
 
 
-def _run_job(cmd: list[str], env: dict[str, str], log: Path, deadline: float | None) -> int:
+def _run_job(cmd: list[str], env: dict[str, str], log: Path, deadline: float | None,
+             live: set[subprocess.Popen[bytes]] | None = None) -> int:
     """One job; past the deadline plus a grace period it is interrupted, then killed. The rounds
-    store is written before and after every step, so either leaves a resumable run."""
+    store is written before and after every step, so either leaves a resumable run. The child runs
+    in its own session (a terminal's Ctrl-C is passed on by the caller, see `_interrupt`)."""
     with open(log, "a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
         out.flush()
         child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        while True:
-            try:
-                return child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            if deadline is not None and time.time() > deadline + _GRACE_S:
-                os.killpg(child.pid, signal.SIGINT)
+        if live is not None:
+            live.add(child)
+        try:
+            while True:
                 try:
-                    return child.wait(timeout=30)
+                    return child.wait(timeout=5)
                 except subprocess.TimeoutExpired:
-                    os.killpg(child.pid, signal.SIGKILL)
+                    pass
+                if deadline is not None and time.time() > deadline + _GRACE_S:
+                    _interrupt({child})
                     return child.wait()
+        except KeyboardInterrupt:  # a cancelled Ray task
+            _interrupt({child})
+            raise
+        finally:
+            if live is not None:
+                live.discard(child)

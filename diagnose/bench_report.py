@@ -10,23 +10,18 @@ of a finished run; the suite figure is the geometric mean over operators.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from diagnose.bench import jobs, load_bench
+from harness.measurement import geomean
 
 __all__ = ["PUBLISHED", "bench_report", "write_report"]
 
 # The reference result (evaluation.md): 37 operators x 5 cases on Ascend, initial -> optimized kernel.
 PUBLISHED = {"operators": 37, "geomean": 4.35, "median": 2.73, "above_2x": 22, "above_5x": 13, "median_best_round": 10}
 LEVELS = ("L1", "L2", "L3", "L4")
-
-
-def _geomean(values: list[float]) -> float | None:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def _fraction(report: dict[str, Any] | None, role: str) -> float | None:
@@ -76,8 +71,9 @@ def _operator_row(job: Any) -> dict[str, Any]:
         "speedup": summary["speedup_vs_initial"],
         "speedup_measured": summary["speedup_vs_initial_measured"],
         "per_case": summary["per_case_vs_initial"] or summary["per_case_best"],
-        "seconds_to_best": round(best.finished - info.created, 1) if best and best.finished else 0.0,
-        "seconds": round(max([r.finished or 0 for r in rounds] + [info.created]) - info.created, 1),
+        # Round time only, so a run paused between machines does not count the hours it waited.
+        "seconds_to_best": _round_seconds(r for r in rounds if best and r.idx <= best.idx),
+        "seconds": _round_seconds(rounds),
         "roofline_initial": _fraction(info.baseline, "baseline"),
         "roofline_best": _fraction((best.timings or {}).get("report"), "candidate") if best else
         _fraction(info.baseline, "baseline"),
@@ -91,15 +87,22 @@ def _operator_row(job: Any) -> dict[str, Any]:
     return row
 
 
+def _round_seconds(rounds: Any) -> float:
+    return round(sum((r.finished - r.started) for r in rounds if r.finished and r.started), 1)
+
+
 def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    done = [r for r in rows if r.get("speedup")]
+    """Figures over the finished runs only: a paused run's figure is a chained product, and a run whose
+    own kernel failed its checks has none (both are listed per operator, not counted here)."""
+    done = [r for r in rows if r.get("status") == "finished" and r.get("speedup")]
     speedups = [r["speedup"] for r in done]
     best_level = {lv: sum(1 for r in done if r.get("best_level") == lv and r["best_round"]) for lv in LEVELS}
     best_level["none"] = sum(1 for r in done if not r["best_round"])
     reached = {lv: sum(1 for r in done if r.get("deepest_level") and LEVELS.index(r["deepest_level"]) >= i)
                for i, lv in enumerate(LEVELS)}
+
     def vs(key: str, which: str) -> float | None:
-        value = _geomean([r[key][which] for r in done if r.get(key, {}).get(which)])
+        value = geomean([r[key][which] for r in done if r.get(key, {}).get(which)])
         return round(value, 4) if value else None
 
     memory = [f for r in done for f in r.get("memory_bound_fractions", [])]
@@ -112,7 +115,7 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "at_least_eager": sum(1 for r in done if (r.get("vs_eager") or {}).get("best") and r["vs_eager"]["best"] >= 1.0),
         "memory_bound_cases": len(memory),
         "memory_bound_median_fraction": round(statistics.median(memory), 4) if memory else None,
-        "geomean": round(_geomean(speedups) or 0.0, 4),
+        "geomean": round(geomean(speedups), 4) if speedups else None,
         "median": round(statistics.median(speedups), 4) if speedups else None,
         "above_2x": sum(1 for s in speedups if s > 2),
         "above_5x": sum(1 for s in speedups if s > 5),

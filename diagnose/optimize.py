@@ -15,8 +15,8 @@ that checks correctness through the same harness and times deterministically.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
-import math
 import re
 import shutil
 import time
@@ -29,7 +29,7 @@ from diagnose.records import Answer
 from diagnose.rewrite import Variant, rewrite, unified_diff
 from diagnose.rounds import Round, RoundsStore
 from harness.errors import UserFacingError, first_line
-from harness.measurement import RunReport
+from harness.measurement import RunReport, geomean
 
 __all__ = ["HarnessJudge", "Judge", "OptimizeOptions", "optimize", "report"]
 
@@ -114,7 +114,20 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
     """Run (or, with `resume`, continue) the loop in `run_dir`; returns the store for reporting.
 
     `stop_at` (a `time.time()` value) is this invocation's deadline, not the run's budget: no round
-    starts after it and the run is left `paused`, to be resumed (a GPU machine lent for 10 minutes)."""
+    starts after it and the run is left `paused`, to be resumed (a GPU machine lent for 10 minutes).
+    One process at a time works in a run directory (an exclusive lock on `run_dir/.lock`)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserFacingError(f"another kb optimize is working in {run_dir}",
+                                  "wait for it to finish, or stop it and resume the run") from None
+        return _optimize(spec, options, run_dir, home, judge, log, resume, stop_at)
+
+
+def _optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home: Any, judge: Judge | None,
+              log: Callable[[str], None] | None, resume: bool, stop_at: float | None) -> RoundsStore:
     from harness.task import load_task
 
     say = log or (lambda _msg: None)
@@ -131,9 +144,9 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
         if info.status in ("paused", "interrupted"):
             store.update_run(status="running", note=None)
     else:
-        if (run_dir / "rounds.sqlite").exists():
+        if (run_dir / "rounds.sqlite").exists() and _holds_run(run_dir):
             raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
-        store = RoundsStore(run_dir, create=True)
+        store = RoundsStore(run_dir, create=True)  # new, or left empty by a kill before its record was written
         original = run_dir / "round-000.py"
         shutil.copyfile(task.source_file, original)
         # The family travels in the spec so that synthesis can file the rounds without loading the task.
@@ -145,6 +158,9 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
         if store.run().baseline is None:
             say("measuring the baseline")
             base = judge(spec, None, None, entry)
+            if base.failure:  # the worker crashed or timed out: say so, and leave the run to resume
+                raise UserFacingError(f"measuring the task's own kernel failed: {base.failure}",
+                                      f"check the device, then `kb optimize --resume {run_dir}`")
             if not (base.run("baseline") and base.run("baseline").correct):
                 why = _why_rejected(base, "baseline")
                 store.update_run(status="failed", note=f"the task's own kernel is not correct: {why}")
@@ -193,6 +209,17 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
         if own_judge:
             judge.close()  # type: ignore[union-attr]
     return store
+
+
+def _holds_run(run_dir: Path) -> bool:
+    store = RoundsStore(run_dir)
+    try:
+        store.run()
+        return True
+    except UserFacingError:
+        return False
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------------------------ planning
@@ -397,11 +424,6 @@ def _variants(hyp: Hypothesis, source: str, task: Any, store: RoundsStore, r: Ro
     return [Variant({"llm": config.model}, new)]
 
 
-def _geomean(values: list[float]) -> float | None:
-    values = [v for v in values if v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dict[str, Any]:
     """The end-of-run measurement: best over initial per case (1.0 when no round was accepted: the
     best kernel is the initial one), and both over each PyTorch stand-in that was timed."""
@@ -417,7 +439,7 @@ def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dic
             continue
         kernels = {"initial": "baseline", "best": "candidate" if best else "baseline"}
         per_case = {name: report.speedups(ref, role) for name, role in kernels.items()}
-        record[f"vs_{ref}"] = {name: {"per_case": cases, "geomean": _geomean(list(cases.values()))}
+        record[f"vs_{ref}"] = {name: {"per_case": cases, "geomean": geomean(cases.values())}
                                for name, cases in per_case.items()}
     return record
 
@@ -433,8 +455,7 @@ def _verdict(report: RunReport, options: OptimizeOptions) -> tuple[float | None,
     spreads = [c.timing.repeat_spread for run in report.runs for c in run.cases
                if c.timing and c.timing.repeat_spread is not None]
     noise = max([options.noise_floor, *spreads])
-    geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-    return geomean, noise, "timed"
+    return geomean(speedups), noise, "timed"
 
 
 def _why_rejected(report: RunReport, role: str) -> str:

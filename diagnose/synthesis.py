@@ -70,9 +70,11 @@ def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dic
             info = store.run()
             for r in store.rounds():
                 # Run ids are directory names and can repeat (a bench names runs by operator under each
-                # condition): the creation time tells runs apart. Keys without it are from before.
-                key, legacy = f"{info.id}@{info.created:.3f}:{r.idx}", f"{info.id}:{r.idx}"
-                if r.state != "done" or key in counted or legacy in counted:
+                # condition): the creation time tells runs apart. Runs from before this key (their spec
+                # carries no family) may have been counted under the id alone.
+                key = f"{info.id}@{info.created:.6f}:{r.idx}"
+                legacy = f"{info.id}:{r.idx}" if "family" not in info.spec else None
+                if r.state != "done" or key in counted or (legacy and legacy in counted):
                     continue
                 counted.add(key)
                 summary["rounds"] += 1

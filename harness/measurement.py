@@ -7,10 +7,18 @@ after every case and seed passed, and a rejection carries one reason a person ca
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CaseCheck", "CaseResult", "KernelRun", "Roofline", "RunReport", "Timing"]
+__all__ = ["geomean", "CaseCheck", "CaseResult", "KernelRun", "Roofline", "RunReport", "Timing"]
+
+def geomean(values: Iterable[float | None]) -> float | None:
+    """Geometric mean of the positive values (speedups), None when there are none."""
+    kept = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
+
 
 SPEEDUP_REVIEW = 10.0  # evaluation.md: speedups above this are flagged for a second look
 

@@ -57,6 +57,9 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("profile"):
         _profile_calls(task, kernels, [c for c in cases if not c[2]])
         return report.to_dict()
+    for role, entry, _ in kernels:
+        if entry is None:
+            report.notes.append(f"the task has no reference: --vs {role} is not timed")
     if job.get("time") and backend.times:
         timed = [(role, entry) for (role, entry, _), run in zip(kernels, report.runs)
                  if entry is not None and (run.correct or not job.get("check", True))]
@@ -319,7 +322,9 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
         arg_sets = [first] + [_inputs(task, case) for _ in range(rotation_count(nbytes) - 1)]
         here = [(role, entry) for role, entry in kernels
                 if role not in REFERENCE_ROLES or _reference_runs(entry, first, role, task.case_label(case), report)]
-        if index == cases[0][0]:
+        # The first case of a job, and every case after a torch.compile stand-in (its trial call may
+        # have recompiled for the new shape, leaving the GPU idle for seconds).
+        if index == cases[0][0] or any(role == "compiled" for role, _ in here):
             _burn_in(here, first)
         timings: dict[str, list[Any]] = {role: [] for role, _ in here}
         for _ in range(2):

@@ -81,6 +81,7 @@ def test_a_deadline_starts_nothing_new_and_leaves_the_bench_resumable(tmp_path):
     assert all(j.state == "new" for j in run_bench(bench_dir, stop_after=0, command=_command({})))
     data = write_report(bench_dir)
     assert data["suite_by_condition"]["fresh"]["finished"] == 0
+    assert data["suite_by_condition"]["fresh"]["geomean"] is None  # nothing finished: no figure, not 0x
     with pytest.raises(Exception, match="already holds a bench"):
         create_bench(bench_dir, load_bench(bench_dir))
     assert [j.state for j in jobs(bench_dir, load_bench(bench_dir))] == ["new"]
@@ -113,3 +114,71 @@ def test_jobs_run_as_ray_tasks_one_gpu_each(tmp_path):
         ray.shutdown()
     assert [j.state for j in done] == ["finished", "finished"]
     assert {p.read_text() for p in (bench_dir / "runs").glob("*/*.device")} <= {"0", "1"}
+
+
+def test_resumed_jobs_keep_the_budget_and_names_are_not_doubled(tmp_path):
+    from diagnose.bench import optimize_command
+
+    bench_dir = tmp_path / "bench"
+    spec = create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_a"], [Condition("fresh")],
+                                             rounds=2, time_budget_s=120, backend="cuda"))
+    assert spec.operators == ["rowsum_a"]  # one run directory per operator
+    (job,) = jobs(bench_dir, spec)
+    job.state = "partial"
+    cmd = optimize_command(job, spec, 300)
+    assert cmd[cmd.index("--resume") + 1] == str(job.run_dir)
+    assert cmd[cmd.index("--time-budget") + 1] == "120" and cmd[cmd.index("--stop-after") + 1] == "300"
+
+
+_SLOW_JOB = """
+import os, signal, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+def stop(*_):
+    open(sys.argv[1] + ".interrupted", "w").write("yes")
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+time.sleep(120)
+"""
+
+_BENCH = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from diagnose.bench import run_bench
+def command(job, spec, left):
+    return [sys.executable, "-c", {job!r}, str(Path({marks!r}) / job.operator)]
+run_bench(Path({bench!r}), workers=2, command=command)
+"""
+
+
+def test_ctrl_c_interrupts_the_running_jobs(tmp_path):
+    """Jobs run in their own sessions, so a terminal's Ctrl-C reaches only the bench: it must pass the
+    interrupt on (kb optimize then marks its run interrupted) instead of leaving the jobs running."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from diagnose.bench import REPO
+
+    bench_dir, marks = tmp_path / "bench", tmp_path / "marks"
+    marks.mkdir()
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_b"], [Condition("fresh")],
+                                      backend="cuda"))
+    script = _BENCH.format(repo=str(REPO), job=_SLOW_JOB, marks=str(marks), bench=str(bench_dir))
+    bench = subprocess.Popen([sys.executable, "-c", script])
+    pids = [marks / "rowsum_a", marks / "rowsum_b"]
+    for _ in range(200):
+        if all(p.is_file() and p.read_text() for p in pids):
+            break
+        time.sleep(0.1)
+    bench.send_signal(signal.SIGINT)
+    assert bench.wait(timeout=60) != 0
+    assert all((marks / f"{p.name}.interrupted").is_file() for p in pids)  # each job got the interrupt
+    for p in pids:
+        try:
+            os.kill(int(p.read_text()), 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        assert not alive

@@ -292,3 +292,20 @@ def test_the_final_measurement_reports_speedups_over_pytorch():
     unchanged = _final_record(0, RunReport(task="t", backend="cuda", device="H200", runs=[
         run_of("baseline", [100.0, 100.0]), run_of("eager", [100.0, 50.0])]), OptimizeOptions())
     assert unchanged["geomean"] == 1.0 and unchanged["vs_eager"]["best"] == unchanged["vs_eager"]["initial"]
+
+
+def test_one_process_per_run_directory_and_an_empty_store_starts_afresh(tmp_path):
+    import fcntl
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    judge = TimedJudge()
+    with open(run_dir / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(UserFacingError, match="another kb optimize is working in"):
+            optimize(SPEC, OptimizeOptions(rounds=1, backend="interpreter"), run_dir, judge=judge)
+    judge.close()
+    RoundsStore(run_dir, create=True).close()  # killed before the run record was written
+    store = _run(tmp_path, rounds=1)  # the same directory: tmp_path / "run"
+    assert store.run().status == "finished"
+    store.close()
