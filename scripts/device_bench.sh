@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue-8 suite run on a GPU host: `kb bench` over corpora/operators under the three strategies,
+# resumable across calls of at most ten minutes (the state is carried to the host and back).
+# Usage (repository root, on the GPU host):
+#   OUT=/some/dir STATE=build/bench-h200 WHEELS=build/device-opt scripts/device_bench.sh
+# STATE holds the bench (bench.json, runs/, logs/); carry it in and untar $OUT/bench.tgz over it after
+# each call. The host lacks libcst: carry its cp312 wheel and set WHEELS=dir. STOP_AFTER: seconds
+# after which no job or round starts (450 leaves a 10-minute call time to finish rounds in flight).
+set -u
+FINAL=${OUT:-/tmp/kb-device}
+STATE=${STATE:-build/bench-h200}
+mkdir -p "$FINAL" "$(dirname "$STATE")"
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-deps --target /tmp/kb-site "$WHEELS"/*.whl >> "$FINAL/log.txt" 2>&1
+fi
+export KB_CACHE_DIR=/tmp/kb-cache PYTHONPATH="/tmp/kb-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$FINAL/log.txt" 2>&1
+start=$(date +%s)
+if [ -f "$STATE/bench.json" ]; then
+  python3 -m kb.cli bench --resume "$STATE" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
+    > "$FINAL/report.md" 2>> "$FINAL/log.txt"
+else
+  python3 -m kb.cli bench --bench-dir "$STATE" --strategy "${STRATEGIES:-progressive,profile-only,always-deep}" \
+    --rounds "${ROUNDS:-3}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" ${OPS:+--ops "$OPS"} \
+    > "$FINAL/report.md" 2>> "$FINAL/log.txt"
+fi
+echo "bench call rc=$? in $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
+tar czf "$FINAL/bench.tgz" --exclude compile-cache -C "$(dirname "$STATE")" "$(basename "$STATE")"
