@@ -182,3 +182,16 @@ def test_ctrl_c_interrupts_the_running_jobs(tmp_path):
         except ProcessLookupError:
             alive = False
         assert not alive
+
+
+def test_workers_take_their_devices_from_the_callers_visible_devices(tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_b"], [Condition("fresh")],
+                                      backend="cuda"))
+    record = "import os, sys, time; time.sleep(0.5); open(sys.argv[1], 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    run_bench(bench_dir, workers=2, command=lambda job, spec, left: [sys.executable, "-c", record,
+                                                                      str(marks / job.operator)])
+    assert {p.read_text() for p in marks.iterdir()} == {"5", "7"}  # the GPUs the caller was given, not 0 and 1

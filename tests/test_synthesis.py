@@ -107,3 +107,16 @@ def test_statistics_reorder_the_optimize_loop(tmp_path):
     synthesize(home, [home.runs_dir / "earlier"])
     learned = first_round(home, "learned")
     assert learned["pattern"] == "autotune-configs" and learned["record"] == 0.75  # (2 + 1) / (2 + 2)
+
+
+def test_an_old_key_of_the_same_id_does_not_hide_a_new_run(tmp_path):
+    home = KBHome(tmp_path / "home").ensure()
+    (home.patterns_dir).mkdir(parents=True, exist_ok=True)
+    (home.patterns_dir / "stats.json").write_text(json.dumps({"patterns": {}, "counted": ["softmax:1"]}))
+    store = RoundsStore(home.runs_dir / "softmax", create=True)
+    store.create_run("softmax", "softmax", {"path": "t.py", "family": "softmax"}, {})  # a run from after the change
+    r = _round(1, "warp-local-reduction", "accepted", 1.2)
+    store.plan(r)
+    store.done(1, "accepted", "", None, 1.2)
+    store.close()
+    assert synthesize(home, [home.runs_dir / "softmax"])["rounds"] == 1
