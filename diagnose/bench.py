@@ -37,8 +37,8 @@ from typing import Any
 
 from harness.errors import UserFacingError
 
-__all__ = ["BenchSpec", "Condition", "Job", "create_bench", "jobs", "load_bench", "load_suite", "optimize_command",
-           "run_bench"]
+__all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs", "load_bench", "load_suite",
+           "optimize_command", "run_bench"]
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SUITE = REPO / "corpora" / "operators"
@@ -142,19 +142,19 @@ def jobs(bench_dir: Path, spec: BenchSpec) -> list[Job]:
 
 
 def _state_of(run_dir: Path) -> str:
-    """new (no run yet, or killed before its record was written), partial, finished or failed."""
+    """new (no run yet, or killed before its record was written: starts afresh), partial, finished
+    or failed."""
     from diagnose.rounds import RoundsStore
 
-    if not (run_dir / "rounds.sqlite").is_file():
+    status = RoundsStore.status_of(run_dir)
+    if status is None:
         return "new"
-    store = RoundsStore(run_dir)
-    try:
-        status = store.run().status
-    except UserFacingError:
-        return "new"  # killed between creating the file and writing the run record: starts afresh
-    finally:
-        store.close()
     return {"finished": "finished", "failed": "failed"}.get(status, "partial")
+
+
+def bench_runs(bench_dir: Path) -> list[Path]:
+    """The optimize run directories of a bench (`runs/<condition>/<operator>`)."""
+    return sorted(p.parent for p in (bench_dir / "runs").glob("*/*/rounds.sqlite"))
 
 
 def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> list[str]:

@@ -144,7 +144,7 @@ def _optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, hom
         if info.status in ("paused", "interrupted"):
             store.update_run(status="running", note=None)
     else:
-        if (run_dir / "rounds.sqlite").exists() and _holds_run(run_dir):
+        if RoundsStore.status_of(run_dir) is not None:
             raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
         store = RoundsStore(run_dir, create=True)  # new, or left empty by a kill before its record was written
         original = run_dir / "round-000.py"
@@ -209,17 +209,6 @@ def _optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, hom
         if own_judge:
             judge.close()  # type: ignore[union-attr]
     return store
-
-
-def _holds_run(run_dir: Path) -> bool:
-    store = RoundsStore(run_dir)
-    try:
-        store.run()
-        return True
-    except UserFacingError:
-        return False
-    finally:
-        store.close()
 
 
 # ------------------------------------------------------------------------------------ planning

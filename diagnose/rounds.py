@@ -92,6 +92,20 @@ class RoundsStore:
     def close(self) -> None:
         self._db.close()
 
+    @classmethod
+    def status_of(cls, run_dir: str | Path) -> str | None:
+        """The run's status, or None when `run_dir` holds no run (no store, or a store killed before
+        its run record was written)."""
+        if not (Path(run_dir) / "rounds.sqlite").is_file():
+            return None
+        store = cls(run_dir)
+        try:
+            return store.run().status
+        except UserFacingError:
+            return None
+        finally:
+            store.close()
+
     # ---------------------------------------------------------------- run
     def create_run(self, run_id: str, task: str, spec: dict[str, Any], options: dict[str, Any]) -> None:
         self._db.execute("INSERT INTO run (id, task, spec, options, created, status) VALUES (?, ?, ?, ?, ?, 'running')",

@@ -707,7 +707,9 @@ def _runs_in(root: Path) -> list[Path]:
 def _runs_of(ctx: click.Context, run: str) -> list[Path]:
     """A run (directory or id), or every run of a bench directory (`kb bench`)."""
     if (Path(run) / "bench.json").is_file():
-        return sorted(p.parent for p in (Path(run) / "runs").glob("*/*/rounds.sqlite"))
+        from diagnose.bench import bench_runs
+
+        return bench_runs(Path(run))
     return [_run_dir(ctx, run)]
 
 

@@ -10,11 +10,7 @@ set -u
 FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/bench-h200}
 mkdir -p "$FINAL" "$(dirname "$STATE")"
-if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-deps --target /tmp/kb-site "$WHEELS"/*.whl >> "$FINAL/log.txt" 2>&1
-fi
-export KB_CACHE_DIR=/tmp/kb-cache PYTHONPATH="/tmp/kb-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$FINAL/log.txt" 2>&1
+. "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
 if [ -f "$STATE/bench.json" ]; then
   python3 -m kb.cli bench --resume "$STATE" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \

@@ -8,11 +8,7 @@ set -u
 FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/split-half}
 mkdir -p "$FINAL" "$STATE"
-if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-deps --target /tmp/kb-site "$WHEELS"/*.whl >> "$FINAL/log.txt" 2>&1
-fi
-export KB_CACHE_DIR=/tmp/kb-cache PYTHONPATH="/tmp/kb-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >> "$FINAL/log.txt" 2>&1
+. "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
 python3 scripts/synthesis_split_half.py --out "$STATE" --rounds "${ROUNDS:-3}" --workers "${WORKERS:-2}" \
   --stop-after "${STOP_AFTER:-450}" >> "$FINAL/log.txt" 2>&1

@@ -32,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from diagnose.bench import DEFAULT_SUITE, BenchSpec, Condition, create_bench, jobs, load_bench, load_suite, run_bench  # noqa: E402
+from diagnose.bench import (DEFAULT_SUITE, BenchSpec, Condition, bench_runs, create_bench, jobs, load_bench,  # noqa: E402
+                            load_suite, run_bench)
 from diagnose.bench_report import write_report  # noqa: E402
 
 
@@ -141,8 +142,7 @@ def main() -> None:
         from diagnose.synthesis import synthesize
 
         home = KBHome(learned)
-        runs = sorted(p.parent for p in (out / "a" / "runs").glob("*/*/rounds.sqlite"))
-        summary = synthesize(home, runs)
+        summary = synthesize(home, bench_runs(out / "a"))
         marker.write_text(json.dumps(summary, indent=1, default=str))
         print(f"synthesized {summary['rounds']} rounds of half A into {learned}", flush=True)
         write_report(out / "a")
