@@ -48,17 +48,31 @@ def run_task(task: dict[str, Any], options: RunOptions, candidate: str | None = 
             worker.close()
 
 
+def _check(task: dict[str, Any], options: RunOptions, kernel: dict[str, Any], worker: Worker) -> RunReport:
+    """One kernel checked alone, so a hang or crash is pinned on it."""
+    answer = worker.submit({"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds,
+                            "kernels": [kernel], "check": True, "time": False}, options.timeout_s)
+    return _report_or_failure(answer, kernel["role"], _task_name(task))
+
+
+def _time_together(task: dict[str, Any], options: RunOptions, kernels: list[dict[str, Any]], worker: Worker,
+                   role: str) -> RunReport:
+    """Kernels that passed their checks, timed interleaved in one job (`role` names a failure)."""
+    answer = worker.submit({"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds,
+                            "kernels": kernels, "check": False, "time": True, "roofline": options.roofline},
+                           options.timeout_s * len(kernels))
+    return _report_or_failure(answer, role, _task_name(task))
+
+
 def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candidate_entry: str | None,
          worker: Worker, baseline: str | None = None) -> RunReport:
-    base_job = {"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds}
     kernels: list[dict[str, Any]] = [{"role": "baseline", "path": baseline, "entry": candidate_entry} if baseline
                                      else {"role": "baseline"}]
     if candidate:
         kernels.append({"role": "candidate", "path": candidate, "entry": candidate_entry})
     report: RunReport | None = None
     for kernel in kernels:
-        answer = worker.submit({**base_job, "kernels": [kernel], "check": True, "time": False}, options.timeout_s)
-        checked = _report_or_failure(answer, kernel["role"], _task_name(task))
+        checked = _check(task, options, kernel, worker)
         if report is None:
             report = checked
         else:
@@ -69,10 +83,8 @@ def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candi
     passed = [k for k, run in zip(kernels, report.runs) if run.correct]
     if options.time and passed:
         timed_kernels = passed + [{"role": r, "reference": r} for r in options.references]
-        answer = worker.submit({**base_job, "kernels": timed_kernels, "check": False, "time": True,
-                                "roofline": options.roofline}, options.timeout_s * len(timed_kernels))
-        timed = _report_or_failure(answer, "candidate" if candidate else "baseline", _task_name(task))
-        _merge_timings(report, timed)
+        _merge_timings(report, _time_together(task, options, timed_kernels, worker,
+                                              "candidate" if candidate else "baseline"))
     if options.profile and passed:
         from harness.profile import profile_cases
 
@@ -89,20 +101,14 @@ def run_candidates(task: dict[str, Any], options: RunOptions, baseline: str, can
     candidate). If the shared timing job fails, the passing candidates are timed one at a time, so
     one bad kernel cannot sink its siblings.
     """
-    base_job = {"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds}
-    checked: list[RunReport] = []
-    for path in candidates:
-        kernel = {"role": "candidate", "path": path, "entry": entry}
-        answer = worker.submit({**base_job, "kernels": [kernel], "check": True, "time": False}, options.timeout_s)
-        checked.append(_report_or_failure(answer, "candidate", _task_name(task)))
+    checked = [_check(task, options, {"role": "candidate", "path": path, "entry": entry}, worker)
+               for path in candidates]
     passing = [i for i, r in enumerate(checked) if r.run("candidate") and r.run("candidate").correct]
     timed: RunReport | None = None
     if options.time and passing:
         kernels = [{"role": "baseline", "path": baseline, "entry": entry}]
         kernels += [{"role": f"candidate.{i}", "path": candidates[i], "entry": entry} for i in passing]
-        answer = worker.submit({**base_job, "kernels": kernels, "check": False, "time": True,
-                                "roofline": options.roofline}, options.timeout_s * len(kernels))
-        timed = _report_or_failure(answer, "candidate", _task_name(task))
+        timed = _time_together(task, options, kernels, worker, "candidate")
         if timed.failure:
             return [run_task(task, options, candidate=candidates[i], candidate_entry=entry, worker=worker,
                              baseline=baseline) if i in passing else r for i, r in enumerate(checked)]
