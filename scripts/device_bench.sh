@@ -6,18 +6,20 @@
 # STATE holds the bench (bench.json, runs/, logs/); carry it in and untar $OUT/bench.tgz over it after
 # each call. The host lacks libcst: carry its cp312 wheel and set WHEELS=dir. STOP_AFTER: seconds
 # after which no job or round starts (450 leaves a 10-minute call time to finish rounds in flight).
+# VS: the PyTorch stand-ins timed at the end of each run (default "eager compiled").
 set -u
 FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/bench-h200}
 mkdir -p "$FINAL" "$(dirname "$STATE")"
 . "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
+vs=(); for ref in ${VS:-eager compiled}; do vs+=(--vs "$ref"); done
 if [ -f "$STATE/bench.json" ]; then
   python3 -m kb.cli bench --resume "$STATE" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
     > "$FINAL/report.md" 2>> "$FINAL/log.txt"
 else
   python3 -m kb.cli bench --bench-dir "$STATE" --strategy "${STRATEGIES:-progressive,profile-only,always-deep}" \
-    --rounds "${ROUNDS:-3}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" ${OPS:+--ops "$OPS"} \
+    --rounds "${ROUNDS:-3}" "${vs[@]}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" ${OPS:+--ops "$OPS"} \
     > "$FINAL/report.md" 2>> "$FINAL/log.txt"
 fi
 echo "bench call rc=$? in $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
