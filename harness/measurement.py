@@ -56,6 +56,8 @@ class Timing:
     repeat_spread: float | None = None  # |median of a second timing - first| / first
     l2_flushed: bool = True
     rotating_buffers: int = 1
+    warmup_ms: int | None = None  # the windows it was timed with (None: records from before they were kept)
+    rep_ms: int | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 from harness.errors import UserFacingError
 from harness.measurement import KernelRun, RunReport
 from harness.sandbox import Worker
+from harness.timing import REP_MS, WARMUP_MS
 
 __all__ = ["RunOptions", "run_candidates", "run_task", "split_timings"]
 
@@ -29,6 +30,9 @@ class RunOptions:
     # PyTorch stand-ins timed with the kernels (roles "eager", "compiled": the task's reference as
     # written and through torch.compile); each case's speedup over them is in the report.
     references: tuple[str, ...] = ()
+    # Each kernel-case timing: do_bench warm-up and measured window, run twice interleaved.
+    warmup_ms: int = WARMUP_MS
+    rep_ms: int = REP_MS
 
 
 def run_task(task: dict[str, Any], options: RunOptions, candidate: str | None = None,
@@ -59,7 +63,8 @@ def _time_together(task: dict[str, Any], options: RunOptions, kernels: list[dict
                    role: str) -> RunReport:
     """Kernels that passed their checks, timed interleaved in one job (`role` names a failure)."""
     answer = worker.submit({"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds,
-                            "kernels": kernels, "check": False, "time": True, "roofline": options.roofline},
+                            "kernels": kernels, "check": False, "time": True, "roofline": options.roofline,
+                            "warmup_ms": options.warmup_ms, "rep_ms": options.rep_ms},
                            options.timeout_s * len(kernels))
     return _report_or_failure(answer, role, _task_name(task))
 

@@ -63,7 +63,8 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("time") and backend.times:
         timed = [(role, entry) for (role, entry, _), run in zip(kernels, report.runs)
                  if entry is not None and (run.correct or not job.get("check", True))]
-        _time(task, timed, report, [c for c in cases if not c[2]], backend, job.get("roofline", True))
+        _time(task, timed, report, [c for c in cases if not c[2]], backend, job.get("roofline", True),
+              windows={k: int(job[k]) for k in ("warmup_ms", "rep_ms") if job.get(k)})
     return report.to_dict()
 
 
@@ -301,9 +302,10 @@ def _profile_calls(task: Task, kernels: list[tuple[str, Any, str]], cases: list[
 # --- timing ----------------------------------------------------------------------------------
 
 def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: list[tuple[int, dict[str, Any], bool]],
-          backend: Any, roofline: bool) -> None:
+          backend: Any, roofline: bool, windows: dict[str, int] | None = None) -> None:
     """Time every correct kernel on every case, baseline and candidate interleaved in one process:
-    A then B then A then B, so drift hits both, and each kernel's two timings give its repeat spread."""
+    A then B then A then B, so drift hits both, and each kernel's two timings give its repeat spread.
+    `windows`: warmup_ms / rep_ms of each timing (default: harness.timing's)."""
     import torch
 
     from harness.timing import rotation_count, time_calls
@@ -329,7 +331,8 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
         timings: dict[str, list[Any]] = {role: [] for role, _ in here}
         for _ in range(2):
             for role, entry in here:
-                timings[role].append(time_calls(lambda a, e=entry: e(*a), arg_sets, warm_cache=task.warm_cache))
+                timings[role].append(time_calls(lambda a, e=entry: e(*a), arg_sets, warm_cache=task.warm_cache,
+                                                **(windows or {})))
         for role, _ in here:
             first_t, second_t = timings[role]
             merged = first_t

@@ -12,12 +12,19 @@ from typing import Any
 
 from harness.measurement import Timing
 
-__all__ = ["ROTATE_BELOW_BYTES", "rotation_count", "time_calls"]
+__all__ = ["REP_MS", "ROTATE_BELOW_BYTES", "WARMUP_MS", "rotation_count", "time_calls"]
 
 # Rotate inputs when one set is smaller than this (a few times the H200's 50 MB L2), so that even
 # without the flush consecutive repetitions do not find their inputs in cache.
 ROTATE_BELOW_BYTES = 256 << 20
 _MAX_ROTATIONS = 8
+
+# Default windows of one timing. The warm-up is long because an idle GPU starts at a low clock: on the
+# H200 a 25 ms warm-up left kernels under 20 µs with up to 30% spread between two timings (before the
+# runner's burn-in existed). Shorter windows are an option (`RunOptions.rep_ms`): the sampling error of
+# the median shrinks as 1/sqrt(reps), and docs/benchmarks.md shows it is far below the noise floor.
+WARMUP_MS = 200
+REP_MS = 300
 
 
 def rotation_count(arg_bytes: int) -> int:
@@ -27,12 +34,8 @@ def rotation_count(arg_bytes: int) -> int:
 
 
 def time_calls(call: Callable[[Any], Any], arg_sets: Sequence[Any], *, warm_cache: bool = False,
-               warmup_ms: int = 200, rep_ms: int = 300) -> Timing:
-    """Time `call(args)` cycling through `arg_sets`; every repetition is one call.
-
-    The warm-up is long (200 ms) because an idle GPU starts at a low clock: on the H200 a 25 ms
-    warm-up left kernels under 20 µs with up to 30% spread between two timings.
-    """
+               warmup_ms: int = WARMUP_MS, rep_ms: int = REP_MS) -> Timing:
+    """Time `call(args)` cycling through `arg_sets`; every repetition is one call."""
     state = {"i": 0}
 
     def fn() -> None:
@@ -49,6 +52,8 @@ def time_calls(call: Callable[[Any], Any], arg_sets: Sequence[Any], *, warm_cach
         reps=len(samples_us),
         l2_flushed=not warm_cache,
         rotating_buffers=len(arg_sets),
+        warmup_ms=warmup_ms,
+        rep_ms=rep_ms,
     )
 
 
