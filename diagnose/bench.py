@@ -38,7 +38,7 @@ from typing import Any
 from harness.errors import UserFacingError
 
 __all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs", "load_bench", "load_suite",
-           "optimize_command", "run_bench"]
+           "optimize_command", "run_bench", "set_timing_windows"]
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SUITE = REPO / "corpora" / "operators"
@@ -66,6 +66,12 @@ class BenchSpec:
     created: str = ""
     note: str = ""
     references: list[str] = field(default_factory=lambda: ["eager"])  # PyTorch stand-ins timed at the end
+    # The stand-ins and the initial kernel are the same in every condition, so they are timed in the
+    # first condition's runs only; the report takes the other conditions' figures over eager through
+    # their own initial kernel (best/initial x initial/eager, each ratio from one process).
+    references_once: bool = True
+    warmup_ms: int | None = None  # do_bench windows of each timing (None: the harness defaults)
+    rep_ms: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BenchSpec":
@@ -112,10 +118,32 @@ def create_bench(bench_dir: Path, spec: BenchSpec) -> BenchSpec:
     load_suite(Path(spec.suite), spec.operators)  # fail now, not in the middle of the bench
     spec.created = spec.created or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     bench_dir.mkdir(parents=True, exist_ok=True)
+    _write_spec(bench_dir, spec)
+    return spec
+
+
+def set_timing_windows(bench_dir: Path, warmup_ms: int | None, rep_ms: int | None) -> BenchSpec:
+    """Change the timing windows of a bench's jobs still to run, and say so in its note (each timing
+    record keeps the windows it was measured with, so a report can tell them apart)."""
+    spec = load_bench(bench_dir)
+    changed = {k: v for k, v in (("warmup_ms", warmup_ms), ("rep_ms", rep_ms)) if v and getattr(spec, k) != v}
+    if not changed:
+        return spec
+    finished = sum(1 for j in jobs(bench_dir, spec) if j.state == "finished")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    for key, value in changed.items():
+        setattr(spec, key, value)
+    said = ", ".join(f"{k} {v}" for k, v in changed.items())
+    spec.note = (spec.note + " " if spec.note else "") + f"Timing windows set to {said} on {stamp}, {finished} runs finished."
+    _write_spec(bench_dir, spec)
+    return spec
+
+
+def _write_spec(bench_dir: Path, spec: BenchSpec) -> None:
+    manifest = bench_dir / "bench.json"
     tmp = manifest.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(spec), indent=1))
     os.replace(tmp, manifest)  # all or nothing: a half-written manifest would strand the bench
-    return spec
 
 
 def load_bench(bench_dir: Path) -> BenchSpec:
@@ -170,8 +198,12 @@ def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> lis
                 "--strategy", job.condition.strategy, "--llm", spec.llm, "--backend", spec.backend]
     if spec.time_budget_s is not None:  # per invocation: a resumed run gets the budget again
         cmd += ["--time-budget", f"{spec.time_budget_s:g}"]
-    for ref in spec.references:  # a resumed run takes them too: they are timed only at its end
-        cmd += ["--vs", ref]
+    if not spec.references_once or job.condition.name == spec.conditions[0].name:
+        for ref in spec.references:  # a resumed run takes them too: they are timed only at its end
+            cmd += ["--vs", ref]
+    for flag, value in (("--warmup-ms", spec.warmup_ms), ("--rep-ms", spec.rep_ms)):
+        if value:
+            cmd += [flag, str(value)]
     if stop_after is not None:
         cmd += ["--stop-after", f"{max(stop_after, 0.0):.0f}"]
     return cmd + ["--json"]

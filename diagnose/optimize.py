@@ -52,6 +52,9 @@ class OptimizeOptions:
     references: tuple[str, ...] = ("eager",)
     noise_floor: float = 0.02
     release: str | None = None
+    # do_bench windows of each timing (None: the harness defaults); each Timing record keeps its own.
+    warmup_ms: int | None = None
+    rep_ms: int | None = None
 
 
 @dataclass
@@ -73,7 +76,9 @@ class HarnessJudge:
         from harness.run import RunOptions
         from harness.sandbox import Worker
 
-        self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time)
+        windows = {k: v for k, v in (("warmup_ms", options.warmup_ms), ("rep_ms", options.rep_ms)) if v}
+        self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time,
+                                  **windows)
         self.references = tuple(options.references)
         self.worker = Worker(options.backend)
 
@@ -193,13 +198,17 @@ def _optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, hom
         if (info.final or {}).get("best_round") != best:
             # Chained per-round speedups drift: the best kernel is timed against the original once, at
             # the end, with the PyTorch stand-ins beside them (a weak initial kernel cannot hide).
-            say(f"timing the best kernel (round {best}) against the task's own and PyTorch" if best
-                else "timing the task's own kernel against PyTorch")
             final_judge = getattr(judge, "final", None)
-            if final_judge is not None:
+            if not best and not options.references and info.baseline:
+                # Nothing to time: the best kernel is the initial one and no stand-in is asked for.
+                store.update_run(final=_final_record(0, RunReport.from_dict(info.baseline), options))
+            elif final_judge is not None:
+                say(f"timing the best kernel (round {best}) against the task's own and PyTorch" if best
+                    else "timing the task's own kernel against PyTorch")
                 store.update_run(final=_final_record(best, final_judge(spec, info.best_path if best else None, entry),
                                                      options))
             elif best:
+                say(f"timing the best kernel (round {best}) against the task's own")
                 store.update_run(final=_final_record(best, judge(spec, None, info.best_path, entry), options))
         store.update_run(status="finished")
     except KeyboardInterrupt:

@@ -36,6 +36,15 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _timing_window_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--warmup-ms / --rep-ms: the do_bench windows of every kernel-case timing (default: the harness's)."""
+    window = click.IntRange(min=1)
+    fn = click.option("--rep-ms", "rep_ms", type=window, default=None,
+                      help="Measured window of each timing in ms (harness default 300).")(fn)
+    return click.option("--warmup-ms", "warmup_ms", type=window, default=None,
+                        help="Warm-up of each timing in ms (harness default 200).")(fn)
+
+
 def _home(ctx: click.Context, create: bool = False) -> Any:
     from kb.home import KBHome
 
@@ -742,12 +751,14 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
               help="Seconds from now after which no round starts; the run is left paused, to --resume later.")
 @click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True, default=("eager",),
               show_default=True, help="PyTorch stand-ins timed beside the initial and best kernels at the end.")
+@_timing_window_options
 @click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON.")
 @click.pass_context
 @_user_errors
 def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
              strategy: str, backend: str, run_dir: Path | None, resume_run: str | None, release: str | None,
-             stop_after: float | None, versus: tuple[str, ...], as_json: bool) -> None:
+             stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
+             as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""
     import datetime
 
@@ -766,7 +777,7 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
             raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
                               backend=detect_backend() if backend == "auto" else backend, release=release,
-                              references=tuple(dict.fromkeys(versus)))
+                              references=tuple(dict.fromkeys(versus)), warmup_ms=warmup_ms, rep_ms=rep_ms)
     if options.backend == "interpreter":
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
@@ -900,21 +911,25 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
 @click.option("--ray", "ray_address", default=None,
               help="Run the jobs on a Ray cluster, one GPU each: auto (the running cluster), ray://HOST:PORT, or "
                    "local (start one here). Every node needs this checkout at the same path and the bench dir shared.")
+@_timing_window_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 @_user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
           strategy: str, workers: int, llm: str, backend: str, bench_dir: Path | None, resume_dir: Path | None,
-          stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, as_json: bool) -> None:
+          stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, warmup_ms: int | None,
+          rep_ms: int | None, as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
     import datetime
 
-    from diagnose.bench import DEFAULT_SUITE, STRATEGIES, BenchSpec, Condition, create_bench, load_suite, run_bench
+    from diagnose.bench import (DEFAULT_SUITE, STRATEGIES, BenchSpec, Condition, create_bench, load_suite, run_bench,
+                                set_timing_windows)
     from diagnose.bench_report import write_report
     from harness.backends import detect_backend
 
     if resume_dir is not None:
         directory = resume_dir
+        set_timing_windows(directory, warmup_ms, rep_ms)  # the jobs still to run take the new windows
     else:
         strategies = [x.strip() for x in strategy.split(",") if x.strip()]
         bad = [x for x in strategies if x not in STRATEGIES]
@@ -928,7 +943,8 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         # Each job resolves the home as this command does (--home, else $KB_HOME, else the default).
         home = str(Path(ctx.obj["home"]).resolve()) if ctx.obj.get("home") else None
         spec = BenchSpec(str(suite_dir.resolve()), names, [Condition(x, x, home) for x in strategies], rounds,
-                         time_budget, llm, chosen, references=list(dict.fromkeys(versus)))
+                         time_budget, llm, chosen, references=list(dict.fromkeys(versus)), warmup_ms=warmup_ms,
+                         rep_ms=rep_ms)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         directory = bench_dir or _home(ctx, create=True).root / "bench" / stamp
         create_bench(directory, spec)

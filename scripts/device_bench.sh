@@ -4,9 +4,13 @@
 # Usage (repository root, on the GPU host):
 #   OUT=/some/dir STATE=build/bench-h200 WHEELS=build/device-opt scripts/device_bench.sh
 # STATE holds the bench (bench.json, runs/, logs/); carry it in and untar $OUT/bench.tgz over it after
-# each call. The host lacks libcst: carry its cp312 wheel and set WHEELS=dir. STOP_AFTER: seconds
-# after which no job or round starts (450 leaves a 10-minute call time to finish rounds in flight).
-# VS: the PyTorch stand-ins timed at the end of each run (default "eager compiled").
+# each call. STOP_AFTER: seconds after which no job or round starts (450 leaves a 10-minute call time
+# to finish rounds in flight).
+# VS: the PyTorch stand-ins timed at the end of each run (default "eager compiled"); a bench times them
+# in its first condition only. WARMUP_MS / REP_MS: do_bench windows of each timing (default 50 / 100,
+# a third of the harness's: scripts/timing_noise.py on the first calls' runs showed the noise is drift
+# between windows, not sampling; docs/benchmarks.md). The host lacks libcst and platformdirs: WHEELS
+# holds their cp312 wheels.
 set -u
 FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/bench-h200}
@@ -14,12 +18,13 @@ mkdir -p "$FINAL" "$(dirname "$STATE")"
 . "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
 vs=(); for ref in ${VS:-eager compiled}; do vs+=(--vs "$ref"); done
+windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
 if [ -f "$STATE/bench.json" ]; then
-  python3 -m kb.cli bench --resume "$STATE" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
+  python3 -m kb.cli bench --resume "$STATE" "${windows[@]}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
     > "$FINAL/report.md" 2>> "$FINAL/log.txt"
 else
   python3 -m kb.cli bench --bench-dir "$STATE" --strategy "${STRATEGIES:-progressive,profile-only,always-deep}" \
-    --rounds "${ROUNDS:-3}" "${vs[@]}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" ${OPS:+--ops "$OPS"} \
+    --rounds "${ROUNDS:-3}" "${vs[@]}" "${windows[@]}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" ${OPS:+--ops "$OPS"} \
     > "$FINAL/report.md" 2>> "$FINAL/log.txt"
 fi
 echo "bench call rc=$? in $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"

@@ -195,3 +195,39 @@ def test_workers_take_their_devices_from_the_callers_visible_devices(tmp_path, m
     run_bench(bench_dir, workers=2, command=lambda job, spec, left: [sys.executable, "-c", record,
                                                                       str(marks / job.operator)])
     assert {p.read_text() for p in marks.iterdir()} == {"5", "7"}  # the GPUs the caller was given, not 0 and 1
+
+
+def test_stand_ins_are_timed_once_per_operator_and_windows_reach_every_job(tmp_path):
+    from diagnose.bench import optimize_command, set_timing_windows
+
+    bench_dir = tmp_path / "bench"
+    spec = create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a"], [Condition("a"), Condition("b")],
+                                             backend="cuda", references=["eager", "compiled"], rep_ms=100))
+    first, second = jobs(bench_dir, spec)
+    cmd = optimize_command(first, spec, None)
+    assert [cmd[i + 1] for i, x in enumerate(cmd) if x == "--vs"] == ["eager", "compiled"]
+    assert "--vs" not in optimize_command(second, spec, None)  # the same stand-ins: timed in condition a only
+    assert cmd[cmd.index("--rep-ms") + 1] == "100" and "--warmup-ms" not in cmd
+    # Resuming with new windows changes the jobs still to run and says so in the bench's note.
+    out = CliRunner().invoke(main, ["bench", "--resume", str(bench_dir), "--warmup-ms", "50", "--stop-after", "0"])
+    assert out.exit_code == 0, out.output
+    spec = load_bench(bench_dir)
+    assert (spec.warmup_ms, spec.rep_ms) == (50, 100) and "Timing windows set to warmup_ms 50" in spec.note
+    assert set_timing_windows(bench_dir, 50, None).note == spec.note  # unchanged windows: no new note
+    again = optimize_command(jobs(bench_dir, spec)[1], spec, None)
+    assert again[again.index("--warmup-ms") + 1] == "50"
+
+
+def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
+    from diagnose.bench_report import _borrow_references
+
+    rows = [{"operator": "x", "condition": "a", "speedup": 1.5, "speedup_measured": True,
+             "vs_eager": {"initial": 2.0, "best": 3.0}, "vs_compiled": {"initial": None, "best": None}},
+            {"operator": "x", "condition": "b", "speedup": 1.2, "speedup_measured": True,
+             "vs_eager": {"initial": None, "best": None}, "vs_compiled": {"initial": None, "best": None}},
+            {"operator": "y", "condition": "b", "speedup": 1.0, "speedup_measured": True,
+             "vs_eager": {"initial": None, "best": None}}]
+    _borrow_references(rows)
+    assert rows[1]["vs_eager"] == {"initial": 2.0, "best": 2.4} and rows[1]["references_from"] == "a"
+    assert rows[0]["vs_eager"]["best"] == 3.0 and "references_from" not in rows[0]  # its own, kept
+    assert rows[2]["vs_eager"]["best"] is None  # no run of y timed the stand-ins: nothing to borrow

@@ -309,3 +309,45 @@ def test_one_process_per_run_directory_and_an_empty_store_starts_afresh(tmp_path
     store = _run(tmp_path, rounds=1)  # the same directory: tmp_path / "run"
     assert store.run().status == "finished"
     store.close()
+
+
+def test_nothing_accepted_and_no_stand_ins_leaves_nothing_to_time_at_the_end(tmp_path):
+    class CountingJudge(TimedJudge):
+        finals = 0
+
+        def final(self, spec, best, entry):
+            self.finals += 1
+            return super().final(spec, best, entry)
+
+    judge = CountingJudge(pipelining_pays=False)
+    store = _run(tmp_path, rounds=1, references=(), judge=judge)
+    info = store.run()
+    assert store.rounds()[0].outcome == "rejected" and not info.best_round
+    # The initial kernel is the best one and no stand-in was asked for: no end-of-run job.
+    assert judge.finals == 0
+    assert info.final["best_round"] == 0 and info.final["geomean"] == 1.0
+    assert report(store)["speedup_vs_initial_measured"] and "vs_eager" not in info.final
+    store.close()
+
+
+def test_timing_windows_reach_the_timing_job():
+    from harness.run import RunOptions, _time_together
+    from harness.timing import REP_MS, WARMUP_MS
+
+    class Recorder:  # stands in for the sandboxed worker: what the harness would send it
+        jobs: list[dict] = []
+
+        def submit(self, job, timeout):
+            self.jobs.append(job)
+            return {"failure": "recorded, not run"}
+
+    worker = Recorder()
+    kernels = [{"role": "baseline"}]
+    _time_together({"path": "t.py"}, RunOptions(backend="cuda"), kernels, worker, "baseline")
+    _time_together({"path": "t.py"}, RunOptions(backend="cuda", warmup_ms=50, rep_ms=100), kernels, worker, "baseline")
+    assert [(j["warmup_ms"], j["rep_ms"]) for j in worker.jobs] == [(WARMUP_MS, REP_MS), (50, 100)]
+    judge_options = HarnessJudge(OptimizeOptions(backend="interpreter", warmup_ms=50, rep_ms=100), time=False)
+    try:
+        assert (judge_options.options.warmup_ms, judge_options.options.rep_ms) == (50, 100)
+    finally:
+        judge_options.close()
