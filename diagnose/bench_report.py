@@ -246,9 +246,21 @@ def to_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines + [""])
 
 
+def _scale(axis: Any, values: list[float]) -> None:
+    """Wide ranges on a log axis written as plain numbers; a narrow one starts near 1 so a few percent show."""
+    if max(values, default=0) > 4:
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        axis.set_yscale("log")
+        axis.yaxis.set_major_formatter(ScalarFormatter())
+        axis.yaxis.set_minor_formatter(NullFormatter())
+    elif any(values):
+        axis.set_ylim(bottom=min(0.9, 0.95 * min(v for v in values if v)))
+
+
 def plot(data: dict[str, Any], path: Path) -> bool:
-    """Per-operator speedup by condition (log scale) and each operator's best-round index. False when
-    matplotlib is missing (the `plots` extra)."""
+    """Per operator and condition: speedup vs initial, the best kernel vs PyTorch eager, and the
+    best-round index. False when matplotlib is missing (the `plots` extra)."""
     try:
         import matplotlib
 
@@ -257,26 +269,27 @@ def plot(data: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     names = [c["name"] for c in data["conditions"]]
-    ops = list(dict.fromkeys(r["operator"] for r in data["operators"]))
+    # Operators not run yet would be empty slots: a bench cut short plots what it has.
+    ops = list(dict.fromkeys(r["operator"] for r in data["operators"] if r.get("state") != "new")) or \
+        list(dict.fromkeys(r["operator"] for r in data["operators"]))
     by_key = {(r["operator"], r["condition"]): r for r in data["operators"]}
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.6 * len(ops) * len(names)), 7), sharex=True)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(min(18, max(8, 0.3 * len(ops) * len(names) + 2)), 9),
+                                              sharex=True)
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         xs = [k + i * width for k in range(len(ops))]
-        top.bar(xs, [by_key.get((op, name), {}).get("speedup") or 0 for op in ops], width, label=name)
-        bottom.bar(xs, [by_key.get((op, name), {}).get("best_round") or 0 for op in ops], width, label=name)
-    top.axhline(1.0, color="grey", lw=0.8)
-    speedups = [r.get("speedup") or 0 for r in data["operators"]]
-    if max(speedups, default=0) > 4:  # wide ranges on a log axis, written as plain numbers
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-        top.set_yscale("log")
-        top.yaxis.set_major_formatter(ScalarFormatter())
-        top.yaxis.set_minor_formatter(NullFormatter())
-    elif any(speedups):  # a narrow range: start the axis near 1 so that a few percent show
-        top.set_ylim(bottom=min(0.9, 0.95 * min(s for s in speedups if s)))
+        rows = [by_key.get((op, name), {}) for op in ops]
+        top.bar(xs, [r.get("speedup") or 0 for r in rows], width, label=name)
+        middle.bar(xs, [(r.get("vs_eager") or {}).get("best") or 0 for r in rows], width, label=name)
+        bottom.bar(xs, [r.get("best_round") or 0 for r in rows], width, label=name)
+    for axis, key in ((top, "speedup"), (middle, "vs_eager")):
+        axis.axhline(1.0, color="grey", lw=0.8)
+        values = [(r.get(key) or 0) if key == "speedup" else ((r.get(key) or {}).get("best") or 0)
+                  for r in data["operators"]]
+        _scale(axis, values)
     top.set_ylabel("speedup vs initial")
     top.legend()
+    middle.set_ylabel("best vs PyTorch eager")
     bottom.set_ylabel("best-round index")
     bottom.set_xticks([k + 0.4 - width / 2 for k in range(len(ops))], ops, rotation=45, ha="right")
     top.set_title(f"bench {Path(data['bench']).name}: {data['rounds']} rounds per operator, {data.get('device') or ''}")

@@ -93,13 +93,14 @@ def _source_of(task: Task, kernel: dict[str, Any]) -> str:
 
 def _entry_of(task: Task, kernel: dict[str, Any]) -> Any:
     if kernel.get("reference"):
-        if task.reference is None:
+        stand_in = task.eager or task.reference
+        if stand_in is None:
             return None
         if kernel["reference"] == "compiled":
             import torch
 
-            return torch.compile(task.reference)
-        return task.reference
+            return torch.compile(stand_in)
+        return stand_in
     if not kernel.get("path"):  # the task's own kernel
         return task.entry
     from harness.capture import load_kernel_module

@@ -14,6 +14,11 @@ A task file defines (only the first three are required):
                 specialised to the benchmark shapes is caught.
     reference   a PyTorch callable with entry's signature. Without one the task's own initial
                 entry is the reference (candidates are then checked against it).
+    eager       PyTorch as an engineer would write the operation for speed, at the kernel's own
+                dtypes: the stand-in that kernels are timed against (`--vs eager`, and through
+                torch.compile for `--vs compiled`). Default: `reference`. Give it when the reference
+                computes in a wider type for accuracy (float64 sums, float32 matmuls): timing against
+                that would flatter the kernel.
     tolerances  {"atol": .., "rtol": ..} for every output, or per dtype name:
                 {"float16": {"atol": .., "rtol": ..}}. Defaults: `DEFAULT_TOLERANCES`.
     outputs     indices of arguments the kernel writes in place (an `out=` style wrapper). They
@@ -65,6 +70,7 @@ class Task:
     inputs: Callable[..., tuple[Any, ...]]
     cases: list[dict[str, Any]]
     reference: Callable[..., Any] | None = None
+    eager: Callable[..., Any] | None = None  # the speed stand-in; None: the reference
     tolerances: dict[str, Any] = field(default_factory=dict)
     namespace: dict[str, Any] = field(default_factory=dict)
     heldout: list[dict[str, Any]] = field(default_factory=list)
@@ -103,7 +109,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     cases = _case_list(ns["cases"], path, "cases")
     if not cases:
         raise UserFacingError(f"task file {path}: cases is empty", "e.g. cases = [dict(n=4096)]")
-    for name in ("reference", "bytes", "flops"):
+    for name in ("reference", "eager", "bytes", "flops"):
         if ns.get(name) is not None and not callable(ns[name]):
             raise UserFacingError(f"task file {path}: {name} must be a callable", "see harness/task.py")
     return Task(
@@ -112,6 +118,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         inputs=ns["inputs"],
         cases=cases,
         reference=ns.get("reference"),
+        eager=ns.get("eager"),
         tolerances=dict(ns.get("tolerances", {})),
         namespace=ns,
         heldout=_case_list(ns.get("heldout", []), path, "heldout"),

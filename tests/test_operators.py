@@ -23,3 +23,31 @@ def test_operator_task_is_complete(name):
     assert task.bytes is not None or task.flops is not None
     assert task.family  # reports group by it
     assert task.source_file.endswith(f"{name}.py")  # kernels are named after their operator
+
+
+WIDENED = [n for n in OPERATORS if load_task(REPO / "corpora" / "operators" / n / "task.py").eager is not None]
+
+
+def test_operators_whose_reference_widens_the_type_have_a_speed_stand_in():
+    import inspect
+
+    for name in OPERATORS:
+        task = load_task(REPO / "corpora" / "operators" / name / "task.py")
+        widened = any(w in inspect.getsource(task.reference) for w in ("float64", "to(torch.float32)", ".double()"))
+        assert not widened or task.eager is not None, f"{name}: eager would be timed in the reference's wider type"
+
+
+@pytest.mark.parametrize("name", WIDENED)
+def test_the_speed_stand_in_computes_the_reference(name):
+    """`eager` is timed instead of the reference: it must be the same operation (on the CPU, at a held-out
+    shape, within the task's tolerance for the kernel's output dtype)."""
+    import torch
+
+    from harness.task import tolerance_for
+
+    task = load_task(REPO / "corpora" / "operators" / name / "task.py")
+    torch.manual_seed(0)
+    args = task.inputs(**task.heldout[0])
+    fast, exact = task.eager(*args), task.reference(*args)
+    tol = tolerance_for(task, str(fast.dtype).removeprefix("torch."))
+    torch.testing.assert_close(fast.to(exact.dtype), exact, atol=max(tol["atol"], 1e-6), rtol=max(tol["rtol"], 1e-6))

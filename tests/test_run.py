@@ -337,3 +337,14 @@ def test_cli_table_names_the_problem_of_a_rejected_candidate():
     assert "task_add on cpu (Triton interpreter)" in result.output
     assert "1 unwritten element(s), first at index [999]" in result.output
     assert "median µs" not in result.output  # the interpreter is never timed, so no timing columns
+
+
+def test_the_stand_in_timed_is_the_tasks_eager_version_when_it_has_one():
+    from conftest import REPO
+    from harness.runner import _entry_of
+    from harness.task import load_task
+
+    bmm = load_task(REPO / "corpora" / "operators" / "bmm" / "task.py")  # its reference widens to float32
+    assert _entry_of(bmm, {"role": "eager", "reference": "eager"}) is bmm.eager
+    softmax = load_task(REPO / "corpora" / "operators" / "softmax" / "task.py")  # no eager: the reference
+    assert _entry_of(softmax, {"role": "eager", "reference": "eager"}) is softmax.reference

@@ -16,6 +16,11 @@ def reference(q, k, v):
     return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1) @ v
 
 
+# The speed stand-in: the reference above computes in a wider type for accuracy.
+def eager(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
 def flops(batch, heads, seq, head=64):
     return 4 * batch * heads * seq * seq * head
 

@@ -14,6 +14,11 @@ def reference(a, b):
     return torch.bmm(a.to(torch.float32), b.to(torch.float32))
 
 
+# The speed stand-in: the reference above computes in a wider type for accuracy.
+def eager(a, b):
+    return torch.bmm(a, b)
+
+
 def flops(batch, m, n, k):
     return 2 * batch * m * n * k
 

@@ -14,6 +14,11 @@ def reference(logits, target):
     return torch.nn.functional.cross_entropy(logits.to(torch.float64), target, reduction="none")
 
 
+# The speed stand-in: the reference above computes in a wider type for accuracy.
+def eager(logits, target):
+    return torch.nn.functional.cross_entropy(logits, target, reduction="none")
+
+
 def bytes(m, n, dtype=torch.float32):
     return m * n * torch.empty((), dtype=dtype).element_size() + 12 * m
 

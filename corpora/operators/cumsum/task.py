@@ -14,6 +14,11 @@ def reference(x):
     return torch.cumsum(x.to(torch.float64), dim=-1)
 
 
+# The speed stand-in: the reference above computes in a wider type for accuracy.
+def eager(x):
+    return torch.cumsum(x, dim=-1)
+
+
 def bytes(m, n, dtype=torch.float32):
     return 2 * m * n * torch.empty((), dtype=dtype).element_size()
 

@@ -14,6 +14,11 @@ def reference(x):
     return x.to(torch.float64).mean(dim=-1)
 
 
+# The speed stand-in: the reference above computes in a wider type for accuracy.
+def eager(x):
+    return x.mean(dim=-1)
+
+
 def bytes(m, n, dtype=torch.float32):
     return m * n * torch.empty((), dtype=dtype).element_size() + 4 * m
 

@@ -14,6 +14,11 @@ def reference(x, y):
     return ((x.to(torch.float64) - y.to(torch.float64)) ** 2).mean(dim=-1)
 
 
+# The speed stand-in: the reference above computes in a wider type for accuracy.
+def eager(x, y):
+    return ((x - y) ** 2).mean(dim=-1)
+
+
 def bytes(m, n, dtype=torch.float32):
     return 2 * m * n * torch.empty((), dtype=dtype).element_size() + 4 * m
 
