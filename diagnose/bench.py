@@ -38,7 +38,7 @@ from typing import Any
 from harness.errors import UserFacingError
 
 __all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs", "load_bench", "load_suite",
-           "optimize_command", "run_bench", "set_timing_windows"]
+           "optimize_command", "retime", "run_bench", "set_timing_windows"]
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SUITE = REPO / "corpora" / "operators"
@@ -137,6 +137,28 @@ def set_timing_windows(bench_dir: Path, warmup_ms: int | None, rep_ms: int | Non
     spec.note = (spec.note + " " if spec.note else "") + f"Timing windows set to {said} on {stamp}, {finished} runs finished."
     _write_spec(bench_dir, spec)
     return spec
+
+
+def retime(bench_dir: Path, operators: list[str]) -> list[Job]:
+    """Make the finished runs of `operators` measure their end again (their stand-ins or initial kernel
+    changed): each forgets its end-of-run record and is left paused, so the next `--resume` re-times
+    it and plans no round that it had not planned before. Returns the jobs reset."""
+    from diagnose.rounds import RoundsStore
+
+    spec = load_bench(bench_dir)
+    unknown = [op for op in operators if op not in spec.operators]
+    if unknown:
+        raise UserFacingError(f"no operator {', '.join(unknown)} in the bench {bench_dir}",
+                              f"pick among: {', '.join(spec.operators)}")
+    reset = [j for j in jobs(bench_dir, spec) if j.operator in operators and j.state == "finished"]
+    for job in reset:
+        store = RoundsStore(job.run_dir)
+        try:
+            store.update_run(status="paused", final=None, note="end-of-run measurement to be taken again (kb bench --retime)")
+        finally:
+            store.close()
+        job.state = "partial"
+    return reset
 
 
 def _write_spec(bench_dir: Path, spec: BenchSpec) -> None:

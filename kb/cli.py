@@ -911,25 +911,33 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
 @click.option("--ray", "ray_address", default=None,
               help="Run the jobs on a Ray cluster, one GPU each: auto (the running cluster), ray://HOST:PORT, or "
                    "local (start one here). Every node needs this checkout at the same path and the bench dir shared.")
+@click.option("--retime", "retime_ops", default=None,
+              help="With --resume: comma-separated operators whose finished runs take their end-of-run measurement "
+                   "again (after their task's stand-in or initial kernel changed).")
 @_timing_window_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 @_user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
           strategy: str, workers: int, llm: str, backend: str, bench_dir: Path | None, resume_dir: Path | None,
-          stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, warmup_ms: int | None,
-          rep_ms: int | None, as_json: bool) -> None:
+          stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, retime_ops: str | None,
+          warmup_ms: int | None, rep_ms: int | None, as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
     import datetime
 
-    from diagnose.bench import (DEFAULT_SUITE, STRATEGIES, BenchSpec, Condition, create_bench, load_suite, run_bench,
-                                set_timing_windows)
+    from diagnose.bench import (DEFAULT_SUITE, STRATEGIES, BenchSpec, Condition, create_bench, load_suite, retime,
+                                run_bench, set_timing_windows)
     from diagnose.bench_report import write_report
     from harness.backends import detect_backend
 
     if resume_dir is not None:
         directory = resume_dir
         set_timing_windows(directory, warmup_ms, rep_ms)  # the jobs still to run take the new windows
+        if retime_ops:
+            again = retime(directory, [x.strip() for x in retime_ops.split(",") if x.strip()])
+            click.echo(f"{len(again)} finished run(s) will take their end-of-run measurement again", err=True)
+    elif retime_ops:
+        raise UserFacingError("--retime works on an existing bench", "use it with --resume DIR")
     else:
         strategies = [x.strip() for x in strategy.split(",") if x.strip()]
         bad = [x for x in strategies if x not in STRATEGIES]

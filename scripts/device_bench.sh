@@ -10,7 +10,8 @@
 # in its first condition only. WARMUP_MS / REP_MS: do_bench windows of each timing (default 50 / 100,
 # a third of the harness's: scripts/timing_noise.py on the first calls' runs showed the noise is drift
 # between windows, not sampling; docs/benchmarks.md). The host lacks libcst and platformdirs: WHEELS
-# holds their cp312 wheels.
+# holds their cp312 wheels. RETIME=op,op: finished runs that take their end-of-run measurement again
+# (after their task's stand-in changed; once, in the first call that resumes).
 set -u
 FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/bench-h200}
@@ -20,7 +21,7 @@ start=$(date +%s)
 vs=(); for ref in ${VS:-eager compiled}; do vs+=(--vs "$ref"); done
 windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
 if [ -f "$STATE/bench.json" ]; then
-  python3 -m kb.cli bench --resume "$STATE" "${windows[@]}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
+  python3 -m kb.cli bench --resume "$STATE" "${windows[@]}" ${RETIME:+--retime "$RETIME"} --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
     > "$FINAL/report.md" 2>> "$FINAL/log.txt"
 else
   python3 -m kb.cli bench --bench-dir "$STATE" --strategy "${STRATEGIES:-progressive,profile-only,always-deep}" \

@@ -231,3 +231,34 @@ def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
     assert rows[1]["vs_eager"] == {"initial": 2.0, "best": 2.4} and rows[1]["references_from"] == "a"
     assert rows[0]["vs_eager"]["best"] == 3.0 and "references_from" not in rows[0]  # its own, kept
     assert rows[2]["vs_eager"]["best"] is None  # no run of y timed the stand-ins: nothing to borrow
+
+
+def test_retime_measures_the_end_again_and_repeats_no_round(tmp_path):
+    from diagnose.bench import retime
+    from diagnose.rounds import RoundsStore
+
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_b"], [Condition("only")], rounds=1,
+                                      backend="interpreter"))
+    assert all(j.state == "finished" for j in run_bench(bench_dir, workers=2, command=_command({})))
+
+    def state(op):
+        store = RoundsStore(bench_dir / "runs" / "only" / op)
+        try:
+            return store.run(), [(r.idx, r.started) for r in store.rounds()]
+        finally:
+            store.close()
+
+    before, rounds_before = state("rowsum_a")
+    assert before.final and before.final.get("vs_eager")
+    with pytest.raises(Exception, match="no operator nope"):
+        retime(bench_dir, ["nope"])
+    assert [j.operator for j in retime(bench_dir, ["rowsum_a"])] == ["rowsum_a"]
+    assert [j.state for j in jobs(bench_dir, load_bench(bench_dir))] == ["partial", "finished"]
+    assert state("rowsum_a")[0].final is None
+    again = run_bench(bench_dir, workers=1, command=_command({}))
+    assert [j.state for j in again] == ["finished", "finished"]
+    after, rounds_after = state("rowsum_a")
+    assert after.final and after.final["best_round"] == before.final["best_round"] and rounds_after == rounds_before
+    out = CliRunner().invoke(main, ["bench", "--bench-dir", str(tmp_path / "other"), "--retime", "rowsum_a"])
+    assert out.exit_code == 2 and "--retime works on an existing bench" in out.output
