@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import re
 import shutil
 import time
@@ -55,6 +56,8 @@ class OptimizeOptions:
     # do_bench windows of each timing (None: the harness defaults); each Timing record keeps its own.
     warmup_ms: int | None = None
     rep_ms: int | None = None
+    # Worker processes that check a round's variants side by side (None: by the host's cores).
+    check_workers: int | None = None
 
 
 @dataclass
@@ -81,6 +84,8 @@ class HarnessJudge:
                                   **windows)
         self.references = tuple(options.references)
         self.worker = Worker(options.backend)
+        self.check_workers = options.check_workers or default_check_workers()
+        self._checkers: list[Worker] = []  # started with the first round that has several variants
 
     def __call__(self, spec: dict[str, Any], baseline: str | None, candidate: str | None, entry: str) -> RunReport:
         from harness.run import run_task
@@ -102,11 +107,21 @@ class HarnessJudge:
         """A round's variants against their (already validated) parent: the parent is timed once per
         case with all of them, not once per variant."""
         from harness.run import run_candidates
+        from harness.sandbox import Worker
 
-        return run_candidates(spec, self.options, baseline, candidates, entry, self.worker)
+        wanted = min(self.check_workers, len(candidates)) - 1
+        self._checkers += [Worker(self.options.backend) for _ in range(wanted - len(self._checkers))]
+        return run_candidates(spec, self.options, baseline, candidates, entry, self.worker, self._checkers[:max(wanted, 0)])
 
     def close(self) -> None:
-        self.worker.close()
+        for w in [self.worker, *self._checkers]:
+            w.close()
+
+
+def default_check_workers() -> int:
+    """A quarter of the host's cores, at most 4: the H200 hosts give each GPU 16 cores, and `kb bench`
+    runs one job per GPU; a small machine keeps one worker."""
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 def _sha(text: str) -> str:

@@ -7,6 +7,9 @@ their ratio comes from one process. Each step is a job in a `harness.sandbox.Wor
 
 from __future__ import annotations
 
+import queue
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,16 +101,20 @@ def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candi
 
 
 def run_candidates(task: dict[str, Any], options: RunOptions, baseline: str, candidates: list[str], entry: str,
-                   worker: Worker) -> list[RunReport]:
+                   worker: Worker, checkers: Sequence[Worker] = ()) -> list[RunReport]:
     """Several candidates against one baseline that was validated before (the optimize loop's parent):
     each candidate is checked alone, then the baseline and every passing candidate are timed in one
     job, interleaved, so the baseline is timed once per case instead of once per candidate. Returns
     one report per candidate, in order, each shaped as `run_task` would give it (roles baseline and
     candidate). If the shared timing job fails, the passing candidates are timed one at a time, so
     one bad kernel cannot sink its siblings.
+
+    `checkers`: more workers that share the checks with `worker` (each candidate still alone in its
+    job). Checking is mostly compiling, CPU work that a many-core host does side by side; the timing
+    job stays in `worker`, alone on the device, and finds the compiled kernels in Triton's cache.
     """
-    checked = [_check(task, options, {"role": "candidate", "path": path, "entry": entry}, worker)
-               for path in candidates]
+    checked = _check_each(task, options, [{"role": "candidate", "path": path, "entry": entry} for path in candidates],
+                          [worker, *checkers])
     passing = [i for i, r in enumerate(checked) if r.run("candidate") and r.run("candidate").correct]
     timed: RunReport | None = None
     if options.time and passing:
@@ -118,6 +125,26 @@ def run_candidates(task: dict[str, Any], options: RunOptions, baseline: str, can
             return [run_task(task, options, candidate=candidates[i], candidate_entry=entry, worker=worker,
                              baseline=baseline) if i in passing else r for i, r in enumerate(checked)]
     return split_timings(checked, timed, baseline)
+
+
+def _check_each(task: dict[str, Any], options: RunOptions, kernels: list[dict[str, Any]],
+                workers: list[Worker]) -> list[RunReport]:
+    """`_check` of every kernel, in order, each job in whichever worker is free."""
+    if len(workers) == 1 or len(kernels) == 1:
+        return [_check(task, options, kernel, workers[0]) for kernel in kernels]
+    free: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+    for w in workers:
+        free.put(w)
+
+    def check(kernel: dict[str, Any]) -> RunReport:
+        w = free.get()
+        try:
+            return _check(task, options, kernel, w)
+        finally:
+            free.put(w)
+
+    with ThreadPoolExecutor(max_workers=min(len(workers), len(kernels))) as pool:
+        return list(pool.map(check, kernels))
 
 
 def split_timings(checked: list[RunReport], timed: RunReport | None, baseline: str) -> list[RunReport]:

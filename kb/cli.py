@@ -752,13 +752,15 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True, default=("eager",),
               show_default=True, help="PyTorch stand-ins timed beside the initial and best kernels at the end.")
 @_timing_window_options
+@click.option("--check-workers", "check_workers", type=click.IntRange(min=1), default=None,
+              help="Processes that check a round's variants side by side (default: a quarter of the cores, at most 4).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON.")
 @click.pass_context
 @_user_errors
 def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
              strategy: str, backend: str, run_dir: Path | None, resume_run: str | None, release: str | None,
              stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
-             as_json: bool) -> None:
+             check_workers: int | None, as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""
     import datetime
 
@@ -777,7 +779,8 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
             raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
                               backend=detect_backend() if backend == "auto" else backend, release=release,
-                              references=tuple(dict.fromkeys(versus)), warmup_ms=warmup_ms, rep_ms=rep_ms)
+                              references=tuple(dict.fromkeys(versus)), warmup_ms=warmup_ms, rep_ms=rep_ms,
+                              check_workers=check_workers)
     if options.backend == "interpreter":
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")

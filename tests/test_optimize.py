@@ -351,3 +351,15 @@ def test_timing_windows_reach_the_timing_job():
         assert (judge_options.options.warmup_ms, judge_options.options.rep_ms) == (50, 100)
     finally:
         judge_options.close()
+
+
+def test_a_rounds_variants_are_checked_by_several_workers():
+    judge = HarnessJudge(OptimizeOptions(backend="interpreter", seeds=1, check_workers=2), time=False)
+    try:
+        reports = judge.judge_all(SPEC, str(KERNEL), [str(KERNEL)] * 3, "row_sum")
+        assert [r.run("candidate").correct for r in reports] == [True, True, True]
+        assert len(judge._checkers) == 1 and judge._checkers[0].pid is not None
+        judge.judge_all(SPEC, str(KERNEL), [str(KERNEL)], "row_sum")  # one variant: no more workers
+        assert len(judge._checkers) == 1
+    finally:
+        judge.close()

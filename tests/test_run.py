@@ -168,6 +168,15 @@ def test_candidates_are_checked_alone_against_one_validated_baseline(worker):
     assert not reports[0].run("baseline").cases  # the validated parent is not checked again
 
 
+def test_checks_spread_over_several_workers_keep_order_and_pin_a_crash(worker):
+    files = [str(HARNESS / f) for f in ("crash.py", "add.py", "wrong.py", "add.py")]
+    with Worker("interpreter") as other:
+        reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files, "add", worker, checkers=[other])
+        assert [r.run("candidate").correct for r in reports] == [False, True, False, True]
+        assert "died with SIGSEGV" in reports[0].run("candidate").rejected
+        assert other.pid is not None  # the second worker took some of the checks
+
+
 def test_one_shared_timing_job_is_split_into_a_report_per_candidate():
     def run_of(role, us, label="n=1"):
         return KernelRun(role=role, source=f"{role}.py", cases=[
