@@ -8,6 +8,7 @@ survive and the result reads like the input.
 | pattern id                  | rewrite |
 |-----------------------------|---------|
 | block-size-num-warps, autotune-configs, warp-local-reduction, reduce-register-pressure, num-stages | launch configuration: a small search, one knob per variant |
+| autotune-configs (tl.dot kernels), wgmma-friendly-tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps) from Triton's matmul tutorial, the grid's divisors moved with them |
 | tl-range-pipelining         | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
 | masked-tail-split           | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | divisibility-hints          | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
@@ -29,7 +30,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-__all__ = ["REWRITERS", "Variant", "rewrite", "unified_diff"]
+__all__ = ["REWRITERS", "Variant", "dot_tile_configs", "rewrite", "unified_diff"]
 
 _LOG2E = "1.4426950408889634"
 _WARPS = (1, 2, 4, 8, 16)
@@ -198,6 +199,102 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
             done = done or setter.done
         if done:
             variants.append(Variant({k: value for k in keys.split("+")}, new.code))
+    return variants
+
+
+# ------------------------------------------------------------------------------ dot tiles
+# Hopper tile shapes for 16-bit tl.dot kernels, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): the
+# first six configurations Triton's matmul tutorial (03-matrix-multiplication) autotunes over on CUDA.
+# Each sets every knob at once: one-knob steps from a 64x64x32 start need several rounds to get there.
+_DOT_TILES = ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+              (64, 128, 32, 4, 4), (128, 32, 32, 4, 4))
+
+
+class _AxisBlocks(cst.CSTVisitor):
+    """In the jit kernels, the block size each program-id axis steps by: `pid_m = tl.program_id(0)` and
+    `pid_m * BLOCK_M` (or `tl.program_id(0) * BLOCK_M`) make axis 0 BLOCK_M."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int] = {}
+        self.axis_block: dict[int, str] = {}
+
+    @staticmethod
+    def _axis(node: cst.BaseExpression) -> int | None:
+        if isinstance(node, cst.Call) and _dotted(node.func) == "tl.program_id" and node.args \
+                and isinstance(node.args[0].value, cst.Integer):
+            return int(node.args[0].value.value)
+        return None
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        axis = self._axis(node.value)
+        if axis is not None and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            self.pids[node.targets[0].target.value] = axis
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if not isinstance(node.operator, cst.Multiply):
+            return
+        for pid, block in ((node.left, node.right), (node.right, node.left)):
+            axis = self.pids.get(pid.value) if isinstance(pid, cst.Name) else self._axis(pid)
+            if axis is not None and isinstance(block, cst.Name) and block.value.isupper():
+                self.axis_block.setdefault(axis, block.value)
+
+
+class _GridDivisors(cst.CSTTransformer):
+    """`(triton.cdiv(m, 64), triton.cdiv(n, 64), ...)` outside the kernels: each axis's literal divisor
+    becomes its block's new size. `unmapped` counts literal divisors on axes with no known block."""
+
+    def __init__(self, axis_value: dict[int, int], axis_block: dict[int, str]) -> None:
+        self.axis_value, self.axis_block = axis_value, axis_block
+        self.changed = self.unmapped = 0
+
+    def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.Tuple:
+        elements = list(updated.elements)
+        for axis, element in enumerate(elements):
+            call = element.value
+            if not (isinstance(call, cst.Call) and _dotted(call.func) == "triton.cdiv" and len(call.args) == 2
+                    and isinstance(call.args[1].value, cst.Integer)):
+                continue
+            if axis not in self.axis_block:
+                self.unmapped += 1
+                continue
+            if axis in self.axis_value:
+                args = [call.args[0], call.args[1].with_changes(value=cst.Integer(str(self.axis_value[axis])))]
+                elements[axis] = element.with_changes(value=call.with_changes(args=args))
+                self.changed += 1
+        return updated.with_changes(elements=elements)
+
+
+def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
+    """For a kernel with `tl.dot` and BLOCK_M / BLOCK_N / BLOCK_K launch knobs: the tile shapes above,
+    every knob of one shape set together, and the grid's literal `triton.cdiv(.., B)` divisors moved
+    with the block of their axis (found from the kernel's `tl.program_id(axis) * BLOCK`). [] when the
+    kernel is not of that form or a grid divisor cannot be tied to a block."""
+    if "dot(" not in source:
+        return []
+    module = cst.parse_module(source)
+    kernels = _jit_names(module)
+    knobs = _LaunchKnobs(kernels)
+    module.visit(knobs)
+    current: dict[str, str | None] = {k: None for k in knobs.literal}
+    current.update({k: p for k, p in knobs.bound.items() if p in knobs.defaults})
+    names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
+    if None in names.values():
+        return []
+    blocks = _AxisBlocks()
+    for node in module.body:
+        if isinstance(node, cst.FunctionDef) and node.name.value in kernels:
+            node.visit(blocks)
+    variants = []
+    for bm, bn, bk, stages, warps in _DOT_TILES:
+        values = {names["M"]: bm, names["N"]: bn, names["K"]: bk, "num_stages": stages, "num_warps": warps}
+        new = module
+        for key, value in values.items():
+            new = new.visit(_SetKnob(kernels, key, value, current.get(key)))
+        grid = _GridDivisors({axis: values[b] for axis, b in blocks.axis_block.items() if b in values}, blocks.axis_block)
+        new = new.visit(grid)
+        if grid.unmapped:
+            return []  # a grid axis whose block is unknown could stop covering the output
+        variants.append(Variant(values, new.code))
     return variants
 
 
@@ -719,7 +816,9 @@ def _one(transformer: Callable[[], _InJit], params: dict[str, Any]) -> Rewriter:
 
 REWRITERS: dict[str, Rewriter] = {
     "block-size-num-warps": launch_config,
-    "autotune-configs": launch_config,
+    # A dot kernel's search starts from whole tile shapes; anything else steps one knob at a time.
+    "autotune-configs": lambda s, c: dot_tile_configs(s, c) or launch_config(s, c),
+    "wgmma-friendly-tiles": dot_tile_configs,
     "warp-local-reduction": lambda s, c: launch_config(s, {**c, "direction": "fewer-warps"}),
     "reduce-register-pressure": lambda s, c: launch_config(s, {**c, "direction": "more-warps"}),
     "num-stages": lambda s, c: launch_config(s, {**c, "direction": "fewer-stages" if "shared-memory" in

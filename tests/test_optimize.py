@@ -363,3 +363,30 @@ def test_a_rounds_variants_are_checked_by_several_workers():
         assert len(judge._checkers) == 1
     finally:
         judge.close()
+
+
+def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
+    from diagnose.rewrite import dot_tile_configs
+    from harness.run import RunOptions, run_task
+
+    original = FIXTURES.parent.parent / "corpora" / "operators" / "bmm" / "bmm.py"
+    variants = rewrite("autotune-configs", original.read_text(), {})
+    assert len(variants) == 6
+    wide = variants[0]
+    assert wide.params == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8}
+    # Axis 0 steps by BLOCK_M and axis 1 by BLOCK_N in the kernel: each grid divisor follows its own block.
+    assert "grid = (triton.cdiv(m, 128), triton.cdiv(n, 256), batch)" in wide.source
+    assert "BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8)" in wide.source
+    narrow = tmp_path / "bmm_tiles.py"
+    narrow.write_text(variants[-1].source)  # 128 x 32 tiles: a grid left at 64 would skip half the rows
+    spec = {"kernel": str(original), "reference": "lambda a, b: torch.bmm(a.float(), b.float()).half()",
+            "call": "bmm(torch.randn(2, 130, 65).half(), torch.randn(2, 65, 70).half())"}
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(narrow),
+                      candidate_entry="bmm")
+    assert report.run("candidate").correct, report.to_dict()
+    # Not a dot kernel: the one-knob search, as before.
+    assert all(len(v.params) == 1 for v in rewrite("autotune-configs", KERNEL.read_text(), {}))
+    # A grid divisor on an axis the kernel does not tie to a block: no tile search (it could under-cover).
+    odd = original.read_text().replace("pid_m = tl.program_id(0)", "pid_m = tl.program_id(0) + 0 * BLOCK_K")
+    odd = odd.replace("rm = pid_m * BLOCK_M", "rm = pid_m")
+    assert dot_tile_configs(odd, {}) == [] and dot_tile_configs(original.read_text(), {})
