@@ -142,7 +142,8 @@ def set_timing_windows(bench_dir: Path, warmup_ms: int | None, rep_ms: int | Non
 def retime(bench_dir: Path, operators: list[str]) -> list[Job]:
     """Make the finished runs of `operators` measure their end again (their stand-ins or initial kernel
     changed): each forgets its end-of-run record and is left paused, so the next `--resume` re-times
-    it and plans no round that it had not planned before. Returns the jobs reset."""
+    it without repeating a round (a run that stopped for want of hypotheses asks its diagnosis again,
+    and plans more only if the code now finds some). Returns the jobs reset."""
     from diagnose.rounds import RoundsStore
 
     spec = load_bench(bench_dir)

@@ -30,8 +30,8 @@ class RunOptions:
     roofline: bool = True
     timeout_s: float = 300.0
     profile: bool = False  # Nsight Compute metrics per timed case (cuda, when ncu is present)
-    # PyTorch stand-ins timed with the kernels (roles "eager", "compiled": the task's reference as
-    # written and through torch.compile); each case's speedup over them is in the report.
+    # PyTorch stand-ins timed with the kernels (roles "eager", "compiled": the task's `eager`, else its
+    # reference, as written and through torch.compile); each case's speedup over them is in the report.
     references: tuple[str, ...] = ()
     # Each kernel-case timing: do_bench warm-up and measured window, run twice interleaved.
     warmup_ms: int = WARMUP_MS
