@@ -234,8 +234,8 @@ def to_markdown(data: dict[str, Any]) -> str:
                      None)
         lines.append(f"| {op} | {family} | " + " | ".join(cells) + f" | {_fmt(eager, 'x')} | {_fmt(roof)} |")
     lines += ["", "Speedups are the geometric mean over an operator's cases of the best kernel against the "
-              "initial one, timed together at the end of the run with the PyTorch reference (eager: the task's "
-              "reference as written; a figure above 1 means the kernel is faster); '(chained)' marks a run not "
+              "initial one, timed together at the end of the run with the PyTorch stand-in (eager: the task's "
+              "eager version, else its reference, as written; a figure above 1 means the kernel is faster); '(chained)' marks a run not "
               "finished, whose figure is the product of its accepted rounds. Roofline: median over cases of "
               "achieved / attainable at the case's arithmetic intensity, against the ceilings above."]
     borrowed = sorted({r["references_from"] for r in data["operators"] if r.get("references_from")})

@@ -80,8 +80,8 @@ def _npu_artifacts() -> list[str]:
     return [str(Path(r.metadata["dump_dir"]) / "artifacts.json") for r in records]
 
 
-# PyTorch stand-ins timed beside the kernels: the task's reference as written (eager), and the same
-# through torch.compile (inductor), for the speedup of a Triton kernel over what a user already has.
+# PyTorch stand-ins timed beside the kernels: the task's `eager` (else its reference) as written, and
+# the same through torch.compile (inductor), for the speedup of a Triton kernel over what a user already has.
 REFERENCE_ROLES = ("eager", "compiled")
 
 

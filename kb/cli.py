@@ -658,7 +658,8 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
 @click.option("--profile", is_flag=True,
               help="Profiler metrics per case: Nsight Compute on cuda (needs ncu), msprof op on npu (needs msprof).")
 @click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True,
-              help="Also time the task's PyTorch reference as written (eager) or through torch.compile (compiled).")
+              help="Also time the task's PyTorch version (its `eager`, else its reference) as written (eager) or "
+                   "through torch.compile (compiled).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_user_errors
 def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
