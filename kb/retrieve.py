@@ -1,19 +1,22 @@
 """Hybrid retrieval: exact symbol hits, BM25 and vectors.
 
-Vectors come from chroma through llama-index; BM25 from `kb.lexical`; both are llama-index
-retrievers fused by `QueryFusionRetriever` (distribution-based score fusion, BM25 weighted 0.7; no
-LLM query rewriting: `num_queries=1`, `MockLLM`). Exact symbol hits lead for name-like queries and
-join the ranking by reciprocal rank for sentences (`Searcher.answer`).
+Indexes are built through llama-index (`kb.index.publish`), but the query path reads the stores
+directly: the chroma collection (nearest vectors, texts and metadata by id), our BM25
+(`kb.lexical`) and the symbol store. The two rankings are fused here by the same
+distribution-based score fusion llama-index's `QueryFusionRetriever` computes (BM25 weighted 0.7,
+one query, no LLM), so results are unchanged while a fresh `kb search` no longer imports
+llama-index (~2.7 s of a ~4 s command, docs/benchmarks.md). Exact symbol hits lead for name-like
+queries and join the ranking by reciprocal rank for sentences (`Searcher.answer`).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from llama_index.core.retrievers import BaseRetriever
-from llama_index.core.schema import NodeWithScore
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
@@ -71,7 +74,6 @@ class Searcher:
     # Chosen on the dev split of the gold set (docs/benchmarks.md): on compiler source BM25 is the
     # stronger retriever, so scores are fused by distribution with BM25 weighted 0.7, not by
     # equal-weight reciprocal rank.
-    fusion_mode = "dist_based_score"
     bm25_weight = 0.7
     symbols_first_max_words = 3  # queries this short are names: exact symbol hits lead
 
@@ -90,39 +92,46 @@ class Searcher:
         self.home = home
         self.manifest: Manifest = manifest
         self.embedder = embedder or OfflineEmbedding(cache_path=home.embed_cache_db)
-        self._fusion: Any = None
+        self._collection: Any = None
+        self._lexical: LexicalIndex | None = None
 
     @property
     def release(self) -> str:
         return self.manifest.release
 
-    def _build(self) -> Any:
-        from llama_index.core import VectorStoreIndex
-        from llama_index.core.llms import MockLLM
-        from llama_index.core.retrievers import QueryFusionRetriever
-        from llama_index.vector_stores.chroma import ChromaVectorStore
+    def _chroma(self) -> Any:
+        """The live chroma collection, opened on first use (importing chromadb costs ~0.6 s)."""
+        if self._collection is None:
+            from kb.vectors import chroma_client, get_collection
 
-        from kb.vectors import chroma_client, get_collection
+            self._collection = get_collection(chroma_client(self.home), self.manifest.collection)
+        return self._collection
 
-        collection = get_collection(chroma_client(self.home), self.manifest.collection)
-        self._store = ChromaVectorStore(chroma_collection=collection)
-        # Chunks arrive pre-split by syntax and embedded by us; naming our embedder as the only
-        # transformation keeps llama-index from building its default splitter (a tiktoken load).
-        index = VectorStoreIndex.from_vector_store(
-            self._store, embed_model=self.embedder, transformations=[self.embedder]
-        )
-        self._vector = index.as_retriever(similarity_top_k=_RRF_CANDIDATES)
-        self._bm25 = _BM25Retriever(self.home, self.manifest, self._store)
-        self._fusion = QueryFusionRetriever(
-            [self._vector, self._bm25],
-            llm=MockLLM(),
-            mode=self.fusion_mode,
-            retriever_weights=[1.0 - self.bm25_weight, self.bm25_weight],
-            similarity_top_k=_RRF_CANDIDATES,
-            num_queries=1,
-            use_async=False,
-        )
-        return self._fusion
+    def _bm25(self) -> LexicalIndex:
+        if self._lexical is None:
+            self._lexical = LexicalIndex.load(self.home.lexical_dir / self.manifest.collection)
+        return self._lexical
+
+    def vector_hits(self, query: str, k: int = _RRF_CANDIDATES) -> list[Hit]:
+        """Nearest chunks by cosine distance; score exp(-distance), as llama-index's chroma store gives."""
+        found = self._chroma().query(query_embeddings=[self.embedder.query_vector(query)], n_results=k)
+        return [_stored_hit(i, text, meta, math.exp(-dist), "vector") for i, text, meta, dist in
+                zip(found["ids"][0], found["documents"][0], found["metadatas"][0], found["distances"][0])]
+
+    def bm25_hits(self, query: str, k: int = _RRF_CANDIDATES) -> list[Hit]:
+        """BM25 over code tokens; texts and metadata come from the vector store by id."""
+        scored = self._bm25().search(query, k)
+        stored = {h.id: h for h in self._stored([i for i, _ in scored], "bm25")} if scored else {}
+        return [Hit(i, stored[i].text, s, stored[i].metadata, "bm25") for i, s in scored if i in stored]
+
+    def hybrid_hits(self, query: str) -> list[Hit]:
+        rankings = [self.vector_hits(query), self.bm25_hits(query)]
+        return _dist_fusion(rankings, [1.0 - self.bm25_weight, self.bm25_weight])[:_RRF_CANDIDATES]
+
+    def _stored(self, ids: list[str], via: str) -> list[Hit]:
+        found = self._chroma().get(ids=ids)
+        return [_stored_hit(i, text, meta, 1.0, via)
+                for i, text, meta in zip(found["ids"], found["documents"], found["metadatas"])]
 
     def search(self, query: str, k: int = 5, mode: str = "hybrid", where: dict[str, Any] | None = None,
                one_per_file: bool = True) -> list[Hit]:
@@ -132,9 +141,11 @@ class Searcher:
         unless the query asks for them, and (with `one_per_file`) a file appears once, at its best
         chunk, so five hits are five places to look.
         """
-        fusion = self._fusion or self._build()
-        retriever = {"hybrid": fusion, "bm25": self._bm25, "vector": self._vector}[mode]
-        hits = [_hit(n, mode) for n in retriever.retrieve(query)]
+        retrieve: dict[str, Callable[[str], list[Hit]]] = {
+            "hybrid": self.hybrid_hits, "bm25": self.bm25_hits, "vector": self.vector_hits}
+        if mode not in retrieve:
+            raise UserFacingError(f"unknown search mode {mode!r}", "use hybrid, bm25 or vector")
+        hits = [Hit(h.id, h.text, h.score, h.metadata, mode) for h in retrieve[mode](query)]
         if where:
             hits = [h for h in hits if all(h.metadata.get(key) == val for key, val in where.items())]
         if not _ASKS_FOR_AUX.search(query):
@@ -166,10 +177,8 @@ class Searcher:
 
     def chunks(self, ids: list[str]) -> list[Hit]:
         """Stored chunks by id (order of `ids`; unknown ids are left out)."""
-        if self._fusion is None:
-            self._build()
-        by_id = {n.node_id: n for n in self._store.get_nodes(node_ids=ids)} if ids else {}
-        return [Hit(i, by_id[i].get_content(), 1.0, dict(by_id[i].metadata), via="id") for i in ids if i in by_id]
+        by_id = {h.id: h for h in self._stored(ids, "id")} if ids else {}
+        return [by_id[i] for i in ids if i in by_id]
 
     def symbol_hits(self, query: str, store: Any) -> list[Hit]:
         """Chunks that define an identifier written in the query (exact match): definitions first,
@@ -216,22 +225,39 @@ def _looks_like_symbol(token: str) -> bool:
     return len(token) >= 4 and bool(re.search(r"[a-z][A-Z]|_|\.|::", token))
 
 
-def _hit(node_with_score: Any, via: str) -> Hit:
-    node = node_with_score.node
-    return Hit(node.node_id, node.get_content(), float(node_with_score.score or 0.0), dict(node.metadata), via)
+# Keys llama-index's chroma store adds beside a node's own metadata (`node_to_metadata_dict`).
+_STORE_KEYS = {"_node_content", "_node_type", "document_id", "doc_id", "ref_doc_id"}
 
 
-class _BM25Retriever(BaseRetriever):
-    """BM25 over code tokens, as a llama-index retriever; node texts come from the vector store by id."""
+def _stored_hit(chunk_id: str, text: str | None, meta: dict[str, Any] | None, score: float, via: str) -> Hit:
+    """A chunk as the index stored it: the chunk's own metadata is the node's (in `_node_content`,
+    exactly what llama-index would rebuild), else the flat chroma metadata minus the store's keys."""
+    meta = meta or {}
+    try:
+        metadata = dict(json.loads(meta["_node_content"])["metadata"])
+    except (KeyError, TypeError, ValueError):
+        metadata = {k: v for k, v in meta.items() if k not in _STORE_KEYS}
+    return Hit(chunk_id, text or "", score, metadata, via)
 
-    def __init__(self, home: KBHome, manifest: Manifest, store: Any) -> None:
-        super().__init__()
-        self._lexical = LexicalIndex.load(home.lexical_dir / manifest.collection)
-        self._store = store
 
-    def _retrieve(self, query_bundle: Any) -> list[NodeWithScore]:
-        scored = self._lexical.search(query_bundle.query_str, _RRF_CANDIDATES)
-        if not scored:
-            return []
-        nodes = {n.node_id: n for n in self._store.get_nodes(node_ids=[i for i, _ in scored])}
-        return [NodeWithScore(node=nodes[i], score=s) for i, s in scored if i in nodes]
+def _dist_fusion(rankings: list[list[Hit]], weights: list[float]) -> list[Hit]:
+    """Distribution-based score fusion, as llama-index's `QueryFusionRetriever` computes it in
+    `dist_based_score` mode with one query: each list's scores are scaled to [mean - 3 sd,
+    mean + 3 sd] -> [0, 1] and weighted; a chunk found by both lists (same text and metadata)
+    sums its scores and keeps the first list's record; ties keep first-seen order."""
+    fused: dict[tuple[str, str], Hit] = {}
+    for ranking, weight in zip(rankings, weights):
+        if not ranking:
+            continue
+        scores = [h.score for h in ranking]
+        mean = sum(scores) / len(scores)
+        sd = (sum((x - mean) ** 2 for x in scores) / len(scores)) ** 0.5
+        low, high = mean - 3 * sd, mean + 3 * sd
+        for hit in ranking:
+            scaled = (1.0 if high > 0 else 0.0) if high == low else (hit.score - low) / (high - low)
+            key = (hit.text, str(hit.metadata))
+            if key in fused:
+                fused[key].score += scaled * weight
+            else:
+                fused[key] = Hit(hit.id, hit.text, scaled * weight, hit.metadata, hit.via)
+    return sorted(fused.values(), key=lambda h: h.score, reverse=True)
