@@ -82,3 +82,51 @@ def test_symbol_hits_and_chunks_read_texts_and_metadata_from_the_store(built_hom
     assert "getMaskAlignment" in hits[0].text
     assert not {"_node_content", "_node_type", "doc_id"} & set(hits[0].metadata)  # the chunk's own metadata only
     assert searcher.chunks(["no-such-id", hits[0].id]) == [searcher.chunks([hits[0].id])[0]]
+
+
+def test_a_pass_record_gives_its_place_to_the_implementation_or_the_lit_test(built_home):
+    searcher = Searcher(built_home, "compiler", "fixture-1")
+    store = SymbolStore(built_home.symbols_db)
+    try:
+        code = searcher.answer("which pass gives loads coalesced layouts", k=3, store=store)
+        tests = searcher.answer("lit test of the pass that gives loads coalesced layouts", k=3, store=store)
+        name = searcher.answer("TritonGPUCoalesce", k=3, store=store)  # a name: its record first
+    finally:
+        store.close()
+    assert code[0].metadata["file"] == "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp" and code[0].via == "pass-link"
+    assert tests[0].metadata["file"] == "test/TritonGPU/coalesce.mlir"
+    assert name[0].metadata["file"].endswith("Passes.td")
+
+
+def _hits(*files: str, scores: list[float] | None = None) -> list[Hit]:
+    scores = scores or [1.0 - i / 10 for i in range(len(files))]
+    return [Hit(f"{f}#{i}", f"text {i}", s, {"file": f}) for i, (f, s) in enumerate(zip(files, scores))]
+
+
+def test_a_named_vendor_backend_comes_first_and_other_vendors_last():
+    from kb.retrieve import _named_vendor_first
+
+    hits = _hits("third_party/amd/a.cpp", "lib/shared.cpp", "third_party/ascend/b.cpp", "third_party/nvidia/c.cpp")
+    files = lambda hs: [h.metadata["file"] for h in hs]  # noqa: E731
+    assert files(_named_vendor_first(hits, "how is tl.dot lowered on the NPU")) == [
+        "third_party/ascend/b.cpp", "lib/shared.cpp", "third_party/amd/a.cpp", "third_party/nvidia/c.cpp"]
+    assert files(_named_vendor_first(hits, "where is ptxas invoked"))[0] == "third_party/nvidia/c.cpp"
+    assert _named_vendor_first(hits, "where is the layout decided") == hits  # no vendor named: unchanged
+
+
+def test_a_file_with_several_matching_chunks_outranks_one_lucky_chunk():
+    from kb.retrieve import _with_file_support
+
+    hits = _hits("lucky.cpp", "solid.cpp", "solid.cpp", "solid.cpp", scores=[1.0, 0.9, 0.5, 0.5])
+    assert _with_file_support(hits, 0.2)[0].metadata["file"] == "solid.cpp"  # 0.9 + 0.2 x 1.0 > 1.0
+    assert _with_file_support(hits, 0.0)[0].metadata["file"] == "lucky.cpp"
+
+
+def test_new_collections_search_wider_than_the_candidates_asked_for(tmp_path):
+    from kb.home import KBHome
+    from kb.retrieve import _RRF_CANDIDATES
+    from kb.vectors import HNSW_EF_SEARCH, chroma_client, create_collection
+
+    home = KBHome(tmp_path / "home").ensure()
+    collection = create_collection(chroma_client(home), "c__r__b1")
+    assert collection.configuration["hnsw"]["ef_search"] == HNSW_EF_SEARCH > _RRF_CANDIDATES
