@@ -185,6 +185,7 @@ class Searcher:
             hits += [h for h in self.search(query, k=k + len(hits), mode=mode) if h.id not in seen]
             return _one_per_file(hits)[:k]
         ranked = self.search(query, k=_RRF_CANDIDATES, mode=mode)
+        symbol_hits = _named_vendor_first(symbol_hits, query)  # the same prior as the fused list's
         if symbol_hits:
             scores: dict[str, float] = {}
             by_id: dict[str, Hit] = {}
@@ -275,12 +276,29 @@ class Searcher:
                 bucket = definitions if sym.role in ("def", "decl") else uses
                 if sym.chunk_id and sym.chunk_id not in definitions + uses:
                     bucket.append(sym.chunk_id)
-        hits = self.chunks(definitions + uses[:2])
+        if _ASKS_HOW_LOWERED.search(query):
+            definitions = self._patterns_rewriting(names, store) + definitions
+        hits = self.chunks(list(dict.fromkeys(definitions + uses[:2])))
         for hit in hits:
             hit.via = "symbol"
         return hits
 
+    def _patterns_rewriting(self, names: list[str], store: Any) -> list[str]:
+        """Definition chunks of the rewrite patterns that match an op named in the query: asked how
+        `tl.dot` is lowered, the answer is a pattern on `tt.dot` (the symbol store's `rewrites`
+        links), not the op's own definition."""
+        ids: list[str] = []
+        for name in names:
+            if "." not in name and "_" not in name:
+                continue
+            for pattern in store.rewrite_patterns(name, self.release):
+                ids += [s.chunk_id for s in store.find(pattern, release=self.release)
+                        if s.role == "def" and s.chunk_id][:1]
+        return list(dict.fromkeys(ids))
 
+
+_ASKS_HOW_LOWERED = re.compile(r"\b(lower(s|ed|ing)?|conver(t|ts|ted|sion)|rewrit\w*|legaliz\w*|translat\w*)\b",
+                               re.IGNORECASE)
 # tritongpu-coalesce, --enable-auto-multi-buffer; hyphenated English ("non-trivial") finds no symbol
 _FLAG = re.compile(r"(?<![\w-])-{0,2}([a-z][a-z0-9]*(?:-[a-z0-9]+)+)")
 

@@ -130,3 +130,42 @@ def test_new_collections_search_wider_than_the_candidates_asked_for(tmp_path):
     home = KBHome(tmp_path / "home").ensure()
     collection = create_collection(chroma_client(home), "c__r__b1")
     assert collection.configuration["hnsw"]["ef_search"] == HNSW_EF_SEARCH > _RRF_CANDIDATES
+
+
+_PATTERN = """// Written for kernel-kb's tests: a conversion pattern on ttg.convert_layout.
+namespace {
+struct ConvertLayoutOpConversion : public ConvertOpToLLVMPattern<triton::gpu::ConvertLayoutOp> {
+  LogicalResult matchAndRewrite(triton::gpu::ConvertLayoutOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    return lowerDistributedToDistributed(op, adaptor, rewriter);
+  }
+};
+} // namespace
+"""
+
+
+def test_a_lowering_question_about_an_op_leads_with_the_patterns_that_rewrite_it(tmp_path):
+    import shutil
+
+    from conftest import FIXTURES
+    from indexer.compiler import index_compiler_tree
+    from kb.embed import OfflineEmbedding
+    from kb.home import KBHome
+
+    tree = tmp_path / "tree"
+    shutil.copytree(FIXTURES / "compiler_tree", tree)
+    (tree / "lib/Conversion").mkdir(parents=True)
+    (tree / "lib/Conversion/ConvertLayoutOpToLLVM.cpp").write_text(_PATTERN)
+    home = KBHome(tmp_path / "home").ensure()
+    index_compiler_tree(home, OfflineEmbedding(cache_path=home.embed_cache_db), tree, "r")
+    searcher = Searcher(home, "compiler", "r")
+    store = SymbolStore(home.symbols_db)
+    try:
+        assert store.rewrite_patterns("ttg.convert_layout", "r") == ["ConvertLayoutOpConversion"]
+        assert store.rewrite_patterns("convert_layout", "r") == ["ConvertLayoutOpConversion"]  # by its last part
+        lowered = searcher.symbol_hits("how is ttg.convert_layout lowered to LLVM", store)
+        defined = searcher.symbol_hits("where is ttg.convert_layout defined", store)
+    finally:
+        store.close()
+    assert lowered[0].metadata["symbol"] == "ConvertLayoutOpConversion"
+    assert defined and "ConvertLayoutOpConversion" not in [h.metadata["symbol"] for h in defined]
