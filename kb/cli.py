@@ -190,7 +190,7 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
 @click.pass_context
 @_user_errors
 def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: int, mode: str, as_json: bool) -> None:
-    """Search the KB: exact symbol hits first, then BM25 + vectors fused by reciprocal rank."""
+    """Search the KB: exact symbol hits first for names; for sentences BM25 + vectors fused by score, with symbol hits joining by rank."""
     from kb.retrieve import Searcher
     from kb.symbols import SymbolStore
 

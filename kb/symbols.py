@@ -243,6 +243,19 @@ class SymbolStore:
             args.append(release)
         return [Link(*row) for row in self._db.execute(sql, args)]
 
+    def rewrite_patterns(self, op: str, release: str) -> list[str]:
+        """Rewrite-pattern classes that match the op `op` (`tt.dot`), or, when no op has that full
+        name, ops named by its last part (`tl.dot` -> `tt.dot`; `program_id` -> `tt.get_program_id`)."""
+        last = op.rsplit(".", 1)[-1]
+        rows = [(src, dst) for src, dst in self._db.execute(
+            "SELECT src, dst FROM links WHERE release = ? AND relation = 'rewrites'", (release,))
+            if dst == op or dst.endswith((f".{last}", f"_{last}"))]  # a few hundred rows per release
+        exact = [src for src, dst in rows if dst == op]
+        if exact:
+            return exact
+        by_part = [src for src, dst in rows if dst.rsplit(".", 1)[-1] == last]
+        return by_part or [src for src, _ in rows]
+
     def find_message(self, message: str, release: str | None = None, limit: int = 5) -> list[Symbol]:
         """Diagnostics whose literal text the printed `message` contains, best (longest) first.
 

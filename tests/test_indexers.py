@@ -255,3 +255,18 @@ def test_indexed_dump_answers_which_pass_introduced_an_op(tmp_path):
     assert [s.pass_arg for s in load_timeline(home, "copy-run")] == [s.pass_arg for s in steps]
     with pytest.raises(UserFacingError, match="no IR found"):
         index_ir_dump(home, embedder, FIXTURES / "kernels", "not-ir")
+
+
+def test_parse_cache_blob_is_the_whole_parsed_file():
+    """`ParsedFile.to_bytes` spells out its fields instead of `asdict`: a field added later must
+    not be silently dropped from the cache."""
+    import dataclasses
+    import json
+    import zlib
+
+    from indexer.parsed import ParsedFile
+
+    parsed = parse_code((FIXTURES / "compiler_tree/lib/Dialect/TritonGPU/Transforms/Coalesce.cpp").read_bytes(), "cpp")
+    assert parsed.units and parsed.symbols and parsed.facts
+    assert json.loads(zlib.decompress(parsed.to_bytes())) == dataclasses.asdict(parsed)
+    assert ParsedFile.from_bytes(parsed.to_bytes()) == parsed
