@@ -75,7 +75,8 @@ class BenchSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BenchSpec":
-        return cls(**{**d, "conditions": [Condition(**c) for c in d["conditions"]]})
+        # A bench written before `references_once` timed the stand-ins in every condition: it goes on so.
+        return cls(**{"references_once": False, **d, "conditions": [Condition(**c) for c in d["conditions"]]})
 
 
 @dataclass
@@ -141,9 +142,10 @@ def set_timing_windows(bench_dir: Path, warmup_ms: int | None, rep_ms: int | Non
 
 def retime(bench_dir: Path, operators: list[str]) -> list[Job]:
     """Make the finished runs of `operators` measure their end again (their stand-ins or initial kernel
-    changed): each forgets its end-of-run record and is left paused, so the next `--resume` re-times
-    it without repeating a round (a run that stopped for want of hypotheses asks its diagnosis again,
-    and plans more only if the code now finds some). Returns the jobs reset."""
+    changed): each forgets its end-of-run record and takes the status `to-retime` (resumable, and unlike
+    a pause its note stays), with its round budget set to the rounds it ran, so the next `--resume`
+    re-times it and plans no new round (a run cut by its time budget would otherwise get a second
+    budget). Returns the jobs reset."""
     from diagnose.rounds import RoundsStore
 
     spec = load_bench(bench_dir)
@@ -155,7 +157,8 @@ def retime(bench_dir: Path, operators: list[str]) -> list[Job]:
     for job in reset:
         store = RoundsStore(job.run_dir)
         try:
-            store.update_run(status="paused", final=None, note="end-of-run measurement to be taken again (kb bench --retime)")
+            options = {**store.run().options, "rounds": len(store.rounds())}
+            store.update_run(status="to-retime", final=None, options=options)
         finally:
             store.close()
         job.state = "partial"
@@ -224,6 +227,8 @@ def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> lis
     if not spec.references_once or job.condition.name == spec.conditions[0].name:
         for ref in spec.references:  # a resumed run takes them too: they are timed only at its end
             cmd += ["--vs", ref]
+    else:
+        cmd += ["--vs", "none"]  # kb optimize would time eager by default
     for flag, value in (("--warmup-ms", spec.warmup_ms), ("--rep-ms", spec.rep_ms)):
         if value:
             cmd += [flag, str(value)]

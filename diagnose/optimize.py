@@ -119,9 +119,13 @@ class HarnessJudge:
 
 
 def default_check_workers() -> int:
-    """A quarter of the host's cores, at most 4: the H200 hosts give each GPU 16 cores, and `kb bench`
-    runs one job per GPU; a small machine keeps one worker."""
-    return max(1, min(4, (os.cpu_count() or 1) // 4))
+    """A quarter of the cores this process may use, at most 4: the H200 hosts give each GPU 16 cores,
+    and `kb bench` runs one job per GPU; a small machine keeps one worker."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS)
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores // 4))
 
 
 def _sha(text: str) -> str:

@@ -239,25 +239,57 @@ class _AxisBlocks(cst.CSTVisitor):
                 self.axis_block.setdefault(axis, block.value)
 
 
-class _GridDivisors(cst.CSTTransformer):
-    """`(triton.cdiv(m, 64), triton.cdiv(n, 64), ...)` outside the kernels: each axis's literal divisor
-    becomes its block's new size. `unmapped` counts literal divisors on axes with no known block."""
+class _LaunchGrids(cst.CSTVisitor):
+    """Outside the kernels: the tuples that are launch grids (`kernel[(..)]`, or `grid = (..)` with
+    `kernel[grid]`), and every `triton.cdiv(x, <literal>)` call, wherever it is."""
 
-    def __init__(self, axis_value: dict[int, int], axis_block: dict[int, str]) -> None:
-        self.axis_value, self.axis_block = axis_value, axis_block
-        self.changed = self.unmapped = 0
+    def __init__(self, kernels: set[str]) -> None:
+        self.kernels = kernels
+        self.grid_names: set[str] = set()
+        self.tuples: list[cst.Tuple] = []
+        self.assigned: dict[str, list[cst.Tuple]] = {}
+        self.literal_cdivs = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node.name.value not in self.kernels
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Tuple):
+            self.assigned.setdefault(node.targets[0].target.value, []).append(node.value)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if _dotted(node.value) in self.kernels and len(node.slice) == 1:
+            index = node.slice[0].slice
+            if isinstance(index, cst.Index):
+                if isinstance(index.value, cst.Name):
+                    self.grid_names.add(index.value.value)
+                elif isinstance(index.value, cst.Tuple):
+                    self.tuples.append(index.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if _dotted(node.func) == "triton.cdiv" and len(node.args) == 2 and isinstance(node.args[1].value, cst.Integer):
+            self.literal_cdivs += 1
+
+    def grids(self) -> list[cst.Tuple]:
+        return self.tuples + [t for name in self.grid_names for t in self.assigned.get(name, [])]
+
+
+class _GridDivisors(cst.CSTTransformer):
+    """In the launch grids only, `(triton.cdiv(m, 64), triton.cdiv(n, 64), ...)`: each axis's literal
+    divisor becomes its block's new size. `changed` counts the divisors set."""
+
+    def __init__(self, grids: list[cst.Tuple], axis_value: dict[int, int]) -> None:
+        self.grids, self.axis_value = grids, axis_value
+        self.changed = 0
 
     def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.Tuple:
+        if not any(original is g for g in self.grids):
+            return updated
         elements = list(updated.elements)
         for axis, element in enumerate(elements):
             call = element.value
-            if not (isinstance(call, cst.Call) and _dotted(call.func) == "triton.cdiv" and len(call.args) == 2
-                    and isinstance(call.args[1].value, cst.Integer)):
-                continue
-            if axis not in self.axis_block:
-                self.unmapped += 1
-                continue
-            if axis in self.axis_value:
+            if (axis in self.axis_value and isinstance(call, cst.Call) and _dotted(call.func) == "triton.cdiv"
+                    and len(call.args) == 2 and isinstance(call.args[1].value, cst.Integer)):
                 args = [call.args[0], call.args[1].with_changes(value=cst.Integer(str(self.axis_value[axis])))]
                 elements[axis] = element.with_changes(value=call.with_changes(args=args))
                 self.changed += 1
@@ -290,10 +322,14 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
         new = module
         for key, value in values.items():
             new = new.visit(_SetKnob(kernels, key, value, current.get(key)))
-        grid = _GridDivisors({axis: values[b] for axis, b in blocks.axis_block.items() if b in values}, blocks.axis_block)
+        # Every literal `triton.cdiv` outside the kernels must be a grid divisor of an axis whose block
+        # is known; one elsewhere (a tile count, a grouped 1-D grid) would keep the old tile size.
+        found = _LaunchGrids(kernels)
+        new.visit(found)
+        grid = _GridDivisors(found.grids(), {a: values[b] for a, b in blocks.axis_block.items() if b in values})
         new = new.visit(grid)
-        if grid.unmapped:
-            return []  # a grid axis whose block is unknown could stop covering the output
+        if grid.changed != found.literal_cdivs:
+            return []
         variants.append(Variant(values, new.code))
     return variants
 

@@ -122,7 +122,7 @@ class RoundsStore:
 
     def update_run(self, **fields: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in fields)
-        values = [json.dumps(v) if k in ("baseline", "final") else v for k, v in fields.items()]
+        values = [json.dumps(v) if k in ("baseline", "final", "options") else v for k, v in fields.items()]
         self._db.execute(f"UPDATE run SET {cols}", values)
 
     # ---------------------------------------------------------------- rounds

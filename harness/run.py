@@ -129,7 +129,11 @@ def run_candidates(task: dict[str, Any], options: RunOptions, baseline: str, can
 
 def _check_each(task: dict[str, Any], options: RunOptions, kernels: list[dict[str, Any]],
                 workers: list[Worker]) -> list[RunReport]:
-    """`_check` of every kernel, in order, each job in whichever worker is free."""
+    """`_check` of every kernel, in order, each job in whichever worker is free. A helper worker that
+    cannot start is dropped (the others take its share); Ctrl-C kills every worker at once, so no
+    check left running holds the device after the caller is gone."""
+    if not kernels:
+        return []
     if len(workers) == 1 or len(kernels) == 1:
         return [_check(task, options, kernel, workers[0]) for kernel in kernels]
     free: queue.SimpleQueue[Worker] = queue.SimpleQueue()
@@ -137,14 +141,32 @@ def _check_each(task: dict[str, Any], options: RunOptions, kernels: list[dict[st
         free.put(w)
 
     def check(kernel: dict[str, Any]) -> RunReport:
-        w = free.get()
-        try:
-            return _check(task, options, kernel, w)
-        finally:
-            free.put(w)
+        while True:
+            w = free.get()
+            try:
+                w.start()
+            except UserFacingError:
+                if w is workers[0]:
+                    free.put(w)
+                    raise
+                w.close()
+                continue
+            try:
+                return _check(task, options, kernel, w)
+            finally:
+                free.put(w)
 
-    with ThreadPoolExecutor(max_workers=min(len(workers), len(kernels))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(len(workers), len(kernels)))
+    try:
         return list(pool.map(check, kernels))
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the checks must not outlive us
+            pool.shutdown(wait=False, cancel_futures=True)
+            for w in workers:
+                w.close()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def split_timings(checked: list[RunReport], timed: RunReport | None, baseline: str) -> list[RunReport]:

@@ -45,6 +45,16 @@ def _timing_window_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                         help="Warm-up of each timing in ms (harness default 200).")(fn)
 
 
+def _stand_ins(versus: tuple[str, ...]) -> tuple[str, ...]:
+    """`--vs` values as the loop takes them: `none` alone means no stand-in."""
+    if "none" in versus:
+        if len(set(versus)) > 1:
+            raise UserFacingError(f"--vs none cannot go with --vs {' --vs '.join(v for v in versus if v != 'none')}",
+                                  "give --vs none alone, or only the stand-ins to time")
+        return ()
+    return tuple(dict.fromkeys(versus))
+
+
 def _home(ctx: click.Context, create: bool = False) -> Any:
     from kb.home import KBHome
 
@@ -750,8 +760,9 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.option("--release", default=None, help="Compiler release(s) for L4 citations.")
 @click.option("--stop-after", "stop_after", type=float, default=None,
               help="Seconds from now after which no round starts; the run is left paused, to --resume later.")
-@click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True, default=("eager",),
-              show_default=True, help="PyTorch stand-ins timed beside the initial and best kernels at the end.")
+@click.option("--vs", "versus", type=click.Choice(["eager", "compiled", "none"]), multiple=True, default=("eager",),
+              show_default=True, help="PyTorch stand-ins timed beside the initial and best kernels at the end "
+                                      "(none: no stand-in).")
 @_timing_window_options
 @click.option("--check-workers", "check_workers", type=click.IntRange(min=1), default=None,
               help="Processes that check a round's variants side by side (default: a quarter of the cores, at most 4).")
@@ -780,7 +791,7 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
             raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
                               backend=detect_backend() if backend == "auto" else backend, release=release,
-                              references=tuple(dict.fromkeys(versus)), warmup_ms=warmup_ms, rep_ms=rep_ms,
+                              references=_stand_ins(versus), warmup_ms=warmup_ms, rep_ms=rep_ms,
                               check_workers=check_workers)
     if options.backend == "interpreter":
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
@@ -936,10 +947,10 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
 
     if resume_dir is not None:
         directory = resume_dir
-        set_timing_windows(directory, warmup_ms, rep_ms)  # the jobs still to run take the new windows
-        if retime_ops:
+        if retime_ops:  # first: an unknown operator stops the command before anything is changed
             again = retime(directory, [x.strip() for x in retime_ops.split(",") if x.strip()])
             click.echo(f"{len(again)} finished run(s) will take their end-of-run measurement again", err=True)
+        set_timing_windows(directory, warmup_ms, rep_ms)  # the jobs still to run take the new windows
     elif retime_ops:
         raise UserFacingError("--retime works on an existing bench", "use it with --resume DIR")
     else:

@@ -206,7 +206,18 @@ def test_stand_ins_are_timed_once_per_operator_and_windows_reach_every_job(tmp_p
     first, second = jobs(bench_dir, spec)
     cmd = optimize_command(first, spec, None)
     assert [cmd[i + 1] for i, x in enumerate(cmd) if x == "--vs"] == ["eager", "compiled"]
-    assert "--vs" not in optimize_command(second, spec, None)  # the same stand-ins: timed in condition a only
+    # The same stand-ins are timed in condition a only; b's command must switch off kb optimize's default.
+    from kb.cli import _stand_ins, optimize
+
+    other = optimize_command(second, spec, None)
+    parsed = optimize.make_context("optimize", other[other.index("optimize") + 1:]).params
+    assert _stand_ins(parsed["versus"]) == ()
+    assert _stand_ins(optimize.make_context("optimize", ["t.py"]).params["versus"]) == ("eager",)
+    with pytest.raises(Exception, match="--vs none cannot go with"):
+        _stand_ins(("none", "eager"))
+    # A bench written before the rule times them in every condition, as it did.
+    legacy = {k: v for k, v in json.loads((bench_dir / "bench.json").read_text()).items() if k != "references_once"}
+    assert BenchSpec.from_dict(legacy).references_once is False
     assert cmd[cmd.index("--rep-ms") + 1] == "100" and "--warmup-ms" not in cmd
     # Resuming with new windows changes the jobs still to run and says so in the bench's note.
     out = CliRunner().invoke(main, ["bench", "--resume", str(bench_dir), "--warmup-ms", "50", "--stop-after", "0"])
@@ -253,12 +264,22 @@ def test_retime_measures_the_end_again_and_repeats_no_round(tmp_path):
     assert before.final and before.final.get("vs_eager")
     with pytest.raises(Exception, match="no operator nope"):
         retime(bench_dir, ["nope"])
+    # A typo in --retime changes nothing, the windows included.
+    out = CliRunner().invoke(main, ["bench", "--resume", str(bench_dir), "--retime", "nope", "--rep-ms", "99"])
+    assert out.exit_code == 2 and load_bench(bench_dir).rep_ms is None
     assert [j.operator for j in retime(bench_dir, ["rowsum_a"])] == ["rowsum_a"]
     assert [j.state for j in jobs(bench_dir, load_bench(bench_dir))] == ["partial", "finished"]
+    # A run whose note says why it stopped keeps it through the re-timing.
+    store = RoundsStore(bench_dir / "runs" / "only" / "rowsum_b")
+    store.update_run(note="time budget of 60 s reached after 1 rounds")
+    store.close()
+    retime(bench_dir, ["rowsum_b"])
     assert state("rowsum_a")[0].final is None
     again = run_bench(bench_dir, workers=1, command=_command({}))
     assert [j.state for j in again] == ["finished", "finished"]
+    assert state("rowsum_b")[0].note == "time budget of 60 s reached after 1 rounds"
     after, rounds_after = state("rowsum_a")
     assert after.final and after.final["best_round"] == before.final["best_round"] and rounds_after == rounds_before
+    assert after.options["rounds"] == len(rounds_before)  # no second budget
     out = CliRunner().invoke(main, ["bench", "--bench-dir", str(tmp_path / "other"), "--retime", "rowsum_a"])
     assert out.exit_code == 2 and "--retime works on an existing bench" in out.output

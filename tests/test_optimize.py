@@ -390,3 +390,9 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
     odd = original.read_text().replace("pid_m = tl.program_id(0)", "pid_m = tl.program_id(0) + 0 * BLOCK_K")
     odd = odd.replace("rm = pid_m * BLOCK_M", "rm = pid_m")
     assert dot_tile_configs(odd, {}) == [] and dot_tile_configs(original.read_text(), {})
+    # A grouped 1-D grid, or a literal cdiv outside the grid, would keep the old tile size: no tile search.
+    grouped = original.read_text().replace("grid = (triton.cdiv(m, 64), triton.cdiv(n, 64), batch)",
+                                           "grid = (triton.cdiv(m, 64) * triton.cdiv(n, 64), 1, batch)")
+    assert dot_tile_configs(grouped, {}) == []
+    counted = original.read_text().replace("    grid = (", "    tiles = (triton.cdiv(k, 32), 4)\n    grid = (")
+    assert dot_tile_configs(counted, {}) == []

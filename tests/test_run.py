@@ -175,6 +175,10 @@ def test_checks_spread_over_several_workers_keep_order_and_pin_a_crash(worker):
         assert [r.run("candidate").correct for r in reports] == [False, True, False, True]
         assert "died with SIGSEGV" in reports[0].run("candidate").rejected
         assert other.pid is not None  # the second worker took some of the checks
+    # A helper worker that cannot start is dropped; the checks go on in the others.
+    broken = Worker("interpreter", wrap=lambda cmd: ["/nonexistent/python", *cmd[1:]])
+    reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files[1:], "add", worker, checkers=[broken])
+    assert [r.run("candidate").correct for r in reports] == [True, False, True]
 
 
 def test_one_shared_timing_job_is_split_into_a_report_per_candidate():
