@@ -124,10 +124,8 @@ class _SetKnob(cst.CSTTransformer):
         return updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if (self.old is not None and not self.param and _dotted(updated.func) == "triton.cdiv" and len(updated.args) == 2
-                and m.matches(updated.args[1].value, m.Integer(str(self.old)))):
-            args = [updated.args[0], updated.args[1].with_changes(value=cst.Integer(str(self.value)))]
-            return updated.with_changes(args=args)
+        if self.old is not None and not self.param and _cdiv_divisor(updated) == self.old:
+            return _with_divisor(updated, self.value)
         if self.param or not (isinstance(original.func, cst.Subscript) and _dotted(original.func.value) in self.kernels):
             return updated
         args = list(updated.args)
@@ -149,17 +147,35 @@ def _jit_names(module: cst.Module) -> set[str]:
     return {n.name.value for n in module.body if isinstance(n, cst.FunctionDef) and _is_jit(n)}
 
 
-def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
-    """One knob per variant: num_warps, num_stages (for loops), and power-of-two block sizes halved or
-    doubled. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both ways)."""
-    module = cst.parse_module(source)
-    kernels = _jit_names(module)
+def _current_knobs(module: cst.Module, kernels: set[str]) -> dict[str, tuple[int, str | None]]:
+    """Launch keyword -> (its value, the wrapper parameter it is bound to or None when written at the launch)."""
     knobs = _LaunchKnobs(kernels)
     module.visit(knobs)
     current: dict[str, tuple[int, str | None]] = {k: (v, None) for k, v in knobs.literal.items()}
     for key, param in knobs.bound.items():
         if param in knobs.defaults:
             current[key] = (knobs.defaults[param], param)
+    return current
+
+
+def _cdiv_divisor(node: cst.CSTNode) -> int | None:
+    """B of `triton.cdiv(x, B)` written as an integer literal, else None."""
+    if (isinstance(node, cst.Call) and _dotted(node.func) == "triton.cdiv" and len(node.args) == 2
+            and isinstance(node.args[1].value, cst.Integer)):
+        return int(node.args[1].value.value)
+    return None
+
+
+def _with_divisor(call: cst.Call, value: int) -> cst.Call:
+    return call.with_changes(args=[call.args[0], call.args[1].with_changes(value=cst.Integer(str(value)))])
+
+
+def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
+    """One knob per variant: num_warps, num_stages (for loops), and power-of-two block sizes halved or
+    doubled. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both ways)."""
+    module = cst.parse_module(source)
+    kernels = _jit_names(module)
+    current = _current_knobs(module, kernels)
     direction = context.get("direction", "")
     proposals: list[tuple[str, int]] = []
     warps = current.get("num_warps", (4, None))[0]
@@ -267,7 +283,7 @@ class _LaunchGrids(cst.CSTVisitor):
                     self.tuples.append(index.value)
 
     def visit_Call(self, node: cst.Call) -> None:
-        if _dotted(node.func) == "triton.cdiv" and len(node.args) == 2 and isinstance(node.args[1].value, cst.Integer):
+        if _cdiv_divisor(node) is not None:
             self.literal_cdivs += 1
 
     def grids(self) -> list[cst.Tuple]:
@@ -287,11 +303,8 @@ class _GridDivisors(cst.CSTTransformer):
             return updated
         elements = list(updated.elements)
         for axis, element in enumerate(elements):
-            call = element.value
-            if (axis in self.axis_value and isinstance(call, cst.Call) and _dotted(call.func) == "triton.cdiv"
-                    and len(call.args) == 2 and isinstance(call.args[1].value, cst.Integer)):
-                args = [call.args[0], call.args[1].with_changes(value=cst.Integer(str(self.axis_value[axis])))]
-                elements[axis] = element.with_changes(value=call.with_changes(args=args))
+            if axis in self.axis_value and _cdiv_divisor(element.value) is not None:
+                elements[axis] = element.with_changes(value=_with_divisor(element.value, self.axis_value[axis]))
                 self.changed += 1
         return updated.with_changes(elements=elements)
 
@@ -305,10 +318,7 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
         return []
     module = cst.parse_module(source)
     kernels = _jit_names(module)
-    knobs = _LaunchKnobs(kernels)
-    module.visit(knobs)
-    current: dict[str, str | None] = {k: None for k in knobs.literal}
-    current.update({k: p for k, p in knobs.bound.items() if p in knobs.defaults})
+    current = _current_knobs(module, kernels)
     names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
     if None in names.values():
         return []
@@ -316,20 +326,20 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
     for node in module.body:
         if isinstance(node, cst.FunctionDef) and node.name.value in kernels:
             node.visit(blocks)
+    # Every literal `triton.cdiv` outside the kernels must be a grid divisor of an axis whose block is
+    # one of the three; one elsewhere (a tile count, a grouped 1-D grid) would keep the old tile size.
+    found = _LaunchGrids(kernels)
+    module.visit(found)
+    axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
     variants = []
     for bm, bn, bk, stages, warps in _DOT_TILES:
         values = {names["M"]: bm, names["N"]: bn, names["K"]: bk, "num_stages": stages, "num_warps": warps}
-        new = module
-        for key, value in values.items():
-            new = new.visit(_SetKnob(kernels, key, value, current.get(key)))
-        # Every literal `triton.cdiv` outside the kernels must be a grid divisor of an axis whose block
-        # is known; one elsewhere (a tile count, a grouped 1-D grid) would keep the old tile size.
-        found = _LaunchGrids(kernels)
-        new.visit(found)
-        grid = _GridDivisors(found.grids(), {a: values[b] for a, b in blocks.axis_block.items() if b in values})
-        new = new.visit(grid)
+        grid = _GridDivisors(found.grids(), {a: values[b] for a, b in axes.items()})
+        new = module.visit(grid)  # the grids first, while their nodes are the ones `found` saw
         if grid.changed != found.literal_cdivs:
             return []
+        for key, value in values.items():
+            new = new.visit(_SetKnob(kernels, key, value, current.get(key, (None, None))[1]))
         variants.append(Variant(values, new.code))
     return variants
 
