@@ -42,13 +42,14 @@ def timings(bench_dir: Path) -> Iterator[dict[str, Any]]:
 
 
 def summarize(bench_dir: Path, shorter_by: float = 3.0) -> dict[str, Any]:
-    spreads, sampling = [], []
+    spreads, sampling, reps = [], [], []
     for t in timings(bench_dir):
         per_window = max(t["reps"] / 2, 1)
         sigma = (t["p80_us"] - t["p20_us"]) / t["median_us"] / 1.683
         se = 1.2533 * sigma / math.sqrt(per_window)
         spreads.append(t["repeat_spread"])
         sampling.append(se * _MEAN_ABS_DIFF)
+        reps.append(per_window)
     if not spreads:
         raise SystemExit(f"{bench_dir}: no timed rounds (is it a bench directory with runs/?)")
 
@@ -62,7 +63,7 @@ def summarize(bench_dir: Path, shorter_by: float = 3.0) -> dict[str, Any]:
         f"sampling_only_window_{shorter_by:g}x_shorter": {
             "median": round(q(sampling, 0.5) * math.sqrt(shorter_by), 5),
             "p90": round(q(sampling, 0.9) * math.sqrt(shorter_by), 5)},
-        "median_reps_per_window": statistics.median(t["reps"] / 2 for t in timings(bench_dir)),
+        "median_reps_per_window": statistics.median(reps),
     }
 
 

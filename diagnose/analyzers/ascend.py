@@ -148,7 +148,7 @@ UB_ALIGN_BYTES = 32  # the last axis of a UB buffer is laid out in 32-byte units
 def _alignment_padding(adapter: str, src: str, log: EvidenceLog) -> list[Finding]:
     """A6: a multi-dimensional local buffer whose last axis is not a 32-byte multiple is padded to one
     by hivm-align-alloc-size / hivm-enable-stride-align: UB holds (and DMAs move) the padding too."""
-    worst: tuple[float, ir.OpLine, list[int], int] | None = None
+    worst: tuple[float, ir.OpLine, list[int], int, int] | None = None
     for op in ir.op_source_lines(adapter, {"memref.alloc"}):
         m = _ALLOC.search(op.text)
         if not m or "x" not in m.group("shape"):
@@ -160,13 +160,13 @@ def _alignment_padding(adapter: str, src: str, log: EvidenceLog) -> list[Finding
         padded = -(-last // UB_ALIGN_BYTES) * UB_ALIGN_BYTES
         factor = padded / last
         if worst is None or factor > worst[0]:
-            worst = (factor, op, dims, last)
+            worst = (factor, op, dims, last, padded)
     if worst is None or worst[0] < 1.5:
         return []
-    factor, op, dims, last = worst
+    factor, op, dims, last, padded = worst
     line = op.loc.line if op.loc else 0
     chain = [log_op(log, "ttadapter", op, f"the local buffer {'x'.join(map(str, dims))} at {at(src, line)} has a "
-                    f"{last}-byte last axis, padded to {-(-last // UB_ALIGN_BYTES) * UB_ALIGN_BYTES} bytes in UB: "
+                    f"{last}-byte last axis, padded to {padded} bytes in UB: "
                     f"{factor:.1f}x the space and the transfer")]
     return [Finding(
         "ascend.alignment-padding", "ascend-memory",
