@@ -61,6 +61,25 @@ def test_register_spills_are_found_with_their_cause(tmp_path):
     assert any("values per thread" in e.claim for e in answer.evidence)
 
 
+def test_per_element_acq_rel_atomics_are_found_in_the_ptx_and_relaxing_them_clears_it(tmp_path):
+    # The suite's index_add: Triton writes `atom.global.gpu.acq_rel.add`, scope before ordering.
+    from diagnose.rewrite import rewrite
+
+    kernel = REPO / "corpora" / "operators" / "index_add" / "index_add.py"
+    call = "index_add(torch.randn(64, 4096), torch.randint(0, 16, (64,)), 16)"
+    answer = why("why are the atomics slow?", capture_call(kernel, call, cache_dir=tmp_path), home=None)
+    assert [f.kind for f in answer.findings] == ["atomics.contended"]
+    assert "acq_rel ordering" in answer.findings[0].title and answer.findings[0].level == "L3"
+    assert any("acq_rel ordering, gpu scope" in e.claim for e in answer.evidence)
+    assert answer.recommendations[0].pattern_id == "relaxed-atomics"
+    relaxed = tmp_path / "index_add.py"
+    relaxed.write_text(rewrite("relaxed-atomics", kernel.read_text(), {})[0].source)
+    arts = capture_call(relaxed, call, cache_dir=tmp_path)
+    assert "red.global.gpu.relaxed.add" in arts[0].stages["ptx"]  # no result used: a reduction
+    with pytest.raises(UserFacingError, match="no evidence about atomics"):
+        why("why are the atomics slow?", arts, home=None)
+
+
 def test_questions_outside_the_evidence_are_refused(scale_artifacts):
     with pytest.raises(UserFacingError, match="cannot answer"):
         question_topics("what is the capital of France?")

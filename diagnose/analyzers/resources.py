@@ -18,7 +18,15 @@ _LIBDEVICE = re.compile(r"^(__nv_\w+?)\.exit(?:\.\w+)*:", re.MULTILINE)
 # Inlined libdevice helpers that are part of any fp code, not a precise-math choice.
 _HELPERS = ("__nv_isnan", "__nv_isinf", "__nv_fadd_rn", "__nv_fmul_rn", "__nv_fmaf", "__nv_fabs", "__nv_copysign",
             "__nv_sqrt", "__nv_rsqrt", "__nv_fdiv")  # tl.sqrt and `/` lower through these; they are not a choice
-_ATOM = re.compile(r"atom\.global(?:\.(?P<sem>acq_rel|acquire|release|relaxed))?(?:\.(?P<scope>gpu|sys|cta))?")
+# PTX writes the qualifiers in either order (Triton emits `atom.global.gpu.acq_rel.add`, the ISA manual
+# `atom.acq_rel.gpu.global.add`): match the run of qualifiers and read ordering and scope out of it.
+_ATOM = re.compile(r"\b(?:atom|red)(?P<quals>(?:\.[a-z0-9_]+)+)")
+_SEMS = ("acq_rel", "acquire", "release", "relaxed")
+_SCOPES = ("gpu", "sys", "cta", "cluster")
+
+
+def _qualifier(quals: str, choices: tuple[str, ...]) -> str | None:
+    return next((q for q in quals.split(".") if q in choices), None)
 
 
 def _capability(target: str) -> int | None:
@@ -46,18 +54,20 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                 "with OutOfResources on the device. Fewer stages or smaller tiles fit.",
                 [ev], [], "allocate-shared-memory", confidence=0.95))
     ptx = art.stages.get("ptx", "")
-    atoms = [m for m in _ATOM.finditer(ptx)]
+    atoms = [m for m in _ATOM.finditer(ptx) if ".global" in m.group("quals")]
     if atoms:
         ttir = art.stages.get("ttir", "")
         ops = ir.op_source_lines(ttir, {"tt.atomic_rmw", "tt.atomic_cas"})
         op = ops[0] if ops else None
         line = op.loc.line if op and op.loc else 0
-        sem = atoms[0].group("sem") or "relaxed"
+        # No ordering written means relaxed (PTX ISA, atom); no scope means gpu.
+        sem = _qualifier(atoms[0].group("quals"), _SEMS) or "relaxed"
+        scope = _qualifier(atoms[0].group("quals"), _SCOPES) or "gpu"
         chain = []
         if op is not None:
             chain.append(log_op(log, "ttir", op, f"the atomic at {at(src, line)} is `{op.op}` with its ordering as printed"))
         chain.append(log.add("L3", "ptx", f"PTX issues {len(atoms)} `{atoms[0].group(0)}` instructions "
-                             f"({sem} ordering, {atoms[0].group('scope') or 'gpu'} scope)", "ptx", atoms[0].group(0)))
+                             f"({sem} ordering, {scope} scope)", "ptx", atoms[0].group(0)))
         same_address = op is not None and _splat_pointer(ttir, op)
         if same_address:
             chain.append(log.add("L3", "ttir", "every lane's atomic targets the same address (the pointer tensor is "
