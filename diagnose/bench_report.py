@@ -40,6 +40,16 @@ def _memory_fractions(report: dict[str, Any] | None, role: str) -> list[float]:
             if c.get("roofline") and c["roofline"].get("bound") == "memory"]
 
 
+def _speedup_bound(report: dict[str, Any] | None, role: str) -> float | None:
+    """The most any rewrite of this kernel could gain: the geometric mean over its cases of attainable /
+    achieved (1 / roofline fraction), 1.0 for a case already at or past its ceiling. The roofline has no
+    launch-latency term, so for small cases the true bound is lower still."""
+    run = next((r for r in (report or {}).get("runs", []) if r.get("role") == role), None)
+    fractions = [c["roofline"]["fraction"] for c in (run or {}).get("cases", [])
+                 if c.get("roofline") and c["roofline"].get("fraction")]
+    return round(geomean([max(1.0, 1.0 / f) for f in fractions]), 4) if fractions else None
+
+
 def _operator_row(job: Any) -> dict[str, Any]:
     from diagnose.optimize import report
     from diagnose.rounds import RoundsStore
@@ -75,6 +85,7 @@ def _operator_row(job: Any) -> dict[str, Any]:
         "seconds_to_best": _round_seconds(r for r in rounds if best and r.idx <= best.idx),
         "seconds": _round_seconds(rounds),
         "roofline_initial": _fraction(info.baseline, "baseline"),
+        "speedup_bound": _speedup_bound(info.baseline, "baseline"),
         "roofline_best": _fraction((best.timings or {}).get("report"), "candidate") if best else
         _fraction(info.baseline, "baseline"),
         "vs_eager": {k: (final.get("vs_eager") or {}).get(k, {}).get("geomean") for k in ("initial", "best")},
@@ -106,6 +117,7 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return round(value, 4) if value else None
 
     memory = [f for r in done for f in r.get("memory_bound_fractions", [])]
+    bounds = [r["speedup_bound"] for r in done if r.get("speedup_bound")]
     return {
         "operators": len(rows),
         "finished": sum(1 for r in rows if r.get("status") == "finished"),
@@ -120,6 +132,11 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "above_2x": sum(1 for s in speedups if s > 2),
         "above_5x": sum(1 for s in speedups if s > 5),
         "improved": sum(1 for r in done if r["best_round"]),
+        # What every kernel at its roofline would give: the ceiling on the figures above.
+        "bound_geomean": round(geomean(bounds), 4) if bounds else None,
+        "bound_median": round(statistics.median(bounds), 4) if bounds else None,
+        "bound_above_2x": sum(1 for b in bounds if b > 2),
+        "bound_above_5x": sum(1 for b in bounds if b > 5),
         "median_best_round": statistics.median([r["best_round"] for r in done]) if done else None,
         "mean_best_round_improved": round(statistics.mean([r["best_round"] for r in done if r["best_round"]]), 2)
         if any(r["best_round"] for r in done) else None,
@@ -195,6 +212,10 @@ def to_markdown(data: dict[str, Any]) -> str:
         ("geomean", "geomean speedup vs initial", pub["geomean"]), ("median", "median speedup", pub["median"]),
         ("above_2x", "operators above 2x", pub["above_2x"]), ("above_5x", "operators above 5x", pub["above_5x"]),
         ("improved", "operators improved (a round accepted)", None),
+        ("bound_geomean", "roofline bound on the geomean speedup vs initial", pub["geomean"]),
+        ("bound_median", "roofline bound on the median speedup", pub["median"]),
+        ("bound_above_2x", "operators whose roofline bound is above 2x", pub["above_2x"]),
+        ("bound_above_5x", "operators whose roofline bound is above 5x", pub["above_5x"]),
         ("initial_vs_eager", "initial kernel vs PyTorch eager (geomean)", None),
         ("best_vs_eager", "optimized kernel vs PyTorch eager (geomean; goal 1.0)", None),
         ("best_vs_compiled", "optimized kernel vs torch.compile (geomean)", None),
@@ -204,7 +225,8 @@ def to_markdown(data: dict[str, Any]) -> str:
         ("mean_best_round_improved", "mean best-round index, improved operators", None),
         ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None)]:
         cells = [_fmt(suites[n].get(key), "x" if key in ("geomean", "median", "initial_vs_eager", "best_vs_eager",
-                                                           "best_vs_compiled") else "") for n in names]
+                                                           "best_vs_compiled", "bound_geomean", "bound_median") else "")
+                 for n in names]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(published)} |")
     for lv in (*LEVELS, "none"):
         label = f"best round diagnosed at {lv}" if lv != "none" else "no round accepted"
@@ -212,7 +234,8 @@ def to_markdown(data: dict[str, Any]) -> str:
     lines += ["", "## Operators", "",
               "| operator | family | " + " | ".join(f"{n}: speedup | {n}: best round (level, pattern) | {n}: best vs eager"
                                                  for n in names)
-              + " | initial vs eager | roofline initial |", "|---|---|" + "---|---|---|" * len(names) + "---|---|"]
+              + " | initial vs eager | roofline initial | roofline bound |",
+              "|---|---|" + "---|---|---|" * len(names) + "---|---|---|"]
     by_key = {(r["operator"], r["condition"]): r for r in data["operators"]}
     for op in dict.fromkeys(r["operator"] for r in data["operators"]):
         rows = [by_key.get((op, n), {}) for n in names]
@@ -232,12 +255,17 @@ def to_markdown(data: dict[str, Any]) -> str:
         roof = next((r.get("roofline_initial") for r in rows if r.get("roofline_initial") is not None), None)
         eager = next(((r.get("vs_eager") or {}).get("initial") for r in rows if (r.get("vs_eager") or {}).get("initial")),
                      None)
-        lines.append(f"| {op} | {family} | " + " | ".join(cells) + f" | {_fmt(eager, 'x')} | {_fmt(roof)} |")
+        bound = next((r.get("speedup_bound") for r in rows if r.get("speedup_bound") is not None), None)
+        lines.append(f"| {op} | {family} | " + " | ".join(cells) + f" | {_fmt(eager, 'x')} | {_fmt(roof)} | "
+                     f"{_fmt(bound, 'x')} |")
     lines += ["", "Speedups are the geometric mean over an operator's cases of the best kernel against the "
               "initial one, timed together at the end of the run with the PyTorch stand-in (eager: the task's "
               "eager version, else its reference, as written; a figure above 1 means the kernel is faster); '(chained)' marks a run not "
               "finished, whose figure is the product of its accepted rounds. Roofline: median over cases of "
-              "achieved / attainable at the case's arithmetic intensity, against the ceilings above."]
+              "achieved / attainable at the case's arithmetic intensity, against the ceilings above. Roofline "
+              "bound: the geometric mean over cases of attainable / achieved for the initial kernel, the most "
+              "any rewrite could gain (a case at or past its ceiling counts 1.0); the suite's bound rows are "
+              "the same statistics over these per-operator bounds."]
     borrowed = sorted({r["references_from"] for r in data["operators"] if r.get("references_from")})
     if borrowed:
         lines += ["", f"The PyTorch stand-ins were timed in the {', '.join(borrowed)} runs only; the other "
@@ -249,18 +277,23 @@ def to_markdown(data: dict[str, Any]) -> str:
 def _scale(axis: Any, values: list[float]) -> None:
     """Wide ranges on a log axis written as plain numbers; a narrow one starts near 1 so a few percent show."""
     if max(values, default=0) > 4:
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
+        from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter
 
         axis.set_yscale("log")
+        # Powers of two: a log axis between 0.2 and 8 would otherwise label 1 alone.
+        low, high = min((v for v in values if v), default=1.0), max(values)
+        axis.yaxis.set_major_locator(FixedLocator([2.0 ** k for k in range(-6, 8)
+                                                   if low / 2 <= 2.0 ** k <= high * 2]))
         axis.yaxis.set_major_formatter(ScalarFormatter())
+        axis.yaxis.set_minor_locator(NullLocator())
         axis.yaxis.set_minor_formatter(NullFormatter())
     elif any(values):
         axis.set_ylim(bottom=min(0.9, 0.95 * min(v for v in values if v)))
 
 
 def plot(data: dict[str, Any], path: Path) -> bool:
-    """Per operator and condition: speedup vs initial, the best kernel vs PyTorch eager, and the
-    best-round index. False when matplotlib is missing (the `plots` extra)."""
+    """Per operator and condition: speedup vs initial (with the initial kernel's roofline bound), the
+    best kernel vs PyTorch eager, and the best-round index. False when matplotlib is missing (the `plots` extra)."""
     try:
         import matplotlib
 
@@ -282,11 +315,17 @@ def plot(data: dict[str, Any], path: Path) -> bool:
         top.bar(xs, [r.get("speedup") or 0 for r in rows], width, label=name)
         middle.bar(xs, [(r.get("vs_eager") or {}).get("best") or 0 for r in rows], width, label=name)
         bottom.bar(xs, [r.get("best_round") or 0 for r in rows], width, label=name)
+    # The roofline bound of each operator's initial kernel: how far its bars could have gone.
+    bounds = [next((by_key.get((op, n), {}).get("speedup_bound") for n in names
+                    if by_key.get((op, n), {}).get("speedup_bound")), None) for op in ops]
+    marked = [(k + 0.4 - width / 2, b) for k, b in enumerate(bounds) if b]
+    if marked:
+        top.scatter(*zip(*marked), marker="_", s=400, color="black", zorder=3, label="roofline bound")
     for axis, key in ((top, "speedup"), (middle, "vs_eager")):
         axis.axhline(1.0, color="grey", lw=0.8)
         values = [(r.get(key) or 0) if key == "speedup" else ((r.get(key) or {}).get("best") or 0)
                   for r in data["operators"]]
-        _scale(axis, values)
+        _scale(axis, values + ([b for b in bounds if b] if key == "speedup" else []))
     top.set_ylabel("speedup vs initial")
     top.legend()
     middle.set_ylabel("best vs PyTorch eager")

@@ -244,6 +244,22 @@ def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
     assert rows[2]["vs_eager"]["best"] is None  # no run of y timed the stand-ins: nothing to borrow
 
 
+def test_the_roofline_bound_is_what_every_case_at_its_ceiling_would_give():
+    from diagnose.bench_report import _speedup_bound, _suite
+
+    def case(fraction):
+        return {"roofline": {"fraction": fraction, "bound": "memory"}}
+
+    baseline = {"runs": [{"role": "baseline", "cases": [case(0.5), case(0.25), case(1.2), {"roofline": None}]}]}
+    # 2x and 4x of headroom; a case past the measured ceiling has none (1.0), not less than none.
+    assert _speedup_bound(baseline, "baseline") == pytest.approx((2 * 4 * 1) ** (1 / 3), rel=1e-3)
+    assert _speedup_bound({"runs": []}, "baseline") is None
+    rows = [{"status": "finished", "speedup": 1.1, "best_round": 1, "speedup_bound": b} for b in (1.5, 2.5, 6.0)]
+    suite = _suite(rows)
+    assert suite["bound_geomean"] == pytest.approx((1.5 * 2.5 * 6.0) ** (1 / 3), rel=1e-3)
+    assert (suite["bound_median"], suite["bound_above_2x"], suite["bound_above_5x"]) == (2.5, 2, 1)
+
+
 def test_retime_measures_the_end_again_and_repeats_no_round(tmp_path):
     from diagnose.bench import retime
     from diagnose.rounds import RoundsStore
