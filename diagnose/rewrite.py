@@ -8,7 +8,7 @@ survive and the result reads like the input.
 | pattern id                  | rewrite |
 |-----------------------------|---------|
 | block-size-num-warps, autotune-configs, warp-local-reduction, reduce-register-pressure, num-stages | launch configuration: a small search, one knob per variant |
-| autotune-configs (tl.dot kernels), wgmma-friendly-tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps) from Triton's matmul tutorial, the grid's divisors moved with them |
+| autotune-configs (tl.dot kernels), wgmma-friendly-tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps) from Triton's matmul tutorial, or from its fused-attention tutorial for an M x N tile without a K block; the grid's divisors moved with them |
 | tl-range-pipelining         | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
 | masked-tail-split           | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | divisibility-hints          | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
@@ -224,6 +224,12 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
 # Each sets every knob at once: one-knob steps from a 64x64x32 start need several rounds to get there.
 _DOT_TILES = ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
               (64, 128, 32, 4, 4), (128, 32, 32, 4, 4))
+# A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
+# (BLOCK_M, BLOCK_N, num_stages, num_warps): six points of the space Triton's fused-attention tutorial
+# (06) autotunes over, BLOCK_M 64/128 x BLOCK_N 32/64/128 x stages x 4/8 warps, 8 warps only with
+# 128 x 128 as its Hopper filter keeps. Two stages at 128 x 128 so a 128-wide head's K and V tiles fit.
+_DOT_TILES_NO_K = ((128, 64, 3, 4), (128, 64, 4, 4), (128, 128, 2, 8), (128, 32, 3, 4), (64, 128, 3, 4),
+                   (64, 32, 4, 4))
 
 
 class _AxisBlocks(cst.CSTVisitor):
@@ -310,18 +316,24 @@ class _GridDivisors(cst.CSTTransformer):
 
 
 def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
-    """For a kernel with `tl.dot` and BLOCK_M / BLOCK_N / BLOCK_K launch knobs: the tile shapes above,
-    every knob of one shape set together, and the grid's literal `triton.cdiv(.., B)` divisors moved
-    with the block of their axis (found from the kernel's `tl.program_id(axis) * BLOCK`). [] when the
-    kernel is not of that form or a grid divisor cannot be tied to a block."""
+    """For a kernel with `tl.dot` and BLOCK_M / BLOCK_N / BLOCK_K launch knobs (or BLOCK_M / BLOCK_N
+    alone): the tile shapes above, every knob of one shape set together, and the grid's literal
+    `triton.cdiv(.., B)` divisors moved with the block of their axis (found from the kernel's
+    `tl.program_id(axis) * BLOCK`). [] when the kernel is not of that form or a grid divisor cannot be
+    tied to a block."""
     if "dot(" not in source:
         return []
     module = cst.parse_module(source)
     kernels = _jit_names(module)
     current = _current_knobs(module, kernels)
     names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
-    if None in names.values():
+    if names["M"] is None or names["N"] is None:
         return []
+    if names["K"] is None:
+        del names["K"]
+        shapes = [dict(zip((names["M"], names["N"], "num_stages", "num_warps"), t)) for t in _DOT_TILES_NO_K]
+    else:
+        shapes = [dict(zip((names["M"], names["N"], names["K"], "num_stages", "num_warps"), t)) for t in _DOT_TILES]
     blocks = _AxisBlocks()
     for node in module.body:
         if isinstance(node, cst.FunctionDef) and node.name.value in kernels:
@@ -332,8 +344,7 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
     module.visit(found)
     axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
     variants = []
-    for bm, bn, bk, stages, warps in _DOT_TILES:
-        values = {names["M"]: bm, names["N"]: bn, names["K"]: bk, "num_stages": stages, "num_warps": warps}
+    for values in shapes:
         grid = _GridDivisors(found.grids(), {a: values[b] for a, b in axes.items()})
         new = module.visit(grid)  # the grids first, while their nodes are the ones `found` saw
         if grid.changed != found.literal_cdivs:

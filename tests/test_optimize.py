@@ -396,3 +396,27 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
     assert dot_tile_configs(grouped, {}) == []
     counted = original.read_text().replace("    grid = (", "    tiles = (triton.cdiv(k, 32), 4)\n    grid = (")
     assert dot_tile_configs(counted, {}) == []
+
+
+def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tmp_path):
+    from harness.run import RunOptions, run_task
+
+    original = FIXTURES.parent.parent / "corpora" / "operators" / "attention" / "attention.py"
+    variants = rewrite("autotune-configs", original.read_text(), {})
+    # No BLOCK_K (the head dimension is the dot's K): M x N tiles with stages and warps, six of them.
+    assert [v.params for v in variants][:3] == [
+        {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3, "num_warps": 4},
+        {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "num_warps": 4},
+        {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 2, "num_warps": 8}]
+    assert len(variants) == 6 and all(v.params["num_warps"] == 4 or v.params["BLOCK_M"] * v.params["BLOCK_N"]
+                                      == 128 * 128 for v in variants)
+    assert "grid = (triton.cdiv(seq, 128), batch * heads)" in variants[0].source  # axis 0 steps by BLOCK_M
+    wide = tmp_path / "attention_tiles.py"
+    wide.write_text(variants[0].source)  # 128-row tiles over 77 rows: masked rows and a grid at 128
+    spec = {"kernel": str(original), "reference": "lambda q, k, v: torch.nn.functional.scaled_dot_product_attention("
+            "q.float(), k.float(), v.float()).half()",
+            "call": "attention(" + ", ".join(["torch.randn(1, 2, 77, 16).half()"] * 3) + ")",
+            "tolerances": {"atol": 1e-2, "rtol": 1e-2}}
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(wide),
+                      candidate_entry="attention")
+    assert report.run("candidate").correct, report.to_dict()
