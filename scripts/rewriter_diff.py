@@ -1,0 +1,87 @@
+"""Which runs of a bench does a rewriter change touch? Rewrites every kernel the bench stored (each
+run's initial kernel and the kernels its accepted rounds made) with `diagnose/rewrite.py` as it was at
+REV and as it is now, under every pattern, and lists the runs whose variants differ. Those runs would
+not repeat under the new code and must run again; every other run would repeat exactly, since the
+rewriter is deterministic.
+
+    python scripts/rewriter_diff.py REV build/bench-h200 [--json]
+
+REV is a git revision of this repository (e.g. the commit the bench ran at).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# The contexts the loop passes: `features` decides whether num_stages is searched.
+_CONTEXTS = ({}, {"features": "loop"})
+
+
+def _rewriter_at(rev: str) -> ModuleType:
+    source = subprocess.run(["git", "show", f"{rev}:diagnose/rewrite.py"], cwd=REPO, check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "rewrite_at_rev.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("rewrite_at_rev", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stored_kernels(bench_dir: Path) -> dict[str, list[Path]]:
+    """Run (condition/operator) -> its kernels: round-NNN.py, not the per-variant round-NNN.vK.py."""
+    runs: dict[str, list[Path]] = {}
+    for path in sorted(bench_dir.glob("runs/*/*/round-*.py")):
+        if ".v" not in path.stem:
+            runs.setdefault(f"{path.parent.parent.name}/{path.parent.name}", []).append(path)
+    return runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rev")
+    parser.add_argument("bench_dir", type=Path)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from diagnose import rewrite as now
+
+    before = _rewriter_at(args.rev)
+    runs = _stored_kernels(args.bench_dir)
+    if not runs:
+        print(f"no stored kernels under {args.bench_dir}/runs: is it a bench directory?", file=sys.stderr)
+        return 2
+    changed: dict[str, list[str]] = {}
+    calls = 0
+    for run, kernels in runs.items():
+        for kernel in kernels:
+            source = kernel.read_text()
+            for pattern in now.REWRITERS:
+                for context in _CONTEXTS:
+                    calls += 1
+                    old = [(v.params, v.source) for v in before.rewrite(pattern, source, dict(context))]
+                    new = [(v.params, v.source) for v in now.rewrite(pattern, source, dict(context))]
+                    if old != new and pattern not in changed.get(run, []):
+                        changed.setdefault(run, []).append(pattern)
+    result = {"rev": args.rev, "runs": len(runs), "rewriter_calls": calls, "changed": changed}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"{len(runs)} runs, {calls} rewriter calls; variants differ in {len(changed)} run(s)")
+        for run, patterns in changed.items():
+            print(f"  {run}: {', '.join(patterns)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
