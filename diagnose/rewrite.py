@@ -9,6 +9,7 @@ survive and the result reads like the input.
 |-----------------------------|---------|
 | block-size-num-warps, autotune-configs, warp-local-reduction, reduce-register-pressure, num-stages | launch configuration: a small search, one knob per variant |
 | autotune-configs (tl.dot kernels), wgmma-friendly-tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps) from Triton's matmul tutorial, or from its fused-attention tutorial for an M x N tile without a K block; the grid's divisors moved with them |
+| autotune-configs (tl.dot kernels) | also those six under `@triton.autotune` keyed on the kernel's sizes, the grid a function of the picked config (pure kernels only) |
 | tl-range-pipelining         | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
 | masked-tail-split           | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | divisibility-hints          | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
@@ -315,20 +316,27 @@ class _GridDivisors(cst.CSTTransformer):
         return updated.with_changes(elements=elements)
 
 
-def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
-    """For a kernel with `tl.dot` and BLOCK_M / BLOCK_N / BLOCK_K launch knobs (or BLOCK_M / BLOCK_N
-    alone): the tile shapes above, every knob of one shape set together, and the grid's literal
-    `triton.cdiv(.., B)` divisors moved with the block of their axis (found from the kernel's
-    `tl.program_id(axis) * BLOCK`). [] when the kernel is not of that form or a grid divisor cannot be
-    tied to a block."""
+@dataclass
+class _TilePlan:
+    """What the tile search of a dot kernel needs: the module, its kernels and launch knobs, the
+    block name of each axis (M, N and maybe K), the tile shapes to try, and the grid axes tied to a block."""
+    module: cst.Module
+    kernels: set[str]
+    current: dict[str, tuple[int, str | None]]
+    shapes: list[dict[str, int]]
+    grids: _LaunchGrids
+    axes: dict[int, str]  # grid axis -> the block name its program id steps by
+
+
+def _tile_plan(source: str) -> _TilePlan | None:
     if "dot(" not in source:
-        return []
+        return None
     module = cst.parse_module(source)
     kernels = _jit_names(module)
     current = _current_knobs(module, kernels)
     names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
     if names["M"] is None or names["N"] is None:
-        return []
+        return None
     if names["K"] is None:
         del names["K"]
         shapes = [dict(zip((names["M"], names["N"], "num_stages", "num_warps"), t)) for t in _DOT_TILES_NO_K]
@@ -338,21 +346,127 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
     for node in module.body:
         if isinstance(node, cst.FunctionDef) and node.name.value in kernels:
             node.visit(blocks)
-    # Every literal `triton.cdiv` outside the kernels must be a grid divisor of an axis whose block is
-    # one of the three; one elsewhere (a tile count, a grouped 1-D grid) would keep the old tile size.
     found = _LaunchGrids(kernels)
     module.visit(found)
     axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
+    return _TilePlan(module, kernels, current, shapes, found, axes)
+
+
+def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
+    """For a kernel with `tl.dot` and BLOCK_M / BLOCK_N / BLOCK_K launch knobs (or BLOCK_M / BLOCK_N
+    alone): the tile shapes above, every knob of one shape set together, and the grid's literal
+    `triton.cdiv(.., B)` divisors moved with the block of their axis (found from the kernel's
+    `tl.program_id(axis) * BLOCK`). [] when the kernel is not of that form or a grid divisor cannot be
+    tied to a block."""
+    plan = _tile_plan(source)
+    if plan is None:
+        return []
     variants = []
-    for values in shapes:
-        grid = _GridDivisors(found.grids(), {a: values[b] for a, b in axes.items()})
-        new = module.visit(grid)  # the grids first, while their nodes are the ones `found` saw
-        if grid.changed != found.literal_cdivs:
+    for values in plan.shapes:
+        grid = _GridDivisors(plan.grids.grids(), {a: values[b] for a, b in plan.axes.items()})
+        new = plan.module.visit(grid)  # the grids first, while their nodes are the ones `found` saw
+        # Every literal `triton.cdiv` outside the kernels must be a grid divisor of an axis whose block
+        # is one of the tile's; one elsewhere (a tile count, a grouped 1-D grid) would keep the old size.
+        if grid.changed != plan.grids.literal_cdivs:
             return []
         for key, value in values.items():
-            new = new.visit(_SetKnob(kernels, key, value, current.get(key, (None, None))[1]))
+            new = new.visit(_SetKnob(plan.kernels, key, value, plan.current.get(key, (None, None))[1]))
         variants.append(Variant(values, new.code))
     return variants
+
+
+class _PointerRoots(_InJit):
+    """Kernel parameters written through tl.store and read through tl.load, and whether any atomic is
+    issued: an autotuned kernel runs several times on the same buffers while it is tuned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.atomics = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self.depth or not node.args:
+            return
+        name = _dotted(node.func)
+        root = node.args[0].value
+        while isinstance(root, cst.BinaryOperation):
+            root = root.left
+        target = {"tl.load": self.loaded, "tl.store": self.stored}.get(name)
+        if target is not None:
+            # A pointer built elsewhere (`ptrs = x_ptr + offs`) has no parameter to name: unknown.
+            target.add(root.value if isinstance(root, cst.Name) else "?")
+        self.atomics = self.atomics or name.startswith("tl.atomic_")
+
+
+class _Autotuned(cst.CSTTransformer):
+    """The launch without the tile knobs, its grid a function of the chosen config, and the kernel
+    under @triton.autotune over the tile shapes keyed on its size parameters."""
+
+    def __init__(self, plan: _TilePlan, knobs: list[str], decorator: cst.Decorator) -> None:
+        self.plan, self.knobs, self.decorator = plan, knobs, decorator
+        self.grid_ids = {id(g) for g in plan.grids.grids()}
+        self.grids_done = 0
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if original.name.value in self.plan.kernels:
+            return updated.with_changes(decorators=[self.decorator, *updated.decorators])
+        return updated
+
+    def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.BaseExpression:
+        if id(original) not in self.grid_ids:
+            return updated
+        elements = list(updated.elements)
+        for axis, element in enumerate(elements):
+            if axis in self.plan.axes and _cdiv_divisor(element.value) is not None:
+                meta = cst.parse_expression(f'meta["{self.plan.axes[axis]}"]')
+                call = element.value
+                elements[axis] = element.with_changes(
+                    value=call.with_changes(args=[call.args[0], call.args[1].with_changes(value=meta)]))
+        self.grids_done += 1
+        return cst.Lambda(params=cst.Parameters(params=[cst.Param(cst.Name("meta"))]),
+                          body=updated.with_changes(elements=elements,
+                                                    lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not (isinstance(original.func, cst.Subscript) and _dotted(original.func.value) in self.plan.kernels):
+            return updated
+        args = [a for a in updated.args if a.keyword is None or a.keyword.value not in self.knobs]
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(args=args)
+
+
+def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
+    """The same tile shapes as `dot_tile_configs`, chosen per problem size by @triton.autotune (keyed on
+    the kernel's size parameters: not pointers, strides or constexprs): one tile cannot suit 512^2 and
+    4096^2 at once. Only for kernels that neither issue atomics nor read a buffer they write, since
+    tuning runs the kernel several times; [] where the tile search would give up, or the knobs are
+    bound to wrapper parameters."""
+    plan = _tile_plan(source)
+    if plan is None or not dot_tile_configs(source, context):
+        return []
+    knobs = list(plan.shapes[0])
+    if any(plan.current.get(k, (None, None))[1] for k in knobs):
+        return []
+    kernel = next(n for n in plan.module.body if isinstance(n, cst.FunctionDef) and n.name.value in plan.kernels)
+    params = [p.name.value for p in kernel.params.params]
+    roots = _PointerRoots()
+    plan.module.visit(roots)
+    if roots.atomics or roots.loaded & roots.stored or not (roots.loaded | roots.stored) <= set(params):
+        return []
+    # Sizes and the other constexprs (a head dimension) choose the tile; Triton adds the tensors' dtypes.
+    key = [p for p in params if not (p.endswith("_ptr") or p.startswith("stride") or p in knobs)]
+    blocks = [k for k in knobs if k.startswith("BLOCK")]
+    configs = ",\n".join(
+        "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "
+        f"num_stages={shape['num_stages']}, num_warps={shape['num_warps']})" for shape in plan.shapes)
+    decorator = cst.Decorator(cst.parse_expression(f"triton.autotune(configs=[\n{configs},\n], key={key!r})"))
+    transformer = _Autotuned(plan, knobs, decorator)
+    new = plan.module.visit(transformer)
+    if transformer.grids_done != len(plan.grids.grids()):
+        return []
+    return [Variant({"autotune": [dict(s) for s in plan.shapes], "key": key}, new.code)]
 
 
 def _log2(v: int) -> float:
@@ -874,7 +988,7 @@ def _one(transformer: Callable[[], _InJit], params: dict[str, Any]) -> Rewriter:
 REWRITERS: dict[str, Rewriter] = {
     "block-size-num-warps": launch_config,
     # A dot kernel's search starts from whole tile shapes; anything else steps one knob at a time.
-    "autotune-configs": lambda s, c: dot_tile_configs(s, c) or launch_config(s, c),
+    "autotune-configs": lambda s, c: dot_tile_configs(s, c) + dot_tile_autotune(s, c) or launch_config(s, c),
     "wgmma-friendly-tiles": dot_tile_configs,
     "warp-local-reduction": lambda s, c: launch_config(s, {**c, "direction": "fewer-warps"}),
     "reduce-register-pressure": lambda s, c: launch_config(s, {**c, "direction": "more-warps"}),

@@ -11,6 +11,8 @@ it returns a `RunReport` as a dict. Jobs:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -128,19 +130,54 @@ def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[s
     reference = task.reference if task.reference is not None else (None if baseline else task.entry)
     exempt = set(task.outputs)
     stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
+    tuners = _autotuners(entry)
     for index, case, heldout in cases:
         result = CaseResult(case=_plain(case), label=task.case_label(case), heldout=heldout)
         run.cases.append(result)
         for seed in range(seeds):
-            torch.manual_seed(1_000 * index + seed)
-            args = _inputs(task, case)
-            reason = _check_once(task, entry, reference, args, exempt, stream, result, run)
-            if reason:
-                run.rejected = f"case {result.label}, seed {seed}: {reason}"
-                return
+            for choice in range(max((len(t.configs) for t in tuners), default=1)):
+                with _pinned(tuners, choice) as config:
+                    torch.manual_seed(1_000 * index + seed)
+                    args = _inputs(task, case)
+                    reason = _check_once(task, entry, reference, args, exempt, stream, result, run)
+                if tuners and not reason and not result.correct:  # name the config that went wrong
+                    reason = result.error or "its output differs from the reference"
+                if reason:
+                    run.rejected = f"case {result.label}, seed {seed}{config}: {reason}"
+                    return
             result.seeds = seed + 1
         if not result.correct:
             return  # the first wrong case is reported; the rest would repeat it
+
+
+def _autotuners(entry: Any) -> list[Any]:
+    """The @triton.autotune kernels of the entry's module that have a choice to make."""
+    from triton.runtime.autotuner import Autotuner
+
+    return [v for v in getattr(entry, "__globals__", {}).values() if isinstance(v, Autotuner) and len(v.configs) > 1]
+
+
+@contextmanager
+def _pinned(tuners: list[Any], choice: int) -> Iterator[str]:
+    """Each autotuned kernel held to one config (its `choice`-th, or its last): a tuner picks per shape
+    and per device, so a candidate is correct only if every config it may pick is. One config is run
+    without benchmarking, which also lets the CPU interpreter, which has no timer, check them."""
+    saved = [(t, t.configs, dict(t.cache)) for t in tuners]
+    labels = []
+    try:
+        for tuner in tuners:
+            config = tuner.configs[min(choice, len(tuner.configs) - 1)]
+            tuner.configs = [config]
+            tuner.cache.clear()
+            knobs = [f"{k}={v}" for k, v in config.kwargs.items()]
+            knobs += [f"{k}={getattr(config, k)}" for k in ("num_warps", "num_stages") if getattr(config, k, None)]
+            labels.append(f"{getattr(tuner.fn, '__name__', 'kernel')} {', '.join(knobs)}")
+        yield f", config {'; '.join(labels)}" if labels else ""
+    finally:
+        for tuner, configs, cache in saved:
+            tuner.configs = configs
+            tuner.cache.clear()
+            tuner.cache.update(cache)
 
 
 def _check_once(task: Task, entry: Any, reference: Any, args: tuple[Any, ...], exempt: set[int], stream: Any,

@@ -371,14 +371,14 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
 
     original = FIXTURES.parent.parent / "corpora" / "operators" / "bmm" / "bmm.py"
     variants = rewrite("autotune-configs", original.read_text(), {})
-    assert len(variants) == 6
+    assert len(variants) == 7  # six tiles, then the same six under @triton.autotune
     wide = variants[0]
     assert wide.params == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8}
     # Axis 0 steps by BLOCK_M and axis 1 by BLOCK_N in the kernel: each grid divisor follows its own block.
     assert "grid = (triton.cdiv(m, 128), triton.cdiv(n, 256), batch)" in wide.source
     assert "BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8)" in wide.source
     narrow = tmp_path / "bmm_tiles.py"
-    narrow.write_text(variants[-1].source)  # 128 x 32 tiles: a grid left at 64 would skip half the rows
+    narrow.write_text(variants[5].source)  # 128 x 32 tiles: a grid left at 64 would skip half the rows
     spec = {"kernel": str(original), "reference": "lambda a, b: torch.bmm(a.float(), b.float()).half()",
             "call": "bmm(torch.randn(2, 130, 65).half(), torch.randn(2, 65, 70).half())"}
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(narrow),
@@ -398,6 +398,32 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
     assert dot_tile_configs(counted, {}) == []
 
 
+def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
+    from diagnose.rewrite import dot_tile_autotune
+    from harness.run import RunOptions, run_task
+
+    original = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"
+    tuned = rewrite("autotune-configs", original.read_text(), {})[-1]
+    assert tuned.params["key"] == ["M", "N", "K"] and len(tuned.params["autotune"]) == 6
+    assert "@triton.autotune(configs=[" in tuned.source and "key=['M', 'N', 'K'])" in tuned.source
+    # The grid follows the config the tuner picks; the launch no longer names the tile.
+    assert 'grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))' in tuned.source
+    assert "BLOCK_M=" not in tuned.source.split("def matmul(")[1]
+    spec = {"kernel": str(original), "reference": "lambda a, b: (a.float() @ b.float()).half()",
+            "call": "matmul(torch.randn(130, 65).half(), torch.randn(65, 70).half())"}
+    good, bad = tmp_path / "tuned.py", tmp_path / "tuned_fixed_grid.py"
+    good.write_text(tuned.source)
+    # A grid fixed at 128 rows per program is right for the 128-row configs only.
+    bad.write_text(tuned.source.replace('triton.cdiv(m, meta["BLOCK_M"])', "triton.cdiv(m, 128)"))
+    options = RunOptions(backend="interpreter", time=False, seeds=1)
+    assert run_task(spec, options, candidate=str(good), candidate_entry="matmul").run("candidate").correct
+    wrong = run_task(spec, options, candidate=str(bad), candidate_entry="matmul").run("candidate")
+    assert not wrong.correct and "config matmul_kernel BLOCK_M=64, BLOCK_N=256" in wrong.rejected
+    # Tuning reruns the kernel on the same buffers: not for atomics or a buffer both read and written.
+    assert dot_tile_autotune(original.read_text().replace("tl.store(c_ptr", "tl.atomic_add(c_ptr"), {}) == []
+    assert dot_tile_autotune(original.read_text().replace("tl.store(c_ptr", "tl.store(a_ptr"), {}) == []
+
+
 def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tmp_path):
     from harness.run import RunOptions, run_task
 
@@ -408,8 +434,8 @@ def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tm
         {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3, "num_warps": 4},
         {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "num_warps": 4},
         {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 2, "num_warps": 8}]
-    assert len(variants) == 6 and all(v.params["num_warps"] == 4 or v.params["BLOCK_M"] * v.params["BLOCK_N"]
-                                      == 128 * 128 for v in variants)
+    assert len(variants) == 7 and all(v.params["num_warps"] == 4 or v.params["BLOCK_M"] * v.params["BLOCK_N"]
+                                      == 128 * 128 for v in variants[:6])
     assert "grid = (triton.cdiv(seq, 128), batch * heads)" in variants[0].source  # axis 0 steps by BLOCK_M
     wide = tmp_path / "attention_tiles.py"
     wide.write_text(variants[0].source)  # 128-row tiles over 77 rows: masked rows and a grid at 128
