@@ -272,6 +272,7 @@ class _LaunchGrids(cst.CSTVisitor):
         self.tuples: list[cst.Tuple] = []
         self.assigned: dict[str, list[cst.Tuple]] = {}
         self.literal_cdivs = 0
+        self.launched: set[str] = set()  # the jit functions launched with a grid (not helpers they call)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return node.name.value not in self.kernels
@@ -282,6 +283,7 @@ class _LaunchGrids(cst.CSTVisitor):
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if _dotted(node.value) in self.kernels and len(node.slice) == 1:
+            self.launched.add(_dotted(node.value))
             index = node.slice[0].slice
             if isinstance(index, cst.Index):
                 if isinstance(index.value, cst.Name):
@@ -403,13 +405,13 @@ class _Autotuned(cst.CSTTransformer):
     """The launch without the tile knobs, its grid a function of the chosen config, and the kernel
     under @triton.autotune over the tile shapes keyed on its size parameters."""
 
-    def __init__(self, plan: _TilePlan, knobs: list[str], decorator: cst.Decorator) -> None:
-        self.plan, self.knobs, self.decorator = plan, knobs, decorator
+    def __init__(self, plan: _TilePlan, kernel: str, knobs: list[str], decorator: cst.Decorator) -> None:
+        self.plan, self.kernel, self.knobs, self.decorator = plan, kernel, knobs, decorator
         self.grid_ids = {id(g) for g in plan.grids.grids()}
-        self.grids_done = 0
+        self.divisors = 0
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        if original.name.value in self.plan.kernels:
+        if original.name.value == self.kernel:
             return updated.with_changes(decorators=[self.decorator, *updated.decorators])
         return updated
 
@@ -423,7 +425,7 @@ class _Autotuned(cst.CSTTransformer):
                 call = element.value
                 elements[axis] = element.with_changes(
                     value=call.with_changes(args=[call.args[0], call.args[1].with_changes(value=meta)]))
-        self.grids_done += 1
+                self.divisors += 1
         return cst.Lambda(params=cst.Parameters(params=[cst.Param(cst.Name("meta"))]),
                           body=updated.with_changes(elements=elements,
                                                     lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
@@ -438,33 +440,35 @@ class _Autotuned(cst.CSTTransformer):
 
 
 def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
-    """The same tile shapes as `dot_tile_configs`, chosen per problem size by @triton.autotune (keyed on
-    the kernel's size parameters: not pointers, strides or constexprs): one tile cannot suit 512^2 and
-    4096^2 at once. Only for kernels that neither issue atomics nor read a buffer they write, since
-    tuning runs the kernel several times; [] where the tile search would give up, or the knobs are
-    bound to wrapper parameters."""
+    """The same tile shapes as `dot_tile_configs`, chosen per problem size by @triton.autotune on the
+    one launched kernel, keyed on its parameters other than pointers, strides and the tile knobs (sizes,
+    and constexprs such as a head dimension): one tile cannot suit 512^2 and 4096^2 at once. Only for
+    kernels that neither issue atomics nor read a buffer they write, since tuning runs the kernel several
+    times; [] where the tile search would give up, or the knobs are bound to wrapper parameters."""
     plan = _tile_plan(source)
-    if plan is None or not dot_tile_configs(source, context):
+    if plan is None or len(plan.grids.launched) != 1:
         return []
     knobs = list(plan.shapes[0])
     if any(plan.current.get(k, (None, None))[1] for k in knobs):
         return []
-    kernel = next(n for n in plan.module.body if isinstance(n, cst.FunctionDef) and n.name.value in plan.kernels)
+    name = next(iter(plan.grids.launched))
+    kernel = next(n for n in plan.module.body if isinstance(n, cst.FunctionDef) and n.name.value == name)
     params = [p.name.value for p in kernel.params.params]
     roots = _PointerRoots()
     plan.module.visit(roots)
     if roots.atomics or roots.loaded & roots.stored or not (roots.loaded | roots.stored) <= set(params):
         return []
-    # Sizes and the other constexprs (a head dimension) choose the tile; Triton adds the tensors' dtypes.
+    # Triton adds the tensors' dtypes to the key.
     key = [p for p in params if not (p.endswith("_ptr") or p.startswith("stride") or p in knobs)]
     blocks = [k for k in knobs if k.startswith("BLOCK")]
     configs = ",\n".join(
         "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "
         f"num_stages={shape['num_stages']}, num_warps={shape['num_warps']})" for shape in plan.shapes)
     decorator = cst.Decorator(cst.parse_expression(f"triton.autotune(configs=[\n{configs},\n], key={key!r})"))
-    transformer = _Autotuned(plan, knobs, decorator)
+    transformer = _Autotuned(plan, name, knobs, decorator)
     new = plan.module.visit(transformer)
-    if transformer.grids_done != len(plan.grids.grids()):
+    # As in the tile search: every literal `triton.cdiv` must be a grid divisor tied to a tile block.
+    if transformer.divisors != plan.grids.literal_cdivs:
         return []
     return [Variant({"autotune": [dict(s) for s in plan.shapes], "key": key}, new.code)]
 

@@ -422,6 +422,17 @@ def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
     # Tuning reruns the kernel on the same buffers: not for atomics or a buffer both read and written.
     assert dot_tile_autotune(original.read_text().replace("tl.store(c_ptr", "tl.atomic_add(c_ptr"), {}) == []
     assert dot_tile_autotune(original.read_text().replace("tl.store(c_ptr", "tl.store(a_ptr"), {}) == []
+    # A grouped 1-D grid keeps a literal tile size the config cannot change: no autotune either.
+    grouped = original.read_text().replace("grid = (triton.cdiv(m, 64), triton.cdiv(n, 64))",
+                                           "grid = (triton.cdiv(m, 64) * triton.cdiv(n, 64), 1)")
+    assert dot_tile_autotune(grouped, {}) == []
+    # Only the launched kernel is tuned, not a @triton.jit helper it calls.
+    helper = original.read_text().replace("@triton.jit\ndef matmul_kernel(",
+                                          "@triton.jit\ndef relu(x):\n    return tl.maximum(x, 0)\n\n\n"
+                                          "@triton.jit\ndef matmul_kernel(")
+    tuned_helper = dot_tile_autotune(helper, {})[0].source
+    assert tuned_helper.count("@triton.autotune(") == 1
+    assert tuned_helper.index("@triton.autotune(") > tuned_helper.index("def relu(")
 
 
 def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tmp_path):
