@@ -159,6 +159,14 @@ def _current_knobs(module: cst.Module, kernels: set[str]) -> dict[str, tuple[int
     return current
 
 
+def _autotuned(module: cst.Module, kernels: set[str]) -> bool:
+    """Whether a jit kernel of the module is under @triton.autotune."""
+    return any(isinstance(n, cst.FunctionDef) and n.name.value in kernels
+               and any(m.matches(d.decorator, m.Call(func=m.Attribute(attr=m.Name("autotune")) | m.Name("autotune")))
+                       for d in n.decorators)
+               for n in module.body)
+
+
 def _cdiv_divisor(node: cst.CSTNode) -> int | None:
     """B of `triton.cdiv(x, B)` written as an integer literal, else None."""
     if (isinstance(node, cst.Call) and _dotted(node.func) == "triton.cdiv" and len(node.args) == 2
@@ -176,6 +184,8 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     doubled. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both ways)."""
     module = cst.parse_module(source)
     kernels = _jit_names(module)
+    if _autotuned(module, kernels):
+        return []  # its configs own the knobs: a launch keyword would clash with them
     current = _current_knobs(module, kernels)
     direction = context.get("direction", "")
     proposals: list[tuple[str, int]] = []
