@@ -132,7 +132,8 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "above_2x": sum(1 for s in speedups if s > 2),
         "above_5x": sum(1 for s in speedups if s > 5),
         "improved": sum(1 for r in done if r["best_round"]),
-        # What every kernel at its roofline would give: the ceiling on the figures above.
+        # What every kernel at its roofline would give, over the operators with roofline data (every
+        # operator with bytes or FLOPs per case, timed on a device with measured ceilings).
         "bound_geomean": round(geomean(bounds), 4) if bounds else None,
         "bound_median": round(statistics.median(bounds), 4) if bounds else None,
         "bound_above_2x": sum(1 for b in bounds if b > 2),
@@ -212,10 +213,10 @@ def to_markdown(data: dict[str, Any]) -> str:
         ("geomean", "geomean speedup vs initial", pub["geomean"]), ("median", "median speedup", pub["median"]),
         ("above_2x", "operators above 2x", pub["above_2x"]), ("above_5x", "operators above 5x", pub["above_5x"]),
         ("improved", "operators improved (a round accepted)", None),
-        ("bound_geomean", "roofline bound on the geomean speedup vs initial", pub["geomean"]),
-        ("bound_median", "roofline bound on the median speedup", pub["median"]),
-        ("bound_above_2x", "operators whose roofline bound is above 2x", pub["above_2x"]),
-        ("bound_above_5x", "operators whose roofline bound is above 5x", pub["above_5x"]),
+        ("bound_geomean", "roofline bound on the geomean speedup vs initial", None),
+        ("bound_median", "roofline bound on the median speedup", None),
+        ("bound_above_2x", "operators whose roofline bound is above 2x", None),
+        ("bound_above_5x", "operators whose roofline bound is above 5x", None),
         ("initial_vs_eager", "initial kernel vs PyTorch eager (geomean)", None),
         ("best_vs_eager", "optimized kernel vs PyTorch eager (geomean; goal 1.0)", None),
         ("best_vs_compiled", "optimized kernel vs torch.compile (geomean)", None),

@@ -278,18 +278,27 @@ class _LaunchGrids(cst.CSTVisitor):
 
     def __init__(self, kernels: set[str]) -> None:
         self.kernels = kernels
-        self.grid_names: set[str] = set()
+        # (enclosing function, name): a `grid = (..)` counts only in the function that launches with it.
+        self.grid_names: set[tuple[str, str]] = set()
         self.tuples: list[cst.Tuple] = []
-        self.assigned: dict[str, list[cst.Tuple]] = {}
+        self.assigned: dict[tuple[str, str], list[cst.Tuple]] = {}
         self.literal_cdivs = 0
         self.launched: set[str] = set()  # the jit functions launched with a grid (not helpers they call)
+        self.scopes: list[str] = [""]
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return node.name.value not in self.kernels
+        if node.name.value in self.kernels:
+            return False
+        self.scopes.append(node.name.value)
+        return True
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        if original_node.name.value not in self.kernels:
+            self.scopes.pop()
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Tuple):
-            self.assigned.setdefault(node.targets[0].target.value, []).append(node.value)
+            self.assigned.setdefault((self.scopes[-1], node.targets[0].target.value), []).append(node.value)
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if _dotted(node.value) in self.kernels and len(node.slice) == 1:
@@ -297,7 +306,7 @@ class _LaunchGrids(cst.CSTVisitor):
             index = node.slice[0].slice
             if isinstance(index, cst.Index):
                 if isinstance(index.value, cst.Name):
-                    self.grid_names.add(index.value.value)
+                    self.grid_names.add((self.scopes[-1], index.value.value))
                 elif isinstance(index.value, cst.Tuple):
                     self.tuples.append(index.value)
 
@@ -306,7 +315,7 @@ class _LaunchGrids(cst.CSTVisitor):
             self.literal_cdivs += 1
 
     def grids(self) -> list[cst.Tuple]:
-        return self.tuples + [t for name in self.grid_names for t in self.assigned.get(name, [])]
+        return self.tuples + [t for key in self.grid_names for t in self.assigned.get(key, [])]
 
 
 class _GridDivisors(cst.CSTTransformer):
@@ -361,6 +370,10 @@ def _tile_plan(source: str) -> _TilePlan | None:
     found = _LaunchGrids(kernels)
     module.visit(found)
     axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
+    # Each grid must count its tile axes as `triton.cdiv(.., B)`: `(m + 63) // 64` would keep the old size.
+    for grid in found.grids():
+        if any(a < len(grid.elements) and _cdiv_divisor(grid.elements[a].value) is None for a in axes):
+            return None
     return _TilePlan(module, kernels, current, shapes, found, axes)
 
 
@@ -406,8 +419,12 @@ class _PointerRoots(_InJit):
             root = root.left
         target = {"tl.load": self.loaded, "tl.store": self.stored}.get(name)
         if target is not None:
-            # A pointer built elsewhere (`ptrs = x_ptr + offs`) has no parameter to name: unknown.
+            # The root name of the pointer; one built elsewhere (`ptrs = x_ptr + offs`) is a local name,
+            # which the caller's "only parameters" test rejects, as it does "?" for anything else.
             target.add(root.value if isinstance(root, cst.Name) else "?")
+        elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("load", "store") \
+                and not name.startswith("tl."):
+            self.stored.add("?")  # a tensor descriptor or block pointer: what it reads and writes is unknown
         self.atomics = self.atomics or name.startswith("tl.atomic_")
 
 
@@ -451,7 +468,7 @@ class _Autotuned(cst.CSTTransformer):
 
 def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     """The same tile shapes as `dot_tile_configs`, chosen per problem size by @triton.autotune on the
-    one launched kernel, keyed on its parameters other than pointers, strides and the tile knobs (sizes,
+    one launched kernel, keyed on its parameters other than tensors, strides and the tile knobs (sizes,
     and constexprs such as a head dimension): one tile cannot suit 512^2 and 4096^2 at once. Only for
     kernels that neither issue atomics nor read a buffer they write, since tuning runs the kernel several
     times; [] where the tile search would give up, or the knobs are bound to wrapper parameters."""
@@ -468,8 +485,10 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     plan.module.visit(roots)
     if roots.atomics or roots.loaded & roots.stored or not (roots.loaded | roots.stored) <= set(params):
         return []
-    # Triton adds the tensors' dtypes to the key.
-    key = [p for p in params if not (p.endswith("_ptr") or p.startswith("stride") or p in knobs)]
+    # Not the tensors (whatever their names): a key holds values, and a tensor would make every call a new
+    # key. Triton adds the tensors' dtypes to the key itself.
+    tensors = roots.loaded | roots.stored
+    key = [p for p in params if not (p in tensors or p.endswith("_ptr") or p.startswith("stride") or p in knobs)]
     blocks = [k for k in knobs if k.startswith("BLOCK")]
     configs = ",\n".join(
         "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "

@@ -131,30 +131,55 @@ def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[s
     exempt = set(task.outputs)
     stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
     tuners = _autotuners(entry)
+    choices = max((len(t.configs) for t in tuners), default=1)
     for index, case, heldout in cases:
         result = CaseResult(case=_plain(case), label=task.case_label(case), heldout=heldout)
         run.cases.append(result)
         for seed in range(seeds):
-            for choice in range(max((len(t.configs) for t in tuners), default=1)):
+            skipped: list[str] = []
+            for choice in range(choices):
                 with _pinned(tuners, choice) as config:
                     torch.manual_seed(1_000 * index + seed)
                     args = _inputs(task, case)
                     reason = _check_once(task, entry, reference, args, exempt, stream, result, run)
+                if tuners and not reason and (result.error or "").split(":")[0] in _TUNER_SKIPS:
+                    skipped.append(f"{config.removeprefix(', config ')}: {result.error}")
+                    result.error = None  # the tuner itself would pass over this config
+                    continue
                 if tuners and not reason and not result.correct:  # name the config that went wrong
                     reason = result.error or "its output differs from the reference"
                 if reason:
                     run.rejected = f"case {result.label}, seed {seed}{config}: {reason}"
                     return
+            if tuners and len(skipped) == choices:
+                run.rejected = f"case {result.label}: no config of the autotuned kernel can run ({skipped[0]})"
+                return
             result.seeds = seed + 1
         if not result.correct:
             return  # the first wrong case is reported; the rest would repeat it
 
 
+# What Triton's autotuner catches while benchmarking a config and then passes over (3.6 and 3.9): a
+# config that does not fit the device or fails a compile-time assertion is never picked.
+_TUNER_SKIPS = {"OutOfResources", "CompileTimeAssertionFailure", "PTXASError"}
+
+
 def _autotuners(entry: Any) -> list[Any]:
-    """The @triton.autotune kernels of the entry's module that have a choice to make."""
+    """The @triton.autotune kernels of the entry's module that have a choice to make, also under
+    @triton.heuristics or another wrapper that keeps the kernel in `.fn`."""
     from triton.runtime.autotuner import Autotuner
 
-    return [v for v in getattr(entry, "__globals__", {}).values() if isinstance(v, Autotuner) and len(v.configs) > 1]
+    found = []
+    for value in getattr(entry, "__globals__", {}).values():
+        for _ in range(4):
+            if isinstance(value, Autotuner):
+                if len(value.configs) > 1 and all(value is not f for f in found):
+                    found.append(value)
+                break
+            value = getattr(value, "fn", None)
+            if value is None:
+                break
+    return found
 
 
 @contextmanager
@@ -171,7 +196,8 @@ def _pinned(tuners: list[Any], choice: int) -> Iterator[str]:
             tuner.cache.clear()
             knobs = [f"{k}={v}" for k, v in config.kwargs.items()]
             knobs += [f"{k}={getattr(config, k)}" for k in ("num_warps", "num_stages") if getattr(config, k, None)]
-            labels.append(f"{getattr(tuner.fn, '__name__', 'kernel')} {', '.join(knobs)}")
+            name = getattr(getattr(tuner, "base_fn", None), "__name__", "kernel")
+            labels.append(f"{name} {', '.join(knobs)}")
         yield f", config {'; '.join(labels)}" if labels else ""
     finally:
         for tuner, configs, cache in saved:

@@ -1,8 +1,9 @@
 """Which runs of a bench does a rewriter change touch? Rewrites every kernel the bench stored (each
 run's initial kernel and the kernels its accepted rounds made) with `diagnose/rewrite.py` as it was at
-REV and as it is now, under every pattern, and lists the runs whose variants differ. Those runs would
-not repeat under the new code and must run again; every other run would repeat exactly, since the
-rewriter is deterministic.
+REV and as it is now, under every pattern of either and the contexts that steer the rewriters, and
+lists the runs whose variants differ. Those runs would not repeat under the new code and must run
+again. The others get the same variants from their stored kernels; whether they would repeat also
+depends on the diagnosis and the timings, which this does not compare.
 
     python scripts/rewriter_diff.py REV build/bench-h200 [--json]
 
@@ -23,8 +24,9 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-# The contexts the loop passes: `features` decides whether num_stages is searched.
-_CONTEXTS = ({}, {"features": "loop"})
+# The contexts the loop passes that change what a rewriter does: `features` (whether num_stages is
+# searched), `finding` (a shared-memory finding searches fewer stages), `fp32_rtol` (tf32 or tf32x3).
+_CONTEXTS = ({}, {"features": "loop"}, {"finding": "resources.shared-memory-over-limit"}, {"fp32_rtol": 1e-3})
 
 
 def _rewriter_at(rev: str) -> ModuleType:
@@ -37,6 +39,14 @@ def _rewriter_at(rev: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
+
+
+def _variants(rewriter: ModuleType, pattern: str, source: str, context: dict) -> list | str:
+    """What one rewriter makes of one kernel; a failure is a result too (it differs from variants)."""
+    try:
+        return [(v.params, v.source) for v in rewriter.rewrite(pattern, source, dict(context))]
+    except Exception as exc:  # noqa: BLE001 - compared, not raised
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _stored_kernels(bench_dir: Path) -> dict[str, list[Path]]:
@@ -63,15 +73,15 @@ def main() -> int:
         return 2
     changed: dict[str, list[str]] = {}
     calls = 0
+    patterns = sorted(set(now.REWRITERS) | set(before.REWRITERS))  # added or removed since REV count too
     for run, kernels in runs.items():
         for kernel in kernels:
             source = kernel.read_text()
-            for pattern in now.REWRITERS:
+            for pattern in patterns:
                 for context in _CONTEXTS:
                     calls += 1
-                    old = [(v.params, v.source) for v in before.rewrite(pattern, source, dict(context))]
-                    new = [(v.params, v.source) for v in now.rewrite(pattern, source, dict(context))]
-                    if old != new and pattern not in changed.get(run, []):
+                    if _variants(before, pattern, source, context) != _variants(now, pattern, source, context) \
+                            and pattern not in changed.get(run, []):
                         changed.setdefault(run, []).append(pattern)
     result = {"rev": args.rev, "runs": len(runs), "rewriter_calls": calls, "changed": changed}
     if args.json:

@@ -399,7 +399,7 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
 
 
 def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
-    from diagnose.rewrite import dot_tile_autotune
+    from diagnose.rewrite import dot_tile_autotune, dot_tile_configs
     from harness.run import RunOptions, run_task
 
     original = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"
@@ -429,6 +429,14 @@ def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
     grouped = original.read_text().replace("grid = (triton.cdiv(m, 64), triton.cdiv(n, 64))",
                                            "grid = (triton.cdiv(m, 64) * triton.cdiv(n, 64), 1)")
     assert dot_tile_autotune(grouped, {}) == []
+    # Tensors stay out of the key whatever their names; a `grid = (..)` of another function stays a tuple;
+    # a grid that does not count its tiles with cdiv keeps the old size, so nothing is tuned.
+    renamed = original.read_text().replace("a_ptr", "A").replace("b_ptr", "B").replace("c_ptr", "C")
+    assert dot_tile_autotune(renamed, {})[0].params["key"] == ["M", "N", "K"]
+    elsewhere = dot_tile_autotune(original.read_text() + "\n\ndef other():\n    grid = (4,)\n    return grid\n", {})
+    assert "    grid = (4,)" in elsewhere[0].source
+    rounded = original.read_text().replace("triton.cdiv(m, 64)", "(m + 63) // 64")
+    assert dot_tile_autotune(rounded, {}) == [] and dot_tile_configs(rounded, {}) == []
     # Only the launched kernel is tuned, not a @triton.jit helper it calls.
     helper = original.read_text().replace("@triton.jit\ndef matmul_kernel(",
                                           "@triton.jit\ndef relu(x):\n    return tl.maximum(x, 0)\n\n\n"
@@ -436,6 +444,44 @@ def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
     tuned_helper = dot_tile_autotune(helper, {})[0].source
     assert tuned_helper.count("@triton.autotune(") == 1
     assert tuned_helper.index("@triton.autotune(") > tuned_helper.index("def relu(")
+
+
+_DOUBLE = """
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 4096})], key=["n"])
+@triton.jit
+def double_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+def double(x):
+    o = torch.empty_like(x)
+    if len(double_kernel.configs) == 1 and double_kernel.configs[0].kwargs["BLOCK"] > {LIMIT}:
+        raise OutOfResources(300000, 232448, "shared memory")  # as the device says of a config too large
+    double_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, o, x.numel())
+    return o
+"""
+
+
+def test_a_config_the_tuner_would_pass_over_is_passed_over_by_the_check(tmp_path):
+    from harness.run import RunOptions, run_task
+
+    options = RunOptions(backend="interpreter", time=False, seeds=1)
+    reports = {}
+    for limit in (1024, 16):  # the 4096 config does not fit; then neither does the 64 one
+        kernel = tmp_path / f"double_{limit}.py"
+        kernel.write_text(_DOUBLE.replace("{LIMIT}", str(limit)))
+        spec = {"kernel": str(kernel), "reference": "lambda x: x * 2", "call": "double(torch.randn(1000))"}
+        reports[limit] = run_task(spec, options).run("baseline")
+    assert reports[1024].correct and reports[1024].rejected is None
+    assert not reports[16].correct and "no config of the autotuned kernel can run" in reports[16].rejected
+    assert "OutOfResources" in reports[16].rejected
 
 
 def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tmp_path):

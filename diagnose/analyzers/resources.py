@@ -74,7 +74,8 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                                  "a splat/broadcast of one pointer)", "ttir", op.text[:200]))
         if same_address or sem == "acq_rel":
             findings.append(Finding(
-                "atomics.contended", "atomics", f"the atomic at {at(src, line)} issues {len(atoms)} `atom.global` "
+                "atomics.contended", "atomics", f"the atomic at {at(src, line)} issues {len(atoms)} "
+                f"`{atoms[0].group(0).split('.')[0]}.global` "
                 + ("on one address " if same_address else "") + f"with {sem} ordering",
                 "Each element is its own read-modify-write at gpu scope; acq_rel adds ordering fences, and lanes "
                 "hitting one address serialize in the memory system. Reducing in registers first (tl.sum) leaves one "
