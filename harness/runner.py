@@ -131,13 +131,17 @@ def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[s
     exempt = set(task.outputs)
     stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
     tuners = _autotuners(entry)
-    choices = max((len(t.configs) for t in tuners), default=1)
+    # Every config pinned in turn, then on a device one call that tunes for real: tuning reruns the
+    # kernel on the caller's buffers, which an in-place kernel would corrupt.
+    pins: list[int | None] = list(range(max((len(t.configs) for t in tuners), default=1)))
+    if tuners and torch.cuda.is_available():
+        pins.append(None)
     for index, case, heldout in cases:
         result = CaseResult(case=_plain(case), label=task.case_label(case), heldout=heldout)
         run.cases.append(result)
         for seed in range(seeds):
             skipped: list[str] = []
-            for choice in range(choices):
+            for choice in pins:
                 with _pinned(tuners, choice) as config:
                     torch.manual_seed(1_000 * index + seed)
                     args = _inputs(task, case)
@@ -151,7 +155,7 @@ def _check(task: Task, entry: Any, run: KernelRun, cases: list[tuple[int, dict[s
                 if reason:
                     run.rejected = f"case {result.label}, seed {seed}{config}: {reason}"
                     return
-            if tuners and len(skipped) == choices:
+            if tuners and len(skipped) == len([c for c in pins if c is not None]):
                 run.rejected = f"case {result.label}: no config of the autotuned kernel can run ({skipped[0]})"
                 return
             result.seeds = seed + 1
@@ -183,13 +187,19 @@ def _autotuners(entry: Any) -> list[Any]:
 
 
 @contextmanager
-def _pinned(tuners: list[Any], choice: int) -> Iterator[str]:
+def _pinned(tuners: list[Any], choice: int | None) -> Iterator[str]:
     """Each autotuned kernel held to one config (its `choice`-th, or its last): a tuner picks per shape
     and per device, so a candidate is correct only if every config it may pick is. One config is run
-    without benchmarking, which also lets the CPU interpreter, which has no timer, check them."""
+    without benchmarking, which also lets the CPU interpreter, which has no timer, check them.
+    `choice` None: no pin, and the tuners' caches emptied so that the call tunes."""
     saved = [(t, t.configs, dict(t.cache)) for t in tuners]
     labels = []
     try:
+        if choice is None:
+            for tuner in tuners:
+                tuner.cache.clear()
+            yield ", tuned on this call" if tuners else ""
+            return
         for tuner in tuners:
             config = tuner.configs[min(choice, len(tuner.configs) - 1)]
             tuner.configs = [config]

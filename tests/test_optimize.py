@@ -484,6 +484,32 @@ def test_a_config_the_tuner_would_pass_over_is_passed_over_by_the_check(tmp_path
     assert "OutOfResources" in reports[16].rejected
 
 
+def test_pinning_a_tuner_restores_it_and_an_unpinned_call_tunes_afresh():
+    import triton
+    import triton.language as tl
+
+    from harness.runner import _pinned
+
+    @triton.autotune(configs=[triton.Config({"B": 32}), triton.Config({"B": 64}, num_warps=8)], key=["n"])
+    @triton.jit
+    def kernel(x_ptr, n, B: tl.constexpr):
+        pass
+
+    configs = list(kernel.configs)
+    kernel.cache[(1000,)] = configs[0]
+    with _pinned([kernel], 1) as label:
+        assert kernel.configs == [configs[1]] and not kernel.cache
+        assert label == ", config kernel B=64, num_warps=8, num_stages=3"
+    assert kernel.configs == configs and kernel.cache == {(1000,): configs[0]}
+    # The device's extra call: every config in play, the cache empty so that this call benchmarks.
+    with _pinned([kernel], None) as label:
+        assert kernel.configs == configs and not kernel.cache and label == ", tuned on this call"
+    assert kernel.cache == {(1000,): configs[0]}
+    with pytest.raises(RuntimeError), _pinned([kernel], 0):
+        raise RuntimeError("a failing check")
+    assert kernel.configs == configs  # restored on the way out of a failure too
+
+
 def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tmp_path):
     from harness.run import RunOptions, run_task
 
