@@ -313,10 +313,13 @@ def _named_vendor_first(hits: list[Hit], query: str) -> list[Hit]:
     named = {vendor for vendor, words in _VENDOR_WORDS.items() if words.search(query)}
     if not named:
         return hits
+    aux_last = not _ASKS_FOR_AUX.search(query)
 
-    def group(hit: Hit) -> int:
-        match = _VENDOR_DIR.search(hit.metadata.get("file", ""))
-        return 1 if not match else (0 if match.group(2) in named else 2)
+    def group(hit: Hit) -> tuple[bool, int]:
+        file = hit.metadata.get("file", "")
+        match = _VENDOR_DIR.search(file)
+        # Tests stay after source (the prior `search` applies), the vendor's own tests included.
+        return (aux_last and bool(_AUX_PATH.search(file)), 1 if not match else (0 if match.group(2) in named else 2))
 
     return sorted(hits, key=group)
 

@@ -112,6 +112,11 @@ def test_a_named_vendor_backend_comes_first_and_other_vendors_last():
         "third_party/ascend/b.cpp", "lib/shared.cpp", "third_party/amd/a.cpp", "third_party/nvidia/c.cpp"]
     assert files(_named_vendor_first(hits, "where is ptxas invoked"))[0] == "third_party/nvidia/c.cpp"
     assert _named_vendor_first(hits, "where is the layout decided") == hits  # no vendor named: unchanged
+    # The vendor's own tests stay after source, shared source included, unless the question asks for tests.
+    tested = _hits("third_party/ascend/test/test_dot.py", "lib/shared.cpp", "third_party/ascend/b.cpp")
+    assert files(_named_vendor_first(tested, "how is tl.dot lowered on the NPU")) == [
+        "third_party/ascend/b.cpp", "lib/shared.cpp", "third_party/ascend/test/test_dot.py"]
+    assert files(_named_vendor_first(tested, "which NPU test covers tl.dot"))[0] == "third_party/ascend/test/test_dot.py"
 
 
 def test_a_file_with_several_matching_chunks_outranks_one_lucky_chunk():
