@@ -24,29 +24,28 @@ PUBLISHED = {"operators": 37, "geomean": 4.35, "median": 2.73, "above_2x": 22, "
 LEVELS = ("L1", "L2", "L3", "L4")
 
 
+def _rooflines(report: dict[str, Any] | None, role: str) -> list[dict[str, Any]]:
+    """The roofline placements of the timed cases of one kernel (`role`) in a run report."""
+    run = next((r for r in (report or {}).get("runs", []) if r.get("role") == role), None)
+    return [c["roofline"] for c in (run or {}).get("cases", []) if c.get("roofline")]
+
+
 def _fraction(report: dict[str, Any] | None, role: str) -> float | None:
     """Median roofline fraction over the timed cases of one kernel in a run report."""
-    if not report:
-        return None
-    run = next((r for r in report.get("runs", []) if r.get("role") == role), None)
-    fractions = [c["roofline"]["fraction"] for c in (run or {}).get("cases", []) if c.get("roofline")]
+    fractions = [r["fraction"] for r in _rooflines(report, role)]
     return round(statistics.median(fractions), 4) if fractions else None
 
 
 def _memory_fractions(report: dict[str, Any] | None, role: str) -> list[float]:
     """Roofline fractions of the memory-bound cases of one kernel (achieved over measured copy bandwidth)."""
-    run = next((r for r in (report or {}).get("runs", []) if r.get("role") == role), None)
-    return [round(c["roofline"]["fraction"], 4) for c in (run or {}).get("cases", [])
-            if c.get("roofline") and c["roofline"].get("bound") == "memory"]
+    return [round(r["fraction"], 4) for r in _rooflines(report, role) if r.get("bound") == "memory"]
 
 
 def _speedup_bound(report: dict[str, Any] | None, role: str) -> float | None:
     """The most any rewrite of this kernel could gain: the geometric mean over its cases of attainable /
     achieved (1 / roofline fraction), 1.0 for a case already at or past its ceiling. The roofline has no
     launch-latency term, so for small cases the true bound is lower still."""
-    run = next((r for r in (report or {}).get("runs", []) if r.get("role") == role), None)
-    fractions = [c["roofline"]["fraction"] for c in (run or {}).get("cases", [])
-                 if c.get("roofline") and c["roofline"].get("fraction")]
+    fractions = [r["fraction"] for r in _rooflines(report, role) if r.get("fraction")]
     return round(geomean([max(1.0, 1.0 / f) for f in fractions]), 4) if fractions else None
 
 
