@@ -175,8 +175,9 @@ def _cdiv_divisor(node: cst.CSTNode) -> int | None:
     return None
 
 
-def _with_divisor(call: cst.Call, value: int) -> cst.Call:
-    return call.with_changes(args=[call.args[0], call.args[1].with_changes(value=cst.Integer(str(value)))])
+def _with_divisor(call: cst.Call, value: int | cst.BaseExpression) -> cst.Call:
+    divisor = cst.Integer(str(value)) if isinstance(value, int) else value
+    return call.with_changes(args=[call.args[0], call.args[1].with_changes(value=divisor)])
 
 
 def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
@@ -320,13 +321,15 @@ class _LaunchGrids(cst.CSTVisitor):
 
 class _GridDivisors(cst.CSTTransformer):
     """In the launch grids only, `(triton.cdiv(m, 64), triton.cdiv(n, 64), ...)`: each axis's literal
-    divisor becomes its block's new size. `changed` counts the divisors set."""
+    divisor becomes its block's new size, or an expression (`meta["BLOCK_M"]`, with `as_lambda` making
+    the grid `lambda meta: (...)` for an autotuned kernel). `changed` counts the divisors set."""
 
-    def __init__(self, grids: list[cst.Tuple], axis_value: dict[int, int]) -> None:
-        self.grids, self.axis_value = grids, axis_value
+    def __init__(self, grids: list[cst.Tuple], axis_value: dict[int, int | cst.BaseExpression],
+                 as_lambda: bool = False) -> None:
+        self.grids, self.axis_value, self.as_lambda = grids, axis_value, as_lambda
         self.changed = 0
 
-    def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.Tuple:
+    def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.BaseExpression:
         if not any(original is g for g in self.grids):
             return updated
         elements = list(updated.elements)
@@ -334,7 +337,10 @@ class _GridDivisors(cst.CSTTransformer):
             if axis in self.axis_value and _cdiv_divisor(element.value) is not None:
                 elements[axis] = element.with_changes(value=_with_divisor(element.value, self.axis_value[axis]))
                 self.changed += 1
-        return updated.with_changes(elements=elements)
+        if not self.as_lambda:
+            return updated.with_changes(elements=elements)
+        return cst.Lambda(params=cst.Parameters(params=[cst.Param(cst.Name("meta"))]),
+                          body=updated.with_changes(elements=elements, lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
 
 
 @dataclass
@@ -429,36 +435,19 @@ class _PointerRoots(_InJit):
 
 
 class _Autotuned(cst.CSTTransformer):
-    """The launch without the tile knobs, its grid a function of the chosen config, and the kernel
-    under @triton.autotune over the tile shapes keyed on its size parameters."""
+    """The launch without the tile knobs, and the kernel under @triton.autotune over the tile shapes
+    keyed on its size parameters (the grid is `_GridDivisors`' work)."""
 
-    def __init__(self, plan: _TilePlan, kernel: str, knobs: list[str], decorator: cst.Decorator) -> None:
-        self.plan, self.kernel, self.knobs, self.decorator = plan, kernel, knobs, decorator
-        self.grid_ids = {id(g) for g in plan.grids.grids()}
-        self.divisors = 0
+    def __init__(self, kernels: set[str], kernel: str, knobs: list[str], decorator: cst.Decorator) -> None:
+        self.kernels, self.kernel, self.knobs, self.decorator = kernels, kernel, knobs, decorator
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         if original.name.value == self.kernel:
             return updated.with_changes(decorators=[self.decorator, *updated.decorators])
         return updated
 
-    def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.BaseExpression:
-        if id(original) not in self.grid_ids:
-            return updated
-        elements = list(updated.elements)
-        for axis, element in enumerate(elements):
-            if axis in self.plan.axes and _cdiv_divisor(element.value) is not None:
-                meta = cst.parse_expression(f'meta["{self.plan.axes[axis]}"]')
-                call = element.value
-                elements[axis] = element.with_changes(
-                    value=call.with_changes(args=[call.args[0], call.args[1].with_changes(value=meta)]))
-                self.divisors += 1
-        return cst.Lambda(params=cst.Parameters(params=[cst.Param(cst.Name("meta"))]),
-                          body=updated.with_changes(elements=elements,
-                                                    lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
-
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not (isinstance(original.func, cst.Subscript) and _dotted(original.func.value) in self.plan.kernels):
+        if not (isinstance(original.func, cst.Subscript) and _dotted(original.func.value) in self.kernels):
             return updated
         args = [a for a in updated.args if a.keyword is None or a.keyword.value not in self.knobs]
         if args:
@@ -494,11 +483,13 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
         "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "
         f"num_stages={shape['num_stages']}, num_warps={shape['num_warps']})" for shape in plan.shapes)
     decorator = cst.Decorator(cst.parse_expression(f"triton.autotune(configs=[\n{configs},\n], key={key!r})"))
-    transformer = _Autotuned(plan, name, knobs, decorator)
-    new = plan.module.visit(transformer)
+    grid = _GridDivisors(plan.grids.grids(), {a: cst.parse_expression(f'meta["{b}"]') for a, b in plan.axes.items()},
+                         as_lambda=True)
+    new = plan.module.visit(grid)  # the grids first, while their nodes are the ones the plan saw
     # As in the tile search: every literal `triton.cdiv` must be a grid divisor tied to a tile block.
-    if transformer.divisors != plan.grids.literal_cdivs:
+    if grid.changed != plan.grids.literal_cdivs:
         return []
+    new = new.visit(_Autotuned(plan.kernels, name, knobs, decorator))
     return [Variant({"autotune": [dict(s) for s in plan.shapes], "key": key}, new.code)]
 
 
