@@ -167,7 +167,7 @@ class Searcher:
         if mode == "hybrid":
             hits = _with_file_support(hits, self.file_weight)
         if not _ASKS_FOR_AUX.search(query):
-            hits.sort(key=lambda h: bool(_AUX_PATH.search(h.metadata.get("file", ""))))  # stable: keeps rank order
+            hits.sort(key=_is_aux)  # stable: keeps rank order
         hits = _named_vendor_first(hits, query)
         if one_per_file:
             hits = _one_per_file(hits)
@@ -306,6 +306,11 @@ _ASKS_HOW_LOWERED = re.compile(r"\b(lower(s|ed|ing)?|conver(t|ts|ted|sion)|rewri
 _FLAG = re.compile(r"(?<![\w-])-{0,2}([a-z][a-z0-9]*(?:-[a-z0-9]+)+)")
 
 
+def _is_aux(hit: Hit) -> bool:
+    """Whether the hit's file shows or exercises the compiler (tests, tutorials, examples)."""
+    return bool(_AUX_PATH.search(hit.metadata.get("file", "")))
+
+
 def _named_vendor_first(hits: list[Hit], query: str) -> list[Hit]:
     """When the query names a vendor's backend, hits in that vendor's backend directory come first,
     then code shared by all backends, then the other vendors' backends (stable, so each group keeps
@@ -316,10 +321,9 @@ def _named_vendor_first(hits: list[Hit], query: str) -> list[Hit]:
     aux_last = not _ASKS_FOR_AUX.search(query)
 
     def group(hit: Hit) -> tuple[bool, int]:
-        file = hit.metadata.get("file", "")
-        match = _VENDOR_DIR.search(file)
+        match = _VENDOR_DIR.search(hit.metadata.get("file", ""))
         # Tests stay after source (the prior `search` applies), the vendor's own tests included.
-        return (aux_last and bool(_AUX_PATH.search(file)), 1 if not match else (0 if match.group(2) in named else 2))
+        return (aux_last and _is_aux(hit), 1 if not match else (0 if match.group(2) in named else 2))
 
     return sorted(hits, key=group)
 
