@@ -58,6 +58,7 @@ class Timing:
     rotating_buffers: int = 1
     warmup_ms: int | None = None  # the windows it was timed with (None: records from before they were kept)
     rep_ms: int | None = None
+    timing_passes: int = 1  # ABAB passes taken: more than one when a pass was too noisy (harness.runner)
 
 
 @dataclass

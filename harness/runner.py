@@ -11,14 +11,15 @@ it returns a `RunReport` as a dict. Jobs:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness import guards
 from harness.errors import UserFacingError, first_line
-from harness.measurement import CaseCheck, CaseResult, KernelRun, RunReport
+from harness.measurement import CaseCheck, CaseResult, KernelRun, RunReport, Timing
 from harness.task import Task, defining_file, load_task, task_from_call, tolerance_for
 
 __all__ = ["execute", "load_job_task"]
@@ -378,7 +379,8 @@ def _profile_calls(task: Task, kernels: list[tuple[str, Any, str]], cases: list[
 def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: list[tuple[int, dict[str, Any], bool]],
           backend: Any, roofline: bool, windows: dict[str, int] | None = None) -> None:
     """Time every correct kernel on every case, baseline and candidate interleaved in one process:
-    A then B then A then B, so drift hits both, and each kernel's two timings give its repeat spread.
+    A then B then A then B, so drift hits both, and each kernel's two timings give its repeat spread
+    (`interleaved_timings`: a case too noisy is timed again).
     `windows`: warmup_ms / rep_ms of each timing (default: harness.timing's)."""
     import torch
 
@@ -402,17 +404,14 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
         # have recompiled for the new shape, leaving the GPU idle for seconds).
         if index == cases[0][0] or any(role == "compiled" for role, _ in here):
             _burn_in(here, first)
-        timings: dict[str, list[Any]] = {role: [] for role, _ in here}
-        for _ in range(2):
-            for role, entry in here:
-                timings[role].append(time_calls(lambda a, e=entry: e(*a), arg_sets, warm_cache=task.warm_cache,
-                                                **(windows or {})))
-        for role, _ in here:
-            first_t, second_t = timings[role]
-            merged = first_t
-            merged.median_us = (first_t.median_us + second_t.median_us) / 2
-            merged.repeat_spread = abs(second_t.median_us - first_t.median_us) / first_t.median_us
-            merged.reps = first_t.reps + second_t.reps
+        entries = dict(here)
+
+        def time_one(role: str, entries: dict[str, Any] = entries, arg_sets: list[Any] = arg_sets) -> Timing:
+            return time_calls(lambda a: entries[role](*a), arg_sets, warm_cache=task.warm_cache, **(windows or {}))
+
+        merged_by_role = interleaved_timings(list(entries), time_one,
+                                             again=lambda here=here, first=first: _burn_in(here, first))
+        for role, merged in merged_by_role.items():
             result = _case_result(results[role], task.case_label(case), case)
             result.timing = merged
             if ceiling is not None:
@@ -422,6 +421,53 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
                 work = float(task.flops(**case)) if task.flops else None
                 result.roofline = place(moved, work, merged.median_us * 1e-6, ceiling, _compute_dtype(first))
         del arg_sets, first
+
+
+# A case whose two timings of some kernel disagree by more than this is timed again (ABAB again, after
+# a burn-in), up to MAX_TIMING_PASSES passes, keeping the steadiest pass. On the H200 the end-of-run
+# measurement of matmul once read 0.32x for a tile the round had timed at 1.12x, with its two timings
+# 71% apart: something else on the host had the CPU while a 10 µs kernel was being launched.
+RETIME_SPREAD = 0.10
+MAX_TIMING_PASSES = 3
+
+
+def interleaved_timings(roles: list[str], time_one: Callable[[str], Timing], again: Callable[[], object],
+                        max_spread: float = RETIME_SPREAD, passes: int = MAX_TIMING_PASSES) -> dict[str, Timing]:
+    """Each role timed twice, interleaved (A B A B: drift hits every kernel alike), merged into one
+    Timing per role: the mean of the two medians, `repeat_spread` = how far apart they were. A pass
+    whose largest spread is above `max_spread` is repeated (`again` first: a burn-in) up to `passes`
+    passes in all; the pass with the smallest largest spread is kept, and `timing_passes` says how
+    many were taken, so a figure that stayed noisy shows it."""
+    best: dict[str, Timing] | None = None
+    taken = 0
+    for taken in range(1, passes + 1):
+        if taken > 1:
+            again()
+        pairs: dict[str, list[Timing]] = {role: [] for role in roles}
+        for _ in range(2):
+            for role in roles:
+                pairs[role].append(time_one(role))
+        merged = {role: _merge_pair(*pair) for role, pair in pairs.items()}
+        if best is None or _worst_spread(merged) < _worst_spread(best):
+            best = merged
+        if _worst_spread(merged) <= max_spread:
+            break
+    assert best is not None
+    for timing in best.values():
+        timing.timing_passes = taken
+    return best
+
+
+def _merge_pair(first: Timing, second: Timing) -> Timing:
+    merged = replace(first)
+    merged.median_us = (first.median_us + second.median_us) / 2
+    merged.repeat_spread = abs(second.median_us - first.median_us) / first.median_us
+    merged.reps = first.reps + second.reps
+    return merged
+
+
+def _worst_spread(timings: dict[str, Timing]) -> float:
+    return max((t.repeat_spread or 0.0 for t in timings.values()), default=0.0)
 
 
 BURN_IN_S = 0.5
