@@ -320,9 +320,13 @@ def _interrupt(children: set[subprocess.Popen[bytes]]) -> None:
 
 
 def _job_env(device: str | None = None) -> dict[str, str]:
+    """A job's environment; `device`: its GPU when jobs share a host. Then each job's torch.compile
+    stand-in compiles in its own process, not in Inductor's pool of one process per core, which took
+    the host's CPU while the other GPU's job was timing (and its autotuned kernel was tuning)."""
     env = dict(os.environ)
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

@@ -299,3 +299,14 @@ def test_retime_measures_the_end_again_and_repeats_no_round(tmp_path):
     assert after.options["rounds"] == len(rounds_before)  # no second budget
     out = CliRunner().invoke(main, ["bench", "--bench-dir", str(tmp_path / "other"), "--retime", "rowsum_a"])
     assert out.exit_code == 2 and "--retime works on an existing bench" in out.output
+
+
+def test_jobs_sharing_a_host_keep_torch_compile_to_one_process_each(monkeypatch):
+    from diagnose.bench import _job_env
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    shared = _job_env("1")
+    assert shared["CUDA_VISIBLE_DEVICES"] == "1" and shared["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in _job_env()  # one job alone keeps Inductor's pool
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")
+    assert _job_env("0")["TORCHINDUCTOR_COMPILE_THREADS"] == "4"  # the user's own setting wins

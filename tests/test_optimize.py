@@ -532,3 +532,17 @@ def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tm
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(wide),
                       candidate_entry="attention")
     assert report.run("candidate").correct, report.to_dict()
+
+
+def test_a_timing_burn_in_leaves_autotuned_kernels_to_tune_again(tmp_path):
+    from harness.capture import load_kernel_module
+    from harness.runner import _autotuners, _forget_tunings
+
+    original = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"
+    tuned = tmp_path / "tuned.py"
+    tuned.write_text(rewrite("autotune-configs", original.read_text(), {})[-1].source)
+    entry = load_kernel_module(tuned).matmul
+    (tuner,) = _autotuners(entry)
+    tuner.cache[(512, 512, 512, "torch.float16")] = tuner.configs[0]  # what the burn-in's first call kept
+    _forget_tunings([("candidate", entry), ("eager", lambda a, b: a @ b)])
+    assert tuner.cache == {} and len(tuner.configs) == 6
