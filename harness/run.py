@@ -18,7 +18,7 @@ from harness.measurement import KernelRun, RunReport
 from harness.sandbox import Worker
 from harness.timing import REP_MS, WARMUP_MS
 
-__all__ = ["RunOptions", "run_candidates", "run_task", "split_timings"]
+__all__ = ["RunOptions", "run_candidates", "run_task", "split_timings", "time_again"]
 
 
 @dataclass
@@ -167,6 +167,17 @@ def _check_each(task: dict[str, Any], options: RunOptions, kernels: list[dict[st
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+def time_again(task: dict[str, Any], options: RunOptions, baseline: str, candidate: str, entry: str,
+               worker: Worker) -> RunReport | None:
+    """Two kernels that passed their checks, timed against each other once more in a job of their own
+    (roles baseline and candidate; no check). None where the backend is never timed."""
+    if not options.time:
+        return None
+    kernels = [{"role": "baseline", "path": baseline, "entry": entry},
+               {"role": "candidate", "path": candidate, "entry": entry}]
+    return _time_together(task, options, kernels, worker, "candidate")
 
 
 def split_timings(checked: list[RunReport], timed: RunReport | None, baseline: str) -> list[RunReport]:

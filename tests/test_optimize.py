@@ -117,6 +117,43 @@ def test_a_rejected_hypothesis_is_not_retried(tmp_path):
     store.close()
 
 
+class ConfirmingJudge(TimedJudge):
+    """Times a round's pick against its parent a second time with the parent `parent_factor` as slow as
+    in the round's own timing (0.7: the round's gain was a slow reading of the parent)."""
+
+    def __init__(self, parent_factor: float) -> None:
+        super().__init__()
+        self.parent_factor = parent_factor
+        self.confirmed: list[str] = []
+
+    def confirm(self, spec, baseline, candidate, entry) -> RunReport:
+        self.confirmed.append(Path(candidate).name)
+        report = self(spec, baseline, candidate, entry)
+        for case in report.run("baseline").cases:
+            if case.timing is not None:
+                case.timing = Timing(*(case.timing.median_us * self.parent_factor,) * 3, 100, repeat_spread=0.0)
+        return report
+
+
+def test_a_round_is_accepted_only_if_its_pick_is_faster_when_timed_again(tmp_path):
+    judge = ConfirmingJudge(parent_factor=0.7)  # the pipelined loop's 1.43x does not hold up
+    store = _run(tmp_path / "gone", rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.confirmed == ["round-001.v0.py"]  # the pick of the round's variants
+    assert first.outcome == "rejected" and "1.429x among the variants, 1.000x timed again alone: not confirmed" in first.reason
+    assert first.timings["confirmation"]["geomean"] == pytest.approx(1.0) and store.run().best_round in (None, 0)
+    assert not (store.dir / "best.py").exists()
+    store.close()
+
+    kept = _run(tmp_path / "kept", rounds=1, judge=ConfirmingJudge(parent_factor=0.9))
+    (first,) = kept.rounds()
+    # The recorded speedup is the second, unselected figure, not the best of the variants.
+    assert first.outcome == "accepted" and first.speedup == pytest.approx(0.9 / 0.7)
+    assert first.reason.endswith("1.429x among the variants")
+    assert report(kept)["best_round"] == 1
+    kept.close()
+
+
 def _killed_run(run_dir: str) -> None:
     judge = TimedJudge(die_on_call=4)  # baseline, round 1 (3 variants): dies validating round 1's last variant
     optimize({"path": str(TASK)}, OptimizeOptions(rounds=2, backend="interpreter", seeds=1), Path(run_dir),
