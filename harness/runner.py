@@ -426,8 +426,8 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
 
 # A case whose two timings of some kernel disagree by more than this is timed again (ABAB again, after
 # a burn-in), up to MAX_TIMING_PASSES passes, keeping the steadiest pass. On the H200 the end-of-run
-# measurement of matmul once read 0.32x for a tile the round had timed at 1.12x, with its two timings
-# 71% apart: something else on the host had the CPU while a 10 µs kernel was being launched.
+# measurement of matmul once read 0.32x for a tile the round had timed at 1.11x on 512^3, its two
+# timings 71% apart, while the other GPU's job ran on the same host.
 RETIME_SPREAD = 0.10
 MAX_TIMING_PASSES = 3
 
