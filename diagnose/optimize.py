@@ -428,6 +428,11 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
             report_again, (geomean_again, noise_again, why_again) = again
             timings["confirmation"] = {"geomean": geomean_again, "noise": noise_again, "why": why_again,
                                        "report": report_again.to_dict()}
+            if report_again.failure:  # the timing job itself failed: no verdict on the kernel either way
+                store.done(r.idx, "failed", f"{p}: {geomean:.3f}x among the variants; timing it again failed: "
+                           f"{report_again.failure}", timings)
+                say(f"round {r.idx}: failed (timing it again failed)")
+                return
             if geomean_again is None or geomean_again <= 1 + noise_again:
                 figure = f"{geomean_again:.3f}x" if geomean_again is not None else why_again
                 store.done(r.idx, "rejected", f"{p}: geomean speedup {geomean:.3f}x among the variants, {figure} "
@@ -436,6 +441,7 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
                 return
             first = f", {geomean:.3f}x among the variants"
             geomean, noise = geomean_again, noise_again
+            # The round's figures are the confirmation's; "report" stays the checked one (L2 reads it).
             timings["per_case"] = report_again.speedups()
         else:
             first = ""
@@ -452,14 +458,17 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
 
 def _confirmed(judge: Judge, spec: dict[str, Any], parent: Path, chosen: Path, entry: str,
                options: OptimizeOptions) -> tuple[RunReport, tuple[float | None, float, str]] | None:
-    """The round's pick timed against its parent once more, in a job of its own; None when the judge
-    cannot (no `confirm`, or a backend that is never timed). The pick is the fastest of several
+    """The round's pick timed against its parent once more, in a job of its own, tried twice if the
+    job fails; None when the judge cannot (no `confirm`, or a judge that does not time). The pick is
+    the fastest of several
     variants, so its first figure is biased up, and one slow timing of the parent can make it: on the
     H200, silu_mul's round 1 was accepted at 1.162x because the parent read 19.2 µs on 2^20 elements
     (8.8 µs in the end-of-run measurement, which found the pick 0.995x of it). The recorded
     speedup is this second, unselected figure."""
     confirm = getattr(judge, "confirm", None)
     report = confirm(spec, str(parent), str(chosen), entry) if confirm else None
+    if report is not None and report.failure:  # a lost worker or a timeout: once more, in a fresh worker
+        report = confirm(spec, str(parent), str(chosen), entry)
     return (report, _verdict(report, options)) if report is not None else None
 
 

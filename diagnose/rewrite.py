@@ -91,6 +91,7 @@ class _LaunchKnobs(cst.CSTVisitor):
         self.literal: dict[str, int] = {}  # keyword -> value written at the launch
         self.bound: dict[str, str] = {}  # keyword -> wrapper parameter name it is passed from
         self.defaults: dict[str, int] = {}  # wrapper parameter -> its integer default
+        self.named: set[str] = set()  # every keyword a launch passes, whatever its value
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for p in node.params.params:
@@ -103,6 +104,7 @@ class _LaunchKnobs(cst.CSTVisitor):
                 if arg.keyword is None:
                     continue
                 key = arg.keyword.value
+                self.named.add(key)
                 if isinstance(arg.value, cst.Integer):
                     self.literal[key] = int(arg.value.value)
                 elif isinstance(arg.value, cst.Name):
@@ -242,7 +244,7 @@ _DOT_TILES = ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (
 # 128 x 128 as its Hopper filter keeps. Two stages at 128 x 128 so a 128-wide head's K and V tiles fit.
 _DOT_TILES_NO_K = ((128, 64, 3, 4), (128, 64, 4, 4), (128, 128, 2, 8), (128, 32, 3, 4), (64, 128, 3, 4),
                    (64, 32, 4, 4))
-# What a launch that names neither knob gets from Triton on CUDA.
+# What a launch that names neither knob gets from Triton on CUDA (the tile tables above are CUDA's too).
 _TRITON_DEFAULT_KNOBS = {"num_warps": 4, "num_stages": 3}
 
 
@@ -483,7 +485,11 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     blocks = [k for k in knobs if k.startswith("BLOCK")]
     # The kernel's own launch first, so the tuner can keep it: on the H200 attention's 64 x 64 tile beat
     # all six tutorial tiles, and a tuner without it measured 0.92x of the parent.
-    own = {k: plan.current.get(k, (_TRITON_DEFAULT_KNOBS.get(k), None))[0] for k in knobs}
+    # A knob passed as an expression (`num_warps=nw`) has no value here: then the launch is not known.
+    passed = _LaunchKnobs(plan.kernels)
+    plan.module.visit(passed)
+    own = {k: plan.current.get(k, (None if k in passed.named else _TRITON_DEFAULT_KNOBS.get(k), None))[0]
+           for k in knobs}
     shapes = ([own] if None not in own.values() and own not in plan.shapes else []) + list(plan.shapes)
     configs = ",\n".join(
         "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "

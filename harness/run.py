@@ -172,7 +172,7 @@ def _check_each(task: dict[str, Any], options: RunOptions, kernels: list[dict[st
 def time_again(task: dict[str, Any], options: RunOptions, baseline: str, candidate: str, entry: str,
                worker: Worker) -> RunReport | None:
     """Two kernels that passed their checks, timed against each other once more in a job of their own
-    (roles baseline and candidate; no check). None where the backend is never timed."""
+    (roles baseline and candidate; no check). None when `options.time` is off."""
     if not options.time:
         return None
     kernels = [{"role": "baseline", "path": baseline, "entry": entry},

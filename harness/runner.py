@@ -421,7 +421,7 @@ def _time(task: Task, kernels: list[tuple[str, Any]], report: RunReport, cases: 
                 moved = float(task.bytes(**case)) if task.bytes else None
                 work = float(task.flops(**case)) if task.flops else None
                 result.roofline = place(moved, work, merged.median_us * 1e-6, ceiling, _compute_dtype(first))
-        del arg_sets, first
+        del arg_sets, first, time_one  # time_one holds the inputs too: free them before the next case's
 
 
 # A case whose two timings of some kernel disagree by more than this is timed again (ABAB again, after
@@ -462,7 +462,8 @@ def interleaved_timings(roles: list[str], time_one: Callable[[str], Timing], aga
 def _merge_pair(first: Timing, second: Timing) -> Timing:
     merged = replace(first)
     merged.median_us = (first.median_us + second.median_us) / 2
-    merged.repeat_spread = abs(second.median_us - first.median_us) / first.median_us
+    gap = abs(second.median_us - first.median_us)
+    merged.repeat_spread = gap / first.median_us if first.median_us > 0 else (float("inf") if gap else 0.0)
     merged.reps = first.reps + second.reps
     return merged
 
@@ -495,7 +496,8 @@ def _forget_tunings(kernels: list[tuple[str, Any]]) -> None:
     """Empty the caches of the kernels' autotuners after a burn-in, so the next call tunes again on a
     GPU at speed: the burn-in's first call tuned right after the checks, with the GPU idle until then.
     On the H200 (two jobs sharing the host), matmul's tuner kept for 1024^3 a tile 2.9x slower in one
-    run's end-of-run measurement than in another's."""
+    run's end-of-run measurement than in another's. Only the in-memory choice is forgotten: with
+    TRITON_CACHE_AUTOTUNING=1 Triton reloads the first tuning from its disk cache."""
     for _, entry in kernels:
         for tuner in _autotuners(entry):
             tuner.cache.clear()

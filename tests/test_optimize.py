@@ -154,6 +154,26 @@ def test_a_round_is_accepted_only_if_its_pick_is_faster_when_timed_again(tmp_pat
     kept.close()
 
 
+class FailingConfirmationJudge(TimedJudge):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tries = 0
+
+    def confirm(self, spec, baseline, candidate, entry) -> RunReport:
+        self.tries += 1
+        return RunReport(task="t", backend="cuda", device="H200", failure="candidate: the worker timed out")
+
+
+def test_a_confirmation_that_cannot_be_timed_fails_the_round_instead_of_rejecting_the_kernel(tmp_path):
+    judge = FailingConfirmationJudge()
+    store = _run(tmp_path, rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.tries == 2  # once more in a fresh worker before giving up
+    assert first.outcome == "failed" and "timing it again failed: candidate: the worker timed out" in first.reason
+    assert store.run().best_round in (None, 0)
+    store.close()
+
+
 def _killed_run(run_dir: str) -> None:
     judge = TimedJudge(die_on_call=4)  # baseline, round 1 (3 variants): dies validating round 1's last variant
     optimize({"path": str(TASK)}, OptimizeOptions(rounds=2, backend="interpreter", seeds=1), Path(run_dir),
@@ -444,6 +464,9 @@ def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
     assert tuned.params["key"] == ["M", "N", "K"] and len(tuned.params["autotune"]) == 7
     # The kernel's own tile (64 x 64 x 32 at Triton's default warps and stages) comes first: the tuner may keep it.
     assert tuned.params["autotune"][0] == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_stages": 3, "num_warps": 4}
+    # Warps passed as an expression: the kernel's own launch is not known, so it is not listed.
+    unknown = original.read_text().replace("BLOCK_K=32)", "BLOCK_K=32, num_warps=2 * 2)")
+    assert "num_warps=2 * 2" in unknown and len(rewrite("autotune-configs", unknown, {})[-1].params["autotune"]) == 6
     assert "@triton.autotune(configs=[" in tuned.source and "key=['M', 'N', 'K'])" in tuned.source
     # The grid follows the config the tuner picks; the launch no longer names the tile.
     assert 'grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))' in tuned.source

@@ -395,3 +395,50 @@ def test_a_steady_first_pass_is_not_repeated():
     timings = interleaved_timings(["a", "b"], lambda role: calls.append(role) or Timing(5.0, 0, 0, 10),
                                   again=lambda: pytest.fail("no second pass expected"))
     assert calls == ["a", "b", "a", "b"] and timings["a"].timing_passes == 1
+
+
+def test_a_case_is_burnt_in_then_its_tunings_forgotten_then_timed(monkeypatch):
+    import types
+
+    import harness.runner as runner
+    import harness.timing as timing
+    from harness.task import load_task
+
+    calls = []
+    monkeypatch.setitem(runner._DEVICE, "name", "cpu")
+    monkeypatch.setattr(runner, "_burn_in", lambda kernels, args: calls.append("burn-in"))
+    monkeypatch.setattr(runner, "_forget_tunings", lambda kernels: calls.append("forget"))
+    monkeypatch.setattr(timing, "time_calls", lambda call, arg_sets, **kw: calls.append("time") or Timing(5.0, 0, 0, 1))
+    task = load_task(str(Path(__file__).parent.parent / "corpora/operators/vector_add/task.py"))
+    report = RunReport(task="t", backend="cpu", device="cpu", runs=[KernelRun(role="baseline", source="x")])
+    runner._time(task, [("baseline", lambda *a: None)], report, [(0, task.cases[0], False), (1, task.cases[1], False)],
+                 types.SimpleNamespace(name="cpu"), roofline=False)
+    # The first case only: a burn-in, the tuners' choices forgotten, then A B A B (one kernel: A A).
+    assert calls == ["burn-in", "forget", "time", "time", "time", "time"]
+    assert [c.timing.timing_passes for c in report.runs[0].cases] == [1, 1]
+
+
+def test_a_zero_median_gives_a_spread_instead_of_a_crash():
+    from harness.runner import _merge_pair
+
+    assert _merge_pair(Timing(0.0, 0, 0, 1), Timing(0.0, 0, 0, 1)).repeat_spread == 0.0
+    assert _merge_pair(Timing(0.0, 0, 0, 1), Timing(2.0, 0, 0, 1)).repeat_spread == float("inf")
+
+
+def test_time_again_sends_one_timing_job_of_the_two_kernels_without_checks():
+    from harness.run import RunOptions, time_again
+
+    class StubWorker:
+        def submit(self, job, timeout):
+            self.job = job
+            runs = [KernelRun(role=k["role"], source=k["path"], cases=[
+                CaseResult(case={"n": 1}, label="n=1", timing=Timing(us, us, us, 10, 0.0))])
+                for k, us in zip(job["kernels"], (20.0, 10.0))]
+            return {"ok": True, "report": RunReport(task="t", backend="cuda", device="H200", runs=runs).to_dict()}
+
+    worker = StubWorker()
+    report = time_again({"path": "task.py"}, RunOptions(backend="cuda"), "parent.py", "pick.py", "entry", worker)
+    assert worker.job["check"] is False and worker.job["time"] is True
+    assert [(k["role"], k["path"]) for k in worker.job["kernels"]] == [("baseline", "parent.py"), ("candidate", "pick.py")]
+    assert report.run("candidate").correct and report.speedups() == {"n=1": pytest.approx(2.0)}
+    assert time_again({"path": "task.py"}, RunOptions(backend="cuda", time=False), "a", "b", "e", worker) is None
