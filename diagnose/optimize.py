@@ -460,11 +460,10 @@ def _confirmed(judge: Judge, spec: dict[str, Any], parent: Path, chosen: Path, e
                options: OptimizeOptions) -> tuple[RunReport, tuple[float | None, float, str]] | None:
     """The round's pick timed against its parent once more, in a job of its own, tried twice if the
     job fails; None when the judge cannot (no `confirm`, or a judge that does not time). The pick is
-    the fastest of several
-    variants, so its first figure is biased up, and one slow timing of the parent can make it: on the
-    H200, silu_mul's round 1 was accepted at 1.162x because the parent read 19.2 µs on 2^20 elements
-    (8.8 µs in the end-of-run measurement, which found the pick 0.995x of it). The recorded
-    speedup is this second, unselected figure."""
+    the fastest of several variants, so its first figure is biased up, and one slow timing of the
+    parent can make it: on the H200, silu_mul's round 1 was accepted at 1.162x because the parent
+    read 19.2 µs on 2^20 elements (8.8 µs in the end-of-run measurement, which found the pick 0.995x
+    of it). The recorded speedup is this second, unselected figure."""
     confirm = getattr(judge, "confirm", None)
     report = confirm(spec, str(parent), str(chosen), entry) if confirm else None
     if report is not None and report.failure:  # a lost worker or a timeout: once more, in a fresh worker

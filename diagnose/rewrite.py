@@ -150,10 +150,17 @@ def _jit_names(module: cst.Module) -> set[str]:
     return {n.name.value for n in module.body if isinstance(n, cst.FunctionDef) and _is_jit(n)}
 
 
-def _current_knobs(module: cst.Module, kernels: set[str]) -> dict[str, tuple[int, str | None]]:
-    """Launch keyword -> (its value, the wrapper parameter it is bound to or None when written at the launch)."""
+def _launch_knobs(module: cst.Module, kernels: set[str]) -> _LaunchKnobs:
     knobs = _LaunchKnobs(kernels)
     module.visit(knobs)
+    return knobs
+
+
+def _current_knobs(module: cst.Module, kernels: set[str], knobs: _LaunchKnobs | None = None
+                   ) -> dict[str, tuple[int, str | None]]:
+    """Launch keyword -> (its value, the wrapper parameter it is bound to or None when written at the launch).
+    `knobs`: the module's launch keywords when the caller has visited them already."""
+    knobs = knobs or _launch_knobs(module, kernels)
     current: dict[str, tuple[int, str | None]] = {k: (v, None) for k, v in knobs.literal.items()}
     for key, param in knobs.bound.items():
         if param in knobs.defaults:
@@ -354,6 +361,7 @@ class _TilePlan:
     module: cst.Module
     kernels: set[str]
     current: dict[str, tuple[int, str | None]]
+    named: set[str]  # every keyword the launches pass, known value or not
     shapes: list[dict[str, int]]
     grids: _LaunchGrids
     axes: dict[int, str]  # grid axis -> the block name its program id steps by
@@ -364,7 +372,8 @@ def _tile_plan(source: str) -> _TilePlan | None:
         return None
     module = cst.parse_module(source)
     kernels = _jit_names(module)
-    current = _current_knobs(module, kernels)
+    launched = _launch_knobs(module, kernels)
+    current = _current_knobs(module, kernels, launched)
     names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
     if names["M"] is None or names["N"] is None:
         return None
@@ -384,7 +393,7 @@ def _tile_plan(source: str) -> _TilePlan | None:
     for grid in found.grids():
         if any(a < len(grid.elements) and _cdiv_divisor(grid.elements[a].value) is None for a in axes):
             return None
-    return _TilePlan(module, kernels, current, shapes, found, axes)
+    return _TilePlan(module, kernels, current, launched.named, shapes, found, axes)
 
 
 def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
@@ -486,9 +495,7 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     # The kernel's own launch first, so the tuner can keep it: on the H200 attention's 64 x 64 tile beat
     # all six tutorial tiles, and a tuner without it measured 0.92x of the parent.
     # A knob passed as an expression (`num_warps=nw`) has no value here: then the launch is not known.
-    passed = _LaunchKnobs(plan.kernels)
-    plan.module.visit(passed)
-    own = {k: plan.current.get(k, (None if k in passed.named else _TRITON_DEFAULT_KNOBS.get(k), None))[0]
+    own = {k: plan.current.get(k, (None if k in plan.named else _TRITON_DEFAULT_KNOBS.get(k), None))[0]
            for k in knobs}
     shapes = ([own] if None not in own.values() and own not in plan.shapes else []) + list(plan.shapes)
     configs = ",\n".join(
