@@ -74,7 +74,11 @@ def main() -> int:
     changed: dict[str, list[str]] = {}
     calls = 0
     patterns = sorted(set(now.REWRITERS) | set(before.REWRITERS))  # added or removed since REV count too
-    for run, kernels in runs.items():
+    from rich.console import Console
+    from rich.progress import track
+
+    # On a finished bench this is tens of thousands of rewriter calls: minutes, so show where it is.
+    for run, kernels in track(runs.items(), description="runs", console=Console(stderr=True)):
         for kernel in kernels:
             source = kernel.read_text()
             for pattern in patterns:
