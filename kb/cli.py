@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,13 +112,13 @@ def _stage_progress(bar: Any) -> Callable[[str, int, int], None]:
 def index_patterns_cmd(ctx: click.Context, catalog: Path | None) -> None:
     """Validate and index the pattern catalog."""
     from indexer.patterns import index_patterns
-    from kb.embed import OfflineEmbedding
+    from kb.embed import embedder_for
     from kb.patterns import load_catalog
 
     load_catalog(catalog)  # validate before taking the lock or touching a store
     home = _home(ctx, create=True)
     with home.lock(write=True):
-        manifest = index_patterns(home, OfflineEmbedding(cache_path=home.embed_cache_db), catalog)
+        manifest = index_patterns(home, embedder_for(home), catalog)
     click.echo(f"indexed {manifest.count} patterns into {home.root} ({manifest.collection})")
 
 
@@ -136,12 +138,12 @@ def index_compiler_cmd(ctx: click.Context, installed: bool, source: Path | None,
     if source is not None and not release:
         raise UserFacingError("--source needs --release NAME", "e.g. --release triton-ascend-3.2.0")
     from indexer.compiler import index_compiler_tree, index_installed_triton
-    from kb.embed import OfflineEmbedding
+    from kb.embed import embedder_for
 
     home = _home(ctx, create=True)
     with home.lock(write=True), _progress_bar("indexing") as bar:
         progress = _stage_progress(bar)
-        embedder = OfflineEmbedding(cache_path=home.embed_cache_db)
+        embedder = embedder_for(home)
         if installed:
             manifest, report = index_installed_triton(home, embedder, progress)
         else:
@@ -172,13 +174,13 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
     bishengir --mlir-print-ir-after-all output.
     """
     from indexer.ir import index_ir_dump
-    from kb.embed import OfflineEmbedding
+    from kb.embed import embedder_for
 
     name = name or (path.resolve().stem if path.is_file() else path.resolve().name)
     home = _home(ctx, create=True)
     with home.lock(write=True), _progress_bar("indexing") as bar:
         progress = _stage_progress(bar)
-        manifest, dump, steps = index_ir_dump(home, OfflineEmbedding(cache_path=home.embed_cache_db), path, name,
+        manifest, dump, steps = index_ir_dump(home, embedder_for(home), path, name,
                                               progress)
     kernels = sorted({s.kernel for s in steps})
     click.echo(f"indexed ir@{name}: {len(steps)} snapshots of {len(kernels)} kernel(s), "
@@ -331,6 +333,117 @@ def releases_drop(ctx: click.Context, name: str) -> None:
     with home.lock(write=True):
         dropped = drop_release(home, name)
     click.echo(f"dropped {name}" + (f" ({', '.join(dropped)})" if dropped else " (symbols only)"))
+
+
+# ---------------------------------------------------------------------------------------------- embedder
+@main.group()
+def embedder() -> None:
+    """Embedding models: tune one on indexed compiler source, list, use, drop."""
+
+
+@embedder.command("tune")
+@click.option("--release", "releases_", multiple=True, required=True,
+              help="Indexed release whose source to learn from (repeatable).")
+@click.option("--name", required=True, help="Name of the new model (e.g. ascend-v3.2).")
+@click.option("--corpus", default="compiler", show_default=True)
+@click.option("--epochs", default=1, show_default=True, type=click.IntRange(1, 20))
+@click.option("--max-pairs", default=None, type=click.IntRange(64), help="Train on at most this many pairs.")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(2, 512),
+              help="Pairs per step; each query's negatives are the batch's other documents.")
+@click.option("--learning-rate", default=2e-5, show_default=True, type=click.FloatRange(1e-7, 1e-2))
+@click.option("--use/--no-use", "use", default=True, show_default=True,
+              help="Build new indexes with it (`kb embedder use` switches later).")
+@click.option("--dry-run", is_flag=True, help="Only mine and show the training pairs.")
+@click.pass_context
+@_user_errors
+def embedder_tune(ctx: click.Context, releases_: tuple[str, ...], name: str, corpus: str, epochs: int,
+                  max_pairs: int | None, batch_size: int, learning_rate: float, use: bool, dry_run: bool) -> None:
+    """Fine-tune the embedder on what indexed compiler source says of itself: each comment or
+    docstring with the code below it, each TableGen pass record with the C++ implementing it.
+
+    Existing indexes keep the model that built them; re-index a release to search it with the new one.
+    """
+    from kb.tune import check_model_name, mine_pairs, save_model, train, use_model
+
+    home = _home(ctx)
+    check_model_name(home, name)
+    with home.lock(write=False):
+        pairs = mine_pairs(home, corpus, list(releases_))
+    origins = ", ".join(f"{n} {o}" for o, n in Counter(p.origin for p in pairs).most_common())
+    click.echo(f"mined {len(pairs)} training pairs from {', '.join(releases_)} ({origins or 'none'})")
+    if dry_run:
+        for pair in random.Random(0).sample(pairs, min(3, len(pairs))):
+            click.echo(f"\n{pair.file} [{pair.origin}]\n  says: {pair.query[:200]}\n  code: "
+                       + pair.document.split("\n", 1)[-1][:200].replace("\n", " | "))
+        return
+    with _progress_bar("tuning") as bar:
+        task = bar.add_task("steps", total=None)
+
+        def progress(step: int, total: int, loss: float) -> None:
+            bar.update(task, total=total, completed=step, description=f"steps (loss {loss:.3f})")
+
+        model, info = train(pairs, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                            max_pairs=max_pairs, progress=progress)
+    with home.lock(write=True):
+        saved = save_model(home, model, name, {**info, "releases": list(releases_), "corpus": corpus})
+        if use:
+            use_model(home, name)
+    click.echo(f"saved {saved.id}: {info['steps']} steps over {info['pairs']} pairs in {info['train_seconds']:.0f} s, "
+               f"final loss {info['final_loss']:.3f}")
+    if use:
+        click.echo("new indexes are built with it; to search a release with it, index it again: "
+                   f"kb index compiler --source DIR --release {releases_[0]}")
+
+
+@embedder.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_user_errors
+def embedder_list(ctx: click.Context, as_json: bool) -> None:
+    """The embedding models of this home, which one new indexes use, and which indexes each built."""
+    from kb.embed import BASE_MODEL, active_model, tuned_models
+    from kb.index import list_manifests
+
+    home = _home(ctx)
+    with home.lock(write=False):
+        models, active = [BASE_MODEL, *tuned_models(home)], active_model(home)
+        built = {m.id: [x.key for x in list_manifests(home) if x.embed_model == m.id] for m in models}
+    if as_json:
+        click.echo(json.dumps([{"name": m.name, "id": m.id, "active": m == active, "indexes": built[m.id],
+                                "info": m.info} for m in models], indent=1))
+        return
+    for m in models:
+        about = (f"; tuned on {m.info.get('pairs')} pairs of {', '.join(m.info.get('releases', []))}"
+                 if m.info else "; bundled all-MiniLM-L6-v2")
+        click.echo(f"{'*' if m == active else ' '} {m.name}: {m.id}{about}; indexes: {', '.join(built[m.id]) or 'none'}")
+
+
+@embedder.command("use")
+@click.argument("name")
+@click.pass_context
+@_user_errors
+def embedder_use(ctx: click.Context, name: str) -> None:
+    """Build new indexes with model NAME ("base" for the bundled one)."""
+    from kb.tune import use_model
+
+    home = _home(ctx)
+    with home.lock(write=True):
+        model = use_model(home, name)
+    click.echo(f"new indexes of {home.root} are built with {model.id}")
+
+
+@embedder.command("drop")
+@click.argument("name")
+@click.pass_context
+@_user_errors
+def embedder_drop(ctx: click.Context, name: str) -> None:
+    """Remove tuned model NAME (refused while an index uses it)."""
+    from kb.tune import drop_model
+
+    home = _home(ctx)
+    with home.lock(write=True):
+        drop_model(home, name)
+    click.echo(f"dropped {name}")
 
 
 # ---------------------------------------------------------------------------------------------- ir
@@ -1040,9 +1153,9 @@ def synthesize(ctx: click.Context, runs: tuple[str, ...], into: Path | None, as_
 
         if summary["learned"] and load_manifest(home, "patterns", "catalog") is not None:
             from indexer.patterns import index_patterns
-            from kb.embed import OfflineEmbedding
+            from kb.embed import embedder_for
 
-            index_patterns(home, OfflineEmbedding(cache_path=home.embed_cache_db))
+            index_patterns(home, embedder_for(home))
             summary["reindexed"] = True
     if as_json:
         click.echo(json.dumps(summary, indent=1))

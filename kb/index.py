@@ -86,14 +86,17 @@ def load_manifest(home: KBHome, corpus: str, release: str) -> Manifest | None:
         raise UserFacingError(
             f"index manifest {path} is corrupt", f"rebuild that index (`kb index ...`) or delete {path}"
         ) from exc
-    from kb.embed import EMBED_DIM, EMBED_MODEL_ID
+    from kb.embed import EMBED_DIM, find_model
 
-    if (manifest.schema_version, manifest.embed_model, manifest.embed_dim) != (
-        INDEX_SCHEMA_VERSION, EMBED_MODEL_ID, EMBED_DIM,
-    ):
+    if (manifest.schema_version, manifest.embed_dim) != (INDEX_SCHEMA_VERSION, EMBED_DIM):
         raise UserFacingError(
             f"index {manifest.key} was built by another kb version or embedding model",
             "rebuild it with the `kb index ...` command that made it",
+        )
+    if find_model(home, manifest.embed_model) is None:
+        raise UserFacingError(
+            f"index {manifest.key} was built with embedding model {manifest.embed_model}, which {home.root} no longer has",
+            "rebuild it with the `kb index ...` command that made it (it then uses the active model)",
         )
     return manifest
 
@@ -128,7 +131,7 @@ def publish(
     from llama_index.core.schema import TextNode
     from llama_index.vector_stores.chroma import ChromaVectorStore
 
-    from kb.embed import EMBED_DIM, EMBED_MODEL_ID
+    from kb.embed import EMBED_DIM
     from kb.lexical import LexicalIndex
     from kb.vectors import chroma_client, create_collection
 
@@ -158,7 +161,7 @@ def publish(
 
     manifest = Manifest(
         corpus=corpus, release=release, collection=collection_name, count=len(chunks),
-        schema_version=INDEX_SCHEMA_VERSION, embed_model=EMBED_MODEL_ID, embed_dim=EMBED_DIM,
+        schema_version=INDEX_SCHEMA_VERSION, embed_model=embedder.model_name, embed_dim=EMBED_DIM,
         chunker=chunker, source=source, created=time.time(),
     )
     home.manifests_dir.mkdir(parents=True, exist_ok=True)

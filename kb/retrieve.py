@@ -94,7 +94,7 @@ class Searcher:
     symbols_first_max_words = 3  # queries this short are names: exact symbol hits lead
 
     def __init__(self, home: KBHome, corpus: str, release: str | None = None, embedder: Any = None) -> None:
-        from kb.embed import OfflineEmbedding
+        from kb.embed import embedder_for
 
         release = release or default_release(home, corpus)
         manifest = load_manifest(home, corpus, release) if release else None
@@ -107,7 +107,7 @@ class Searcher:
             )
         self.home = home
         self.manifest: Manifest = manifest
-        self.embedder = embedder or OfflineEmbedding(cache_path=home.embed_cache_db)
+        self.embedder = embedder or embedder_for(home, manifest.embed_model)  # the model that built it
         self._collection: Any = None
         self._lexical: LexicalIndex | None = None
 
