@@ -174,16 +174,20 @@ def find_model(home: Any, model_id: str) -> EmbeddingModel | None:
 
 def active_model(home: Any) -> EmbeddingModel:
     """The model new indexes of `home` are built with (`kb embedder use`); the bundled one by default."""
+    from harness.errors import UserFacingError
+
     path = home.models_dir / "active.json"
     if not path.exists():
         return BASE_MODEL
-    name = json.loads(path.read_text()).get("name", "base")
+    try:
+        name = json.loads(path.read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserFacingError(f"{path} is unreadable ({type(exc).__name__})",
+                              "choose the model again with `kb embedder use NAME` (or `kb embedder use base`)") from exc
     if name == "base":
         return BASE_MODEL
     model = next((m for m in tuned_models(home) if m.name == name), None)
     if model is None:
-        from harness.errors import UserFacingError
-
         raise UserFacingError(f"the active embedding model {name!r} is missing from {home.models_dir}",
                               "choose another with `kb embedder use NAME` (or `kb embedder use base`)")
     return model

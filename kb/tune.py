@@ -106,8 +106,8 @@ def _code_pairs(text: str, meta: dict[str, Any]) -> list[TrainingPair]:
         body = "\n".join(lines)
         for m in _DOCSTRING.finditer(body):
             query = _clean_comment(m.group(2).splitlines())
-            code = [ln for ln in (body[:m.start(1)] + body[m.end():]).splitlines()[
-                body.count("\n", 0, m.start()):] if ln.strip()][:_MAX_CODE_LINES]
+            without_docstring = body[m.start():m.start(1)] + body[m.end():]  # from the `def` line on
+            code = [ln for ln in without_docstring.splitlines() if ln.strip()][:_MAX_CODE_LINES]
             if _usable(query) and len(_WORD.findall(" ".join(code))) >= _MIN_CODE_WORDS:
                 pairs.append(TrainingPair(query, lead + "\n" + "\n".join(code), meta["file"], "docstring"))
     return pairs

@@ -219,3 +219,17 @@ def test_bad_names_and_unknown_models_are_refused_in_one_line(tmp_path):
             check_model_name(home, bad)
     with pytest.raises(UserFacingError, match="no embedding model named 'nope'.*"):
         use_model(home, "nope")
+
+
+def test_a_corrupt_choice_of_model_is_a_clear_error_and_use_repairs_it(tmp_path):
+    from kb.embed import BASE_MODEL, active_model
+    from kb.home import KBHome
+    from kb.tune import use_model
+
+    home = KBHome(tmp_path / "home").ensure()
+    home.models_dir.mkdir()
+    (home.models_dir / "active.json").write_text("{not json")
+    with pytest.raises(UserFacingError, match="active.json is unreadable"):
+        active_model(home)
+    use_model(home, "base")
+    assert active_model(home) == BASE_MODEL
