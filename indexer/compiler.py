@@ -25,7 +25,7 @@ from indexer.parsed import PARSER_VERSION, ParseCache, ParsedFile, Unit, content
 from indexer.tablegen import parse_tablegen
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
-from kb.lexical import NAME_WORD
+from kb.lexical import code_lead, name_words
 from kb.symbols import PassDef, SourceFile, Symbol, SymbolStore
 
 __all__ = ["COMPILER_CORPUS", "IndexReport", "collect_compiler_files", "index_compiler_tree", "index_installed_triton"]
@@ -226,11 +226,11 @@ def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
             seen[digest] += 1
             cid = f"{rel}#{digest}" + (f"~{seen[digest]}" if seen[digest] > 1 else "")
             ids.append(cid)
-            embed = f"{_words(rel)}\n{unit.summary}" if unit.summary else ""
+            embed = f"{name_words(rel)}\n{unit.summary}" if unit.summary else ""
             if not embed and not unit.symbol and parsed.lang in ("cpp", "python"):
                 embed = _glue_summary(rel, unit.text)
             elif not embed and parsed.lang in ("cpp", "python"):
-                embed = f"{_words(rel)}: {_words(unit.scope)} {_words(unit.symbol)}\n{unit.text}"
+                embed = f"{code_lead(rel, unit.scope, unit.symbol)}\n{unit.text}"
             chunks.append(Chunk(cid, text, {
                 "file": rel, "start_line": unit.start_line, "end_line": unit.end_line, "symbol": unit.symbol,
                 "scope": unit.scope, "kind": unit.kind, "lang": parsed.lang, "release": release}, embed))
@@ -244,12 +244,6 @@ def _assemble(parsed_files: list[tuple[str, str, ParsedFile]], release: str
     return chunks, symbols, passes, source_files
 
 
-def _words(name: str) -> str:
-    """`lib/Dialect/HIVM/Transforms/InferHIVMMemScope.cpp` -> `lib dialect hivm transforms infer hivm mem
-    scope cpp`: the sentence model reads words, and code names are where a chunk says what it does."""
-    return " ".join(w.lower() for w in NAME_WORD.findall(name))
-
-
 _BOILERPLATE = re.compile(r"^\s*(//|#\s*include|#\s*pragma|/\*|\*|import |from \S+ import|#|using namespace|$)")
 
 
@@ -258,7 +252,7 @@ def _glue_summary(rel: str, text: str) -> str:
     real lines. Licence headers and include lists say nothing a question asks, and at ~20% of C++
     chunks they would cost a fifth of the embedding time."""
     lines = [ln.strip() for ln in text.splitlines() if not _BOILERPLATE.match(ln)]
-    return f"{_words(rel)}\n" + " ".join(lines)[:300]
+    return f"{name_words(rel)}\n" + " ".join(lines)[:300]
 
 
 def _attach_chunks(op_symbols: list[Symbol], chunks: list[Chunk]) -> list[Symbol]:

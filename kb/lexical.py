@@ -19,13 +19,26 @@ import bm25s
 import numpy as np
 import Stemmer
 
-__all__ = ["IDENT", "NAME_WORD", "LexicalIndex", "code_tokens", "query_tokens"]
+__all__ = ["IDENT", "NAME_WORD", "LexicalIndex", "code_lead", "code_tokens", "name_words", "query_tokens"]
 
 # identifiers with dots/colons inside (tt.load, mlir::triton, ttg.convert_layout), plus numbers
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:(?:\.|::)[A-Za-z_][A-Za-z0-9_]*)*|\d+")
 # The words of a name: `InferHIVMMemScope` -> Infer, HIVM, Mem, Scope; `getMaskAlignment` -> get, Mask, Alignment
 NAME_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _STEMMER = Stemmer.Stemmer("english")
+
+
+def name_words(name: str) -> str:
+    """`lib/Dialect/HIVM/Transforms/InferHIVMMemScope.cpp` -> `lib dialect hivm transforms infer hivm mem
+    scope cpp`: the sentence model reads words, and code names are where a chunk says what it does."""
+    return " ".join(w.lower() for w in NAME_WORD.findall(name))
+
+
+def code_lead(file: str, scope: str, symbol: str) -> str:
+    """The line leading the embedded text of a code chunk that defines `symbol`: its path and names as
+    words. The indexer writes it (`indexer.compiler`) and embedder tuning rebuilds it from a chunk's
+    metadata (`kb.tune`), so the two must stay one."""
+    return f"{name_words(file)}: {name_words(scope)} {name_words(symbol)}"
 _QUESTION_WORDS = {"where", "what", "which", "how", "why", "when", "who", "does", "do", "did", "the", "this", "that",
                    "there", "their", "its", "was", "were", "has", "have", "can", "could", "would", "should", "from",
                    "with", "about", "i", "my", "me", "we", "our", "you", "your", "get", "gets"}

@@ -59,15 +59,12 @@ def _clean_comment(lines: Iterable[str]) -> str:
 
 
 def _lead(meta: dict[str, Any]) -> str:
-    """The line that leads a chunk's embedded text (`indexer.compiler`): its path and names as words."""
-    from kb.lexical import NAME_WORD
-
-    def words(name: str) -> str:
-        return " ".join(w.lower() for w in NAME_WORD.findall(name))
+    """The line that leads the chunk's embedded text, as the indexer wrote it (`kb.lexical.code_lead`)."""
+    from kb.lexical import code_lead, name_words
 
     if meta.get("symbol"):
-        return f"{words(meta['file'])}: {words(meta.get('scope') or '')} {words(meta['symbol'])}"
-    return words(meta["file"])
+        return code_lead(meta["file"], meta.get("scope") or "", meta["symbol"])
+    return name_words(meta["file"])
 
 
 def _comment_blocks(lines: list[str], lang: str) -> list[tuple[int, int]]:
