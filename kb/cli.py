@@ -406,8 +406,8 @@ def embedder_list(ctx: click.Context, as_json: bool) -> None:
 
     home = _home(ctx)
     with home.lock(write=False):
-        models, active = [BASE_MODEL, *tuned_models(home)], active_model(home)
-        built = {m.id: [x.key for x in list_manifests(home) if x.embed_model == m.id] for m in models}
+        models, active, manifests = [BASE_MODEL, *tuned_models(home)], active_model(home), list_manifests(home)
+        built = {m.id: [x.key for x in manifests if x.embed_model == m.id] for m in models}
     if as_json:
         click.echo(json.dumps([{"name": m.name, "id": m.id, "active": m == active, "indexes": built[m.id],
                                 "info": m.info} for m in models], indent=1))
