@@ -148,10 +148,15 @@ def index_compiler_tree(
                 progress("parse", i + 1, len(files))
             rel = path.relative_to(root).as_posix()
             raw = path.read_bytes()
-            why_not = _unreadable(path, raw)
+            text, why_not = _source_bytes(path, raw)
             if why_not:
                 report.files_skipped[why_not] += 1
+                if why_not != "generated":  # generated files are many and expected; the others are news
+                    report.notes.append(f"skipped {rel}: {why_not}")
                 continue
+            if text != raw:
+                report.notes.append(f"{rel}: bytes that are not UTF-8 were replaced (U+FFFD) to index the rest")
+                raw = text
             key = content_key(lang, raw)
             parsed = cache.get(key)
             if parsed is None:
@@ -166,6 +171,12 @@ def index_compiler_tree(
         cache.close()
 
     chunks, symbols, passes, source_files = _assemble(parsed_files, release)
+    if not chunks:
+        from harness.errors import UserFacingError
+
+        skipped = ", ".join(f"{n} {why}" for why, n in report.files_skipped.most_common()) or "no files at all"
+        raise UserFacingError(f"nothing to index in {root}: no C++, Python, TableGen or MLIR source ({skipped})",
+                              "point --source at a compiler checkout's root; the index of any earlier run is unchanged")
     links, op_symbols = resolve_links([(rel, pf) for rel, _, pf in parsed_files], passes, symbols, release)
     symbols += _attach_chunks(op_symbols, chunks)
     distinct = list(dict.fromkeys(c.embed_text or c.text for c in chunks))
@@ -188,17 +199,25 @@ def index_compiler_tree(
     return manifest, report
 
 
-def _unreadable(path: Path, raw: bytes) -> str:
-    """Why a file cannot be indexed as source text, or ""."""
+# A source file that is UTF-8 but for a few stray bytes (a Latin-1 name in a comment) is indexed with
+# them replaced; more bad bytes than this (or than 1% of the file) means it is in another encoding.
+_MAX_BAD_BYTES = 16
+
+
+def _source_bytes(path: Path, raw: bytes) -> tuple[bytes, str]:
+    """The bytes to index and why the file cannot be indexed as source text ("" when it can)."""
     if b"\0" in raw[:8192]:
-        return "binary"
+        return raw, "binary"
     try:
         head = raw.decode("utf-8")[:300]
     except UnicodeDecodeError:
-        return "not utf-8"
+        text = raw.decode("utf-8", errors="replace")
+        if text.count("\ufffd") > max(_MAX_BAD_BYTES, len(raw) // 100):
+            return raw, "not utf-8"
+        raw, head = text.encode(), text[:300]
     if path.name.endswith(".inc") or "GENERATED" in head:
-        return "generated"
-    return ""
+        return raw, "generated"
+    return raw, ""
 
 
 def _parse(raw: bytes, lang: str) -> ParsedFile:

@@ -158,14 +158,32 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
     tree = tmp_path / "tree"
     shutil.copytree(TREE, tree)
     (tree / "lib/blob.cpp").write_bytes(b"\x7fELF\x00\x00binary")
-    (tree / "lib/latin1.py").write_bytes("# caf\xe9\n".encode("latin-1"))
+    (tree / "lib/latin1.py").write_bytes(("# caf\xe9 na\xefve d\xe9j\xe0 vu\n" * 8).encode("latin-1"))
+    # One stray Latin-1 byte in a comment must not cost the whole file.
+    (tree / "lib/author.cpp").write_bytes("// Copyright Jos\xe9\nint authoredHere() { return 1; }\n"
+                                          .encode("latin-1"))
     (tree / "lib/huge.h").write_text("// filler\n" * 60000)
     home = KBHome(tmp_path / "home").ensure()
     with home.lock(write=True):
         _, report = index_compiler_tree(home, _embedder(home), tree, "r")
     assert report.files_skipped["binary"] == 1 and report.files_skipped["not utf-8"] == 1
-    assert report.files_skipped["too large"] == 1 and any("huge.h" in n for n in report.notes)
-    assert sum(report.files_indexed.values()) == 7
+    assert report.files_skipped["too large"] == 1
+    for name, why in (("huge.h", "KiB"), ("blob.cpp", "binary"), ("latin1.py", "not utf-8"), ("author.cpp", "replaced")):
+        assert any(name in n and why in n for n in report.notes), (name, report.notes)
+    assert sum(report.files_indexed.values()) == 8
+    assert Searcher(home, "compiler", "r").search("authoredHere", k=1, mode="bm25")[0].metadata["file"] == "lib/author.cpp"
+
+
+def test_a_tree_with_nothing_to_index_is_a_clear_error_and_keeps_the_old_index(tmp_path):
+    home = KBHome(tmp_path / "home").ensure()
+    with home.lock(write=True):
+        old, _ = index_compiler_tree(home, _embedder(home), TREE, "r")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "README.md").write_text("# not a compiler")
+    with home.lock(write=True), pytest.raises(UserFacingError, match=r"nothing to index in .*1 other \(\.md\)"):
+        index_compiler_tree(home, _embedder(home), empty, "r")
+    assert load_manifest(home, "compiler", "r").collection == old.collection
 
 
 class _Killed(Exception):
