@@ -26,6 +26,7 @@ from indexer.tablegen import parse_tablegen
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
 from kb.lexical import code_lead, name_words
+from kb.releases import check_release_name
 from kb.symbols import PassDef, SourceFile, Symbol, SymbolStore
 
 __all__ = ["COMPILER_CORPUS", "IndexReport", "collect_compiler_files", "index_compiler_tree", "index_installed_triton"]
@@ -138,6 +139,7 @@ def index_compiler_tree(
     chunks whose text was embedded before come from the embedding cache, so indexing a new tag
     costs roughly its changed files; an interrupted run resumes from both caches.
     """
+    check_release_name(home, release, ir_dump=False)
     report = IndexReport(release)
     files = collect_compiler_files(root, report, include)
     parsed_files: list[tuple[str, str, ParsedFile]] = []  # (rel, sha256, parsed)

@@ -23,11 +23,11 @@ from harness.errors import UserFacingError
 from harness.ir import IRDump, IRStage, op_source_lines, read_ir_dump, stage_op_counts
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
+from kb.releases import IR_CORPUS, check_release_name
 from kb.symbols import Link, SourceFile, Symbol, SymbolStore
 
 __all__ = ["IR_CORPUS", "StepChange", "index_ir_dump", "load_timeline", "summarize_dump"]
 
-IR_CORPUS = "ir"
 _DIFF_LINES = 40
 _LOC_SUFFIX = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)\s*$")
 _SSA = re.compile(r"%[\w.#-]+")
@@ -173,6 +173,7 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
     """Read, summarize and publish one dump as release `name` of corpus `ir`. Caller holds the write lock."""
     from harness.ir import IRParseError
 
+    check_release_name(home, name, ir_dump=True)
     try:
         dump = read_ir_dump(path)
     except IRParseError as exc:

@@ -15,7 +15,30 @@ from kb.home import KBHome
 from kb.index import drop_index, list_manifests
 from kb.symbols import SymbolStore
 
-__all__ = ["ReleaseDiff", "ReleaseInfo", "diff_releases", "drop_release", "list_releases"]
+__all__ = ["IR_CORPUS", "ReleaseDiff", "ReleaseInfo", "check_release_name", "diff_releases", "drop_release",
+           "list_releases"]
+
+IR_CORPUS = "ir"  # the corpus of IR dumps (`kb index ir`); every other corpus is built from source
+
+
+def _ir_dumps(home: KBHome) -> set[str]:
+    return {m.release for m in list_manifests(home) if m.corpus == IR_CORPUS}
+
+
+def check_release_name(home: KBHome, name: str, *, ir_dump: bool) -> None:
+    """Refuse to index an IR dump under a source release's name, or source under a dump's name.
+
+    Both keep their symbols under that name in the one symbol store: indexing one would silently
+    replace the other's symbols, and `kb releases drop` would then drop both.
+    """
+    others = {m.release for m in list_manifests(home) if (m.corpus == IR_CORPUS) != ir_dump}
+    if name not in others:
+        return
+    if ir_dump:
+        raise UserFacingError(f"{name!r} is the name of an indexed source release",
+                              "give the dump its own name with `kb index ir PATH --name OTHER`")
+    raise UserFacingError(f"{name!r} is the name of an indexed IR dump",
+                          f"choose another --release, or drop the dump first with `kb releases drop {name}`")
 
 
 @dataclass
@@ -72,8 +95,12 @@ class ReleaseDiff:
 def diff_releases(home: KBHome, a: str, b: str) -> ReleaseDiff:
     store = SymbolStore(home.symbols_db)
     try:
-        known = set(store.releases())
+        dumps = _ir_dumps(home)
+        known = set(store.releases()) - dumps
         for name in (a, b):
+            if name in dumps:
+                raise UserFacingError(f"{name!r} is an IR dump, not a source release",
+                                      f"compare what its passes did with `kb ir trace {name} OP`")
             if name not in known:
                 raise UserFacingError(f"release {name!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
                                       "see `kb releases list`")

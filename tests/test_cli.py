@@ -100,6 +100,15 @@ def test_releases_commands(tmp_path):
     diff = json.loads(runner.invoke(main, [*home, "releases", "diff", "a", "b", "--json"]).stdout)
     assert diff["files"] == {"added": [], "removed": [], "changed": []}
     assert "not indexed" in _one_line_error([*home, "releases", "diff", "a", "zzz"])
+    # A dump and a source release sharing a name would share (and overwrite) one symbol-store release.
+    assert "name of an indexed source release" in _one_line_error(
+        [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "a"])
+    assert runner.invoke(main, [*home, "symbols", "getMaskAlignment", "--release", "a"]).exit_code == 0
+    assert runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "run"]).exit_code == 0
+    assert "name of an indexed IR dump" in _one_line_error(
+        [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "run"])
+    assert "is an IR dump, not a source release" in _one_line_error([*home, "releases", "diff", "a", "run"])
+    assert runner.invoke(main, [*home, "releases", "drop", "run"]).exit_code == 0
     assert runner.invoke(main, [*home, "releases", "drop", "a"]).output.strip() == "dropped a (compiler)"
     assert [r["name"] for r in json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)] == ["b"]
 
