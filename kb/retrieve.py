@@ -155,7 +155,7 @@ class Searcher:
 
         Two priors apply to every mode: tests, tutorials and examples rank after compiler source
         unless the query asks for them, and (with `one_per_file`) a file appears once, at its best
-        chunk, so five hits are five places to look.
+        chunk, so five hits are five places to look (in an IR dump, each pass step is a place).
         """
         retrieve: dict[str, Callable[[str], list[Hit]]] = {
             "hybrid": self.hybrid_hits, "bm25": self.bm25_hits, "vector": self.vector_hits}
@@ -333,24 +333,32 @@ def _with_file_support(hits: list[Hit], weight: float) -> list[Hit]:
     total: dict[str, float] = {}
     best: dict[str, float] = {}
     for hit in hits:
-        file = hit.metadata.get("file") or hit.id
-        total[file] = total.get(file, 0.0) + hit.score
-        best[file] = max(best.get(file, hit.score), hit.score)
+        place = _place(hit)
+        total[place] = total.get(place, 0.0) + hit.score
+        best[place] = max(best.get(place, hit.score), hit.score)
 
     def support(hit: Hit) -> float:
-        file = hit.metadata.get("file") or hit.id
-        return hit.score + weight * (total[file] - best[file])
+        place = _place(hit)
+        return hit.score + weight * (total[place] - best[place])
 
     return sorted(hits, key=support, reverse=True)
+
+
+def _place(hit: Hit) -> str:
+    """Where an engineer would look: a source chunk's file; each pass step of an IR dump is its own
+    place (one dump file holds every pass of a pipeline)."""
+    if str(hit.metadata.get("kind", "")).startswith("ir-"):
+        return hit.id
+    return hit.metadata.get("file") or hit.id
 
 
 def _one_per_file(hits: list[Hit]) -> list[Hit]:
     seen: set[str] = set()
     unique = []
     for h in hits:
-        file = h.metadata.get("file") or h.id
-        if file not in seen:
-            seen.add(file)
+        place = _place(h)
+        if place not in seen:
+            seen.add(place)
             unique.append(h)
     return unique
 

@@ -270,6 +270,8 @@ def test_indexed_dump_answers_which_pass_introduced_an_op(tmp_path):
     hits = Searcher(home, "ir", "copy-run", embedder=embedder).search("which pass introduced ttg.convert_layout",
                                                                       k=1, mode="bm25")
     assert hits[0].metadata["pass_arg"] == "tritongpu-coalesce"
+    # One dump file holds every step: each step is its own hit, not one per file.
+    assert len(Searcher(home, "ir", "copy-run", embedder=embedder).search("ttg.convert_layout", k=5)) == 2
     assert [s.pass_arg for s in load_timeline(home, "copy-run")] == [s.pass_arg for s in steps]
     with pytest.raises(UserFacingError, match="no IR found"):
         index_ir_dump(home, embedder, FIXTURES / "kernels", "not-ir")
