@@ -68,9 +68,9 @@ _MLIR_DUMP_HEADER = re.compile(
     r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+) \((?P<arg>[\w.-]+)\)"
     r"(?:\s*\('(?P<anchor>[\w.]+)' operation(?::\s*@(?P<func>[\w.$]+))?\))?\s*//----- //\s*$"
 )
-# Triton's software pipeliner prints its own internal steps, e.g.
-# // -----// SoftwarePipeliner internal  After: LowerLoops
-_PIPELINER_HEADER = re.compile(r"^// -----// (?P<cls>SoftwarePipeliner) internal\s+(?P<when>After): (?P<arg>\w+)")
+# Triton's software pipeliner prints its own internal steps inside tritongpu-pipeline's section, e.g.
+# // -----// SoftwarePipeliner internal IR Dump After: LowerLoops
+_PIPELINER_HEADER = re.compile(r"^// -----// (?P<cls>SoftwarePipeliner) internal\s+(?:IR Dump\s+)?After: (?P<step>\w+)")
 
 
 @dataclass
@@ -99,9 +99,10 @@ class PassSnapshot:
 
 
 def _match_header(line: str) -> re.Match[str] | None:
+    """A pass-manager dump header ("IR Dump Before/After X"); not a pass's own internal dumps."""
     if not line.startswith("// -----//"):
         return None
-    return _TRITON_DUMP_HEADER.match(line) or _MLIR_DUMP_HEADER.match(line) or _PIPELINER_HEADER.match(line)
+    return _TRITON_DUMP_HEADER.match(line) or _MLIR_DUMP_HEADER.match(line)
 
 
 def split_pass_dumps(text: str) -> list[PassSnapshot]:
@@ -112,12 +113,20 @@ def split_pass_dumps(text: str) -> list[PassSnapshot]:
     """
     snapshots: list[PassSnapshot] = []
     body: list[str] = []
+    internal = False  # inside a pass's own internal dump (the pipeliner's LowerLoops, ExpandLoops)
     for lineno, line in enumerate(text.splitlines(), start=1):
         m = _match_header(line)
         if m is None:
-            if snapshots:
+            if line.startswith("// -----//") and _PIPELINER_HEADER.match(line):
+                # A mid-pass module: neither what the pass received nor what it left. Kept out of the
+                # section, or the pass before would seem to triple the module's ops.
+                internal = True
+            elif snapshots and not internal:
                 body.append(line)
+            elif internal and _DIAGNOSTIC.match(line):
+                body.append(line)  # the pass is still running: its diagnostics stay in its section
             continue
+        internal = False
         if snapshots:
             snapshots[-1].text = "\n".join(body).strip("\n")
         body = []

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import FIXTURES
 from harness.errors import UserFacingError
-from harness.ir import read_ir_dump
+from harness.ir import parse_remarks, read_ir_dump
 from indexer.code import parse_code
 from indexer.compiler import index_compiler_tree
 from indexer.ir import index_ir_dump, load_timeline, summarize_dump
@@ -245,6 +245,23 @@ def test_steps_attribute_changes_to_the_pass_that_made_them():
     after = {s.pass_arg: s for s in summarize_dump(read_ir_dump(IR / "bishengir_after_all.txt"))}
     assert after["convert-linalg-to-hivm"].delta["hivm.hir.load"] == 1
     assert after["hivm-plan-memory"].delta["memref.alloc"] == -1
+
+
+def test_a_pass_internal_dumps_are_neither_its_input_nor_a_pass(tmp_path):
+    """The pipeliner prints mid-pass modules ("SoftwarePipeliner internal IR Dump After: LowerLoops")
+    inside its own section; read as part of that section they tripled its ops and blamed the pass
+    before for them."""
+    lines = (IR / "stream.txt").read_text().splitlines()
+    module = lines[1:17]  # the IR the coalesce pass received
+    internal = ["// -----// SoftwarePipeliner internal IR Dump After: LowerLoops", *module,
+                "/k/copy.py:7:12: remark: pipelined with 2 stages",
+                "// -----// SoftwarePipeliner internal IR Dump After: ExpandLoops", *module]
+    stream = tmp_path / "stream.txt"
+    stream.write_text("\n".join(lines[:17] + internal + lines[17:]) + "\n")
+    plain = [(s.pass_arg, s.delta) for s in summarize_dump(read_ir_dump(IR / "stream.txt"))]
+    assert [(s.pass_arg, s.delta) for s in summarize_dump(read_ir_dump(stream))] == plain
+    [remark] = parse_remarks(stream.read_text())
+    assert remark.pass_name == "tritongpu-coalesce"  # still running when it printed
 
 
 def test_malformed_ir_is_reported_with_file_and_line():
