@@ -14,6 +14,7 @@ import os
 import sqlite3
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,15 @@ class OfflineEmbedding:
                 f"SELECT key FROM embeddings WHERE key IN ({','.join('?' * len(batch))})", batch))
         return [t for k, t in keys.items() if k not in have]
 
-    def embed_many(self, texts: list[str], show_progress: bool = False) -> list[list[float]]:
-        """Embed `texts`, computing only those not in the cache."""
+    # Texts embedded between two cache commits: what a killed run loses, and how often progress
+    # moves (~4 s of work on 2 cores).
+    commit_every = 128
+
+    def embed_many(self, texts: list[str], show_progress: bool = False,
+                   on_progress: Callable[[int], None] | None = None) -> list[list[float]]:
+        """Embed `texts`, computing only those not in the cache; each `commit_every` computed vectors
+        are committed to the cache as they are done, so an interrupted run resumes where it stopped.
+        `on_progress(n)` reports how many of `texts` are done."""
         keys = [self._key(t) for t in texts]
         found: dict[str, np.ndarray] = {}
         db = self._cache()
@@ -282,23 +290,29 @@ class OfflineEmbedding:
                     f"SELECT key, vector FROM embeddings WHERE key IN ({','.join('?' * len(batch))})", batch
                 ).fetchall()
                 found.update({k: np.frombuffer(v, dtype=np.float32) for k, v in rows})
-        missing = sorted({k: t for k, t in zip(keys, texts) if k not in found}.items())
-        if missing:
+        # By length, so each slice batches texts of similar length (little padding).
+        missing = sorted({k: t for k, t in zip(keys, texts) if k not in found}.items(), key=lambda kt: len(kt[1]))
+        done = len(texts) - len(missing)
+        if on_progress:
+            on_progress(done)
+        for start in range(0, len(missing), self.commit_every):
+            part = missing[start : start + self.commit_every]
             vectors = self._encoder().encode(
-                [t for _, t in missing],
+                [t for _, t in part],
                 batch_size=self.embed_batch_size,
                 normalize_embeddings=True,
                 show_progress_bar=show_progress,
                 convert_to_numpy=True,
             ).astype(np.float32)
-            for (k, _), v in zip(missing, vectors):
+            for (k, _), v in zip(part, vectors):
                 found[k] = v
             if db is not None:
                 with db:
-                    db.executemany(
-                        "INSERT OR REPLACE INTO embeddings VALUES (?, ?)",
-                        [(k, found[k].tobytes()) for k, _ in missing],
-                    )
+                    db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?)",
+                                   [(k, found[k].tobytes()) for k, _ in part])
+            done += len(part)
+            if on_progress:
+                on_progress(done)
         return [found[k].tolist() for k in keys]
 
     def query_vector(self, query: str) -> list[float]:

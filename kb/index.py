@@ -148,7 +148,11 @@ def publish(
     store = ChromaVectorStore(chroma_collection=create_collection(client, collection_name))
     for start in range(0, len(chunks), _BATCH):
         batch = chunks[start : start + _BATCH]
-        vectors = embedder.embed_many([c.embed_text or c.text for c in batch])
+        texts = [c.embed_text or c.text for c in batch]
+        if progress and getattr(embedder, "commit_every", None):  # finer than a batch: embedding is the slow part
+            vectors = embedder.embed_many(texts, on_progress=lambda n, s=start: progress(s + n, len(chunks)))
+        else:
+            vectors = embedder.embed_many(texts)
         nodes = [
             TextNode(id_=c.id, text=c.text, metadata=c.metadata, embedding=v,
                      excluded_embed_metadata_keys=list(c.metadata), excluded_llm_metadata_keys=list(c.metadata))

@@ -171,3 +171,28 @@ def test_the_onnx_encoder_computes_what_sentence_transformers_computes(tmp_path)
     assert type(embedder._encoder()).__name__ == "_OnnxEncoder"
     reference = _sentence_transformer().encode(texts, normalize_embeddings=True)
     assert np.abs(ours - reference).max() < 1e-4
+
+
+def test_a_killed_embedding_keeps_what_it_computed_and_reports_progress(tmp_path):
+    from kb.embed import OfflineEmbedding
+
+    texts = [f"chunk number {i} of a long index" for i in range(7)]
+    embedder = OfflineEmbedding(cache_path=tmp_path / "embed.sqlite")
+    embedder.commit_every = 3
+    encoder = embedder._encoder()
+    real_encode, calls = encoder.encode, []
+
+    def dies_on_the_third_slice(batch, **kwargs):
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise _Boom("killed mid-embedding")
+        return real_encode(batch, **kwargs)
+
+    encoder.encode = dies_on_the_third_slice
+    seen: list[int] = []
+    with pytest.raises(_Boom):
+        embedder.embed_many(texts, on_progress=seen.append)
+    assert seen == [0, 3, 6]
+    resumed = OfflineEmbedding(cache_path=tmp_path / "embed.sqlite")
+    assert len(resumed.missing(texts)) == 1  # only the slice being embedded when it died
+    assert len(resumed.embed_many(texts)) == 7
