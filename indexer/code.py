@@ -16,7 +16,7 @@ from typing import Any
 
 from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit
 
-__all__ = ["DEFAULT_MAX_CHARS", "grammar_versions", "parse_code", "pack_line_ranges"]
+__all__ = ["DEFAULT_MAX_CHARS", "Piece", "grammar_versions", "pack_line_ranges", "parse_code"]
 
 DEFAULT_MAX_CHARS = 1500  # the embedder truncates at 256 word pieces; ~1500 chars is the edge
 
@@ -93,7 +93,7 @@ def _declared_function(node: Any) -> str:
 
 def _units(tree: Any, lines: list[str], max_chars: int) -> list[tuple[str, int, int]]:
     """(text, start_line, end_line) of the syntax-following chunks; lines are 1-based, inclusive."""
-    pieces: list[tuple[int, int]] = []  # (start_row, end_row), 0-based inclusive
+    pieces: list[Piece] = []
     _collect(tree.root_node, max_chars, pieces)
     units = []
     for start, end in pack_line_ranges(pieces, lines, max_chars):
@@ -112,7 +112,7 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
     defs: list[SourceSymbol] = []
     _definitions(tree.root_node, lang, [], defs, parsed.facts, lines)
     for chunk, start, end in _units(tree, lines, max_chars):
-        main = next((d for d in defs if start <= d.line <= end), None)  # the chunk's first definition
+        main = _chunk_symbol(defs, start, end)
         parsed.units.append(Unit(chunk, start, end, main.name, main.kind, main.scope) if main
                             else Unit(chunk, start, end))
     for sym in defs:
@@ -138,6 +138,18 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
                 parsed.symbols.append(SourceSymbol(fact.a, "pybind", fact.line, fact.line, "def", fact.b,
                                                    parsed.unit_at(fact.line)))
     return parsed
+
+
+def _chunk_symbol(defs: list[SourceSymbol], start: int, end: int) -> SourceSymbol | None:
+    """What a chunk is about: the innermost function or class it lies inside (a piece of a split
+    giant function is that function's), else the first definition it holds. A namespace names a
+    chunk only when it holds nothing else: it says where code is, not what it does."""
+    named = [d for d in defs if d.role == "def" and d.kind != "namespace"]
+    enclosing = [d for d in named if d.line < start and end <= d.end_line]
+    if enclosing:
+        return min(enclosing, key=lambda d: d.end_line - d.line)
+    return next((d for d in named if start <= d.line <= end), None) or next(
+        (d for d in defs if d.role == "def" and start <= d.line <= end), None)
 
 
 def _qualified(sym: SourceSymbol) -> str:
@@ -306,45 +318,53 @@ def _cpp_facts(text: str, facts: list[Fact]) -> None:
         facts.append(Fact("binding", m["py"], m["fn"], text.count("\n", 0, m.start()) + 1))
 
 
-def _collect(node: Any, max_chars: int, out: list[tuple[int, int]]) -> None:
+# A piece of the split: (start_row, end_row, group), rows 0-based inclusive. Pieces pack together
+# only within one group: 0 for top-level code, the first row of a giant function for its pieces.
+Piece = tuple[int, int, int]
+
+
+def _collect(node: Any, max_chars: int, out: list[Piece], group: int = 0) -> None:
     """Leaves of the split: nodes that fit the budget, or non-container nodes too big to split."""
     size = node.end_byte - node.start_byte
     splittable = node.type in _CONTAINERS or (node.type in _FUNCTIONS and size > _HUGE_FUNCTION_CHARS)
     if size <= max_chars or not node.children or not splittable:
-        out.append((node.start_point[0], node.end_point[0]))
+        out.append((node.start_point[0], node.end_point[0], group))
         return
     if node.type in _FUNCTIONS:
         body = node.child_by_field_name("body")
         if body is not None and body.children:
-            out.append((node.start_point[0], body.children[0].end_point[0]))  # signature and `{` (or `:`)
+            # The giant's pieces pack among themselves, never with its neighbours: its signature
+            # must not end a chunk about the function before it.
+            own = node.start_point[0] + 1
+            out.append((node.start_point[0], body.children[0].end_point[0], own))  # signature and `{` (or `:`)
             for child in body.children[1:]:
-                _collect(child, max_chars, out)
+                _collect(child, max_chars, out, own)
             return
     covered = node.start_point[0]
     for child in node.children:
         if child.start_point[0] > covered:
-            out.append((covered, child.start_point[0] - 1))  # comments/blank lines between children
-        _collect(child, max_chars, out)
+            out.append((covered, child.start_point[0] - 1, group))  # comments/blank lines between children
+        _collect(child, max_chars, out, group)
         covered = max(covered, child.end_point[0] + 1)
 
 
-def pack_line_ranges(pieces: list[tuple[int, int]], lines: list[str], max_chars: int) -> list[tuple[int, int]]:
-    """Merge consecutive pieces (0-based inclusive row ranges) into chunks of at most max_chars; a
-    piece never straddles two chunks. Shared by the C++/Python and the lit-test chunkers."""
-    rows: list[tuple[int, int]] = []
-    for start, end in sorted(pieces):
+def pack_line_ranges(pieces: list[Piece], lines: list[str], max_chars: int) -> list[tuple[int, int]]:
+    """Merge consecutive pieces of one group into chunks of at most max_chars; a piece never
+    straddles two chunks. Shared by the C++/Python and the lit-test chunkers."""
+    rows: list[Piece] = []
+    for start, end, group in sorted(pieces):
         if rows and start <= rows[-1][1]:
             start = rows[-1][1] + 1  # pieces on one line (e.g. `};`) merge into the previous
             if start > end:
                 continue
-        rows.append((start, end))
-    chunks: list[tuple[int, int]] = []
-    for start, end in rows:
+        rows.append((start, end, group))
+    chunks: list[Piece] = []
+    for start, end, group in rows:
         if chunks:
-            c_start, c_end = chunks[-1]
+            c_start, c_end, c_group = chunks[-1]
             merged = sum(len(lines[i]) + 1 for i in range(c_start, min(end, len(lines) - 1) + 1))
-            if merged <= max_chars:
-                chunks[-1] = (c_start, end)
+            if merged <= max_chars and group == c_group:
+                chunks[-1] = (c_start, end, group)
                 continue
-        chunks.append((start, end))
-    return chunks
+        chunks.append((start, end, group))
+    return [(start, end) for start, end, _ in chunks]

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 
 from harness.ir import op_counts
-from indexer.code import pack_line_ranges
+from indexer.code import Piece, pack_line_ranges
 from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit
 
 __all__ = ["parse_lit_test"]
@@ -63,17 +63,17 @@ def _cases(lines: list[str]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in bounds if any(lines[r].strip() for r in range(s, e + 1))]
 
 
-def _top_level_pieces(lines: list[str], start: int, end: int) -> list[tuple[int, int]]:
+def _top_level_pieces(lines: list[str], start: int, end: int) -> list[Piece]:
     """Split rows [start, end] where brace depth returns to its starting level (between top-level ops)."""
     pieces, depth, piece_start = [], 0, start
     for row in range(start, end + 1):
         code = lines[row].split("//", 1)[0] if lines[row].lstrip().startswith("//") else lines[row]
         depth += code.count("{") - code.count("}")
         if depth <= 1 and row > piece_start and (code.rstrip().endswith("}") or not code.strip()):
-            pieces.append((piece_start, row))
+            pieces.append((piece_start, row, 0))
             piece_start = row + 1
     if piece_start <= end:
-        pieces.append((piece_start, end))
+        pieces.append((piece_start, end, 0))
     return pieces
 
 

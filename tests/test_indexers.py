@@ -53,6 +53,26 @@ def test_huge_functions_split_between_statements_not_inside_them():
         assert all(line.startswith("  m.def(") or line == "}" for line in unit.text.splitlines())
 
 
+def test_every_piece_of_a_split_function_is_labelled_with_it_and_packs_with_no_neighbour():
+    helpers = "\n".join(f"static int helper{i}(int x) {{ return x * {i}; }}" for i in range(8))
+    statements = "\n".join(f"  acc += helper{i % 8}(values[{i}]) * weights[{i}];  // term {i}" for i in range(260))
+    source = (f"namespace mlir {{\n{helpers}\nint hugeAccumulate(const int *values, const int *weights) {{\n"
+              f"  int acc = 0;\n{statements}\n  return acc;\n}}\n"
+              "struct BlockedToMMA : public OpRewritePattern<DotOp> {};\n}  // namespace mlir\n").encode()
+    units = parse_code(source, "cpp").units
+    huge = [u for u in units if "acc +=" in u.text or "hugeAccumulate" in u.text]
+    assert len(huge) > 1 and {u.symbol for u in huge} == {"hugeAccumulate"}
+    assert huge[0].text.startswith("int hugeAccumulate(")  # not packed after the helpers
+    assert [u.symbol for u in units if "helper0(int" in u.text] == ["helper0"]
+    assert [u.symbol for u in units if "BlockedToMMA" in u.text] == ["BlockedToMMA"]
+
+
+def test_a_small_file_is_labelled_by_its_function_not_its_namespace():
+    source = b"namespace mlir {\nnamespace gpu {\nunsigned getMaskAlignment(Value mask) { return 1; }\n}\n}\n"
+    [unit] = parse_code(source, "cpp").units
+    assert (unit.symbol, unit.scope) == ("getMaskAlignment", "mlir::gpu")
+
+
 def test_pybind_bindings_are_read_from_both_macro_and_lambda_forms():
     parsed = parse_code((TREE / "python/src/passes.cc").read_bytes(), "cpp")
     assert {(f.a, f.b) for f in parsed.facts if f.kind == "binding"} == {
