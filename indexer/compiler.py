@@ -14,6 +14,7 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,8 @@ _WHEEL_PARTS = ("include/", "backends/", "compiler/", "runtime/", "language/", "
 _WHEEL_EXCLUDED = re.compile(r"^backends/[^/]+/(include|lib|bin)/")
 
 
-def index_installed_triton(home: KBHome, embedder: Any, progress: Callable[[str, int, int], None] | None = None
+def index_installed_triton(home: KBHome, embedder: Any, progress: Callable[[str, int, int], None] | None = None,
+                           publish_lock: Callable[[], AbstractContextManager[None]] | None = None
                            ) -> tuple[Manifest, IndexReport]:
     root, version = installed_triton_root()
     release = f"triton-{version}"
@@ -113,7 +115,8 @@ def index_installed_triton(home: KBHome, embedder: Any, progress: Callable[[str,
         return rel.startswith(_WHEEL_PARTS) and not _WHEEL_EXCLUDED.match(rel)
 
     manifest, report = index_compiler_tree(home, embedder, root, release, progress=progress, include=wheel_filter,
-                                           source={"kind": "installed-wheel", "path": str(root), "version": version})
+                                           source={"kind": "installed-wheel", "path": str(root), "version": version},
+                                           publish_lock=publish_lock)
     if not any(lang == "tablegen" for lang in report.files_indexed):
         report.notes.append(
             f"triton {version} ships no .td pass definitions (wheels before 3.9 do not): passes are known only "
@@ -132,12 +135,17 @@ def index_compiler_tree(
     source: dict[str, Any] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     include: Callable[[str], bool] | None = None,
+    publish_lock: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> tuple[Manifest, IndexReport]:
     """Parse, chunk, embed and publish every supported file under `root` as (corpus, release).
 
     Files whose content was parsed before (any release, any path) come from the parse cache and
     chunks whose text was embedded before come from the embedding cache, so indexing a new tag
     costs roughly its changed files; an interrupted run resumes from both caches.
+
+    The caller holds the home's write lock, or, with `publish_lock` (`home.lock(write=True)`),
+    only the build lock: parsing and embedding then run while readers keep querying, and the write
+    lock is taken to store and publish.
     """
     check_release_name(home, release, ir_dump=False)
     report = IndexReport(release)
@@ -184,19 +192,25 @@ def index_compiler_tree(
     distinct = list(dict.fromkeys(c.embed_text or c.text for c in chunks))
     report.texts_to_embed = len(distinct)
     report.texts_new = len(embedder.missing(distinct)) if hasattr(embedder, "missing") else len(distinct)
-    manifest = publish(
-        home, corpus, release, chunks,
-        chunker={"kind": "tree-sitter+tablegen+lit", "max_chars": DEFAULT_MAX_CHARS, "grammars": grammar_versions(),
-                 "parser_version": PARSER_VERSION},
-        source={**(source or {"path": str(root)}), "files": len(source_files)},
-        embedder=embedder,
-        progress=(lambda done, total: progress("embed", done, total)) if progress else None,
-    )
-    store = SymbolStore(home.symbols_db)
-    try:
-        store.replace_release(release, symbols, passes, links, source_files)
-    finally:
-        store.close()
+    if publish_lock is not None:
+        # The slow part, into the embedding cache: publishing below then reads every vector from it.
+        embedder.embed_many(distinct, on_progress=(lambda done: progress("embed", done, len(distinct)))
+                            if progress else None)
+    with publish_lock() if publish_lock is not None else nullcontext():
+        manifest = publish(
+            home, corpus, release, chunks,
+            chunker={"kind": "tree-sitter+tablegen+lit", "max_chars": DEFAULT_MAX_CHARS,
+                     "grammars": grammar_versions(), "parser_version": PARSER_VERSION},
+            source={**(source or {"path": str(root.resolve())}), "files": len(source_files)},
+            embedder=embedder,
+            progress=(lambda done, total: progress("store" if publish_lock else "embed", done, total))
+            if progress else None,
+        )
+        store = SymbolStore(home.symbols_db)
+        try:
+            store.replace_release(release, symbols, passes, links, source_files)
+        finally:
+            store.close()
     report.chunks, report.symbols, report.passes, report.links = len(chunks), len(symbols), len(passes), len(links)
     return manifest, report
 

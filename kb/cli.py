@@ -141,14 +141,18 @@ def index_compiler_cmd(ctx: click.Context, installed: bool, source: Path | None,
     from kb.embed import embedder_for
 
     home = _home(ctx, create=True)
-    with home.lock(write=True), _progress_bar("indexing") as bar:
+    # Queries keep answering from the previous index while this one parses and embeds; the write
+    # lock is held only to store and publish.
+    with home.build_lock(), _progress_bar("indexing") as bar:
         progress = _stage_progress(bar)
         embedder = embedder_for(home)
+        publish_lock = functools.partial(home.lock, write=True)
         if installed:
-            manifest, report = index_installed_triton(home, embedder, progress)
+            manifest, report = index_installed_triton(home, embedder, progress, publish_lock=publish_lock)
         else:
             manifest, report = index_compiler_tree(home, embedder, source, release, corpus=corpus, progress=progress,
-                                                   source={"kind": "checkout", "path": str(source)})
+                                                   source={"kind": "checkout", "path": str(source.resolve())},
+                                                   publish_lock=publish_lock)
     click.echo(f"indexed {manifest.corpus}@{manifest.release}: {sum(report.files_indexed.values())} files "
                f"({dict(report.files_indexed)}), {report.chunks} chunks, {report.symbols} symbols, "
                f"{report.passes} passes, {report.links} links")

@@ -16,6 +16,7 @@ Layout (all under one directory, `$KB_HOME`, `--home`, or the per-user data dire
     runs/<run>/         optimize runs (rounds.sqlite, candidate kernels, best.py)
     patterns/stats.json pattern statistics kept by `kb synthesize`; patterns/learned/*.yaml learned patterns
     lock                fcntl lock: one writer, or any number of readers
+    build.lock          fcntl lock: one index build at a time (it holds `lock` only to publish)
 """
 
 from __future__ import annotations
@@ -156,11 +157,24 @@ class KBHome:
         everyone and readers exclude writers. A busy lock is waited for with a message, then
         refused with one.
         """
+        with self._flock("lock", exclusive=write, wait_s=wait_s, busy="using" if write else "writing"):
+            yield
+
+    @contextlib.contextmanager
+    def build_lock(self, wait_s: float | None = None) -> Iterator[None]:
+        """Exclusive among index builds only. A long build parses and embeds under this lock alone,
+        into the content-addressed caches no reader opens, and takes the home's write `lock` just
+        to store and publish: queries keep answering from the previous index meanwhile."""
+        with self._flock("build.lock", exclusive=True, wait_s=wait_s, busy="building an index in"):
+            yield
+
+    @contextlib.contextmanager
+    def _flock(self, name: str, *, exclusive: bool, wait_s: float | None, busy: str) -> Iterator[None]:
         wait_s = float(os.environ.get("KB_LOCK_WAIT_S", DEFAULT_LOCK_WAIT_S)) if wait_s is None else wait_s
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / "lock"
+        path = self.root / name
         with open(path, "a+") as fh:
-            mode = fcntl.LOCK_EX if write else fcntl.LOCK_SH
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
             deadline = time.monotonic() + wait_s
             told = False
             while True:
@@ -171,15 +185,14 @@ class KBHome:
                     holder = _lock_holder(path)
                     if time.monotonic() >= deadline:
                         raise UserFacingError(
-                            f"the KB at {self.root} is busy: another kb process is {'using' if write else 'writing'} it"
-                            f"{holder}",
+                            f"the KB at {self.root} is busy: another kb process is {busy} it{holder}",
                             "wait for it to finish and run again (or raise $KB_LOCK_WAIT_S)",
                         ) from None
                     if not told:
                         print(f"waiting for another kb process{holder} to release {self.root} …", file=sys.stderr)
                         told = True
                     time.sleep(0.2)
-            if write:
+            if exclusive:
                 fh.seek(0)
                 fh.truncate()
                 fh.write(f"{os.getpid()} {' '.join(sys.argv[:3])}")

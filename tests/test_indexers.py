@@ -206,6 +206,35 @@ def test_a_tree_with_nothing_to_index_is_a_clear_error_and_keeps_the_old_index(t
     assert load_manifest(home, "compiler", "r").collection == old.collection
 
 
+def test_queries_answer_from_the_old_index_while_a_build_parses_and_embeds(tmp_path):
+    home = KBHome(tmp_path / "home").ensure()
+    embedder = _embedder(home)
+    with home.lock(write=True):
+        index_compiler_tree(home, embedder, TREE, "r")
+    tree = tmp_path / "tree"
+    shutil.copytree(TREE, tree)
+    (tree / "lib/Dialect/TritonGPU/Transforms/Extra.cpp").write_text("int brandNewHelper() { return 7; }\n")
+    answered: dict[str, bool] = {}
+
+    def query_now(stage: str, done: int, total: int) -> None:
+        if stage in answered:
+            return
+        try:
+            with home.lock(write=False, wait_s=0):
+                answered[stage] = bool(Searcher(home, "compiler", "r", embedder=embedder).search("coalesce", k=1))
+        except UserFacingError:
+            answered[stage] = False  # the build holds the write lock
+
+    with home.build_lock():
+        index_compiler_tree(home, embedder, tree, "r", progress=query_now,
+                            publish_lock=lambda: home.lock(write=True))
+    assert answered == {"parse": True, "embed": True, "store": False}
+    with pytest.raises(UserFacingError, match="building an index"), home.build_lock():
+        with home.build_lock(wait_s=0):  # a second build waits, then says why
+            pass
+    assert Searcher(home, "compiler", "r", embedder=embedder).search("brandNewHelper", k=1, mode="bm25")
+
+
 class _Killed(Exception):
     pass
 
