@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.artifacts import PtxasReport, Remark
@@ -461,13 +461,16 @@ class IRStage:
     """One snapshot of a kernel's IR: a pass dump section or a whole compile-stage file.
 
     Attributes:
-        kernel: which kernel it belongs to (dump subdirectory or file stem).
+        kernel: the kernel's function name (`copy_kernel`; `copy_kernel#2` for a second compile of it in
+            one stream), else the dump file's stem.
         name: pass class (`TritonGPUCoalesce`) or stage (`ttgir`).
         pass_arg: pass argument (`tritongpu-coalesce`), or the stage name for stage files.
         kind: "pass" (a section of a dump stream) or "stage" (a compile-stage file).
         when: "Before" / "After" for pass sections, "" for stage files.
         lang: "mlir", "llvm", "ptx", ...
         source: the file it was read from; line: 1-based line of its header there (1 for files).
+        left_out_before: passes whose sections just before this one were malformed and left out:
+            a change measured against the snapshot before them is theirs too.
     """
 
     kernel: str
@@ -479,6 +482,7 @@ class IRStage:
     text: str
     source: str
     line: int
+    left_out_before: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -540,17 +544,18 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
             continue
         suffix = _stage_suffix(file.name)
         if "// -----// IR Dump" in text:
-            _read_stream(text, rel, file.stem if file != root else file.stem, dump)
+            _read_stream(text, rel, file.stem, dump)
         elif suffix and suffix != ".source":
-            kernel = file.parent.relative_to(root).as_posix() if file != root else ""
-            if kernel in ("", "."):
-                kernel = root.name if file != root else file.name[: -len(suffix)]
-            stage_files.setdefault(kernel, []).append((suffix, file))
+            stage_files.setdefault(_stage_kernel(root, file, suffix), []).append((suffix, file))
         elif file.suffix == ".json" or file.suffix in _DUMP_TEXT_SUFFIXES or suffix == ".source":
             dump.skipped.append(f"{rel}: no IR in it")
         else:
             dump.skipped.append(f"{rel}: not a known IR dump file")
-    for kernel, items in sorted(stage_files.items()):
+    stems = Counter(stem for stem, _ in stage_files)
+    for (stem, directory), items in sorted(stage_files.items()):
+        # A kernel is named as it is in its source; the dump directory (a cache hash) only tells
+        # apart two compiles of one kernel, or names triton-ascend's generic `kernel.*` files.
+        kernel = directory if stem == "kernel" else stem if stems[stem] == 1 else f"{stem}@{directory[:12]}"
         for suffix, file in sorted(items, key=lambda item: STAGE_ORDER.index(item[0])):
             rel = file.name if file == root else file.relative_to(root).as_posix()
             text = file.read_text()
@@ -567,20 +572,55 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
     return dump
 
 
-def _read_stream(text: str, rel: str, kernel: str, dump: IRDump) -> None:
+def _stage_kernel(root: Path, file: Path, suffix: str) -> tuple[str, str]:
+    """(file stem, its directory's name) of a compile-stage file: `<hash>/copy_kernel.ttgir` ->
+    ("copy_kernel", "<hash>")."""
+    directory = file.parent.relative_to(root).as_posix() if file != root else ""
+    return file.name[: -len(suffix)], root.name if directory in ("", ".") else directory
+
+
+# tt.func public @copy_kernel(...)   llvm.func @copy_kernel(...)   func.func @add_kernel(...)
+_FUNC_NAME = re.compile(r"^\s*(?:tt|llvm|func)\.func\s+(?:(?:public|private|internal)\s+)?@(?P<name>[\w$.]+)",
+                        re.MULTILINE)
+
+
+def _lowering_level(ir: str) -> int:
+    """How far down Triton's pipeline a module is: 0 TTIR, 1 TTGIR (layouts), 2 LLVM dialect."""
+    if re.search(r"^\s*llvm\.func\b", ir, re.MULTILINE):
+        return 2
+    return 1 if "ttg." in ir else 0
+
+
+def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
+    """Sections of one stream, each credited to the kernel whose function it holds: the stream of
+    a whole run holds the pipelines of several kernels one after another, or of several compiles of
+    one (autotuning): a module back at a higher level than the one before starts a new compile."""
+    kernel, name, level = stem, stem, 0
+    compiles: Counter[str] = Counter()
+    left_out: list[str] = []  # malformed sections since the last stage kept
     for snap in split_pass_dumps(text):
+        named = _FUNC_NAME.search(snap.text)
+        this_name, this_level = (named["name"] if named else name), _lowering_level(snap.text)
+        if this_name != name or this_level < level:
+            compiles[this_name] += 1
+            name = this_name
+            kernel = name if compiles[name] == 1 else f"{name}#{compiles[name]}"
+        level = this_level
         where = f"{rel}:{snap.header_line}"
         # Diagnostics print inside sections; blanking them keeps line numbers true to the file.
         body = "\n".join("" if _DIAGNOSTIC.match(ln) else ln for ln in snap.text.splitlines())
         if not body.strip():
             dump.problems.append(f"{where}: empty IR section after the header for {snap.pass_arg}")
+            left_out.append(snap.pass_arg)
             continue
         problem = _brace_problem(_module_part(body), snap.header_line + 1)
         if problem:
             dump.problems.append(f"{where}: section for {snap.pass_arg}: {problem}")
+            left_out.append(snap.pass_arg)
             continue
         dump.stages.append(IRStage(kernel, snap.pass_class, snap.pass_arg, "pass", snap.when, "mlir", body, rel,
-                                   snap.header_line))
+                                   snap.header_line, left_out))
+        left_out = []
 
 
 def _module_part(body: str) -> str:

@@ -61,6 +61,11 @@ class StepChange:
     delta: dict[str, int] = field(default_factory=dict)
     introduced_at: dict[str, list[str]] = field(default_factory=dict)
     diff: str = ""
+    # False when the snapshot before is in another IR language (ttgir -> llir): counts_before is
+    # then unknown, and the ops present are new in this IR rather than added by the step.
+    compared: bool = True
+    # Passes whose malformed sections were left out inside this change: it is theirs as much as this step's.
+    spans_left_out: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -138,8 +143,10 @@ def summarize_dump(dump: IRDump) -> list[StepChange]:
                 diff = list(difflib.unified_diff(previous_measured.ops, measured.ops, lineterm="", n=0))[2:]
                 owner.diff = "\n".join(diff[:_DIFF_LINES]) + (f"\n... {len(diff) - _DIFF_LINES} more lines"
                                                               if len(diff) > _DIFF_LINES else "")
+                owner.spans_left_out = list(stage.left_out_before)
             elif not before_dump:
                 step.counts_before = counts if previous is None else {}
+                step.compared = previous is None
             kernel_steps.append(step)
             previous, previous_measured = stage, measured
         steps.extend(kernel_steps)

@@ -471,36 +471,49 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
 
     home = _home(ctx)
     with home.lock(write=False):
-        steps = load_timeline(home, name)
-    if kernel:
-        steps = [s for s in steps if s.kernel == kernel]
+        timeline = load_timeline(home, name)
+    steps = [s for s in timeline if not kernel or s.kernel == kernel]
     rows = []
     for s in steps:
         count = sum(n for o, n in s.counts.items() if op in o)
         before = sum(n for o, n in s.counts_before.items() if op in o)
         delta = sum(d for o, d in s.delta.items() if op in o)
         where = sorted({w for o, ws in s.introduced_at.items() if op in o for w in ws})
-        rows.append({"step": s.index, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name, "before": before,
-                     "after": count if s.after_known else None, "change": delta, "introduced_at": where,
-                     "cite": f"{s.source}:{s.line}"})
+        rows.append({"step": s.index, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name,
+                     "before": before if s.compared else None, "after": count if s.after_known else None,
+                     "change": delta, "introduced_at": where, "cite": f"{s.source}:{s.line}",
+                     "also_left_out": s.spans_left_out})
+    if kernel and not steps:
+        kernels = sorted({s.kernel for s in timeline})
+        raise UserFacingError(f"no kernel {kernel!r} in IR dump {name} (kernels: {', '.join(kernels)})",
+                              "give --kernel one of those names, or leave it out")
     if not any(r["before"] or r["after"] or r["change"] for r in rows):
         raise UserFacingError(f"no op matching {op!r} in any snapshot of {name}",
                               "use an op name as printed in the IR, e.g. ttg.convert_layout or ld.global")
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    click.echo(f"{'kernel':<10} {'step':>4} {'pass or stage':<45} {'before':>6} {'after':>6}")
+    width = max([len("kernel"), *(len(r["kernel"]) for r in rows)])
+    click.echo(f"{'kernel':<{width}} {'step':>4} {'pass or stage':<45} {'before':>6} {'after':>6}")
     for r in rows:
-        if show_all or r["change"]:
+        # A stage in another IR language (ttgir -> llir) is not compared with the one before: ops
+        # present there are new in that IR, not added by a pass.
+        new_ir = r["before"] is None and bool(r["after"])
+        if show_all or r["change"] or new_ir:
             at = f"  at {', '.join(r['introduced_at'][:4])}" if r["introduced_at"] and r["change"] > 0 else ""
             after = "?" if r["after"] is None else r["after"]
-            click.echo(f"{r['kernel']:<10} {r['step']:>4} {r['pass']:<45} {r['before']:>6} {after:>6} "
-                       f"({r['change']:+d}){at}  [{r['cite']}]")
+            before = "-" if r["before"] is None else r["before"]
+            change = "new in this IR" if new_ir else f"{r['change']:+d}"
+            label = r["pass"] + (f" + left out: {', '.join(r['also_left_out'])}" if r["also_left_out"] else "")
+            click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {label:<45} {before:>6} {after:>6} "
+                       f"({change}){at}  [{r['cite']}]")
     first = next((r for r in rows if r["before"] or r["after"]), None)
     if first is not None and first["before"]:
         click.echo(f"present from the start: {first['pass']} received it [{first['cite']}]")
     elif first is not None:
         click.echo(f"first present after: {first['pass']} [{first['cite']}]")
+    if any(r["also_left_out"] for r in rows):
+        click.echo("malformed sections were left out (see `kb index ir`): a change marked with them may be theirs")
 
 
 # ---------------------------------------------------------------------------------------------- eval

@@ -126,6 +126,14 @@ def test_index_ir_and_trace_an_op(tmp_path):
     assert "tritongpu-coalesce" in trace.output and "at copy.py:7" in trace.output
     assert "first present after: tritongpu-coalesce [stream.txt:1]" in trace.output
     assert "no op matching" in _one_line_error([*home, "ir", "trace", "copy", "wgmma"])
+    assert "no kernel 'nope' in IR dump copy (kernels: copy_kernel)" in _one_line_error(
+        [*home, "ir", "trace", "copy", "convert_layout", "--kernel", "nope"])
+    # Stage files in another IR language are not compared with the stage before: ld.global is new in PTX.
+    assert runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/triton_dump"), "--name", "dd"]).exit_code == 0
+    trace = runner.invoke(main, [*home, "ir", "trace", "dd", "ld.global", "--kernel", "copy_kernel"])
+    assert trace.exit_code == 0, trace.output
+    [row] = [ln for ln in trace.output.splitlines() if ln.startswith("copy_kernel")]
+    assert " ptx " in row and "(new in this IR)" in row and "first present after: ptx" in trace.output
     assert "no IR found" in _one_line_error([*home, "index", "ir", str(FIXTURES / "kernels")])
 
 

@@ -313,6 +313,32 @@ def test_a_pass_internal_dumps_are_neither_its_input_nor_a_pass(tmp_path):
     assert remark.pass_name == "tritongpu-coalesce"  # still running when it printed
 
 
+def test_a_run_stream_credits_each_kernel_and_compile_by_its_function(tmp_path):
+    """One MLIR_ENABLE_DUMP stream of a run holds several kernels' pipelines, and autotuning
+    compiles one kernel several times: comparing across them would invent changes."""
+    copy = (IR / "stream.txt").read_text()
+    ttir = ("// -----// IR Dump Before Inliner: inline ('builtin.module' operation) //----- //\n"
+            "module {\n  tt.func public @copy_kernel() {\n    tt.return\n  }\n}\n")
+    stream = tmp_path / "run.txt"
+    stream.write_text(copy + copy.replace("copy_kernel", "scale_kernel") + ttir + copy + ttir)
+    kernels = [s.kernel for s in read_ir_dump(stream).stages]
+    assert kernels == ["copy_kernel"] * 3 + ["scale_kernel"] * 3 + ["copy_kernel#2"] * 4 + ["copy_kernel#3"]
+    plain = {s.pass_arg: s.delta for s in summarize_dump(read_ir_dump(IR / "stream.txt"))}
+    steps = summarize_dump(read_ir_dump(stream))
+    assert {s.pass_arg: s.delta for s in steps if s.kernel == "scale_kernel"} == plain
+    assert {s.kernel for s in read_ir_dump(IR / "triton_dump").stages} == {"copy_kernel"}
+
+
+def test_a_change_across_a_left_out_section_names_it(tmp_path):
+    lines = (IR / "stream.txt").read_text().splitlines()
+    truncated = [ln for i, ln in enumerate(lines, 1) if not (18 <= i <= 36 and ln.startswith(("}", "  }")))]
+    (tmp_path / "cut.txt").write_text("\n".join(truncated) + "\n")
+    dump = read_ir_dump(tmp_path / "cut.txt")
+    assert len(dump.problems) == 1 and "tritongpu-remove-layout-conversions" in dump.problems[0]
+    coalesce, reorder = summarize_dump(dump)
+    assert coalesce.spans_left_out == ["tritongpu-remove-layout-conversions"] and not reorder.spans_left_out
+
+
 def test_malformed_ir_is_reported_with_file_and_line():
     dump = read_ir_dump(IR / "malformed.txt")
     assert dump.problems == [
