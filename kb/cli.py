@@ -543,19 +543,25 @@ def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[st
     if as_json:
         click.echo(json.dumps(report, indent=1))
         return
-    header = f"{'set':<24} {'kind':<7} {'mode':<7} {'n':>4} {'R@1':>6} {'R@5':>6} {'R@10':>6} {'MRR':>6}"
-    click.echo(header)
-    for label, per_mode in [*report["sets"].items(), ("overall", report["overall"])]:
-        for mode, per_kind in per_mode.items():
-            for kind, m in per_kind.items():
-                if m:
-                    click.echo(f"{label:<24} {kind:<7} {mode:<7} {m['n']:>4} {m['recall@1']:>6.2f} "
-                               f"{m['recall@5']:>6.2f} {m['recall@10']:>6.2f} {m['mrr']:>6.2f}")
-    for split, per_mode in report["splits"].items():
-        for mode, m in per_mode.items():
-            if m:
-                click.echo(f"{'split ' + split:<24} {'all':<7} {mode:<7} {m['n']:>4} {m['recall@1']:>6.2f} "
-                           f"{m['recall@5']:>6.2f} {m['recall@10']:>6.2f} {m['mrr']:>6.2f}")
+    # The modes side by side: one row per set and query kind, R@1 R@5 R@10 MRR under each mode.
+    shown = [mode for mode in MODES if mode in report["overall"]]
+
+    def cells(m: dict[str, float] | None) -> str:
+        if not m:
+            return f"{'-':>23}"
+        return f"{m['recall@1']:>5.2f} {m['recall@5']:>5.2f} {m['recall@10']:>5.2f} {m['mrr']:>5.2f}"
+
+    click.echo(f"{'':<24} {'':<7} {'':>4}" + "".join(f" | {mode:^23}" for mode in shown))
+    click.echo(f"{'set':<24} {'kind':<7} {'n':>4}" + f" | {'R@1':>5} {'R@5':>5} {'R@10':>5} {'MRR':>5}" * len(shown))
+    rows = [(label, kind, {mode: per_mode[mode].get(kind) for mode in shown})
+            for label, per_mode in [*report["sets"].items(), ("overall", report["overall"])]
+            for kind in dict.fromkeys(k for mode in shown for k in per_mode[mode])]
+    rows += [(f"split {split}", "all", {mode: per_mode.get(mode) for mode in shown})
+             for split, per_mode in report["splits"].items()]
+    for label, kind, by_mode in rows:
+        n = next((m["n"] for m in by_mode.values() if m), 0)
+        if n:
+            click.echo(f"{label:<24} {kind:<7} {n:>4}" + "".join(f" | {cells(by_mode[mode])}" for mode in shown))
     for skipped in report["skipped"]:
         click.echo(f"skipped: {skipped}")
 

@@ -151,6 +151,11 @@ def test_eval_retrieval_reports_every_mode(built_home, tmp_path):
     assert hybrid["symbol"]["recall@1"] == 1.0 and hybrid["all"]["n"] == 2
     assert set(report["overall"]) == {"bm25", "vector", "hybrid"}
     assert {q["id"] for q in report["queries"]} == {"q1", "q2"}
+    table = CliRunner().invoke(main, ["--home", str(built_home.root), "eval", "retrieval", "--queries", str(tmp_path)])
+    lines = table.stdout.splitlines()
+    assert [w for w in lines[0].replace("|", " ").split()] == ["bm25", "vector", "hybrid"]  # side by side
+    [overall] = [ln for ln in lines if ln.startswith("overall") and " all " in ln]
+    assert overall.count("|") == 3 and len(overall.split()) == 3 + 3 * 5
     (tmp_path / "gold.yaml").write_text("corpus: compiler\nrelease: fixture-1\nqueries:\n  - {id: q1, kind: x}\n")
     assert "gold.yaml: query 1: missing key 'query'" in _one_line_error(
         ["--home", str(built_home.root), "eval", "retrieval", "--queries", str(tmp_path)])
