@@ -68,6 +68,16 @@ _MLIR_DUMP_HEADER = re.compile(
     r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+) \((?P<arg>[\w.-]+)\)"
     r"(?:\s*\('(?P<anchor>[\w.]+)' operation(?::\s*@(?P<func>[\w.$]+))?\))?\s*//----- //\s*$"
 )
+# Either header, whole or in part, as a user pastes it from a log.
+_HEADER_PASS = re.compile(r"IR Dump (?:Before|After) [\w:.]+(?::\s*|\s+\()(?P<arg>[\w.-]+)")
+
+
+def dump_header_pass(text: str) -> str | None:
+    """The pass argument named in an "IR Dump Before/After X" header (`tritongpu-coalesce`), or None."""
+    m = _HEADER_PASS.search(text)
+    return m["arg"] if m else None
+
+
 # Triton's software pipeliner prints its own internal steps inside tritongpu-pipeline's section, e.g.
 # // -----// SoftwarePipeliner internal IR Dump After: LowerLoops
 _PIPELINER_HEADER = re.compile(r"^// -----// (?P<cls>SoftwarePipeliner) internal\s+(?:IR Dump\s+)?After: (?P<step>\w+)")

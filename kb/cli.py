@@ -222,6 +222,15 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
     if as_json:
         click.echo(json.dumps([h.__dict__ for h in hits], indent=2))
         return
+    if release is None:
+        from kb.index import list_manifests
+        from kb.retrieve import installed_triton_release
+
+        indexed = sum(m.corpus == corpus for m in list_manifests(home))
+        if indexed > 1:  # say which one was chosen for the user
+            why = ("the installed triton's" if searcher.release == installed_triton_release()
+                   else f"the newest of {indexed}")
+            click.echo(f"searching {corpus}@{searcher.release} ({why}; choose with --release)")
     for rank, h in enumerate(hits, 1):
         m = h.metadata
         click.echo(f"{rank}. {h.cite()}  {m.get('symbol') or m.get('pattern_id', '')}  [{h.via}]")

@@ -40,6 +40,9 @@ class SymbolView:
 
 
 def describe(store: SymbolStore, name: str, release: str | None = None, max_refs: int = 10) -> SymbolView:
+    from harness.ir import dump_header_pass
+
+    name = dump_header_pass(name) or name  # a pasted "IR Dump Before X: x-arg" line means its pass
     view = SymbolView(name)
     found = store.find(name, release)
     view.definitions = [s for s in found if s.role in ("def", "decl")]

@@ -74,6 +74,9 @@ def test_status_and_search(built_home):
 
 def test_symbols_shows_definitions_references_and_links(built_home):
     result = CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", "tritongpu-coalesce"])
+    for pasted in ("// -----// IR Dump Before TritonGPUCoalesce: tritongpu-coalesce ('builtin.module' operation) //----- //",
+                   "IR Dump After TritonGPUCoalesce (tritongpu-coalesce)"):
+        assert CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", pasted]).output == result.output
     assert result.exit_code == 0, result.output
     assert "pass TritonGPUCoalesce (tritongpu-coalesce) include/triton/Dialect/TritonGPU/Transforms/Passes.td:4" \
         in result.output
@@ -97,6 +100,8 @@ def test_releases_commands(tmp_path):
     assert "0 files parsed, 7 from the parse cache; 0 texts embedded" in result.output
     listing = json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)
     assert [r["name"] for r in listing] == ["a", "b"] and listing[0]["corpora"]["compiler"] > 0
+    found = runner.invoke(main, [*home, "search", "where are loads coalesced"])
+    assert found.output.startswith("searching compiler@b (the newest of 2; choose with --release)\n"), found.output
     diff = json.loads(runner.invoke(main, [*home, "releases", "diff", "a", "b", "--json"]).stdout)
     assert diff["files"] == {"added": [], "removed": [], "changed": []}
     assert "not indexed" in _one_line_error([*home, "releases", "diff", "a", "zzz"])
