@@ -199,9 +199,9 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
     chunks: list[Chunk] = []
     symbols: list[Symbol] = []
     links: list[Link] = []
-    for step in steps:
+    for done, step in enumerate(steps, 1):
         if progress:
-            progress("summarize", step.index + 1, len(steps))
+            progress("summarize", done, len(steps))  # step.index counts per kernel
         if not step.changed and step.kind == "pass" and step.index > 0:
             continue  # an unchanged pass adds nothing to search; its counts stay in the timeline
         text = _chunk_text(step, per_kernel[step.kernel])
