@@ -589,9 +589,20 @@ def _stage_kernel(root: Path, file: Path, suffix: str) -> tuple[str, str]:
     return file.name[: -len(suffix)], root.name if directory in ("", ".") else directory
 
 
-# tt.func public @copy_kernel(...)   llvm.func @copy_kernel(...)   func.func @add_kernel(...)
-_FUNC_NAME = re.compile(r"^\s*(?:tt|llvm|func)\.func\s+(?:(?:public|private|internal)\s+)?@(?P<name>[\w$.]+)",
-                        re.MULTILINE)
+# tt.func public @copy_kernel(...) {   llvm.func @copy_kernel(...) attributes {nvvm.kernel = 1 : ui1, ...} {
+# func.func @add_kernel(...) {         but not a declaration: llvm.func @__nv_erff(f32) -> f32
+_FUNC_DEF = re.compile(r"^\s*(?:tt|llvm|func)\.func\s+(?P<vis>(?:public|private|internal)\s+)?@(?P<name>[\w$.]+)"
+                       r"(?P<rest>.*)$", re.MULTILINE)
+
+
+def _kernel_function(ir: str) -> str | None:
+    """The kernel a module holds: its first function defined with a body that is not private (libdevice
+    and other callees are declarations or private helpers)."""
+    defined = [m for m in _FUNC_DEF.finditer(ir) if m["rest"].rstrip().endswith("{") and (m["vis"] or "").strip()
+               != "private"]
+    public = [m for m in defined if (m["vis"] or "").strip() == "public" or "nvvm.kernel" in m["rest"]]
+    chosen = (public or defined or [None])[0]
+    return chosen["name"] if chosen else None
 
 
 def _lowering_level(ir: str) -> int:
@@ -609,8 +620,7 @@ def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
     compiles: Counter[str] = Counter()
     left_out: list[str] = []  # malformed sections since the last stage kept
     for snap in split_pass_dumps(text):
-        named = _FUNC_NAME.search(snap.text)
-        this_name, this_level = (named["name"] if named else name), _lowering_level(snap.text)
+        this_name, this_level = _kernel_function(snap.text) or name, _lowering_level(snap.text)
         if this_name != name or this_level < level:
             compiles[this_name] += 1
             name = this_name

@@ -250,6 +250,11 @@ def load_timeline(home: KBHome, name: str) -> list[StepChange]:
     manifest = load_manifest(home, IR_CORPUS, name)
     path = home.ir_dir / str(manifest.source.get("timeline", "")) if manifest else None
     if path is None or not path.is_file():
+        from kb.index import list_manifests
+
+        if any(m.release == name for m in list_manifests(home)):
+            raise UserFacingError(f"{name!r} is a source release, not an IR dump",
+                                  "trace a dump's ops with `kb ir trace DUMP OP` (dumps: `kb releases list`, corpus ir)")
         raise UserFacingError(f"no IR dump named {name!r} is indexed", "index one with `kb index ir PATH --name NAME`")
     data = json.loads(path.read_text())
     return [StepChange(**s) for s in data["steps"]]

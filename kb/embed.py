@@ -316,5 +316,7 @@ class OfflineEmbedding:
         return [found[k].tolist() for k in keys]
 
     def query_vector(self, query: str) -> list[float]:
-        """The vector of a search query (cached like any text)."""
-        return self.embed_many([query])[0]
+        """The vector of a search query: computed (~10 ms), never written to the cache, so a query
+        leaves the embedding cache as it found it and never waits on an index's commits."""
+        vector = self._encoder().encode([query], batch_size=1, normalize_embeddings=True, convert_to_numpy=True)
+        return np.asarray(vector, dtype=np.float32)[0].tolist()

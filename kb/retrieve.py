@@ -22,6 +22,7 @@ from harness.errors import UserFacingError
 from kb.home import KBHome
 from kb.index import Manifest, list_manifests, load_manifest
 from kb.lexical import IDENT, LexicalIndex
+from kb.releases import IR_CORPUS
 
 __all__ = ["Hit", "Searcher", "default_release"]
 
@@ -103,7 +104,8 @@ class Searcher:
             raise UserFacingError(
                 f"no index for corpus {corpus!r}" + (f" release {release!r}" if release else "")
                 + f" in {home.root} (indexed: {', '.join(known)})",
-                "build it with `kb index patterns` or `kb index compiler --installed`",
+                "index the dump with `kb index ir PATH --name NAME`" if corpus == IR_CORPUS
+                else "build it with `kb index patterns` or `kb index compiler --installed`",
             )
         self.home = home
         self.manifest: Manifest = manifest

@@ -113,6 +113,8 @@ def test_releases_commands(tmp_path):
     assert "name of an indexed IR dump" in _one_line_error(
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "run"])
     assert "is an IR dump, not a source release" in _one_line_error([*home, "releases", "diff", "a", "run"])
+    assert "'a' is a source release, not an IR dump" in _one_line_error([*home, "ir", "trace", "a", "tt.load"])
+    assert "kb index ir PATH --name NAME" in _one_line_error([*home, "search", "x", "--corpus", "ir", "--release", "a"])
     assert runner.invoke(main, [*home, "releases", "drop", "run"]).exit_code == 0
     assert runner.invoke(main, [*home, "releases", "drop", "a"]).output.strip() == "dropped a (compiler)"
     assert [r["name"] for r in json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)] == ["b"]

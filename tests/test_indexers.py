@@ -319,10 +319,14 @@ def test_a_run_stream_credits_each_kernel_and_compile_by_its_function(tmp_path):
     copy = (IR / "stream.txt").read_text()
     ttir = ("// -----// IR Dump Before Inliner: inline ('builtin.module' operation) //----- //\n"
             "module {\n  tt.func public @copy_kernel() {\n    tt.return\n  }\n}\n")
+    # After lowering to LLVM, libdevice callees are declared before the kernel: not kernels.
+    llvm = ("// -----// IR Dump Before ConvertNVGPUToLLVM: convert-nv-gpu-to-llvm ('builtin.module' operation) //----- //\n"
+            "module {\n  llvm.func @__nv_erff(f32) -> f32\n"
+            "  llvm.func @copy_kernel() attributes {nvvm.kernel = 1 : ui1} {\n    llvm.return\n  }\n}\n")
     stream = tmp_path / "run.txt"
-    stream.write_text(copy + copy.replace("copy_kernel", "scale_kernel") + ttir + copy + ttir)
+    stream.write_text(copy + llvm + copy.replace("copy_kernel", "scale_kernel") + ttir + copy + ttir)
     kernels = [s.kernel for s in read_ir_dump(stream).stages]
-    assert kernels == ["copy_kernel"] * 3 + ["scale_kernel"] * 3 + ["copy_kernel#2"] * 4 + ["copy_kernel#3"]
+    assert kernels == ["copy_kernel"] * 4 + ["scale_kernel"] * 3 + ["copy_kernel#2"] * 4 + ["copy_kernel#3"]
     plain = {s.pass_arg: s.delta for s in summarize_dump(read_ir_dump(IR / "stream.txt"))}
     steps = summarize_dump(read_ir_dump(stream))
     assert {s.pass_arg: s.delta for s in steps if s.kernel == "scale_kernel"} == plain

@@ -171,6 +171,10 @@ def test_the_onnx_encoder_computes_what_sentence_transformers_computes(tmp_path)
     assert type(embedder._encoder()).__name__ == "_OnnxEncoder"
     reference = _sentence_transformer().encode(texts, normalize_embeddings=True)
     assert np.abs(ours - reference).max() < 1e-4
+    # A query is embedded the same way, and leaves the cache as it found it.
+    fresh = OfflineEmbedding(cache_path=tmp_path / "query.sqlite")
+    assert np.abs(np.array(fresh.query_vector(texts[0])) - reference[0]).max() < 1e-4
+    assert fresh.missing([texts[0]]) == [texts[0]]
 
 
 def test_a_killed_embedding_keeps_what_it_computed_and_reports_progress(tmp_path):
