@@ -483,12 +483,12 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
         timeline = load_timeline(home, name)
     steps = [s for s in timeline if not kernel or s.kernel == kernel]
     rows = []
-    for s in steps:
+    for s in steps:  # steps numbered from 1, as search results number them ("IR pass 2/3")
         count = sum(n for o, n in s.counts.items() if op in o)
         before = sum(n for o, n in s.counts_before.items() if op in o)
         delta = sum(d for o, d in s.delta.items() if op in o)
         where = sorted({w for o, ws in s.introduced_at.items() if op in o for w in ws})
-        rows.append({"step": s.index, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name,
+        rows.append({"step": s.index + 1, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name,
                      "before": before if s.compared else None, "after": count if s.after_known else None,
                      "change": delta, "introduced_at": where, "cite": f"{s.source}:{s.line}",
                      "also_left_out": s.spans_left_out})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -131,6 +132,7 @@ def test_index_ir_and_trace_an_op(tmp_path):
     trace = runner.invoke(main, [*home, "ir", "trace", "copy", "convert_layout"])
     assert trace.exit_code == 0, trace.output
     assert "tritongpu-coalesce" in trace.output and "at copy.py:7" in trace.output
+    assert re.search(r"^copy_kernel\s+1 tritongpu-coalesce", trace.output, re.MULTILINE)  # "IR pass 1/3" in search
     assert "first present after: tritongpu-coalesce [stream.txt:1]" in trace.output
     assert "no op matching" in _one_line_error([*home, "ir", "trace", "copy", "wgmma"])
     assert "no kernel 'nope' in IR dump copy (kernels: copy_kernel)" in _one_line_error(
