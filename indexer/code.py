@@ -142,14 +142,16 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
 
 def _chunk_symbol(defs: list[SourceSymbol], start: int, end: int) -> SourceSymbol | None:
     """What a chunk is about: the innermost function or class it lies inside (a piece of a split
-    giant function is that function's), else the first definition it holds. A namespace names a
+    giant function is that function's), else the largest definition it holds. A namespace names a
     chunk only when it holds nothing else: it says where code is, not what it does."""
     named = [d for d in defs if d.role == "def" and d.kind != "namespace"]
     enclosing = [d for d in named if d.line < start and end <= d.end_line]
     if enclosing:
         return min(enclosing, key=lambda d: d.end_line - d.line)
-    return next((d for d in named if start <= d.line <= end), None) or next(
-        (d for d in defs if d.role == "def" and start <= d.line <= end), None)
+    inside = [d for d in named if start <= d.line <= end]
+    if inside:  # packed small definitions: the one taking most of the chunk (the first on a tie)
+        return max(inside, key=lambda d: min(d.end_line, end) - d.line)
+    return next((d for d in defs if d.role == "def" and start <= d.line <= end), None)
 
 
 def _qualified(sym: SourceSymbol) -> str:
@@ -367,4 +369,32 @@ def pack_line_ranges(pieces: list[Piece], lines: list[str], max_chars: int) -> l
                 chunks[-1] = (c_start, end, group)
                 continue
         chunks.append((start, end, group))
-    return [(start, end) for start, end, _ in chunks]
+    return [(start, end) for start, end, _ in _absorb_glue(chunks, lines)]
+
+
+# A chunk with less text than this is glue (`}`, `namespace mlir {`, `} // namespace`): alone it
+# matches nothing and answers nothing, so it joins a neighbour even past the budget.
+_GLUE_CHARS = 40
+
+
+def _absorb_glue(chunks: list[Piece], lines: list[str]) -> list[Piece]:
+    def glue(chunk: Piece) -> bool:
+        return sum(len(lines[i].strip()) for i in range(chunk[0], min(chunk[1], len(lines) - 1) + 1)) < _GLUE_CHARS
+
+    out: list[Piece] = []
+    pending: Piece | None = None  # glue that opens the file or a group waits for the next chunk
+    for chunk in chunks:
+        if pending is not None and pending[2] == chunk[2]:
+            chunk, pending = (pending[0], chunk[1], chunk[2]), None
+        elif pending is not None:
+            out.append(pending)
+            pending = None
+        if glue(chunk) and out and out[-1][2] == chunk[2]:
+            out[-1] = (out[-1][0], chunk[1], chunk[2])
+        elif glue(chunk):
+            pending = chunk
+        else:
+            out.append(chunk)
+    if pending is not None:
+        out.append(pending)
+    return out

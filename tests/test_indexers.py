@@ -71,6 +71,19 @@ def test_a_small_file_is_labelled_by_its_function_not_its_namespace():
     source = b"namespace mlir {\nnamespace gpu {\nunsigned getMaskAlignment(Value mask) { return 1; }\n}\n}\n"
     [unit] = parse_code(source, "cpp").units
     assert (unit.symbol, unit.scope) == ("getMaskAlignment", "mlir::gpu")
+    # Packed small definitions: the chunk is named by the one taking most of it.
+    body = "\n".join(f"  step{i}(op);" for i in range(12))
+    source = f"static int helperAlpha() {{ return 1; }}\nvoid CoalescePass::runOnOperation() {{\n{body}\n}}\n".encode()
+    [unit] = parse_code(source, "cpp").units
+    assert unit.symbol == "runOnOperation"
+
+
+def test_namespace_braces_join_the_code_they_wrap_instead_of_chunks_of_their_own():
+    body = "\n".join(f"  total += compute{i}(value, {i});" for i in range(90))  # ~3 KB: a chunk of its own
+    source = f"namespace mlir {{\nint accumulateAll(int value) {{\n  int total = 0;\n{body}\n  return total;\n}}\n" \
+             f"}}  // namespace mlir\n".encode()
+    [unit] = parse_code(source, "cpp").units
+    assert unit.symbol == "accumulateAll" and unit.text.startswith("namespace mlir {") and unit.text.endswith("mlir")
 
 
 def test_pybind_bindings_are_read_from_both_macro_and_lambda_forms():
