@@ -143,6 +143,8 @@ def test_index_ir_and_trace_an_op(tmp_path):
     assert trace.exit_code == 0, trace.output
     [row] = [ln for ln in trace.output.splitlines() if ln.startswith("copy_kernel")]
     assert " ptx " in row and "(new in this IR)" in row and "first present after: ptx" in trace.output
+    gone = runner.invoke(main, [*home, "ir", "trace", "dd", "tt.load"])
+    assert "last present after: ttgir in copy_kernel" in gone.output, gone.output
     assert "no IR found" in _one_line_error([*home, "index", "ir", str(FIXTURES / "kernels")])
 
 
