@@ -141,16 +141,20 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
 
 
 def _chunk_symbol(defs: list[SourceSymbol], start: int, end: int) -> SourceSymbol | None:
-    """What a chunk is about: the innermost function or class it lies inside (a piece of a split
-    giant function is that function's), else the largest definition it holds. A namespace names a
-    chunk only when it holds nothing else: it says where code is, not what it does."""
+    """What a chunk is about: the function it lies inside (a piece of a split giant function is
+    that function's), else the largest definition it holds (a method, not the class around it),
+    else the class it lies in. A namespace names a chunk only when it holds nothing else: it says
+    where code is, not what it does."""
     named = [d for d in defs if d.role == "def" and d.kind != "namespace"]
-    enclosing = [d for d in named if d.line < start and end <= d.end_line]
-    if enclosing:
-        return min(enclosing, key=lambda d: d.end_line - d.line)
+    enclosing = sorted((d for d in named if d.line < start and end <= d.end_line), key=lambda d: d.end_line - d.line)
+    function = next((d for d in enclosing if d.kind in ("function", "method")), None)
+    if function is not None:
+        return function
     inside = [d for d in named if start <= d.line <= end]
     if inside:  # packed small definitions: the one taking most of the chunk (the first on a tie)
         return max(inside, key=lambda d: min(d.end_line, end) - d.line)
+    if enclosing:
+        return enclosing[0]
     return next((d for d in defs if d.role == "def" and start <= d.line <= end), None)
 
 

@@ -76,6 +76,12 @@ def test_a_small_file_is_labelled_by_its_function_not_its_namespace():
     source = f"static int helperAlpha() {{ return 1; }}\nvoid CoalescePass::runOnOperation() {{\n{body}\n}}\n".encode()
     [unit] = parse_code(source, "cpp").units
     assert unit.symbol == "runOnOperation"
+    # Methods of a class too big for one chunk are named by the methods, not by the class.
+    methods = "\n".join(f"    def visit_{i}(self, node):\n" + "".join(f"        self.emit({i}, {j})\n" for j in range(12))
+                        for i in range(12))
+    units = parse_code(f"class CodeGenerator:\n{methods}".encode(), "python").units
+    assert units[0].symbol == "CodeGenerator" and len(units) > 1  # the chunk where the class starts
+    assert all(u.symbol.startswith("visit_") for u in units[1:])
 
 
 def test_namespace_braces_join_the_code_they_wrap_instead_of_chunks_of_their_own():
