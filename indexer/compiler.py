@@ -191,11 +191,12 @@ def index_compiler_tree(
     symbols += _attach_chunks(op_symbols, chunks)
     distinct = list(dict.fromkeys(c.embed_text or c.text for c in chunks))
     report.texts_to_embed = len(distinct)
-    report.texts_new = len(embedder.missing(distinct)) if hasattr(embedder, "missing") else len(distinct)
     if publish_lock is not None:
         # The slow part, into the embedding cache: publishing below then reads every vector from it.
-        embedder.embed_many(distinct, on_progress=(lambda done: progress("embed", done, len(distinct)))
-                            if progress else None)
+        report.texts_new = embedder.fill_cache(
+            distinct, on_progress=(lambda done: progress("embed", done, len(distinct))) if progress else None)
+    else:
+        report.texts_new = len(embedder.missing(distinct)) if hasattr(embedder, "missing") else len(distinct)
     with publish_lock() if publish_lock is not None else nullcontext():
         manifest = publish(
             home, corpus, release, chunks,

@@ -257,23 +257,35 @@ class OfflineEmbedding:
     def _key(self, text: str) -> str:
         return hashlib.sha256(f"{self.model_name}\0{text}".encode()).hexdigest()
 
+    def _select(self, keys: list[str], column: str) -> list[tuple[Any, ...]]:
+        """Cache rows (key, `column`) of those `keys` that are cached, 500 keys per query."""
+        db = self._cache()
+        rows: list[tuple[Any, ...]] = []
+        if db is not None:
+            for start in range(0, len(keys), 500):
+                batch = keys[start : start + 500]
+                rows += db.execute(f"SELECT key, {column} FROM embeddings WHERE key IN "
+                                   f"({','.join('?' * len(batch))})", batch).fetchall()
+        return rows
+
     def missing(self, texts: list[str]) -> list[str]:
         """The texts with no cached vector: what indexing them will actually compute."""
         keys = {self._key(t): t for t in texts}
-        db = self._cache()
-        if db is None:
-            return list(keys.values())
-        have: set[str] = set()
-        batch_keys = list(keys)
-        for start in range(0, len(batch_keys), 500):
-            batch = batch_keys[start : start + 500]
-            have.update(k for (k,) in db.execute(
-                f"SELECT key FROM embeddings WHERE key IN ({','.join('?' * len(batch))})", batch))
+        have = {k for k, _ in self._select(list(keys), "1")}
         return [t for k, t in keys.items() if k not in have]
 
     # Texts embedded between two cache commits: what a killed run loses, and how often progress
     # moves (~4 s of work on 2 cores).
     commit_every = 128
+
+    def fill_cache(self, texts: list[str], on_progress: Callable[[int], None] | None = None) -> int:
+        """Embed into the cache the texts it lacks, without reading back the vectors it has (an
+        index build embeds first and publishes later); returns how many were computed."""
+        keys = {self._key(t): t for t in texts}
+        have = {k for k, _ in self._select(list(keys), "1")}
+        pending = [(k, t) for k, t in keys.items() if k not in have]
+        self._compute(pending, len(keys) - len(pending), on_progress)
+        return len(pending)
 
     def embed_many(self, texts: list[str], show_progress: bool = False,
                    on_progress: Callable[[int], None] | None = None) -> list[list[float]]:
@@ -281,22 +293,21 @@ class OfflineEmbedding:
         are committed to the cache as they are done, so an interrupted run resumes where it stopped.
         `on_progress(n)` reports how many of `texts` are done."""
         keys = [self._key(t) for t in texts]
-        found: dict[str, np.ndarray] = {}
+        found = {k: np.frombuffer(v, dtype=np.float32) for k, v in self._select(keys, "vector")}
+        pending = list({k: t for k, t in zip(keys, texts) if k not in found}.items())
+        found.update(self._compute(pending, len(texts) - len(pending), on_progress, show_progress))
+        return [found[k].tolist() for k in keys]
+
+    def _compute(self, pending: list[tuple[str, str]], done: int, on_progress: Callable[[int], None] | None,
+                 show_progress: bool = False) -> dict[str, np.ndarray]:
+        """Vectors of the (key, text) pairs in `pending`, committed to the cache `commit_every` at a time."""
         db = self._cache()
-        if db is not None:
-            for start in range(0, len(keys), 500):
-                batch = keys[start : start + 500]
-                rows = db.execute(
-                    f"SELECT key, vector FROM embeddings WHERE key IN ({','.join('?' * len(batch))})", batch
-                ).fetchall()
-                found.update({k: np.frombuffer(v, dtype=np.float32) for k, v in rows})
-        # By length, so each slice batches texts of similar length (little padding).
-        missing = sorted({k: t for k, t in zip(keys, texts) if k not in found}.items(), key=lambda kt: len(kt[1]))
-        done = len(texts) - len(missing)
+        pending = sorted(pending, key=lambda kt: len(kt[1]))  # similar lengths per slice: little padding
+        computed: dict[str, np.ndarray] = {}
         if on_progress:
             on_progress(done)
-        for start in range(0, len(missing), self.commit_every):
-            part = missing[start : start + self.commit_every]
+        for start in range(0, len(pending), self.commit_every):
+            part = pending[start : start + self.commit_every]
             vectors = self._encoder().encode(
                 [t for _, t in part],
                 batch_size=self.embed_batch_size,
@@ -304,16 +315,15 @@ class OfflineEmbedding:
                 show_progress_bar=show_progress,
                 convert_to_numpy=True,
             ).astype(np.float32)
-            for (k, _), v in zip(part, vectors):
-                found[k] = v
+            computed.update((k, v) for (k, _), v in zip(part, vectors))
             if db is not None:
                 with db:
                     db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?)",
-                                   [(k, found[k].tobytes()) for k, _ in part])
+                                   [(k, computed[k].tobytes()) for k, _ in part])
             done += len(part)
             if on_progress:
                 on_progress(done)
-        return [found[k].tolist() for k in keys]
+        return computed
 
     def query_vector(self, query: str) -> list[float]:
         """The vector of a search query: computed (~10 ms), never written to the cache, so a query
