@@ -7,6 +7,7 @@ both read IR through this module; nothing else parses IR text.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter
@@ -23,6 +24,7 @@ __all__ = [
     "MemAccess",
     "PassSnapshot",
     "SourceLoc",
+    "compile_config",
     "diff_op_counts",
     "func_args",
     "mlir_locations",
@@ -500,6 +502,26 @@ class IRDump:
     stages: list[IRStage]
     problems: list[str]  # "file:line: what is wrong" for sections that could not be read
     skipped: list[str]  # files left out, with why
+    # kernel -> its compile options, from the `<kernel>.json` Triton writes beside the stage files
+    # (TRITON_CACHE_DIR; TRITON_DUMP_DIR in releases that dump it): what tells two compiles of a kernel apart.
+    configs: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+# The options that change the code a kernel compiles to, in the order they are shown.
+_CONFIG_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "shared", "enable_fp_fusion", "triton_version")
+
+
+def compile_config(metadata: dict[str, object]) -> dict[str, object]:
+    """The compile options worth showing from a Triton metadata JSON: target (`cuda:90`), warps,
+    stages, CTAs, register cap, shared memory bytes, fp fusion and Triton version, where present."""
+    config: dict[str, object] = {}
+    target = metadata.get("target")
+    if isinstance(target, dict) and "backend" in target:
+        config["target"] = f"{target['backend']}:{target.get('arch', '?')}"
+    for key in _CONFIG_KEYS:
+        if metadata.get(key) is not None:
+            config[key] = metadata[key]
+    return config
 
 
 def _stage_suffix(name: str) -> str:
@@ -540,7 +562,8 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
         raise IRParseError(f"{root}: no such file or directory")
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
     dump = IRDump([], [], [])
-    stage_files: dict[str, list[tuple[str, Path]]] = {}
+    stage_files: dict[tuple[str, str], list[tuple[str, Path]]] = {}
+    metadata_files: dict[tuple[str, str], tuple[str, str]] = {}  # (stem, directory) -> (rel, text)
     for file in files:
         rel = file.name if file == root else file.relative_to(root).as_posix()
         raw = file.read_bytes()
@@ -557,6 +580,8 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
             _read_stream(text, rel, file.stem, dump)
         elif suffix and suffix != ".source":
             stage_files.setdefault(_stage_kernel(root, file, suffix), []).append((suffix, file))
+        elif file.suffix == ".json" and not file.name.startswith("__grp__"):
+            metadata_files[_stage_kernel(root, file, ".json")] = (rel, text)
         elif file.suffix == ".json" or file.suffix in _DUMP_TEXT_SUFFIXES or suffix == ".source":
             dump.skipped.append(f"{rel}: no IR in it")
         else:
@@ -566,6 +591,8 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
         # A kernel is named as it is in its source; the dump directory (a cache hash) only tells
         # apart two compiles of one kernel, or names triton-ascend's generic `kernel.*` files.
         kernel = directory if stem == "kernel" else stem if stems[stem] == 1 else f"{stem}@{directory[:12]}"
+        if (stem, directory) in metadata_files:
+            _read_metadata(*metadata_files.pop((stem, directory)), kernel, dump)
         for suffix, file in sorted(items, key=lambda item: STAGE_ORDER.index(item[0])):
             rel = file.name if file == root else file.relative_to(root).as_posix()
             text = file.read_text()
@@ -579,7 +606,23 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
                 continue
             dump.stages.append(IRStage(kernel, file.name, suffix.lstrip(".").removesuffix(".mlir") or "mlir", "stage",
                                        "", lang, text, rel, 1))
+    dump.skipped.extend(f"{rel}: no IR in it" for rel, _ in metadata_files.values())
+    dump.skipped.sort()
     return dump
+
+
+def _read_metadata(rel: str, text: str, kernel: str, dump: IRDump) -> None:
+    try:
+        metadata = json.loads(text)
+    except json.JSONDecodeError as exc:
+        dump.problems.append(f"{rel}:{exc.lineno}: compile metadata is not valid JSON ({exc.msg}); "
+                             "the kernel's stages are kept without it")
+        return
+    if not isinstance(metadata, dict):
+        dump.problems.append(f"{rel}:1: compile metadata is a JSON {type(metadata).__name__}, not an object; "
+                             "the kernel's stages are kept without it")
+        return
+    dump.configs[kernel] = compile_config(metadata)
 
 
 def _stage_kernel(root: Path, file: Path, suffix: str) -> tuple[str, str]:

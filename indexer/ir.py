@@ -26,7 +26,8 @@ from kb.index import Chunk, Manifest, publish
 from kb.releases import IR_CORPUS, check_release_name
 from kb.symbols import Link, SourceFile, Symbol, SymbolStore
 
-__all__ = ["IR_CORPUS", "StepChange", "index_ir_dump", "load_timeline", "summarize_dump"]
+__all__ = ["IR_CORPUS", "StepChange", "Timeline", "describe_config", "index_ir_dump", "load_timeline",
+           "summarize_dump"]
 
 _DIFF_LINES = 40
 _LOC_SUFFIX = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)\s*$")
@@ -153,9 +154,16 @@ def summarize_dump(dump: IRDump) -> list[StepChange]:
     return steps
 
 
-def _chunk_text(step: StepChange, total: int) -> str:
+def describe_config(config: dict[str, object]) -> str:
+    """`cuda:90, num_warps=8, num_stages=3, ...` for a kernel's compile options (see `harness.ir.compile_config`)."""
+    return ", ".join(str(v) if k == "target" else f"{k}={v}" for k, v in config.items())
+
+
+def _chunk_text(step: StepChange, total: int, config: dict[str, object] | None = None) -> str:
     label = f"{step.name} ({step.pass_arg})" if step.kind == "pass" else f"stage {step.name}"
     lines = [f"IR {step.kind} {step.index + 1}/{total} of kernel {step.kernel}: {label}  [{step.source}:{step.line}]"]
+    if config and step.index == 0:
+        lines.append(f"compiled with {describe_config(config)}")
     if step.kind == "stage" or step.index == 0:
         lines.append("ops after it: " + ", ".join(f"{op} x{n}" for op, n in sorted(step.counts.items(), key=lambda x: -x[1])[:25]))
     if step.delta:
@@ -204,7 +212,7 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
             progress("summarize", done, len(steps))  # step.index counts per kernel
         if not step.changed and step.kind == "pass" and step.index > 0:
             continue  # an unchanged pass adds nothing to search; its counts stay in the timeline
-        text = _chunk_text(step, per_kernel[step.kernel])
+        text = _chunk_text(step, per_kernel[step.kernel], dump.configs.get(step.kernel))
         cid = f"{step.kernel}#{step.index}:{step.pass_arg}"
         chunks.append(Chunk(cid, text, {
             "file": step.source, "start_line": step.line, "end_line": step.line, "symbol": step.name,
@@ -226,7 +234,8 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
     home.ir_dir.mkdir(parents=True, exist_ok=True)
     timeline = home.ir_dir / f"{re.sub(r'[^A-Za-z0-9._-]', '-', name)}.b{uuid.uuid4().hex[:8]}.json"
     timeline.write_text(json.dumps({"name": name, "path": str(path), "problems": dump.problems,
-                                    "skipped": dump.skipped, "steps": [asdict(s) for s in steps]}))
+                                    "skipped": dump.skipped, "configs": dump.configs,
+                                    "steps": [asdict(s) for s in steps]}))
     manifest = publish(home, IR_CORPUS, name, chunks, chunker={"kind": "ir-steps", "diff_lines": _DIFF_LINES},
                        source={"kind": "ir-dump", "path": str(path), "snapshots": len(steps),
                                "timeline": timeline.name},
@@ -244,7 +253,16 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
     return manifest, dump, steps
 
 
-def load_timeline(home: KBHome, name: str) -> list[StepChange]:
+@dataclass
+class Timeline:
+    """An indexed dump as `kb ir trace` reads it: every step, kernel by kernel, and each kernel's
+    compile options (only kernels whose metadata JSON was in the dump)."""
+
+    steps: list[StepChange]
+    configs: dict[str, dict[str, object]]
+
+
+def load_timeline(home: KBHome, name: str) -> Timeline:
     from kb.index import load_manifest
 
     manifest = load_manifest(home, IR_CORPUS, name)
@@ -257,5 +275,5 @@ def load_timeline(home: KBHome, name: str) -> list[StepChange]:
                                   "trace a dump's ops with `kb ir trace DUMP OP` (dumps: `kb releases list`, corpus ir)")
         raise UserFacingError(f"no IR dump named {name!r} is indexed", "index one with `kb index ir PATH --name NAME`")
     data = json.loads(path.read_text())
-    return [StepChange(**s) for s in data["steps"]]
-
+    # Timelines written before compile options were read have no "configs".
+    return Timeline([StepChange(**s) for s in data["steps"]], data.get("configs", {}))

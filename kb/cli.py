@@ -177,7 +177,7 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
     triton-ascend TRITON_DEBUG directory (kernel.ttir.mlir, kernel.ttadapter.mlir, kernel.mlir) or
     bishengir --mlir-print-ir-after-all output.
     """
-    from indexer.ir import index_ir_dump
+    from indexer.ir import describe_config, index_ir_dump
     from kb.embed import embedder_for
 
     name = name or (path.resolve().stem if path.is_file() else path.resolve().name)
@@ -189,6 +189,9 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
     kernels = sorted({s.kernel for s in steps})
     click.echo(f"indexed ir@{name}: {len(steps)} snapshots of {len(kernels)} kernel(s), "
                f"{manifest.count} that changed the IR")
+    for kernel in kernels:
+        if kernel in dump.configs:
+            click.echo(f"  {kernel}: {describe_config(dump.configs[kernel])}")
     for problem in dump.problems:
         click.echo(f"malformed (left out): {problem}")
     for skipped in dump.skipped:
@@ -476,12 +479,12 @@ def ir() -> None:
 def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_all: bool, as_json: bool) -> None:
     """How the count of ops matching OP evolves pass by pass in dump NAME: which pass introduced
     it, which removed it. OP matches by substring (`convert_layout`, `ld.global.v4`, `load <4 x`)."""
-    from indexer.ir import load_timeline
+    from indexer.ir import describe_config, load_timeline
 
     home = _home(ctx)
     with home.lock(write=False):
         timeline = load_timeline(home, name)
-    steps = [s for s in timeline if not kernel or s.kernel == kernel]
+    steps = [s for s in timeline.steps if not kernel or s.kernel == kernel]
     rows = []
     for s in steps:  # steps numbered from 1, as search results number them ("IR pass 2/3")
         count = sum(n for o, n in s.counts.items() if op in o)
@@ -491,9 +494,9 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
         rows.append({"step": s.index + 1, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name,
                      "before": before if s.compared else None, "after": count if s.after_known else None,
                      "change": delta, "introduced_at": where, "cite": f"{s.source}:{s.line}",
-                     "also_left_out": s.spans_left_out})
+                     "also_left_out": s.spans_left_out, "config": timeline.configs.get(s.kernel)})
     if kernel and not steps:
-        kernels = sorted({s.kernel for s in timeline})
+        kernels = sorted({s.kernel for s in timeline.steps})
         raise UserFacingError(f"no kernel {kernel!r} in IR dump {name} (kernels: {', '.join(kernels)})",
                               "give --kernel one of those names, or leave it out")
     if not any(r["before"] or r["after"] or r["change"] for r in rows):
@@ -502,6 +505,8 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
+    for k in sorted({r["kernel"] for r in rows} & set(timeline.configs)):
+        click.echo(f"{k} compiled with {describe_config(timeline.configs[k])}")
     width = max([len("kernel"), *(len(r["kernel"]) for r in rows)])
     click.echo(f"{'kernel':<{width}} {'step':>4} {'pass or stage':<45} {'before':>6} {'after':>6}")
     for r in rows:

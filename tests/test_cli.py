@@ -141,7 +141,8 @@ def test_index_ir_and_trace_an_op(tmp_path):
     assert runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/triton_dump"), "--name", "dd"]).exit_code == 0
     trace = runner.invoke(main, [*home, "ir", "trace", "dd", "ld.global", "--kernel", "copy_kernel"])
     assert trace.exit_code == 0, trace.output
-    [row] = [ln for ln in trace.output.splitlines() if ln.startswith("copy_kernel")]
+    assert trace.output.startswith("copy_kernel compiled with cuda:90, num_warps=4\n")  # from its metadata JSON
+    [row] = [ln for ln in trace.output.splitlines() if re.match(r"copy_kernel\s+\d", ln)]
     assert " ptx " in row and "(new in this IR)" in row and "first present after: ptx" in trace.output
     gone = runner.invoke(main, [*home, "ir", "trace", "dd", "tt.load"])
     assert "last present after: ttgir in copy_kernel" in gone.output, gone.output

@@ -292,13 +292,36 @@ def test_an_interrupted_index_keeps_the_old_one_and_the_next_run_resumes(tmp_pat
 
 
 # ------------------------------------------------------------------------------------- IR dumps
+def test_a_cache_directory_names_each_compile_with_its_options(tmp_path):
+    """TRITON_CACHE_DIR holds one directory per compile: the metadata JSON beside the stages is what
+    tells an autotuner's compiles of one kernel apart."""
+    for directory, metadata in (("AAAA", '{"name": "copy_kernel", "num_warps": 4, "num_stages": 3, "maxnreg": null}'),
+                                ("BBBB", '{"name": "copy_kernel", "num_warps": 8, "num_stages": 3,\n "shared": 16'),
+                                ("CCCC", None)):
+        shutil.copytree(IR / "triton_dump" / "6f1c2a", tmp_path / directory, ignore=shutil.ignore_patterns("*.cubin"))
+        (tmp_path / directory / "copy_kernel.json").unlink()
+        if metadata:
+            (tmp_path / directory / "copy_kernel.json").write_text(metadata)
+    (tmp_path / "AAAA" / "__grp__copy_kernel.json").write_text('{"child_paths": {}}')
+    (tmp_path / "DDDD").mkdir()
+    (tmp_path / "DDDD" / "other.json").write_text("{}")
+    dump = read_ir_dump(tmp_path)
+    assert sorted({s.kernel for s in dump.stages}) == ["copy_kernel@AAAA", "copy_kernel@BBBB", "copy_kernel@CCCC"]
+    assert dump.configs == {"copy_kernel@AAAA": {"num_warps": 4, "num_stages": 3}}
+    # A truncated JSON loses the options, never the stages, and names its file and line.
+    assert dump.problems == ["BBBB/copy_kernel.json:2: compile metadata is not valid JSON (Expecting ',' delimiter); "
+                             "the kernel's stages are kept without it"]
+    assert dump.skipped == ["AAAA/__grp__copy_kernel.json: no IR in it", "DDDD/other.json: no IR in it"]
+
+
 def test_every_dump_format_reads_into_ordered_stages():
     stream = read_ir_dump(IR / "stream.txt")
     assert [s.pass_arg for s in stream.stages] == ["tritongpu-coalesce", "tritongpu-remove-layout-conversions",
                                                   "tritongpu-reorder-instructions"]
     triton_dir = read_ir_dump(IR / "triton_dump")
     assert [s.pass_arg for s in triton_dir.stages] == ["ttir", "ttgir", "llir", "ptx"]
-    assert sorted(triton_dir.skipped) == ["6f1c2a/copy_kernel.cubin: binary", "6f1c2a/copy_kernel.json: no IR in it"]
+    assert triton_dir.skipped == ["6f1c2a/copy_kernel.cubin: binary"]
+    assert triton_dir.configs == {"copy_kernel": {"target": "cuda:90", "num_warps": 4}}  # its copy_kernel.json
     ascend = read_ir_dump(IR / "ascend_debug")
     assert [s.name for s in ascend.stages] == ["kernel.ttir.mlir", "kernel.ttadapter.mlir", "kernel.mlir"]
     bisheng = read_ir_dump(IR / "bishengir_after_all.txt")
@@ -387,7 +410,7 @@ def test_indexed_dump_answers_which_pass_introduced_an_op(tmp_path):
     assert hits[0].metadata["pass_arg"] == "tritongpu-coalesce"
     # One dump file holds every step: each step is its own hit, not one per file.
     assert len(Searcher(home, "ir", "copy-run", embedder=embedder).search("ttg.convert_layout", k=5)) == 2
-    assert [s.pass_arg for s in load_timeline(home, "copy-run")] == [s.pass_arg for s in steps]
+    assert [s.pass_arg for s in load_timeline(home, "copy-run").steps] == [s.pass_arg for s in steps]
     with pytest.raises(UserFacingError, match="no IR found"):
         index_ir_dump(home, embedder, FIXTURES / "kernels", "not-ir")
 
