@@ -518,9 +518,10 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
             after = "?" if r["after"] is None else r["after"]
             before = "-" if r["before"] is None else r["before"]
             change = "new in this IR" if new_ir else f"{r['change']:+d}"
-            label = r["pass"] + (f" + left out: {', '.join(r['also_left_out'])}" if r["also_left_out"] else "")
-            click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {label:<45} {before:>6} {after:>6} "
-                       f"({change}){at}  [{r['cite']}]")
+            # The left-out passes go last: in the pass column they would push every column after it.
+            left_out = f"  + left out: {', '.join(r['also_left_out'])}" if r["also_left_out"] else ""
+            click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {r['pass']:<45} {before:>6} {after:>6} "
+                       f"({change}){at}  [{r['cite']}]{left_out}")
     first = next((r for r in rows if r["before"] or r["after"]), None)
     if first is not None and first["before"]:
         click.echo(f"present from the start: {first['pass']} received it [{first['cite']}]")

@@ -149,6 +149,19 @@ def test_index_ir_and_trace_an_op(tmp_path):
     assert "no IR found" in _one_line_error([*home, "index", "ir", str(FIXTURES / "kernels")])
 
 
+def test_ir_trace_keeps_its_columns_when_a_change_spans_a_left_out_section(tmp_path):
+    lines = (FIXTURES / "ir/stream.txt").read_text().splitlines()
+    cut = tmp_path / "cut.txt"  # the middle section loses its closing braces
+    cut.write_text("\n".join(ln for i, ln in enumerate(lines, 1) if not (18 <= i <= 36 and ln.startswith(("}", "  }")))))
+    home = ["--home", str(tmp_path / "h")]
+    assert CliRunner().invoke(main, [*home, "index", "ir", str(cut), "--name", "cut"]).exit_code == 0
+    trace = CliRunner().invoke(main, [*home, "ir", "trace", "cut", "tt.load", "--all"])
+    header, *rows = [ln for ln in trace.output.splitlines() if re.match(r"(kernel|copy_kernel)\s", ln)]
+    assert rows[0].endswith("+ left out: tritongpu-remove-layout-conversions")
+    assert {row.index("[cut.txt") for row in rows} == {rows[1].index("[cut.txt")}  # one column for every row
+    assert {len(row[:header.index("after") + 5].rstrip()) for row in rows} == {header.index("after") + 5}
+
+
 def test_eval_retrieval_reports_every_mode(built_home, tmp_path):
     (tmp_path / "gold.yaml").write_text(
         "corpus: compiler\nrelease: fixture-1\nqueries:\n"
