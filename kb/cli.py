@@ -522,23 +522,25 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
             left_out = f"  + left out: {', '.join(r['also_left_out'])}" if r["also_left_out"] else ""
             click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {r['pass']:<45} {before:>6} {after:>6} "
                        f"({change}){at}  [{r['cite']}]{left_out}")
-    first = next((r for r in rows if r["before"] or r["after"]), None)
-    if first is not None and first["before"]:
-        click.echo(f"present from the start: {first['pass']} received it [{first['cite']}]")
-    elif first is not None:
-        click.echo(f"first present after: {first['pass']} [{first['cite']}]")
-    # Where it was last seen, when it is gone at the end and no row shows a step removing it (it
-    # went with a change of IR language: a TTGIR op at the LLVM IR stage).
     per_kernel: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         per_kernel.setdefault(r["kernel"], []).append(r)
-    for kernel_rows in per_kernel.values():
+    for kernel_name, kernel_rows in per_kernel.items():
+        # Each kernel (and each compile of one) has its own pipeline: where the op first shows is per kernel.
+        of_kernel = f" in {kernel_name}" if len(per_kernel) > 1 else ""
+        first = next((r for r in kernel_rows if r["before"] or r["after"]), None)
+        if first is not None and first["before"]:
+            click.echo(f"present from the start: {first['pass']} received it{of_kernel} [{first['cite']}]")
+        elif first is not None:
+            click.echo(f"first present after: {first['pass']}{of_kernel} [{first['cite']}]")
+        # Where it was last seen, when it is gone at the end and no row shows a step removing it (it
+        # went with a change of IR language: a TTGIR op at the LLVM IR stage).
         final = kernel_rows[-1]  # its `after` is unknown (None) for the last pass of a "Before" stream
         gone = final["after"] == 0 or (final["after"] is None and final["before"] == 0)
         if gone and not any(r["change"] < 0 for r in kernel_rows):
-            r = next((r for r in reversed(kernel_rows) if r["after"]), None)
-            if r is not None:
-                click.echo(f"last present after: {r['pass']} in {r['kernel']} [{r['cite']}]")
+            last = next((r for r in reversed(kernel_rows) if r["after"]), None)
+            if last is not None:
+                click.echo(f"last present after: {last['pass']} in {kernel_name} [{last['cite']}]")
     if any(r["also_left_out"] for r in rows):
         click.echo("malformed sections were left out (see `kb index ir`): a change marked with them may be theirs")
 

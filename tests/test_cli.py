@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -147,6 +148,22 @@ def test_index_ir_and_trace_an_op(tmp_path):
     gone = runner.invoke(main, [*home, "ir", "trace", "dd", "tt.load"])
     assert "last present after: ttgir in copy_kernel" in gone.output, gone.output
     assert "no IR found" in _one_line_error([*home, "index", "ir", str(FIXTURES / "kernels")])
+
+
+def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):
+    """Two autotuning compiles in Triton's cache: each shows its options, and where the op first
+    appears is said per compile."""
+    for directory, warps in (("AAAA", 4), ("BBBB", 8)):
+        shutil.copytree(FIXTURES / "ir/triton_dump/6f1c2a", tmp_path / "cache" / directory)
+        (tmp_path / "cache" / directory / "copy_kernel.json").write_text(
+            json.dumps({"name": "copy_kernel", "num_warps": warps, "target": {"backend": "cuda", "arch": 90}}))
+    home = ["--home", str(tmp_path / "h")]
+    indexed = CliRunner().invoke(main, [*home, "index", "ir", str(tmp_path / "cache"), "--name", "cache"])
+    assert "  copy_kernel@BBBB: cuda:90, num_warps=8\n" in indexed.output, indexed.output
+    trace = CliRunner().invoke(main, [*home, "ir", "trace", "cache", "ld.global"]).output
+    assert "copy_kernel@AAAA compiled with cuda:90, num_warps=4\n" in trace
+    assert "first present after: ptx in copy_kernel@AAAA [AAAA/copy_kernel.ptx:1]" in trace
+    assert "first present after: ptx in copy_kernel@BBBB [BBBB/copy_kernel.ptx:1]" in trace
 
 
 def test_ir_trace_keeps_its_columns_when_a_change_spans_a_left_out_section(tmp_path):
