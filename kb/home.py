@@ -22,6 +22,7 @@ Layout (all under one directory, `$KB_HOME`, `--home`, or the per-user data dire
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -31,6 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from harness.errors import UserFacingError
 
@@ -171,9 +173,8 @@ class KBHome:
     @contextlib.contextmanager
     def _flock(self, name: str, *, exclusive: bool, wait_s: float | None, busy: str) -> Iterator[None]:
         wait_s = float(os.environ.get("KB_LOCK_WAIT_S", DEFAULT_LOCK_WAIT_S)) if wait_s is None else wait_s
-        self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / name
-        with open(path, "a+") as fh:
+        with self._open_lock_file(path, exclusive) as fh:
             mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
             deadline = time.monotonic() + wait_s
             told = False
@@ -201,6 +202,22 @@ class KBHome:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+    def _open_lock_file(self, path: Path, exclusive: bool) -> IO[str]:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            return open(path, "a+")
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            # Even a query needs write access: embedded chroma and SQLite in WAL mode write when
+            # they open. Said here, once, before a store fails with advice to delete itself.
+            why = f"the KB at {self.root} is not writable here ({exc.strerror})"
+            if exclusive:
+                raise UserFacingError(why, "index into a home you can write: pass --home DIR or set $KB_HOME") from None
+            raise UserFacingError(why + ", and its stores write even when queried",
+                                  f"copy it somewhere writable (cp -r {self.root} DIR) and pass --home DIR") from None
 
 
 def _lock_holder(path: Path) -> str:

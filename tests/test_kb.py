@@ -146,6 +146,30 @@ def test_a_second_writer_fails_clearly(tmp_path):
         pass
 
 
+def test_a_read_only_home_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A KB mounted read-only (or another user's) cannot even be queried: embedded chroma and SQLite
+    write when they open. The refusal comes before a store fails and advises deleting itself."""
+    import errno
+
+    import kb.home
+
+    home = KBHome(tmp_path / "home").ensure()
+
+    def read_only_fs(path, mode="r", *args, **kwargs):  # what open() raises on a read-only mount
+        if "r" not in mode or "+" in mode:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(kb.home, "open", read_only_fs, raising=False)
+    with pytest.raises(UserFacingError, match="not writable here .Read-only file system., and its stores write") as e:
+        with home.lock(write=False):
+            pass
+    assert f"cp -r {home.root} DIR" in e.value.fix
+    with pytest.raises(UserFacingError, match="index into a home you can write"):
+        with home.lock(write=True):
+            pass
+
+
 def test_foreign_and_corrupt_homes_are_refused(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
