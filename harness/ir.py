@@ -60,24 +60,27 @@ class SourceLoc:
 # // -----// IR Dump Before TritonGPUCoalesce: tritongpu-coalesce ('builtin.module' operation) //----- //
 # // -----// IR Dump Before ConvertTritonGPUToLLVM: convert-triton-gpu-to-llvm{compute-capability=90} ('builtin.module' operation) //----- //
 _TRITON_DUMP_HEADER = re.compile(
-    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+): (?P<arg>[\w.-]+)(?P<opts>\{.*?\})?\s*"
+    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+)(?P<failed> Failed)?: (?P<arg>[\w.-]+)(?P<opts>\{.*?\})?\s*"
     r"\('(?P<anchor>[\w.]+)' operation(?::\s*@(?P<func>[\w.$]+))?\)\s*//----- //\s*$"
 )
 # Upstream MLIR / bishengir (--mlir-print-ir-after-all), e.g.
 # // -----// IR Dump After CSE (cse) //----- //
 # // -----// IR Dump After HIVMPlanMemory (hivm-plan-memory) ('func.func' operation: @add_kernel) //----- //
+# // -----// IR Dump After HIVMLoadVectorize Failed (hivm-load-vectorize) //----- //   (--mlir-print-ir-after-failure)
 _MLIR_DUMP_HEADER = re.compile(
-    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+) \((?P<arg>[\w.-]+)\)"
+    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+)(?P<failed> Failed)? \((?P<arg>[\w.-]+)\)"
     r"(?:\s*\('(?P<anchor>[\w.]+)' operation(?::\s*@(?P<func>[\w.$]+))?\))?\s*//----- //\s*$"
 )
-# Either header, whole or in part, as a user pastes it from a log.
-_HEADER_PASS = re.compile(r"IR Dump (?:Before|After) [\w:.]+(?::\s*|\s+\()(?P<arg>[\w.-]+)")
+# Either header, whole or in part, as a user pastes it from a log: "IR Dump Before TritonGPUCoalesce"
+# names the class alone.
+_HEADER_PASS = re.compile(r"IR Dump (?:Before|After) (?P<cls>[\w.]+(?:::[\w.]+)*)(?: Failed)?(?:(?::\s*|\s+\()(?P<arg>[\w.-]+))?")
 
 
 def dump_header_pass(text: str) -> str | None:
-    """The pass argument named in an "IR Dump Before/After X" header (`tritongpu-coalesce`), or None."""
+    """The pass named in an "IR Dump Before/After X" header: its argument (`tritongpu-coalesce`)
+    where the header has one, else its class (`TritonGPUCoalesce`); None for other text."""
     m = _HEADER_PASS.search(text)
-    return m["arg"] if m else None
+    return (m["arg"] or m["cls"]) if m else None
 
 
 # Triton's software pipeliner prints its own internal steps inside tritongpu-pipeline's section, e.g.
@@ -98,6 +101,9 @@ class PassSnapshot:
         anchor: the op the pass ran on ("builtin.module", "tt.func", ...).
         header_line: 1-based line of the header in the stream.
         text: the IR that follows the header, up to the next header.
+        func: the function a function-scoped pass ran on (`('func.func' operation: @add_kernel)`), else "".
+        failed: an "IR Dump After X Failed" section (--mlir-print-ir-after-failure): the IR the pass left
+            when it failed.
     """
 
     index: int
@@ -108,6 +114,8 @@ class PassSnapshot:
     anchor: str
     header_line: int
     text: str = ""
+    func: str = ""
+    failed: bool = False
 
 
 def _match_header(line: str) -> re.Match[str] | None:
@@ -152,6 +160,8 @@ def split_pass_dumps(text: str) -> list[PassSnapshot]:
                 options=groups.get("opts") or "",
                 anchor=groups.get("anchor") or "",
                 header_line=lineno,
+                func=groups.get("func") or "",
+                failed=bool(groups.get("failed")),
             )
         )
     if snapshots:
@@ -270,12 +280,43 @@ def _op_loc(line: str, locs: dict[str, SourceLoc]) -> SourceLoc | None:
 
 @dataclass(frozen=True)
 class OpLine:
-    """One MLIR operation line with its resolved source location."""
+    """One MLIR operation line with its resolved source location.
+
+    Attributes:
+        target: what an opaque op stands for: the PTX instruction of an `llvm.inline_asm`
+            (`ld.global.v4.b32`), the callee of a call (`@__nv_erff`); "" for other ops.
+    """
 
     ir_line: int
     op: str
     text: str
     loc: SourceLoc | None
+    target: str = ""
+
+    @property
+    def key(self) -> str:
+        """The op as counted along a pipeline: `llvm.inline_asm(ld.global.v4.b32)`, `llvm.call(@__nv_erff)`,
+        `tt.load`. Lowering to LLVM turns loads and MMAs into inline asm; keyed by the op alone they
+        would all look like one op."""
+        return f"{self.op}({self.target})" if self.target else self.op
+
+
+# "mov.u32 $0, 0x0;\0A\09@$5 ld.global.v4.b32 { $0, $1, $2, $3 }, [ $4 + 0 ];"  (MLIR escapes \n as \0A)
+_ASM_STRING = re.compile(r'"(?P<asm>(?:[^"\\]|\\.)*)"')
+_ASM_STATEMENT = re.compile(r"(?:^|;|\\0A|\\09|\{|\})\s*(?:@!?\$\w+\s+)?(?P<mnemonic>[a-z][\w]*(?:\.[\w]+)+)")
+_CALLEE = re.compile(r"\b[a-z_]\w*\.call\s+@(?P<callee>[\w$.]+)")
+
+
+def _op_target(op: str, line: str) -> str:
+    if op == "llvm.inline_asm":
+        asm = _ASM_STRING.search(line)
+        mnemonics = [m["mnemonic"] for m in _ASM_STATEMENT.finditer(asm["asm"])] if asm else []
+        # Register set-up (mov) precedes the instruction that matters: a load, a store, an MMA.
+        return next((m for m in mnemonics if not m.startswith("mov.")), mnemonics[0] if mnemonics else "")
+    if op.endswith(".call"):
+        callee = _CALLEE.search(line)
+        return f"@{callee['callee']}" if callee else ""
+    return ""
 
 
 def op_source_lines(text: str, ops: set[str] | None = None) -> list[OpLine]:
@@ -291,13 +332,13 @@ def op_source_lines(text: str, ops: set[str] | None = None) -> list[OpLine]:
         op = m["op"]
         if ops is not None and op not in ops:
             continue
-        out.append(OpLine(lineno, op, line.strip(), _op_loc(line, locs)))
+        out.append(OpLine(lineno, op, line.strip(), _op_loc(line, locs), _op_target(op, line)))
     return out
 
 
 def op_counts(text: str) -> Counter[str]:
-    """How many times each dialect op appears in an MLIR module."""
-    return Counter(o.op for o in op_source_lines(text))
+    """How many times each dialect op appears in an MLIR module, keyed as `OpLine.key`."""
+    return Counter(o.key for o in op_source_lines(text))
 
 
 def diff_op_counts(before: str, after: str) -> dict[str, int]:
@@ -502,6 +543,7 @@ class IRDump:
     stages: list[IRStage]
     problems: list[str]  # "file:line: what is wrong" for sections that could not be read
     skipped: list[str]  # files left out, with why
+    notes: list[str] = field(default_factory=list)  # "file:line: ..." worth knowing, not errors (a failed pass)
     # kernel -> its compile options, from the `<kernel>.json` Triton writes beside the stage files
     # (TRITON_CACHE_DIR; TRITON_DUMP_DIR in releases that dump it): what tells two compiles of a kernel apart.
     configs: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -658,18 +700,29 @@ def _lowering_level(ir: str) -> int:
 def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
     """Sections of one stream, each credited to the kernel whose function it holds: the stream of
     a whole run holds the pipelines of several kernels one after another, or of several compiles of
-    one (autotuning): a module back at a higher level than the one before starts a new compile."""
-    kernel, name, level = stem, stem, 0
+    one (autotuning). A module-scoped section naming another kernel than the module-scoped one
+    before it, or a module back at a higher level than its kernel was last seen at, starts a new
+    compile. Function-scoped sections (`('func.func' operation: @f)`) interleave the functions of
+    one module and go each to its function's pipeline."""
+    labels: dict[str, str] = {}  # function -> its pipeline's kernel name (`copy_kernel#2`)
+    levels: dict[str, int] = {}  # function -> lowering level of its latest section
     compiles: Counter[str] = Counter()
+    module_name = name = stem
     left_out: list[str] = []  # malformed sections since the last stage kept
     for snap in split_pass_dumps(text):
-        this_name, this_level = _kernel_function(snap.text) or name, _lowering_level(snap.text)
-        if this_name != name or this_level < level:
+        this_name = snap.func or _kernel_function(snap.text) or name
+        this_level = _lowering_level(snap.text)
+        switched = not snap.func and this_name != module_name and module_name in labels
+        if this_name not in labels or this_level < levels[this_name] or switched:
             compiles[this_name] += 1
-            name = this_name
-            kernel = name if compiles[name] == 1 else f"{name}#{compiles[name]}"
-        level = this_level
+            labels[this_name] = this_name if compiles[this_name] == 1 else f"{this_name}#{compiles[this_name]}"
+        levels[this_name], name = this_level, this_name
+        if not snap.func:
+            module_name = this_name
+        kernel = labels[this_name]
         where = f"{rel}:{snap.header_line}"
+        if snap.failed:
+            dump.notes.append(f"{where}: {snap.pass_arg} failed on {kernel}; its section holds the IR it left")
         # Diagnostics print inside sections; blanking them keeps line numbers true to the file.
         body = "\n".join("" if _DIAGNOSTIC.match(ln) else ln for ln in snap.text.splitlines())
         if not body.strip():
@@ -700,8 +753,9 @@ def _module_part(body: str) -> str:
 
 # %5 = load <4 x float>, ptr addrspace(1) %4, align 16      store <4 x float> %9, ptr addrspace(1) %8
 # %12 = call float @llvm.nvvm.ex2.approx.f(float %11)
-_LLVM_INST = re.compile(r"^\s*(?:%[\w.]+\s*=\s*)?(?P<inst>load|store|call|fmul|fadd|fdiv|atomicrmw|cmpxchg|"
-                        r"getelementptr|shufflevector|extractelement|insertelement)\b(?P<rest>.*)$")
+# %20 = tail call { i32, i32 } asm sideeffect "mov.u32 $0, 0x0;\0A\09@$3 ld.global.v2.b32 { $0, $1 }, [ $2 + 0 ];", "=r,=r,l,b"(...)
+_LLVM_INST = re.compile(r"^\s*(?:%[\w.]+\s*=\s*)?(?:(?:tail|musttail|notail) )?(?P<inst>load|store|call|fmul|fadd|"
+                        r"fdiv|atomicrmw|cmpxchg|getelementptr|shufflevector|extractelement|insertelement)\b(?P<rest>.*)$")
 _LLVM_VEC = re.compile(r"<(?P<n>\d+) x (?P<t>\w+)>")
 _LLVM_CALLEE = re.compile(r"@(?P<callee>[\w.$]+)\(")
 _PTX_INST = re.compile(r"^\s*(?:@!?%p\w*\s+)?(?P<inst>[a-z][\w.]*)\s")
@@ -721,7 +775,12 @@ def stage_op_counts(text: str, lang: str) -> Counter[str]:
             inst, rest = m["inst"], m["rest"]
             if inst == "call":
                 callee = _LLVM_CALLEE.search(rest)
-                counts[f"call @{callee['callee']}" if callee else "call"] += 1
+                if callee:
+                    counts[f"call @{callee['callee']}"] += 1
+                elif " asm " in rest:  # call void asm sideeffect "@$2 st.global.v4.b32 ...", "..."(...)
+                    counts[f"call asm({_op_target('llvm.inline_asm', rest)})"] += 1
+                else:
+                    counts["call"] += 1
             elif inst in ("load", "store") and (vec := _LLVM_VEC.search(rest)):
                 counts[f"{inst} <{vec['n']} x {vec['t']}>"] += 1
             else:

@@ -67,10 +67,13 @@ class StepChange:
     compared: bool = True
     # Passes whose malformed sections were left out inside this change: it is theirs as much as this step's.
     spans_left_out: list[str] = field(default_factory=list)
+    # op -> [lines added, lines removed], for every op whose lines changed (MLIR). A pass that turns two
+    # convert_layouts into two others changes no count: this is where it shows (+2/-2).
+    churn: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
-        return bool(self.delta or self.diff)
+        return bool(self.delta or self.diff or self.churn)
 
 
 def _normalized_ops(text: str) -> list[str]:
@@ -90,20 +93,48 @@ class _Measured:
     counts: dict[str, int]
     locations: dict[str, list[str]]  # op -> kernel lines ("file:line") where it appears (MLIR only)
     ops: list[str]  # normalized op lines, for the diff
+    lines: dict[str, Counter[str]] = field(default_factory=dict)  # op -> its lines, layouts spelled out (MLIR only)
+
+
+# #blocked1 = #ttg.blocked<{sizePerThread = [4], ...}>   #mma = #ttg.nvidia_mma<{versionMajor = 3, ...}>
+_ALIAS_DEF = re.compile(r"^(?P<name>#(?!loc)[A-Za-z_][\w.]*)\s*=\s*(?P<value>.+?)\s*$", re.MULTILINE)
+_ALIAS_REF = re.compile(r"#(?!loc)[A-Za-z_][\w.]*")
+
+
+def _alias_resolver(text: str) -> Callable[[str], str]:
+    """Replaces layout aliases by what they stand for. The printer numbers aliases anew in every
+    dump (#blocked1 in one is #blocked2 in the next), so only spelled-out lines compare across passes."""
+    aliases = {m["name"]: m["value"] for m in _ALIAS_DEF.finditer(text)}
+    for name, value in aliases.items():  # one level of nesting: #ttg.dot_op<{parent = #mma}>
+        aliases[name] = _ALIAS_REF.sub(lambda m: aliases.get(m[0], m[0]) if m[0] != name else m[0], value)
+    return lambda line: _ALIAS_REF.sub(lambda m: aliases.get(m[0], m[0]), line) if aliases else line
 
 
 def _measure(stage: IRStage) -> _Measured:
     if stage.lang != "mlir":
         return _Measured(dict(stage_op_counts(stage.text, stage.lang)), {}, _normalized_ops(stage.text))
-    lines = op_source_lines(stage.text)  # one pass over the module serves counts and locations
-    counts = dict(Counter(op.op for op in lines))
+    lines = op_source_lines(stage.text)  # one pass over the module serves counts, locations and lines
+    counts = dict(Counter(op.key for op in lines))
     locations: dict[str, list[str]] = {}
+    spelled_out = _alias_resolver(stage.text)
+    by_op: dict[str, Counter[str]] = {}
     for op in lines:
+        by_op.setdefault(op.key, Counter())[spelled_out(_SSA.sub("%_", _LOC_SUFFIX.sub("", op.text)))] += 1
         if op.loc is not None:
             where = f"{Path(op.loc.file).name}:{op.loc.line}"
-            if where not in locations.setdefault(op.op, []):
-                locations[op.op].append(where)
-    return _Measured(counts, locations, _normalized_ops(stage.text))
+            if where not in locations.setdefault(op.key, []):
+                locations[op.key].append(where)
+    return _Measured(counts, locations, _normalized_ops(stage.text), by_op)
+
+
+def _churn(before: _Measured, after: _Measured) -> dict[str, list[int]]:
+    churn = {}
+    for op in sorted(set(before.lines) | set(after.lines)):
+        old, new = before.lines.get(op, Counter()), after.lines.get(op, Counter())
+        added, removed = sum((new - old).values()), sum((old - new).values())
+        if added or removed:
+            churn[op] = [added, removed]
+    return churn
 
 
 def summarize_dump(dump: IRDump) -> list[StepChange]:
@@ -138,16 +169,19 @@ def summarize_dump(dump: IRDump) -> list[StepChange]:
                 owner.delta = {op: counts.get(op, 0) - before.get(op, 0) for op in sorted(set(counts) | set(before))
                                if counts.get(op, 0) != before.get(op, 0)}
                 before_locs, after_locs = previous_measured.locations, measured.locations
+                owner.churn = _churn(previous_measured, measured)
                 owner.introduced_at = {op: [w for w in after_locs.get(op, []) if w not in before_locs.get(op, [])]
                                        or after_locs.get(op, [])[:3]
-                                       for op, d in owner.delta.items() if d > 0 and op in after_locs}
+                                       for op, (added, _) in owner.churn.items() if added and op in after_locs}
                 diff = list(difflib.unified_diff(previous_measured.ops, measured.ops, lineterm="", n=0))[2:]
                 owner.diff = "\n".join(diff[:_DIFF_LINES]) + (f"\n... {len(diff) - _DIFF_LINES} more lines"
                                                               if len(diff) > _DIFF_LINES else "")
                 owner.spans_left_out = list(stage.left_out_before)
             elif not before_dump:
-                step.counts_before = counts if previous is None else {}
-                step.compared = previous is None
+                # An After snapshot or a stage file shows what its step left; what the kernel's first
+                # one received is not in the dump, nor what a step in another IR language received.
+                step.counts_before = {}
+                step.compared = False
             kernel_steps.append(step)
             previous, previous_measured = stage, measured
         steps.extend(kernel_steps)
@@ -176,7 +210,10 @@ def _chunk_text(step: StepChange, total: int, config: dict[str, object] | None =
                 for op in added))
         if removed:
             lines.append("removed (disappeared): " + ", ".join(removed))
-    elif step.diff:
+    rewritten = {op: ar for op, ar in step.churn.items() if not step.delta.get(op)}
+    if rewritten:
+        lines.append("rewritten, same count: " + ", ".join(f"{op} +{a}/-{r}" for op, (a, r) in rewritten.items()))
+    elif step.diff and not step.delta:
         lines.append("rewrote ops without changing their counts")
     if step.diff:
         lines.append("diff:\n" + step.diff)
@@ -223,12 +260,15 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
         if step.name != step.pass_arg:
             symbols.append(Symbol(name, step.name, f"ir-{step.kind}", "mlir", step.source, step.line, step.line,
                                   "def", cid, step.kernel))
-        for op, d in step.delta.items():
-            relation = "introduces" if d > 0 else "removes"
+        for op in sorted(set(step.delta) | set(step.churn)):
+            d = step.delta.get(op, 0)
+            added, removed = step.churn.get(op, (max(d, 0), max(-d, 0)))
+            relation = "introduces" if d > 0 else "removes" if d < 0 else "rewrites"
+            lines_note = f" (+{added}/-{removed} lines)" if added and removed else ""
             links.append(Link(name, f"ir-{step.kind}", step.pass_arg, relation, "op", op,
-                              f"{d:+d} at {step.source}:{step.line}"))
-            symbols.append(Symbol(name, op, "ir-op-introduced" if d > 0 else "ir-op-removed", "mlir", step.source, step.line, step.line,
-                                  "ref", cid, step.pass_arg))
+                              f"{d:+d}{lines_note} at {step.source}:{step.line}"))
+            kind = "ir-op-introduced" if d > 0 else "ir-op-removed" if d < 0 else "ir-op-rewritten"
+            symbols.append(Symbol(name, op, kind, "mlir", step.source, step.line, step.line, "ref", cid, step.pass_arg))
     # The timeline is written under a fresh build name and named by the manifest, so a kill at any
     # point leaves `kb ir trace` and `kb search` reading the same build.
     home.ir_dir.mkdir(parents=True, exist_ok=True)

@@ -192,6 +192,8 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
     for kernel in kernels:
         if kernel in dump.configs:
             click.echo(f"  {kernel}: {describe_config(dump.configs[kernel])}")
+    for note in dump.notes:
+        click.echo(f"note: {note}")
     for problem in dump.problems:
         click.echo(f"malformed (left out): {problem}")
     for skipped in dump.skipped:
@@ -490,15 +492,20 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
         count = sum(n for o, n in s.counts.items() if op in o)
         before = sum(n for o, n in s.counts_before.items() if op in o)
         delta = sum(d for o, d in s.delta.items() if op in o)
+        added = sum(a for o, (a, _) in s.churn.items() if op in o)
+        removed = sum(r for o, (_, r) in s.churn.items() if op in o)
         where = sorted({w for o, ws in s.introduced_at.items() if op in o for w in ws})
         rows.append({"step": s.index + 1, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name,
                      "before": before if s.compared else None, "after": count if s.after_known else None,
-                     "change": delta, "introduced_at": where, "cite": f"{s.source}:{s.line}",
+                     "change": delta, "lines_added": added, "lines_removed": removed, "introduced_at": where,
+                     "cite": f"{s.source}:{s.line}",
                      "also_left_out": s.spans_left_out, "config": timeline.configs.get(s.kernel)})
     if kernel and not steps:
         kernels = sorted({s.kernel for s in timeline.steps})
         raise UserFacingError(f"no kernel {kernel!r} in IR dump {name} (kernels: {', '.join(kernels)})",
                               "give --kernel one of those names, or leave it out")
+    if not op.strip():
+        raise UserFacingError("no op given", "name one as printed in the IR, e.g. ttg.convert_layout or tt.load")
     if not any(r["before"] or r["after"] or r["change"] for r in rows):
         raise UserFacingError(f"no op matching {op!r} in any snapshot of {name}",
                               "use an op name as printed in the IR, e.g. ttg.convert_layout or ld.global")
@@ -513,11 +520,15 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
         # A stage in another IR language (ttgir -> llir) is not compared with the one before: ops
         # present there are new in that IR, not added by a pass.
         new_ir = r["before"] is None and bool(r["after"])
-        if show_all or r["change"] or new_ir:
-            at = f"  at {', '.join(r['introduced_at'][:4])}" if r["introduced_at"] and r["change"] > 0 else ""
+        # Lines of OP both added and removed: the pass replaced some (a convert_layout to #mma for one to
+        # #dot_op), which a count alone does not show.
+        replaced = r["lines_added"] and r["lines_removed"]
+        if show_all or r["change"] or new_ir or replaced:
+            at = f"  at {', '.join(r['introduced_at'][:4])}" if r["introduced_at"] and r["lines_added"] else ""
             after = "?" if r["after"] is None else r["after"]
             before = "-" if r["before"] is None else r["before"]
-            change = "new in this IR" if new_ir else f"{r['change']:+d}"
+            change = ("first snapshot" if new_ir and r["step"] == 1 else "new in this IR" if new_ir else
+                      f"{r['change']:+d}: +{r['lines_added']}/-{r['lines_removed']} lines" if replaced else f"{r['change']:+d}")
             # The left-out passes go last: in the pass column they would push every column after it.
             left_out = f"  + left out: {', '.join(r['also_left_out'])}" if r["also_left_out"] else ""
             click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {r['pass']:<45} {before:>6} {after:>6} "

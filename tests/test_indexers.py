@@ -331,11 +331,57 @@ def test_every_dump_format_reads_into_ordered_stages():
 def test_steps_attribute_changes_to_the_pass_that_made_them():
     before = {s.pass_arg: s for s in summarize_dump(read_ir_dump(IR / "stream.txt"))}
     assert before["tritongpu-coalesce"].delta == {"ttg.convert_layout": 2}
-    assert before["tritongpu-coalesce"].introduced_at == {"ttg.convert_layout": ["copy.py:7"]}
+    # Coalesce also gave the load its new layout: same count, rewritten line.
+    assert before["tritongpu-coalesce"].introduced_at == {"ttg.convert_layout": ["copy.py:7"], "tt.load": ["copy.py:7"]}
+    assert before["tritongpu-coalesce"].churn["tt.load"] == [1, 1]
     assert before["tritongpu-remove-layout-conversions"].delta == {"ttg.convert_layout": -2}
     after = {s.pass_arg: s for s in summarize_dump(read_ir_dump(IR / "bishengir_after_all.txt"))}
     assert after["convert-linalg-to-hivm"].delta["hivm.hir.load"] == 1
     assert after["hivm-plan-memory"].delta["memref.alloc"] == -1
+
+
+def _section(pass_arg: str, aliases: str, op_line: str) -> str:
+    return (f"// -----// IR Dump Before P: {pass_arg} ('builtin.module' operation) //----- //\n{aliases}\n"
+            "module {\n  tt.func public @k(%p: !tt.ptr<f32>) {\n"
+            f"    {op_line}\n    tt.return\n  }}\n}}\n")
+
+
+def test_a_replaced_op_shows_though_its_count_does_not(tmp_path):
+    """accelerate-matmul turns a convert_layout to a dot operand into one to #mma: no count changes.
+    Layout aliases are numbered anew in every dump, so lines compare with the aliases spelled out."""
+    x, y, mma = "#ttg.blocked<{sizePerThread = [1]}>", "#ttg.blocked<{sizePerThread = [4]}>", "#ttg.nvidia_mma<{v = 3}>"
+    cvt = "%1 = ttg.convert_layout %0 : tensor<64xf32, {}> -> tensor<64xf32, {}>"
+    stream = tmp_path / "s.txt"
+    stream.write_text(
+        _section("renumber-only", f"#blocked = {x}\n#blocked1 = {y}", cvt.format("#blocked", "#blocked1"))
+        + _section("accelerate-matmul", f"#blocked = {y}\n#blocked1 = {x}", cvt.format("#blocked1", "#blocked"))
+        + _section("cse", f"#blocked = {x}\n#mma = {mma}", cvt.format("#blocked", "#mma"))
+        + _section("last", f"#blocked = {x}\n#mma = {mma}", cvt.format("#blocked", "#mma")))
+    # In a "Before" stream a pass's change is between its snapshot and the next one.
+    renumber, accelerate, cse, _ = summarize_dump(read_ir_dump(stream))
+    assert renumber.churn == {} and not renumber.delta  # only the alias names moved
+    assert accelerate.churn == {"ttg.convert_layout": [1, 1]} and not accelerate.delta
+    assert not cse.churn
+
+
+def test_function_scoped_sections_go_each_to_its_function(tmp_path):
+    """bishengir runs function passes once per function of the module: switching between them is not
+    a new compile of the kernel. A failed pass is said, and its section kept."""
+    def section(when: str, func: str, vectors: int) -> str:
+        return (f"// -----// IR Dump After {when} ('func.func' operation: @{func}) //----- //\n"
+                f"func.func @{func}() {{\n" + "  %0 = vector.load %m[%c0] : memref<8xf32>, vector<8xf32>\n" * vectors
+                + "  return\n}\n")
+    stream = tmp_path / "fs.txt"
+    stream.write_text(section("Canonicalizer (canonicalize)", "add_kernel", 0) + section("Canonicalizer (canonicalize)", "helper", 0)
+                      + section("HIVMLoadVectorize Failed (hivm-load-vectorize)", "add_kernel", 2)
+                      + section("HIVMLoadVectorize (hivm-load-vectorize)", "helper", 0)
+                      + section("CSE (cse)", "add_kernel", 1))
+    dump = read_ir_dump(stream)
+    assert [s.kernel for s in dump.stages] == ["add_kernel", "helper", "add_kernel", "helper", "add_kernel"]
+    assert dump.notes == ["fs.txt:9: hivm-load-vectorize failed on add_kernel; its section holds the IR it left"]
+    steps = {(s.kernel, s.pass_arg): s for s in summarize_dump(dump)}
+    assert steps["add_kernel", "hivm-load-vectorize"].delta == {"vector.load": 2}
+    assert steps["add_kernel", "cse"].delta == {"vector.load": -1}
 
 
 def test_a_pass_internal_dumps_are_neither_its_input_nor_a_pass(tmp_path):

@@ -94,3 +94,36 @@ def test_func_args_rejects_non_triton_ir():
 
     with pytest.raises(ir.IRParseError):
         ir.func_args("module {}")
+
+
+def test_inline_asm_and_calls_are_counted_by_what_they_stand_for():
+    """After lowering to LLVM a vectorized load is an `llvm.inline_asm` and `tl.math.erf` a call:
+    counted as bare ops they could not be traced."""
+    module = (
+        '    %5 = llvm.inline_asm has_side_effects asm_dialect = att operand_attrs = [] "mov.u32 $0, 0x0;\\0A\\09'
+        '@$5 ld.global.v4.b32 { $0, $1, $2, $3 }, [ $4 + 0 ];", "=r,=r,=r,=r,l,b" %3, %4 : (!llvm.ptr<1>, i1) -> '
+        "!llvm.struct<(i32, i32, i32, i32)> loc(#loc3)\n"
+        "    %6 = llvm.call @__nv_erff(%2) : (f32) -> f32 loc(#loc4)\n"
+        '    llvm.inline_asm has_side_effects asm_dialect = att operand_attrs = [] "wgmma.fence.sync.aligned;", ""  : () -> ()\n'
+    )
+    assert ir.op_counts(module) == {"llvm.inline_asm(ld.global.v4.b32)": 1, "llvm.call(@__nv_erff)": 1,
+                                    "llvm.inline_asm(wgmma.fence.sync.aligned)": 1}
+    llir = ('  %20 = tail call { i32, i32 } asm sideeffect "mov.u32 $0, 0x0;\\0A\\09@$3 ld.global.v2.b32 { $0, $1 }, '
+            '[ $2 + 0 ];", "=r,=r,l,b"(ptr addrspace(1) %17, i1 %14)\n  %21 = call float @__nv_erff(float %3)\n')
+    assert ir.stage_op_counts(llir, "llvm") == {"call asm(ld.global.v2.b32)": 1, "call @__nv_erff": 1}
+
+
+def test_a_failed_pass_and_function_scoped_sections():
+    stream = (
+        "// -----// IR Dump After Canonicalizer (canonicalize) ('func.func' operation: @add_kernel) //----- //\n"
+        "func.func @add_kernel() {\n  return\n}\n"
+        "// -----// IR Dump After Canonicalizer (canonicalize) ('func.func' operation: @helper) //----- //\n"
+        "func.func private @helper() {\n  return\n}\n"
+        "// -----// IR Dump After HIVMLoadVectorize Failed (hivm-load-vectorize) ('func.func' operation: @add_kernel) //----- //\n"
+        "func.func @add_kernel() {\n  return\n}\n"
+    )
+    [first, helper, failed] = ir.split_pass_dumps(stream)
+    assert (failed.pass_arg, failed.failed, failed.func) == ("hivm-load-vectorize", True, "add_kernel")
+    assert ir.dump_header_pass("IR Dump After HIVMLoadVectorize Failed (hivm-load-vectorize)") == "hivm-load-vectorize"
+    assert ir.dump_header_pass("// IR Dump Before TritonGPUCoalesce") == "TritonGPUCoalesce"  # pasted in part
+    assert ir.dump_header_pass("IR Dump Before X: x-arg") == "x-arg"
