@@ -15,6 +15,7 @@ import re
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,8 +222,15 @@ def _chunk_text(step: StepChange, total: int, config: dict[str, object] | None =
 
 
 def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
-                  progress: Callable[[str, int, int], None] | None = None) -> tuple[Manifest, IRDump, list[StepChange]]:
-    """Read, summarize and publish one dump as release `name` of corpus `ir`. Caller holds the write lock."""
+                  progress: Callable[[str, int, int], None] | None = None,
+                  publish_lock: Callable[[], AbstractContextManager[None]] | None = None,
+                  ) -> tuple[Manifest, IRDump, list[StepChange]]:
+    """Read, summarize and publish one dump as release `name` of corpus `ir`.
+
+    The caller holds the home's write lock, or, with `publish_lock` (`home.lock(write=True)`), its
+    build lock: the dump is then read and embedded with queries still answering, and the write lock
+    is taken only to store and publish.
+    """
     from harness.ir import IRParseError
 
     check_release_name(home, name, ir_dump=True)
@@ -269,6 +277,19 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
                               f"{d:+d}{lines_note} at {step.source}:{step.line}"))
             kind = "ir-op-introduced" if d > 0 else "ir-op-removed" if d < 0 else "ir-op-rewritten"
             symbols.append(Symbol(name, op, kind, "mlir", step.source, step.line, step.line, "ref", cid, step.pass_arg))
+    if publish_lock is not None:
+        texts = list(dict.fromkeys(c.embed_text or c.text for c in chunks))
+        embedder.fill_cache(texts, on_progress=(lambda done: progress("embed", done, len(texts))) if progress else None)
+    with publish_lock() if publish_lock is not None else nullcontext():
+        manifest = _publish_dump(home, embedder, path, name, dump, steps, chunks, symbols, links,
+                                 (lambda done, total: progress("store" if publish_lock else "embed", done, total))
+                                 if progress else None)
+    return manifest, dump, steps
+
+
+def _publish_dump(home: KBHome, embedder: Any, path: Path, name: str, dump: IRDump, steps: list[StepChange],
+                  chunks: list[Chunk], symbols: list[Symbol], links: list[Link],
+                  progress: Callable[[int, int], None] | None) -> Manifest:
     # The timeline is written under a fresh build name and named by the manifest, so a kill at any
     # point leaves `kb ir trace` and `kb search` reading the same build.
     home.ir_dir.mkdir(parents=True, exist_ok=True)
@@ -279,8 +300,7 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
     manifest = publish(home, IR_CORPUS, name, chunks, chunker={"kind": "ir-steps", "diff_lines": _DIFF_LINES},
                        source={"kind": "ir-dump", "path": str(path), "snapshots": len(steps),
                                "timeline": timeline.name},
-                       embedder=embedder,
-                       progress=(lambda done, total: progress("embed", done, total)) if progress else None)
+                       embedder=embedder, progress=progress)
     for stale in home.timeline_files(name):
         if stale != timeline:
             stale.unlink(missing_ok=True)
@@ -290,7 +310,7 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
         store.replace_release(name, symbols, [], links, [SourceFile(name, f, "", "ir", 0) for f in files])
     finally:
         store.close()
-    return manifest, dump, steps
+    return manifest
 
 
 @dataclass

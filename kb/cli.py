@@ -182,10 +182,11 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
 
     name = name or (path.resolve().stem if path.is_file() else path.resolve().name)
     home = _home(ctx, create=True)
-    with home.lock(write=True), _progress_bar("indexing") as bar:
+    # As for source: queries keep answering while the dump is read and embedded.
+    with home.build_lock(), _progress_bar("indexing") as bar:
         progress = _stage_progress(bar)
-        manifest, dump, steps = index_ir_dump(home, embedder_for(home), path, name,
-                                              progress)
+        manifest, dump, steps = index_ir_dump(home, embedder_for(home), path, name, progress,
+                                              publish_lock=functools.partial(home.lock, write=True))
     kernels = sorted({s.kernel for s in steps})
     click.echo(f"indexed ir@{name}: {len(steps)} snapshots of {len(kernels)} kernel(s), "
                f"{manifest.count} that changed the IR")

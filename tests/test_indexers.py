@@ -252,6 +252,12 @@ def test_queries_answer_from_the_old_index_while_a_build_parses_and_embeds(tmp_p
         with home.build_lock(wait_s=0):  # a second build waits, then says why
             pass
     assert Searcher(home, "compiler", "r", embedder=embedder).search("brandNewHelper", k=1, mode="bm25")
+    # Indexing an IR dump (a run's stream can take a minute) leaves queries answering the same way.
+    answered.clear()
+    with home.build_lock():
+        index_ir_dump(home, embedder, IR / "stream.txt", "run", progress=query_now,
+                      publish_lock=lambda: home.lock(write=True))
+    assert answered == {"summarize": True, "embed": True, "store": False}
 
 
 class _Killed(Exception):
