@@ -179,17 +179,23 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
     """
     from indexer.ir import describe_config, index_ir_dump
     from kb.embed import embedder_for
+    from kb.index import load_manifest
+    from kb.releases import IR_CORPUS, name_from
 
-    name = name or (path.resolve().stem if path.is_file() else path.resolve().name)
+    name = name if name is not None else name_from(path.resolve().stem if path.is_file() else path.resolve().name)
     home = _home(ctx, create=True)
+    earlier = load_manifest(home, IR_CORPUS, name)
     # As for source: queries keep answering while the dump is read and embedded.
     with home.build_lock(), _progress_bar("indexing") as bar:
         progress = _stage_progress(bar)
         manifest, dump, steps = index_ir_dump(home, embedder_for(home), path, name, progress,
                                               publish_lock=functools.partial(home.lock, write=True))
     kernels = sorted({s.kernel for s in steps})
-    click.echo(f"indexed ir@{name}: {len(steps)} snapshots of {len(kernels)} kernel(s), "
-               f"{manifest.count} that changed the IR")
+    click.echo(f"indexed ir@{name}: {len(steps)} snapshot{'s' * (len(steps) != 1)} of {len(kernels)} "
+               f"kernel{'s' * (len(kernels) != 1)}, {manifest.count} that changed the IR")
+    if earlier is not None:
+        click.echo(f"replaced the earlier ir@{name} (from {earlier.source.get('path', '?')}); "
+                   "give --name to keep dumps side by side")
     for kernel in kernels:
         if kernel in dump.configs:
             click.echo(f"  {kernel}: {describe_config(dump.configs[kernel])}")

@@ -7,6 +7,7 @@ A release is a name shared by the indexes built from one source tree (`kb index 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +16,8 @@ from kb.home import KBHome
 from kb.index import drop_index, list_manifests
 from kb.symbols import SymbolStore
 
-__all__ = ["IR_CORPUS", "ReleaseDiff", "ReleaseInfo", "check_release_name", "diff_releases", "drop_release",
-           "list_releases"]
+__all__ = ["IR_CORPUS", "ReleaseDiff", "ReleaseInfo", "check_name", "check_release_name", "diff_releases",
+           "drop_release", "list_releases", "name_from"]
 
 IR_CORPUS = "ir"  # the corpus of IR dumps (`kb index ir`); every other corpus is built from source
 
@@ -25,12 +26,30 @@ def _ir_dumps(home: KBHome) -> set[str]:
     return {m.release for m in list_manifests(home) if m.corpus == IR_CORPUS}
 
 
+# Release, dump and corpus names become file and collection names (`<corpus>__<release>`): other
+# characters would be replaced there, and two names could land on one index.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def name_from(text: str) -> str:
+    """A valid name made from `text` (a file stem): other characters become '-'."""
+    return re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9._-]+", "-", text)).strip("-._") or "dump"
+
+
+def check_name(name: str, option: str) -> None:
+    """Refuse a name that is not letters, digits, '.', '_' and '-' (no '__'), from a letter or digit."""
+    if not _NAME.fullmatch(name) or "__" in name:
+        raise UserFacingError(f"{option} {name!r} may hold only letters, digits, '.', '_' and '-' (not '__'), "
+                              "starting with a letter or digit", f"e.g. {option} {name_from(name)}")
+
+
 def check_release_name(home: KBHome, name: str, *, ir_dump: bool) -> None:
-    """Refuse to index an IR dump under a source release's name, or source under a dump's name.
+    """Refuse a malformed name, an IR dump under a source release's name, or source under a dump's name.
 
     Both keep their symbols under that name in the one symbol store: indexing one would silently
     replace the other's symbols, and `kb releases drop` would then drop both.
     """
+    check_name(name, "--name" if ir_dump else "--release")
     others = {m.release for m in list_manifests(home) if (m.corpus == IR_CORPUS) != ir_dump}
     if name not in others:
         return

@@ -148,6 +148,13 @@ def test_index_ir_and_trace_an_op(tmp_path):
     gone = runner.invoke(main, [*home, "ir", "trace", "dd", "tt.load"])
     assert "last present after: ttgir in copy_kernel" in gone.output, gone.output
     assert "no IR found" in _one_line_error([*home, "index", "ir", str(FIXTURES / "kernels")])
+    # Names become file names: two that differ only in other characters would share one index.
+    assert "e.g. --name bad-name-x" in _one_line_error(
+        [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "bad name/x"])
+    assert "e.g. --release a-b" in _one_line_error(
+        [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "a b"])
+    again = runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/triton_dump"), "--name", "copy"])
+    assert f"replaced the earlier ir@copy (from {FIXTURES / 'ir/stream.txt'})" in again.output
 
 
 def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):
