@@ -697,6 +697,9 @@ def _lowering_level(ir: str) -> int:
     return 1 if "ttg." in ir else 0
 
 
+_MODULE_START = re.compile(r"^module\b", re.MULTILINE)
+
+
 def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
     """Sections of one stream, each credited to the kernel whose function it holds: the stream of
     a whole run holds the pipelines of several kernels one after another, or of several compiles of
@@ -710,14 +713,17 @@ def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
     module_name = name = stem
     left_out: list[str] = []  # malformed sections since the last stage kept
     for snap in split_pass_dumps(text):
-        this_name = snap.func or _kernel_function(snap.text) or name
+        # Triton anchors passes on functions too (`('llvm.func' operation: @__nv_erff)`) but prints the
+        # whole module; only a section that holds no module shows that one function.
+        func = snap.func if snap.func and not _MODULE_START.search(snap.text) else ""
+        this_name = func or _kernel_function(snap.text) or name
         this_level = _lowering_level(snap.text)
-        switched = not snap.func and this_name != module_name and module_name in labels
+        switched = not func and this_name != module_name and module_name in labels
         if this_name not in labels or this_level < levels[this_name] or switched:
             compiles[this_name] += 1
             labels[this_name] = this_name if compiles[this_name] == 1 else f"{this_name}#{compiles[this_name]}"
         levels[this_name], name = this_level, this_name
-        if not snap.func:
+        if not func:
             module_name = this_name
         kernel = labels[this_name]
         where = f"{rel}:{snap.header_line}"

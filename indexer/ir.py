@@ -256,7 +256,13 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
         if progress:
             progress("summarize", done, len(steps))  # step.index counts per kernel
         if not step.changed and step.kind == "pass" and step.index > 0:
-            continue  # an unchanged pass adds nothing to search; its counts stay in the timeline
+            # Nothing to search for, but `kb symbols` (a pasted dump header) should find that it ran.
+            # The last pass of a "Before" stream has no snapshot after it: what it did is unknown.
+            outcome = "changed nothing" if step.after_known else "no snapshot after it"
+            for pass_name in dict.fromkeys((step.pass_arg, step.name)):
+                symbols.append(Symbol(name, pass_name, f"ir-{step.kind} ({outcome})", "mlir", step.source,
+                                      step.line, step.line, "def", "", step.kernel))
+            continue
         text = _chunk_text(step, per_kernel[step.kernel], dump.configs.get(step.kernel))
         cid = f"{step.kernel}#{step.index}:{step.pass_arg}"
         chunks.append(Chunk(cid, text, {

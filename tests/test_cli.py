@@ -135,6 +135,10 @@ def test_index_ir_and_trace_an_op(tmp_path):
     assert "tritongpu-coalesce" in trace.output and "at copy.py:7" in trace.output
     assert re.search(r"^copy_kernel\s+1 tritongpu-coalesce", trace.output, re.MULTILINE)  # "IR pass 1/3" in search
     assert "first present after: tritongpu-coalesce [stream.txt:1]" in trace.output
+    # A pass whose section is in the dump is found from its pasted header, whether it changed the IR or not.
+    pasted = runner.invoke(main, [*home, "symbols", "IR Dump Before TritonGPUReorderInstructions: "
+                                  "tritongpu-reorder-instructions ('builtin.module' operation)"]).output
+    assert "def ir-pass (no snapshot after it) copy_kernel::tritongpu-reorder-instructions  stream.txt:38@copy" in pasted
     assert "no op matching" in _one_line_error([*home, "ir", "trace", "copy", "wgmma"])
     assert "no kernel 'nope' in IR dump copy (kernels: copy_kernel)" in _one_line_error(
         [*home, "ir", "trace", "copy", "convert_layout", "--kernel", "nope"])

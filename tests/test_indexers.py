@@ -388,6 +388,12 @@ def test_function_scoped_sections_go_each_to_its_function(tmp_path):
     steps = {(s.kernel, s.pass_arg): s for s in summarize_dump(dump)}
     assert steps["add_kernel", "hivm-load-vectorize"].delta == {"vector.load": 2}
     assert steps["add_kernel", "cse"].delta == {"vector.load": -1}
+    # Triton anchors some passes on a function but prints the whole module: still the kernel's pipeline.
+    triton = (IR / "stream.txt").read_text().replace(
+        "tritongpu-reorder-instructions ('builtin.module' operation)",
+        "tritongpu-reorder-instructions ('tt.func' operation: @some_helper)")
+    (tmp_path / "triton.txt").write_text(triton)
+    assert {s.kernel for s in read_ir_dump(tmp_path / "triton.txt").stages} == {"copy_kernel"}
 
 
 def test_a_pass_internal_dumps_are_neither_its_input_nor_a_pass(tmp_path):
