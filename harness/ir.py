@@ -507,6 +507,10 @@ STAGE_ORDER = (".source", ".ttir", ".ttir.mlir", ".ttgir", ".ttadapter.mlir", ".
 _STAGE_LANG = {".ttir": "mlir", ".ttir.mlir": "mlir", ".ttgir": "mlir", ".ttadapter.mlir": "mlir", ".mlir": "mlir",
                ".llir": "llvm", ".ll": "llvm", ".ptx": "ptx", ".amdgcn": "amdgcn", ".source": "python"}
 _DUMP_TEXT_SUFFIXES = (".txt", ".log", ".err", ".dump", ".stderr")
+# A whole run's MLIR_ENABLE_DUMP stream of a few kernels is tens of MB; past this a file is read whole
+# into memory for nothing a trace could show.
+MAX_DUMP_BYTES = 512 * 2**20
+_MAX_BAD_BYTES = 16  # stray non-UTF-8 bytes replaced before a file counts as another encoding
 
 
 @dataclass
@@ -573,9 +577,10 @@ def _stage_suffix(name: str) -> str:
     return ""
 
 
-def _brace_problem(text: str, first_line: int = 1) -> str:
+def _brace_problem(text: str, first_line: int = 1) -> tuple[int, str]:
     """A truncated module shows as unbalanced braces; strings are skipped so `"{"` does not count.
-    Line numbers in the message count from `first_line` (the text's line in its file)."""
+    Returns (the line to look at, what is wrong), or (0, "") when the braces balance. Line numbers
+    count from `first_line` (the text's line in its file)."""
     depth, first_open = 0, 0
     for lineno, line in enumerate(text.splitlines(), start=first_line):
         code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', line.split("//", 1)[0] if line.lstrip().startswith("//") else line)
@@ -587,8 +592,10 @@ def _brace_problem(text: str, first_line: int = 1) -> str:
             elif ch == "}":
                 depth -= 1
                 if depth < 0:
-                    return f"unexpected '}}' at line {lineno}"
-    return f"{depth} unclosed '{{' (the block opened at line {first_open} never closes: truncated?)" if depth else ""
+                    return lineno, f"unexpected '}}' at line {lineno}"
+    if depth:
+        return first_open, f"{depth} unclosed '{{' (the block opened at line {first_open} never closes: truncated?)"
+    return 0, ""
 
 
 def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
@@ -604,53 +611,91 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
         raise IRParseError(f"{root}: no such file or directory")
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
     dump = IRDump([], [], [])
-    stage_files: dict[tuple[str, str], list[tuple[str, Path]]] = {}
+    stage_files: dict[tuple[str, str], list[tuple[str, Path, str]]] = {}  # (stem, directory) -> stages
     metadata_files: dict[tuple[str, str], tuple[str, str]] = {}  # (stem, directory) -> (rel, text)
     for file in files:
         rel = file.name if file == root else file.relative_to(root).as_posix()
-        raw = file.read_bytes()
-        if b"\0" in raw[:4096]:
+        size = file.stat().st_size
+        with open(file, "rb") as fh:
+            head = fh.read(4096)
+        if b"\0" in head:
             dump.skipped.append(f"{rel}: binary")
             continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            dump.skipped.append(f"{rel}: not UTF-8 (byte {exc.start})")
+        if size > MAX_DUMP_BYTES:
+            dump.skipped.append(f"{rel}: too large ({size / 2**20:,.0f} MiB, the limit is {MAX_DUMP_BYTES // 2**20} MiB); "
+                                "dump one kernel: MLIR_ENABLE_DUMP=<kernel name>")
+            continue
+        text = _dump_text(rel, file.read_bytes(), dump)
+        if text is None:
             continue
         suffix = _stage_suffix(file.name)
         if "// -----// IR Dump" in text:
             _read_stream(text, rel, file.stem, dump)
         elif suffix and suffix != ".source":
-            stage_files.setdefault(_stage_kernel(root, file, suffix), []).append((suffix, file))
+            stage_files.setdefault(_stage_kernel(root, file, suffix), []).append((suffix, file, text))
         elif file.suffix == ".json" and not file.name.startswith("__grp__"):
             metadata_files[_stage_kernel(root, file, ".json")] = (rel, text)
         elif file.suffix == ".json" or file.suffix in _DUMP_TEXT_SUFFIXES or suffix == ".source":
             dump.skipped.append(f"{rel}: no IR in it")
         else:
             dump.skipped.append(f"{rel}: not a known IR dump file")
-    stems = Counter(stem for stem, _ in stage_files)
+    # A kernel is named as its function is; the dump directory (a cache hash) only tells apart two
+    # compiles of one kernel. triton-ascend's TRITON_DEBUG files are all `kernel.*`.
+    names = {key: key[0] if key[0] != "kernel" else _kernel_function(items[0][2]) or key[1]
+             for key, items in stage_files.items()}
+    compiles = Counter(names.values())
     for (stem, directory), items in sorted(stage_files.items()):
-        # A kernel is named as it is in its source; the dump directory (a cache hash) only tells
-        # apart two compiles of one kernel, or names triton-ascend's generic `kernel.*` files.
-        kernel = directory if stem == "kernel" else stem if stems[stem] == 1 else f"{stem}@{directory[:12]}"
+        base = names[stem, directory]
+        kernel = base if compiles[base] == 1 else f"{base}@{directory[:12]}"
         if (stem, directory) in metadata_files:
             _read_metadata(*metadata_files.pop((stem, directory)), kernel, dump)
-        for suffix, file in sorted(items, key=lambda item: STAGE_ORDER.index(item[0])):
+        for suffix, file, text in sorted(items, key=lambda item: STAGE_ORDER.index(item[0])):
             rel = file.name if file == root else file.relative_to(root).as_posix()
-            text = file.read_text()
             lang = _STAGE_LANG[suffix]
-            problem = _brace_problem(text) if lang in ("mlir", "llvm") else ""
+            line, problem = _brace_problem(text) if lang in ("mlir", "llvm") else (0, "")
             if not text.strip():
                 dump.problems.append(f"{rel}:1: empty {suffix} file")
                 continue
             if problem:
-                dump.problems.append(f"{rel}:1: {problem}")
+                dump.problems.append(f"{rel}:{line}: {problem}")
                 continue
             dump.stages.append(IRStage(kernel, file.name, suffix.lstrip(".").removesuffix(".mlir") or "mlir", "stage",
                                        "", lang, text, rel, 1))
+            if kernel not in dump.configs and suffix == ".ttgir" and (config := _module_config(text)):
+                dump.configs[kernel] = config  # TRITON_DUMP_DIR has no metadata JSON
     dump.skipped.extend(f"{rel}: no IR in it" for rel, _ in metadata_files.values())
     dump.skipped.sort()
     return dump
+
+
+def _dump_text(rel: str, raw: bytes, dump: IRDump) -> str | None:
+    """The file's text; a few stray bytes (a Latin-1 path in a location) are replaced and noted, more
+    mean another encoding and skip the file."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        text = raw.decode("utf-8", errors="replace")
+        bad = text.count("\ufffd")
+        if bad > max(_MAX_BAD_BYTES, len(raw) // 100):
+            dump.skipped.append(f"{rel}: not UTF-8 ({bad} undecodable bytes, the first at line {line})")
+            return None
+        dump.notes.append(f"{rel}:{line}: {bad} byte(s) that are not UTF-8 replaced by U+FFFD")
+        return text
+
+
+# module attributes {"ttg.num-ctas" = 1 : i32, "ttg.num-warps" = 4 : i32, ttg.target = "cuda:90", ...}
+_MODULE_ATTR = re.compile(r'"?ttg\.(?P<key>num-warps|num-ctas|target)"?\s*=\s*(?:(?P<n>\d+)|"(?P<s>[^"]*)")')
+
+
+def _module_config(ttgir: str) -> dict[str, object]:
+    """Target, warps and CTAs from a TTGIR module's attributes: what a dump without metadata JSON tells."""
+    head = _MODULE_START.search(ttgir)
+    line = ttgir[head.start(): ttgir.find("\n", head.start())] if head else ""
+    found = {m["key"]: int(m["n"]) if m["n"] else m["s"] for m in _MODULE_ATTR.finditer(line)}
+    config: dict[str, object] = {"target": found["target"]} if "target" in found else {}
+    config.update({f"num_{k[4:]}": found[k] for k in ("num-warps", "num-ctas") if k in found})
+    return config
 
 
 def _read_metadata(rel: str, text: str, kernel: str, dump: IRDump) -> None:
@@ -735,7 +780,7 @@ def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
             dump.problems.append(f"{where}: empty IR section after the header for {snap.pass_arg}")
             left_out.append(snap.pass_arg)
             continue
-        problem = _brace_problem(_module_part(body), snap.header_line + 1)
+        _, problem = _brace_problem(_module_part(body), snap.header_line + 1)
         if problem:
             dump.problems.append(f"{where}: section for {snap.pass_arg}: {problem}")
             left_out.append(snap.pass_arg)

@@ -3,10 +3,12 @@ commands, so `kb --help` stays instant."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -203,8 +205,12 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
         click.echo(f"note: {note}")
     for problem in dump.problems:
         click.echo(f"malformed (left out): {problem}")
-    for skipped in dump.skipped:
-        click.echo(f"skipped: {skipped}")
+    if len(dump.skipped) <= 5:
+        for skipped in dump.skipped:
+            click.echo(f"skipped: {skipped}")
+    else:  # a cache directory holds a cubin, a .source and a group JSON per compile: count them
+        reasons = collections.Counter(s.split(": ", 1)[1] for s in dump.skipped)
+        click.echo(f"skipped {len(dump.skipped)} files: " + ", ".join(f"{n} {why}" for why, n in reasons.most_common()))
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -493,7 +499,8 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     home = _home(ctx)
     with home.lock(write=False):
         timeline = load_timeline(home, name)
-    steps = [s for s in timeline.steps if not kernel or s.kernel == kernel]
+    # `--kernel scale_kernel` means every compile of it: scale_kernel#2, scale_kernel@<cache hash>.
+    steps = [s for s in timeline.steps if not kernel or kernel in (s.kernel, re.split(r"[#@]", s.kernel)[0])]
     rows = []
     for s in steps:  # steps numbered from 1, as search results number them ("IR pass 2/3")
         count = sum(n for o, n in s.counts.items() if op in o)
@@ -519,7 +526,7 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    for k in sorted({r["kernel"] for r in rows} & set(timeline.configs)):
+    for k in sorted({r["kernel"] for r in rows if r["before"] or r["after"] or r["change"]} & set(timeline.configs)):
         click.echo(f"{k} compiled with {describe_config(timeline.configs[k])}")
     width = max([len("kernel"), *(len(r["kernel"]) for r in rows)])
     click.echo(f"{'kernel':<{width}} {'step':>4} {'pass or stage':<45} {'before':>6} {'after':>6}")
@@ -543,6 +550,7 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     per_kernel: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         per_kernel.setdefault(r["kernel"], []).append(r)
+    per_kernel_with_op = {k for k, kr in per_kernel.items() if any(r["before"] or r["after"] or r["change"] for r in kr)}
     for kernel_name, kernel_rows in per_kernel.items():
         # Each kernel (and each compile of one) has its own pipeline: where the op first shows is per kernel.
         of_kernel = f" in {kernel_name}" if len(per_kernel) > 1 else ""
@@ -559,6 +567,10 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
             last = next((r for r in reversed(kernel_rows) if r["after"]), None)
             if last is not None:
                 click.echo(f"last present after: {last['pass']} in {kernel_name} [{last['cite']}]")
+    absent = [k for k in dict.fromkeys(r["kernel"] for r in rows) if k not in per_kernel_with_op]
+    if absent:  # which compile of an autotuned kernel lacks the vectorized load is half the answer
+        click.echo("not in any snapshot of: " + ", ".join(
+            k + (f" ({describe_config(timeline.configs[k])})" if k in timeline.configs else "") for k in absent))
     if any(r["also_left_out"] for r in rows):
         click.echo("malformed sections were left out (see `kb index ir`): a change marked with them may be theirs")
 

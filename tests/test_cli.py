@@ -175,6 +175,13 @@ def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):
     assert "copy_kernel@AAAA compiled with cuda:90, num_warps=4\n" in trace
     assert "first present after: ptx in copy_kernel@AAAA [AAAA/copy_kernel.ptx:1]" in trace
     assert "first present after: ptx in copy_kernel@BBBB [BBBB/copy_kernel.ptx:1]" in trace
+    # --kernel names every compile of the kernel; one compile without the op is named with its options.
+    ptx = tmp_path / "cache" / "BBBB" / "copy_kernel.ptx"
+    ptx.write_text(ptx.read_text().replace("ld.global", "ld.param"))
+    assert CliRunner().invoke(main, [*home, "index", "ir", str(tmp_path / "cache"), "--name", "cache"]).exit_code == 0
+    trace = CliRunner().invoke(main, [*home, "ir", "trace", "cache", "ld.global", "--kernel", "copy_kernel"]).output
+    assert "first present after: ptx in copy_kernel@AAAA" in trace
+    assert trace.rstrip().endswith("not in any snapshot of: copy_kernel@BBBB (cuda:90, num_warps=8)")
 
 
 def test_ir_trace_keeps_its_columns_when_a_change_spans_a_left_out_section(tmp_path):

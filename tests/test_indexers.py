@@ -313,11 +313,31 @@ def test_a_cache_directory_names_each_compile_with_its_options(tmp_path):
     (tmp_path / "DDDD" / "other.json").write_text("{}")
     dump = read_ir_dump(tmp_path)
     assert sorted({s.kernel for s in dump.stages}) == ["copy_kernel@AAAA", "copy_kernel@BBBB", "copy_kernel@CCCC"]
-    assert dump.configs == {"copy_kernel@AAAA": {"num_warps": 4, "num_stages": 3}}
+    # Without usable JSON, the TTGIR module's attributes still tell the warps.
+    assert dump.configs == {"copy_kernel@AAAA": {"num_warps": 4, "num_stages": 3},
+                            "copy_kernel@BBBB": {"num_warps": 4}, "copy_kernel@CCCC": {"num_warps": 4}}
     # A truncated JSON loses the options, never the stages, and names its file and line.
     assert dump.problems == ["BBBB/copy_kernel.json:2: compile metadata is not valid JSON (Expecting ',' delimiter); "
                              "the kernel's stages are kept without it"]
     assert dump.skipped == ["AAAA/__grp__copy_kernel.json: no IR in it", "DDDD/other.json: no IR in it"]
+
+
+def test_huge_non_utf8_and_truncated_dump_files(tmp_path, monkeypatch):
+    import harness.ir
+
+    shutil.copytree(IR / "triton_dump" / "6f1c2a", tmp_path / "d" / "h1", ignore=shutil.ignore_patterns("*.cubin"))
+    ptx = tmp_path / "d" / "h1" / "copy_kernel.ptx"
+    ptx.write_bytes(ptx.read_bytes().replace(b"copy_kernel", "copy_k\u00e9rnel".encode("latin-1"), 1))
+    ttgir = tmp_path / "d" / "h1" / "copy_kernel.ttgir"
+    ttgir.write_text("\n".join(ttgir.read_text().splitlines()[:4]))  # the module opened at line 2 never closes
+    (tmp_path / "d" / "big.txt").write_text("// -----// IR Dump Before X: x ('builtin.module' operation) //----- //\n"
+                                          + "module {\n}\n" * 100)
+    monkeypatch.setattr(harness.ir, "MAX_DUMP_BYTES", 1000)
+    dump = read_ir_dump(tmp_path / "d")
+    assert [s.name for s in dump.stages] == ["copy_kernel.ttir", "copy_kernel.llir", "copy_kernel.ptx"]
+    assert dump.notes == ["h1/copy_kernel.ptx:1: 1 byte(s) that are not UTF-8 replaced by U+FFFD"]
+    assert dump.problems == ["h1/copy_kernel.ttgir:2: 2 unclosed '{' (the block opened at line 2 never closes: truncated?)"]
+    assert dump.skipped[0].startswith("big.txt: too large (0 MiB, the limit is 0 MiB); dump one kernel")
 
 
 def test_every_dump_format_reads_into_ordered_stages():
@@ -330,6 +350,7 @@ def test_every_dump_format_reads_into_ordered_stages():
     assert triton_dir.configs == {"copy_kernel": {"target": "cuda:90", "num_warps": 4}}  # its copy_kernel.json
     ascend = read_ir_dump(IR / "ascend_debug")
     assert [s.name for s in ascend.stages] == ["kernel.ttir.mlir", "kernel.ttadapter.mlir", "kernel.mlir"]
+    assert {s.kernel for s in ascend.stages} == {"add_kernel"}  # its function, not the directory
     bisheng = read_ir_dump(IR / "bishengir_after_all.txt")
     assert [(s.pass_arg, s.when) for s in bisheng.stages][1] == ("convert-linalg-to-hivm", "After")
 
