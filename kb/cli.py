@@ -59,13 +59,13 @@ def _stand_ins(versus: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(versus))
 
 
-def _home(ctx: click.Context, create: bool = False) -> Any:
+def _home(ctx: click.Context, create: bool = False, build_hint: str | None = None) -> Any:
     from kb.home import KBHome
 
     home = KBHome.resolve(ctx.obj.get("home"))
     if create:
         return home.ensure()
-    home.validate()
+    home.validate(*([build_hint] if build_hint else []))
     return home
 
 
@@ -228,7 +228,7 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
     from kb.retrieve import Searcher
     from kb.symbols import SymbolStore
 
-    home = _home(ctx)
+    home = _home(ctx, build_hint="`kb index ir PATH --name NAME`" if corpus == "ir" else None)
     with home.lock(write=False):
         searcher = Searcher(home, corpus, release)
         store = SymbolStore(home.symbols_db) if home.symbols_db.exists() else None
@@ -496,7 +496,7 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     it, which removed it. OP matches by substring (`convert_layout`, `ld.global.v4`, `load <4 x`)."""
     from indexer.ir import describe_config, load_timeline
 
-    home = _home(ctx)
+    home = _home(ctx, build_hint="`kb index ir PATH --name NAME`")
     with home.lock(write=False):
         timeline = load_timeline(home, name)
     # `--kernel scale_kernel` means every compile of it: scale_kernel#2, scale_kernel@<cache hash>.

@@ -126,14 +126,12 @@ class KBHome:
         self.validate()
         return self
 
-    def validate(self) -> None:
-        """Fail clearly on a corrupt or foreign home before any store is opened."""
+    def validate(self, build_hint: str = "`kb index patterns` and `kb index compiler --installed`") -> None:
+        """Fail clearly on a corrupt or foreign home before any store is opened; `build_hint` names the
+        commands that build what the caller reads."""
         marker = self.root / MARKER
         if not marker.exists():
-            raise UserFacingError(
-                f"no knowledge base at {self.root}",
-                "build one with `kb index patterns` and `kb index compiler --installed`, or pass --home",
-            )
+            raise UserFacingError(f"no knowledge base at {self.root}", f"build one with {build_hint}, or pass --home")
         try:
             data = json.loads(marker.read_text())
         except (OSError, json.JSONDecodeError) as exc:
