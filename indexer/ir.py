@@ -268,7 +268,10 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
         chunks.append(Chunk(cid, text, {
             "file": step.source, "start_line": step.line, "end_line": step.line, "symbol": step.name,
             "kind": f"ir-{step.kind}", "lang": "mlir", "release": name, "pass_arg": step.pass_arg,
-            "kernel": step.kernel, "step": step.index}))
+            "kernel": step.kernel, "step": step.index,
+            # What the step added and removed, for questions asking which pass did one or the other.
+            "ops_added": " ".join(op for op, d in step.delta.items() if d > 0),
+            "ops_removed": " ".join(op for op, d in step.delta.items() if d < 0)}))
         symbols.append(Symbol(name, step.pass_arg, f"ir-{step.kind}", "mlir", step.source, step.line, step.line,
                               "def", cid, step.kernel))
         if step.name != step.pass_arg:

@@ -171,6 +171,7 @@ class Searcher:
         if not _ASKS_FOR_AUX.search(query):
             hits.sort(key=_is_aux)  # stable: keeps rank order
         hits = _named_vendor_first(hits, query)
+        hits = _ir_direction_first(hits, query)
         if one_per_file:
             hits = _one_per_file(hits)
         return hits[:k]
@@ -306,6 +307,45 @@ _ASKS_HOW_LOWERED = re.compile(r"\b(lower(s|ed|ing)?|conver(t|ts|ted|sion)|rewri
                                re.IGNORECASE)
 # tritongpu-coalesce, --enable-auto-multi-buffer; hyphenated English ("non-trivial") finds no symbol
 _FLAG = re.compile(r"(?<![\w-])-{0,2}([a-z][a-z0-9]*(?:-[a-z0-9]+)+)")
+
+
+# "where did the vectorized load disappear" / "which pass introduced this convert_layout"
+_ASKS_REMOVED = re.compile(r"\b(disappear\w*|vanish\w*|remov\w*|lost|lose\w*|gone|drop\w*|eliminat\w*|delet\w*|"
+                           r"erase\w*|fold\w*)\b", re.IGNORECASE)
+_ASKS_ADDED = re.compile(r"\b(introduc\w*|appear\w*|add\w*|creat\w*|insert\w*|emit\w*|come from|came from|"
+                         r"produc\w*|generat\w*)\b", re.IGNORECASE)
+
+
+def _ir_direction_first(hits: list[Hit], query: str) -> list[Hit]:
+    """A question about an op disappearing (or appearing) ranks first the pass steps that removed
+    (or added) an op its words name: `vectorized load` names `vector.load`, `convert_layout` itself.
+    The chunks of both steps name the op, so word overlap alone ranks the two either way."""
+    removed, added = bool(_ASKS_REMOVED.search(query)), bool(_ASKS_ADDED.search(query))
+    if removed == added:  # neither, or both (which is asked is unclear)
+        return hits
+    key = "ops_removed" if removed else "ops_added"
+    words = [w for w in re.findall(r"[a-z0-9]+", query.lower()) if len(w) >= 3]
+
+    def said(part: str) -> bool:
+        return any(w.startswith(part) or part.startswith(w) for w in words)
+
+    def how_well_named(hit: Hit) -> int:
+        """Parts of the best-named op the step added/removed: an op counts once the query says its
+        name (`load`); saying its dialect too (`vector`) ranks it above another dialect's op."""
+        best = 0
+        for op in str(hit.metadata.get(key, "")).split():
+            parts = [p for p in re.split(r"[._()@]", op.lower()) if len(p) >= 3]
+            name = [p for p in parts if p not in _DIALECTS]
+            if name and all(said(p) for p in name):
+                best = max(best, sum(said(p) for p in parts))
+        return best
+
+    return sorted(hits, key=lambda h: -how_well_named(h))  # stable
+
+
+# Dialect prefixes name no op by themselves (`ttg` in ttg.convert_layout).
+_DIALECTS = {"tt", "ttg", "ttng", "nvgpu", "nvvm", "llvm", "arith", "math", "scf", "memref", "vector", "tensor",
+             "linalg", "hivm", "hir", "hfusion", "func", "gpu", "amdgpu", "rocdl", "amdg", "cf", "annotation"}
 
 
 def _is_aux(hit: Hit) -> bool:

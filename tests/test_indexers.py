@@ -494,6 +494,28 @@ def test_indexed_dump_answers_which_pass_introduced_an_op(tmp_path):
         index_ir_dump(home, embedder, FIXTURES / "kernels", "not-ir")
 
 
+def test_a_question_about_an_op_disappearing_finds_the_step_that_removed_it(tmp_path):
+    """One pass vectorizes the load, a later one scalarizes it again: both steps' chunks name
+    vector.load and memref.load, so only what each did tells them apart."""
+    def after(pass_class: str, arg: str, op: str) -> str:
+        return (f"// -----// IR Dump After {pass_class} ({arg}) //----- //\nmodule {{\n  func.func @k(%m: memref<8xf32>) {{\n"
+                f"    %0 = {op} %m[%c0] : memref<8xf32>, vector<8xf32>\n    return\n  }}\n}}\n")
+    (tmp_path / "d.txt").write_text(after("Convert", "triton-to-linalg", "memref.load")
+                                    + after("HIVMLoadVectorize", "hivm-load-vectorize", "vector.load")
+                                    + after("HIVMScalarizeLoads", "hivm-scalarize-loads", "memref.load"))
+    home = KBHome(tmp_path / "home").ensure()
+    embedder = _embedder(home)
+    with home.lock(write=True):
+        index_ir_dump(home, embedder, tmp_path / "d.txt", "d")
+    searcher = Searcher(home, "ir", "d", embedder=embedder)
+    for question, step in (("where did the vectorized load disappear", "hivm-scalarize-loads"),
+                           ("which pass removed the vector load", "hivm-scalarize-loads"),
+                           ("where did the vector load appear", "hivm-load-vectorize"),
+                           ("which pass introduced the memref load again", "hivm-scalarize-loads")):
+        for mode in ("hybrid", "bm25"):
+            assert searcher.search(question, k=1, mode=mode)[0].metadata["pass_arg"] == step, (question, mode)
+
+
 def test_parse_cache_blob_is_the_whole_parsed_file():
     """`ParsedFile.to_bytes` spells out its fields instead of `asdict`: a field added later must
     not be silently dropped from the cache."""
