@@ -192,7 +192,7 @@ class Searcher:
         if symbol_hits:
             scores: dict[str, float] = {}
             by_id: dict[str, Hit] = {}
-            for ranking in (ranked, symbol_hits):
+            for ranking in (symbol_hits, ranked):  # a symbol hit's copy keeps the definition it cites
                 for rank, hit in enumerate(ranking):
                     scores[hit.id] = scores.get(hit.id, 0.0) + 1.0 / (60 + rank)
                     by_id.setdefault(hit.id, hit)
@@ -235,6 +235,7 @@ class Searcher:
             return []
         links = store.links_of(record.argument, self.release)
         ids: list[str] = []
+        matched: dict[str, Any] = {}
         if tests:
             files = [lk.src for lk in links if lk.relation == "tests-pass"]
             # the test named after the pass (hivm-mark-multi-buffer -> mark-multi-buffer.mlir) first
@@ -244,12 +245,14 @@ class Searcher:
         else:
             for lk in links:
                 if lk.relation == "implemented-by":
-                    ids += [sym.chunk_id for sym in store.find(lk.dst, release=self.release)
-                            if sym.role == "def" and sym.chunk_id][:1]
+                    for sym in [sym for sym in store.find(lk.dst, release=self.release)
+                                if sym.role == "def" and sym.chunk_id][:1]:
+                        ids.append(sym.chunk_id)
+                        matched[sym.chunk_id] = sym
             if not ids:
                 files = [lk.dst.rsplit(":", 1)[0] for lk in links if lk.relation == "implemented-in"]
                 ids = [i for i in (self._first_chunk_of(f) for f in files[:1]) if i]
-        hits = self.chunks(ids)
+        hits = [_pinned(h, matched.get(h.id)) for h in self.chunks(ids)]
         for hit in hits:
             hit.via = "pass-link"
         return hits
@@ -274,6 +277,7 @@ class Searcher:
         names += [m.group(1) for m in _FLAG.finditer(query)]
         definitions: list[str] = []
         uses: list[str] = []
+        matched: dict[str, Any] = {}  # chunk id -> the symbol that led to it
         for name in dict.fromkeys(names):
             found = store.find(name, release=self.release)
             if not found and name.count("-") >= 2:
@@ -282,9 +286,10 @@ class Searcher:
                 bucket = definitions if sym.role in ("def", "decl") else uses
                 if sym.chunk_id and sym.chunk_id not in definitions + uses:
                     bucket.append(sym.chunk_id)
+                    matched[sym.chunk_id] = sym
         if _ASKS_HOW_LOWERED.search(query):
             definitions = self._patterns_rewriting(names, store) + definitions
-        hits = self.chunks(list(dict.fromkeys(definitions + uses[:2])))
+        hits = [_pinned(h, matched.get(h.id)) for h in self.chunks(list(dict.fromkeys(definitions + uses[:2])))]
         for hit in hits:
             hit.via = "symbol"
         return hits
@@ -392,6 +397,16 @@ def _place(hit: Hit) -> str:
     if str(hit.metadata.get("kind", "")).startswith("ir-"):
         return hit.id
     return hit.metadata.get("file") or hit.id
+
+
+def _pinned(hit: Hit, symbol: Any) -> Hit:
+    """The hit labelled and cited as the definition that led to it. A chunk packs several small
+    definitions under the name of its largest and starts at its first line: found through one of
+    the others (an exact name, a pass link), it would cite the wrong name and line."""
+    if symbol is None:
+        return hit
+    return Hit(hit.id, hit.text, hit.score, {**hit.metadata, "symbol": symbol.name, "start_line": symbol.line,
+                                             "end_line": symbol.end_line}, hit.via)
 
 
 def _one_per_file(hits: list[Hit]) -> list[Hit]:

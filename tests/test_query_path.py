@@ -91,9 +91,15 @@ def test_a_pass_record_gives_its_place_to_the_implementation_or_the_lit_test(bui
         code = searcher.answer("which pass gives loads coalesced layouts", k=3, store=store)
         tests = searcher.answer("lit test of the pass that gives loads coalesced layouts", k=3, store=store)
         name = searcher.answer("TritonGPUCoalesce", k=3, store=store)  # a name: its record first
+        macro = searcher.answer("GEN_PASS_DEF_TRITONGPUCOALESCE", k=1, store=store)
     finally:
         store.close()
     assert code[0].metadata["file"] == "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp" and code[0].via == "pass-link"
+    # Coalesce.cpp is one chunk, named after its largest definition (LoadVectorizer, from line 1):
+    # found through the pass link or a name, it cites the definition that led to it.
+    assert (code[0].metadata["symbol"], code[0].metadata["start_line"]) == ("CoalescePass", 23)
+    assert (macro[0].metadata["symbol"], macro[0].cite()) == (
+        "GEN_PASS_DEF_TRITONGPUCOALESCE", "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp:8@fixture-1")
     assert tests[0].metadata["file"] == "test/TritonGPU/coalesce.mlir"
     assert name[0].metadata["file"].endswith("Passes.td")
 
