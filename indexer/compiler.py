@@ -75,10 +75,21 @@ def collect_compiler_files(root: Path, report: IndexReport, include: Callable[[s
                            ) -> list[tuple[Path, str]]:
     """Files to index under `root` with their language; everything else is counted as skipped."""
     files = []
+    real_root = root.resolve()
     for path in sorted(root.rglob("*")):
         if not path.is_file() or "__pycache__" in path.parts or ".git" in path.parts:
             continue
         rel = path.relative_to(root).as_posix()
+        try:
+            rel.encode("utf-8")  # a name in another encoding decodes to surrogates: no store takes it
+        except UnicodeEncodeError:
+            report.files_skipped["file name not UTF-8"] += 1
+            report.notes.append(f"skipped {rel.encode('utf-8', 'surrogateescape')!r}: its name is not UTF-8")
+            continue
+        if path.is_symlink() and not path.resolve().is_relative_to(real_root):
+            report.files_skipped["link out of the tree"] += 1
+            report.notes.append(f"skipped {rel}: a link to {path.resolve()}, outside the tree")
+            continue
         if include is not None and not include(rel):
             report.files_skipped["outside the compiler"] += 1
             continue

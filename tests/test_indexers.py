@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -202,12 +203,18 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
     (tree / "lib/author.cpp").write_bytes("// Copyright Jos\xe9\nint authoredHere() { return 1; }\n"
                                           .encode("latin-1"))
     (tree / "lib/huge.h").write_text("// filler\n" * 60000)
+    os.mkdir(os.path.join(os.fsencode(tree / "lib"), b"na\xefve"))  # a Latin-1 directory name
+    (tree / "lib" / os.fsdecode(b"na\xefve") / "x.cpp").write_text("int x() { return 0; }\n")
+    (tree / "outside.h").symlink_to(tmp_path / "elsewhere.h")
+    (tmp_path / "elsewhere.h").write_text("int elsewhere() { return 0; }\n")
     home = KBHome(tmp_path / "home").ensure()
     with home.lock(write=True):
         _, report = index_compiler_tree(home, _embedder(home), tree, "r")
     assert report.files_skipped["binary"] == 1 and report.files_skipped["not utf-8"] == 1
     assert report.files_skipped["too large"] == 1
-    for name, why in (("huge.h", "KiB"), ("blob.cpp", "binary"), ("latin1.py", "not utf-8"), ("author.cpp", "replaced")):
+    assert report.files_skipped["file name not UTF-8"] == 1 and report.files_skipped["link out of the tree"] == 1
+    for name, why in (("huge.h", "KiB"), ("blob.cpp", "binary"), ("latin1.py", "not utf-8"), ("author.cpp", "replaced"),
+                      ("na\\xefve/x.cpp", "name is not UTF-8"), ("outside.h", "outside the tree")):
         assert any(name in n and why in n for n in report.notes), (name, report.notes)
     assert sum(report.files_indexed.values()) == 8
     assert Searcher(home, "compiler", "r").search("authoredHere", k=1, mode="bm25")[0].metadata["file"] == "lib/author.cpp"
