@@ -14,7 +14,7 @@ import hashlib
 import re
 from typing import Any
 
-from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit
+from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit, source_lines
 
 __all__ = ["DEFAULT_MAX_CHARS", "Piece", "grammar_versions", "pack_line_ranges", "parse_code"]
 
@@ -107,7 +107,7 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
     """Chunks, definitions (with their class/namespace scope), call references and cross-layer facts."""
     tree = _parser(lang).parse(source)
     text = source.decode("utf-8", "replace")
-    lines = text.splitlines()
+    lines = source_lines(text)
     parsed = ParsedFile(lang=lang)
     defs: list[SourceSymbol] = []
     _definitions(tree.root_node, lang, [], defs, parsed.facts, lines)

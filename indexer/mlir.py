@@ -16,7 +16,7 @@ from collections import Counter
 
 from harness.ir import op_counts
 from indexer.code import Piece, pack_line_ranges
-from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit
+from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit, source_lines
 
 __all__ = ["parse_lit_test"]
 
@@ -79,7 +79,7 @@ def _top_level_pieces(lines: list[str], start: int, end: int) -> list[Piece]:
 
 def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
     text = source.decode("utf-8", "replace")
-    lines = text.splitlines()
+    lines = source_lines(text)
     parsed = ParsedFile(lang="mlir")
     runs = _run_passes(lines)
     parsed.facts.extend(Fact("run-pass", flag, "", line) for flag, line in runs)

@@ -15,10 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PARSER_VERSION", "Fact", "ParseCache", "ParsedFile", "SourceSymbol", "Unit", "content_key"]
+__all__ = ["PARSER_VERSION", "Fact", "ParseCache", "ParsedFile", "SourceSymbol", "Unit", "content_key", "source_lines"]
 
 # Bump when any parser's output changes: cached parses of older versions are then ignored.
-PARSER_VERSION = 10
+PARSER_VERSION = 11
+
+
+def source_lines(text: str) -> list[str]:
+    """A file's lines as tree-sitter and line numbers count them: split at newlines only.
+    `str.splitlines` also splits at form feeds and U+2028, which shifted every later chunk."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 @dataclass

@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass, field
 
-from indexer.parsed import ParsedFile, SourceSymbol, Unit
+from indexer.parsed import ParsedFile, SourceSymbol, Unit, source_lines
 
 __all__ = ["TableGenPass", "TableGenRecord", "op_names", "parse_passes", "parse_records", "parse_tablegen"]
 
@@ -261,7 +261,7 @@ def parse_tablegen(source: bytes, max_chars: int = 1500) -> ParsedFile:
     """Pass records become one chunk each; other records (ops, attributes, dialects) are packed whole
     into chunks; every record is a `def` symbol, and records are kept for naming ops afterwards."""
     text = source.decode("utf-8", "replace")
-    lines = text.splitlines()
+    lines = source_lines(text)
     parsed = ParsedFile(lang="tablegen")
     passes = parse_passes(text)
     pass_lines: set[int] = set()

@@ -536,3 +536,14 @@ def test_parse_cache_blob_is_the_whole_parsed_file():
     assert parsed.units and parsed.symbols and parsed.facts
     assert json.loads(zlib.decompress(parsed.to_bytes())) == dataclasses.asdict(parsed)
     assert ParsedFile.from_bytes(parsed.to_bytes()) == parsed
+
+
+def test_a_form_feed_does_not_shift_chunk_lines():
+    """str.splitlines also breaks at a form feed (old sources separate pages with one), tree-sitter
+    does not: every chunk after it was cited a line early and lost its last line."""
+    body = "".join(f"  int v{i} = {i} * {i} + {i};\n" for i in range(8))
+    source = f"int first() {{\n{body}  return 1;\n}}\n\f\nint second() {{\n{body}  return 2;\n}}\n"
+    parsed = parse_code(source.encode(), "cpp", max_chars=250)
+    second = next(u for u in parsed.units if u.symbol == "second")
+    assert (second.start_line, second.end_line) == (13, 23)
+    assert second.text.startswith("int second()") and second.text.endswith("return 2;\n}")
