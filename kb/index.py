@@ -22,7 +22,8 @@ from typing import Any
 from harness.errors import UserFacingError
 from kb.home import KBHome
 
-__all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "list_manifests", "load_manifest", "publish", "drop_index"]
+__all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "drop_index", "drop_leftover_builds", "leftover_builds", "list_manifests",
+           "load_manifest", "publish"]
 
 INDEX_SCHEMA_VERSION = 2
 _BATCH = 1024  # chunks embedded and added to chroma per step (larger chroma batches add faster)
@@ -188,6 +189,30 @@ def drop_index(home: KBHome, corpus: str, release: str) -> bool:
     _manifest_path(home, corpus, release).unlink()
     _drop_collection(home, chroma_client(home), manifest.collection)
     return True
+
+
+def leftover_builds(home: KBHome, release: str) -> list[str]:
+    """Vector collections and lexical indexes of `release` that no manifest names: a build killed
+    while storing. The next build of the same (corpus, release) removes its own; these are what
+    `kb releases drop` finds of a release no build will finish."""
+    from kb.vectors import chroma_client, list_collection_names
+
+    live = {m.collection for m in list_manifests(home)}
+    pattern = re.compile(rf"__{re.escape(_safe(release))}__b[0-9a-f]+$")
+    names = set(list_collection_names(chroma_client(home)))
+    if home.lexical_dir.is_dir():
+        names |= {d.name for d in home.lexical_dir.iterdir()}
+    return sorted(n for n in names if pattern.search(n) and n not in live)
+
+
+def drop_leftover_builds(home: KBHome, release: str) -> int:
+    from kb.vectors import chroma_client
+
+    leftovers = leftover_builds(home, release)
+    client = chroma_client(home) if leftovers else None
+    for name in leftovers:
+        _drop_collection(home, client, name)
+    return len(leftovers)
 
 
 def _drop_collection(home: KBHome, client: Any, name: str) -> None:

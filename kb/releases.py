@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
-from kb.index import drop_index, list_manifests
+from kb.index import drop_index, drop_leftover_builds, leftover_builds, list_manifests
 from kb.symbols import SymbolStore
 
 __all__ = ["IR_CORPUS", "ReleaseDiff", "ReleaseInfo", "check_name", "check_release_name", "diff_releases",
@@ -156,10 +156,11 @@ def _symbol_label(key: Any) -> str:
 def drop_release(home: KBHome, name: str) -> list[str]:
     """Drop every index of release `name` and its symbol rows; returns the corpora dropped."""
     dropped = [m.corpus for m in list_manifests(home) if m.release == name]
+    leftovers = leftover_builds(home, name)
     store = SymbolStore(home.symbols_db)
     try:
         in_store = name in store.releases()
-        if not dropped and not in_store:
+        if not dropped and not in_store and not leftovers:
             known = sorted({m.release for m in list_manifests(home)} | set(store.releases()))
             raise UserFacingError(f"release {name!r} is not indexed (known: {', '.join(known) or 'none'})",
                                   "see `kb releases list`")
@@ -170,6 +171,8 @@ def drop_release(home: KBHome, name: str) -> list[str]:
         store.close()
     for corpus in dropped:
         drop_index(home, corpus, name)
+    if drop_leftover_builds(home, name) and not dropped:
+        dropped = ["leftovers of a killed build"]
     for timeline in home.timeline_files(name):
         timeline.unlink(missing_ok=True)
     return dropped

@@ -192,10 +192,11 @@ class Searcher:
         if symbol_hits:
             scores: dict[str, float] = {}
             by_id: dict[str, Hit] = {}
-            for ranking in (symbol_hits, ranked):  # a symbol hit's copy keeps the definition it cites
+            for ranking in (ranked, symbol_hits):  # first seen first among equal scores
                 for rank, hit in enumerate(ranking):
                     scores[hit.id] = scores.get(hit.id, 0.0) + 1.0 / (60 + rank)
-                    by_id.setdefault(hit.id, hit)
+                    if hit.id not in by_id or ranking is symbol_hits:
+                        by_id[hit.id] = hit  # a symbol hit's copy cites the definition; the slot stays
             ranked = sorted(by_id.values(), key=lambda h: -scores[h.id])
         if mode == "hybrid" and store is not None:
             ranked = self._with_pass_implementations(ranked, store, query)

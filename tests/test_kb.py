@@ -117,6 +117,18 @@ def test_a_failed_publish_leaves_the_previous_index_live(tmp_path):
     from kb.vectors import chroma_client, list_collection_names
 
     assert [n for n in list_collection_names(chroma_client(home)) if n.startswith("c__r1")] == [second.collection]
+    # A release whose only build died while storing left a collection no manifest names: `releases
+    # drop` finds it, where it used to say the release is not indexed.
+    from kb.releases import drop_release
+
+    with pytest.raises(_Boom):
+        publish(home, "c", "gone", many, chunker={}, source={}, embedder=_FailingEmbedder(embedder))
+    assert any(n.startswith("c__gone__b") for n in list_collection_names(chroma_client(home)))
+    assert drop_release(home, "gone") == ["leftovers of a killed build"]
+    assert not any("gone" in n for n in list_collection_names(chroma_client(home)))
+    assert [n for n in list_collection_names(chroma_client(home)) if n.startswith("c__r1")] == [second.collection]
+    with pytest.raises(UserFacingError, match="'gone' is not indexed"):
+        drop_release(home, "gone")
 
 
 def _hold_lock(root: str, ready, release) -> None:
