@@ -27,7 +27,7 @@ from indexer.tablegen import parse_tablegen
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
 from kb.lexical import code_lead, name_words
-from kb.releases import check_name, check_release_name
+from kb.releases import check_corpus, check_name, check_release_name
 from kb.symbols import PassDef, SourceFile, Symbol, SymbolStore
 
 __all__ = ["COMPILER_CORPUS", "IndexReport", "collect_compiler_files", "index_compiler_tree", "index_installed_triton"]
@@ -159,6 +159,7 @@ def index_compiler_tree(
     lock is taken to store and publish.
     """
     check_name(corpus, "--corpus")
+    check_corpus(home, corpus, release)
     check_release_name(home, release, ir_dump=False)
     report = IndexReport(release)
     files = collect_compiler_files(root, report, include)

@@ -16,8 +16,8 @@ from kb.home import KBHome
 from kb.index import drop_index, drop_leftover_builds, leftover_builds, list_manifests
 from kb.symbols import SymbolStore
 
-__all__ = ["IR_CORPUS", "ReleaseDiff", "ReleaseInfo", "check_name", "check_release_name", "diff_releases",
-           "drop_release", "list_releases", "name_from"]
+__all__ = ["IR_CORPUS", "RESERVED_CORPORA", "ReleaseDiff", "ReleaseInfo", "check_corpus", "check_name",
+           "check_release_name", "diff_releases", "drop_release", "list_releases", "name_from"]
 
 IR_CORPUS = "ir"  # the corpus of IR dumps (`kb index ir`); every other corpus is built from source
 
@@ -41,6 +41,26 @@ def check_name(name: str, option: str) -> None:
     if not _NAME.fullmatch(name) or "__" in name:
         raise UserFacingError(f"{option} {name!r} may hold only letters, digits, '.', '_' and '-' (not '__'), "
                               "starting with a letter or digit", f"e.g. {option} {name_from(name)}")
+
+
+# Corpora other commands build: source indexed into them would answer their queries.
+RESERVED_CORPORA = {IR_CORPUS: "kb index ir", "patterns": "kb index patterns"}
+
+
+def check_corpus(home: KBHome, corpus: str, release: str) -> None:
+    """Refuse source into a corpus another command builds, or a second corpus of one release.
+
+    A release's symbols live under its name alone: a second corpus of it (`--corpus mine`) would
+    replace the first one's symbols and links while its vectors stayed.
+    """
+    if corpus in RESERVED_CORPORA:
+        raise UserFacingError(f"--corpus {corpus} is built by `{RESERVED_CORPORA[corpus]}`, not from source",
+                              "leave --corpus out (compiler), or name another")
+    other = sorted(m.corpus for m in list_manifests(home) if m.release == release and m.corpus != corpus)
+    if other:
+        raise UserFacingError(f"release {release!r} is already indexed as corpus {other[0]}; a second corpus "
+                              "would replace its symbols",
+                              f"give this source its own --release, or `kb releases drop {release}` first")
 
 
 def check_release_name(home: KBHome, name: str, *, ir_dump: bool) -> None:

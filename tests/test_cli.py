@@ -102,6 +102,9 @@ def test_releases_commands(tmp_path):
     assert "0 files parsed, 7 from the parse cache; 0 texts embedded" in result.output
     listing = json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)
     assert [r["name"] for r in listing] == ["a", "b"] and listing[0]["corpora"]["compiler"] > 0
+    # Symbols are kept per release: a second corpus of release a would replace a's.
+    assert "already indexed as corpus compiler" in _one_line_error(
+        [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "a", "--corpus", "mine"])
     found = runner.invoke(main, [*home, "search", "where are loads coalesced"])
     assert found.output.startswith("searching compiler@b (the newest of 2; choose with --release)\n"), found.output
     diff = json.loads(runner.invoke(main, [*home, "releases", "diff", "a", "b", "--json"]).stdout)
@@ -157,6 +160,8 @@ def test_index_ir_and_trace_an_op(tmp_path):
         [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "bad name/x"])
     assert "e.g. --release a-b" in _one_line_error(
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "a b"])
+    assert "is built by `kb index ir`" in _one_line_error(
+        [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "src", "--corpus", "ir"])
     again = runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/triton_dump"), "--name", "copy"])
     assert f"replaced the earlier ir@copy (from {FIXTURES / 'ir/stream.txt'})" in again.output
 
