@@ -159,8 +159,8 @@ def index_compiler_tree(
     lock is taken to store and publish.
     """
     check_name(corpus, "--corpus")
-    check_corpus(home, corpus, release)
     check_release_name(home, release, ir_dump=False)
+    check_corpus(home, corpus, release)
     report = IndexReport(release)
     files = collect_compiler_files(root, report, include)
     parsed_files: list[tuple[str, str, ParsedFile]] = []  # (rel, sha256, parsed)
