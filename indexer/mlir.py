@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from harness.ir import op_counts
+from harness.ir import op_source_lines
 from indexer.code import Piece, pack_line_ranges
 from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit, source_lines
 
@@ -95,7 +95,11 @@ def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
             if not body.strip():
                 continue
             funcs = [m["name"] for r in range(start, end + 1) if (m := _FUNC.match(lines[r]))]
-            ops = op_counts(body)
+            op_lines = op_source_lines(body)
+            ops = Counter(o.op for o in op_lines)  # the op itself: `kb symbols llvm.call` finds every call
+            first_use = {}
+            for o in op_lines:
+                first_use.setdefault(o.op, start + o.ir_line)
             file_ops.update(ops)
             file_funcs.extend(funcs)
             unit_index = len(parsed.units)
@@ -104,7 +108,9 @@ def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
                 row = next(r for r in range(start, end + 1) if (m := _FUNC.match(lines[r])) and m["name"] == name)
                 parsed.symbols.append(SourceSymbol(name, "lit-test-func", row + 1, row + 1, "def", "", unit_index))
             for op in ops:
-                parsed.symbols.append(SourceSymbol(op, "op-use", start + 1, end + 1, "example", "", unit_index))
+                # cited at the op's first use in the case, where an engineer wants to land
+                parsed.symbols.append(SourceSymbol(op, "op-use", first_use[op], first_use[op], "example", "",
+                                                   unit_index))
     # One summary for the whole file, shared by its cases: the embedding cache then computes one
     # vector per file (what a lit test file is about is its passes and ops), while BM25 still
     # ranks the individual cases.

@@ -404,8 +404,10 @@ def _pinned(hit: Hit, symbol: Any) -> Hit:
     """The hit labelled and cited as the definition that led to it. A chunk packs several small
     definitions under the name of its largest and starts at its first line: found through one of
     the others (an exact name, a pass link), it would cite the wrong name and line."""
-    if symbol is None:
+    if symbol is None or hit.metadata.get("kind") == "pass":  # a TableGen pass record is its own chunk
         return hit
+    if symbol.role not in ("def", "decl"):  # a use: cite its line, the chunk keeps its own name
+        return Hit(hit.id, hit.text, hit.score, {**hit.metadata, "start_line": symbol.line}, hit.via)
     return Hit(hit.id, hit.text, hit.score, {**hit.metadata, "symbol": symbol.name, "start_line": symbol.line,
                                              "end_line": symbol.end_line}, hit.via)
 

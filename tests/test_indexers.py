@@ -123,6 +123,9 @@ def test_lit_tests_split_by_case_and_name_the_passes_they_run():
     assert [u.symbol for u in parsed.units] == ["load_vec4", "masked_store"]
     assert [(f.kind, f.a) for f in parsed.facts] == [("run-pass", "tritongpu-coalesce")]
     assert "tt.store" in parsed.units[1].summary and "tritongpu-coalesce" in parsed.units[1].summary
+    # An op's use is cited where it is written, not at the start of its case.
+    assert {(s.name, s.line) for s in parsed.symbols if s.kind == "op-use"} == {
+        ("tt.func", 4), ("tt.load", 5), ("tt.func", 12), ("tt.store", 13)}
     pipeline = parse_lit_test(b'// RUN: opt %s --pass-pipeline="builtin.module(func.func(cse, hivm-plan-memory))"'
                               b' -split-input-file | FileCheck %s\nfunc.func @f() {\n  return\n}\n')
     assert [f.a for f in pipeline.facts] == ["cse", "hivm-plan-memory"]
