@@ -279,6 +279,10 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
     with home.lock(write=False):
         store = SymbolStore(home.symbols_db)
         try:
+            known = store.releases()
+            if release and release not in known:
+                raise UserFacingError(f"release {release!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
+                                      "see `kb releases list`")
             view = describe(store, name, release, max_refs)
         finally:
             store.close()

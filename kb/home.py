@@ -199,6 +199,10 @@ class KBHome:
             try:
                 yield
             finally:
+                if exclusive:  # the pid names the holder only while it holds the lock
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.flush()
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 

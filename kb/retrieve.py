@@ -105,6 +105,8 @@ class Searcher:
                 f"no index for corpus {corpus!r}" + (f" release {release!r}" if release else "")
                 + f" in {home.root} (indexed: {', '.join(known)})",
                 "index the dump with `kb index ir PATH --name NAME`" if corpus == IR_CORPUS
+                else f"index it with `kb index compiler --source DIR --release {release}`, or pick an indexed "
+                "release with --release" if release
                 else "build it with `kb index patterns` or `kb index compiler --installed`",
             )
         self.home = home

@@ -156,6 +156,8 @@ def test_a_second_writer_fails_clearly(tmp_path):
         holder.join(10)
     with home.lock(write=True, wait_s=1):  # free again once the holder is gone
         pass
+    # A finished writer's pid is not left behind to be named as the holder of a later lock.
+    assert (home.root / "lock").read_text() == ""
 
 
 def test_a_read_only_home_is_refused_in_one_line(tmp_path, monkeypatch):
