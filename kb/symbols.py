@@ -14,6 +14,7 @@ Tables:
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -260,8 +261,11 @@ class SymbolStore:
         """Diagnostics whose literal text the printed `message` contains, best (longest) first.
 
         Emitted literals lose their streamed values (`"vec = " << vec`), so a printed remark is matched
-        when the literal's words appear in it in order."""
-        words = message.split()
+        when the literal's words appear in it in order. A remark pasted whole has its location and
+        severity (`k.py:8:9: remark: `) left out; a fragment ("vectorization fails", or a remark cut
+        short) matches the literals holding its words, values aside, in order."""
+        words = _DIAGNOSTIC_PREFIX.sub("", message.strip()).split()
+        fixed = [w for w in words if not _VALUE.fullmatch(w)]  # the words a literal holds: no streamed values
         sql = "SELECT * FROM symbols WHERE role = 'emit'"
         args: list[object] = []
         if release:
@@ -275,7 +279,8 @@ class SymbolStore:
         found = []
         for row in self._db.execute(sql, args):
             sym = Symbol(*row)
-            if _in_order(sym.name.split(), words):
+            literal = _ESCAPE.sub(" ", sym.name).split()  # "... not supported\n" as stored from source
+            if _in_order(literal, words) or (len(fixed) >= 2 and _in_order(fixed, literal)):
                 found.append(sym)
         return sorted(found, key=lambda s: -len(s.name))[:limit]
 
@@ -310,6 +315,14 @@ class SymbolStore:
         release, def_name, argument, summary, description, options, file, line, end_line, constructor = row
         return PassDef(release, def_name, argument, summary, description, json.loads(options), file, line, end_line,
                        constructor)
+
+
+# /tmp/k/scale.py:8:9: remark: Warning: vectorization fails ...   (as MLIR prints a diagnostic)
+_DIAGNOSTIC_PREFIX = re.compile(r"^(?:\S+:\d+:\d+:\s*)?(?:remark|warning|error|note):\s+")  # lower case: not "Warning: ..."
+_ESCAPE = re.compile(r"\\[ntr]")
+
+
+_VALUE = re.compile(r"[-+]?(?:\d[\w.]*|0x[0-9a-f]+)|\.\.\.|…", re.IGNORECASE)
 
 
 def _in_order(needle: list[str], haystack: list[str]) -> bool:

@@ -147,6 +147,11 @@ def test_release_links_cross_every_layer(built_home):
     [remark] = store.find_message("Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1",
                                   "fixture-1")
     assert remark.scope.endswith("LoadVectorizer::matchAndRewrite") and remark.file.endswith("Coalesce.cpp")
+    # As an engineer pastes it: with its location and severity, cut short, or a few of its words.
+    for pasted in ("/tmp/k.py:12:20: remark: Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8",
+                   "k.py:3:1: remark: Warning: vectorization fails vec = 1 ...", "vectorization fails"):
+        assert [m.scope for m in store.find_message(pasted, "fixture-1")] == [remark.scope], pasted
+    assert store.find_message("vectorization succeeds", "fixture-1") == []
     [op] = store.find("ttg.convert_layout", "fixture-1")
     assert (op.kind, op.file, op.line) == ("op", "include/triton/Dialect/TritonGPU/IR/TritonGPUOps.td", 11)
     assert op.chunk_id  # the op's definition is retrievable as a chunk
