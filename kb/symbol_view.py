@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -17,6 +18,7 @@ from kb.symbols import Link, PassDef, Symbol, SymbolStore
 __all__ = ["SymbolView", "describe", "render"]
 
 _MAX_LINKS = 60
+_GEN_PASS = re.compile(r"GEN_PASS_(?:DEF|DECL)_(?P<record>\w+)")
 
 
 @dataclass
@@ -55,9 +57,15 @@ def describe(store: SymbolStore, name: str, release: str | None = None, max_refs
             p = lookup(name, rel)
             if p is not None and p not in view.passes:
                 view.passes.append(p)
+    if macro := _GEN_PASS.fullmatch(name):
+        # GEN_PASS_DEF_TRITONGPUCOALESCE is generated from the record `def TritonGPUCoalesce`.
+        view.passes += [p for rel in releases for p in store.passes(rel)
+                        if p.def_name.upper() == macro["record"] and p not in view.passes]
     if not found and (" " in name.strip() or len(name) > 40):
         view.diagnostics = store.find_message(name, release)
     seeds = {name} | {p.argument for p in view.passes} | {d.qualified for d in view.definitions}
+    if any(d.kind == "pybind" for d in view.definitions):  # its links name the call: passes.ttir.add_x
+        seeds |= set(store.pipeline_calls_of(name, release))
     seeds |= {d.scope for d in view.diagnostics if d.scope}
     seeds |= {d.name for d in view.diagnostics}
     view.links = _walk(store, seeds, release)
@@ -95,7 +103,9 @@ def render(view: SymbolView) -> str:
         if p.constructor:
             out.append(f"    factory: {p.constructor}")
     for d in view.definitions:
-        out.append(f"  {d.role} {d.kind} {d.qualified}  {d.cite()}")
+        # A pybind binding's scope is the factory it binds, not a namespace it lives in.
+        label = f"{d.name} (binds {d.scope})" if d.kind == "pybind" and d.scope else d.qualified
+        out.append(f"  {d.role} {d.kind} {label}  {d.cite()}")
     for d in view.diagnostics:
         out.append(f"  {d.kind} \"{d.name}\"  emitted by {d.scope or '?'}  {d.cite()}")
     if view.references:

@@ -244,6 +244,16 @@ class SymbolStore:
             args.append(release)
         return [Link(*row) for row in self._db.execute(sql, args)]
 
+    def pipeline_calls_of(self, binding: str, release: str | None = None) -> list[str]:
+        """Pipeline calls (`passes.ttir.add_auto_blockify`) that reach the pybind binding `binding`
+        (`add_auto_blockify`): links name the call as Python writes it."""
+        sql = "SELECT DISTINCT src FROM links WHERE src_kind = 'pipeline-call' AND src LIKE ?"
+        args: list[object] = [f"%.{binding}"]
+        if release:
+            sql += " AND release = ?"
+            args.append(release)
+        return [row[0] for row in self._db.execute(sql, args) if row[0].endswith(f".{binding}")]
+
     def rewrite_patterns(self, op: str, release: str) -> list[str]:
         """Rewrite-pattern classes that match the op `op` (`tt.dot`), or, when no op has that full
         name, ops named by its last part (`tl.dot` -> `tt.dot`; `program_id` -> `tt.get_program_id`)."""

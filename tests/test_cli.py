@@ -88,6 +88,12 @@ def test_symbols_shows_definitions_references_and_links(built_home):
                                        "Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1"])
     view = json.loads(result.stdout)
     assert view["diagnostics"][0]["scope"].endswith("LoadVectorizer::matchAndRewrite")
+    # The generated macro and the pybind binding reach the pass's links too.
+    macro = CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", "GEN_PASS_DEF_TRITONGPUCOALESCE"])
+    assert "pass TritonGPUCoalesce (tritongpu-coalesce)" in macro.output and "-implemented-by-> class CoalescePass" \
+        in macro.output
+    binding = CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", "add_coalesce"]).output
+    assert "def pybind add_coalesce (binds " in binding and "-adds-pass-> pass tritongpu-coalesce" in binding
     missing = _one_line_error(["--home", str(built_home.root), "symbols", "getMaskAlignmnt"])
     assert "no symbol 'getMaskAlignmnt' (similar: getMaskAlignment)" in missing
 
