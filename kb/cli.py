@@ -336,7 +336,8 @@ def releases_list(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 @_user_errors
 def releases_diff(ctx: click.Context, a: str, b: str, limit: int, as_json: bool) -> None:
-    """What changed from release A to B: files, passes and definitions added, removed, changed."""
+    """What changed from release A to B: files, passes and definitions added, removed, changed, and
+    files renamed (same content) with the definitions that moved with them."""
     from kb.releases import diff_releases
 
     home = _home(ctx)
@@ -351,7 +352,8 @@ def releases_diff(ctx: click.Context, a: str, b: str, limit: int, as_json: bool)
         click.echo(f"{title}: {counts}")
         for change, names in section.items():
             for n in names[:limit]:
-                click.echo(f"  {'+' if change == 'added' else '-' if change == 'removed' else '~'} {n}")
+                mark = {"added": "+", "removed": "-", "renamed": ">", "moved": ">"}.get(change, "~")
+                click.echo(f"  {mark} {n}")
             if len(names) > limit:
                 click.echo(f"  ... {len(names) - limit} more {change} (--json for all)")
 

@@ -146,13 +146,17 @@ def diff_releases(home: KBHome, a: str, b: str) -> ReleaseDiff:
         diff = ReleaseDiff(a, b)
         fa, fb = store.files(a), store.files(b)
         diff.files = _compare(fa, fb, lambda x, y: x.sha256 != y.sha256)
+        diff.files["renamed"] = _moved(diff.files, lambda f: (fa[f].sha256,), lambda f: (fb[f].sha256,), str)
         pa = {p.argument: p for p in store.passes(a)}
         pb = {p.argument: p for p in store.passes(b)}
         diff.passes = _compare(pa, pb, lambda x, y: (x.summary, x.description, x.options, x.constructor)
                                != (y.summary, y.description, y.options, y.constructor))
         da, db = store.definitions(a), store.definitions(b)
         changed = _compare(da, db, lambda x, y: bool(x.digest and y.digest and x.digest != y.digest))
-        diff.symbols = {k: [_symbol_label(key) for key in v] for k, v in changed.items()}
+        # A definition whose file moved, body unchanged, is one move, not an addition and a removal.
+        changed["moved"] = _moved(changed, lambda k: (k[0], k[1], da[k].digest), lambda k: (k[0], k[1], db[k].digest),
+                                  lambda old_new: f"{old_new[0][0]} ({old_new[0][1]}, {old_new[0][2]} -> {old_new[1][2]})")
+        diff.symbols = {k: v if k == "moved" else [_symbol_label(key) for key in v] for k, v in changed.items()}
         return diff
     finally:
         store.close()
@@ -164,6 +168,27 @@ def _compare(a: dict[Any, Any], b: dict[Any, Any], differs: Any) -> dict[str, li
         "removed": sorted(k for k in a if k not in b),
         "changed": sorted(k for k in a if k in b and differs(a[k], b[k])),
     }
+
+
+def _moved(section: dict[str, list[Any]], old_identity: Any, new_identity: Any, label: Any) -> list[str]:
+    """Pairs of a removed and an added entry with the same identity (content hash; for definitions,
+    name, kind and body): taken out of `section`'s added and removed, returned as labels."""
+    added: dict[Any, list[Any]] = {}
+    for key in section["added"]:
+        if new_identity(key)[-1]:  # an entry without a hash matches nothing
+            added.setdefault(new_identity(key), []).append(key)
+    moved, matched, kept_removed = [], set(), []
+    for key in section["removed"]:
+        candidates = added.get(old_identity(key)) if old_identity(key)[-1] else None
+        if not candidates:
+            kept_removed.append(key)
+            continue
+        target = candidates.pop(0)
+        matched.add(target)
+        moved.append(f"{key} -> {target}" if label is str else label((key, target)))
+    section["added"] = [k for k in section["added"] if k not in matched]
+    section["removed"] = kept_removed
+    return sorted(moved)
 
 
 def _symbol_label(key: Any) -> str:

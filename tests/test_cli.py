@@ -114,7 +114,7 @@ def test_releases_commands(tmp_path):
     found = runner.invoke(main, [*home, "search", "where are loads coalesced"])
     assert found.output.startswith("searching compiler@b (the newest of 2; choose with --release)\n"), found.output
     diff = json.loads(runner.invoke(main, [*home, "releases", "diff", "a", "b", "--json"]).stdout)
-    assert diff["files"] == {"added": [], "removed": [], "changed": []}
+    assert diff["files"] == {"added": [], "removed": [], "changed": [], "renamed": []}
     assert "not indexed" in _one_line_error([*home, "releases", "diff", "a", "zzz"])
     assert "release 'zzz' is not indexed (known: a, b)" in _one_line_error([*home, "symbols", "x", "--release", "zzz"])
     assert "--release zzz`, or pick an indexed release" in _one_line_error([*home, "search", "x", "--release", "zzz"])

@@ -180,6 +180,7 @@ def test_a_new_release_reparses_and_reembeds_only_what_changed_and_diffs(tmp_pat
     passes_td.write_text(passes_td.read_text() + '\ndef TritonGPUPrefetch : Pass<"tritongpu-prefetch", '
                          '"mlir::ModuleOp"> {\n  let summary = "prefetch";\n}\n')
     (tree / "test/TritonGPU/coalesce.mlir").unlink()
+    (tree / "include/triton/Analysis").rename(tree / "include/triton/Analyses")  # a moved file, content unchanged
     with home.lock(write=True):
         _, second = index_compiler_tree(home, embedder, tree, "r2")
     assert (second.files_parsed, second.files_reused) == (2, 4)
@@ -188,7 +189,12 @@ def test_a_new_release_reparses_and_reembeds_only_what_changed_and_diffs(tmp_pat
     diff = diff_releases(home, "r1", "r2")
     assert diff.files == {"added": [], "removed": ["test/TritonGPU/coalesce.mlir"],
                           "changed": ["include/triton/Dialect/TritonGPU/Transforms/Passes.td",
-                                      "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp"]}
+                                      "lib/Dialect/TritonGPU/Transforms/Coalesce.cpp"],
+                          "renamed": ["include/triton/Analysis/AxisInfo.h -> include/triton/Analyses/AxisInfo.h"]}
+    # Its definitions moved with it: neither added nor removed.
+    assert any(m.startswith("mlir::triton::ModuleAxisInfoAnalysis (class, ") and m.endswith(
+        "include/triton/Analysis/AxisInfo.h -> include/triton/Analyses/AxisInfo.h)") for m in diff.symbols["moved"])
+    assert not any("AxisInfo.h" in s for s in diff.symbols["added"] + diff.symbols["removed"])
     assert diff.passes["added"] == ["tritongpu-prefetch"] and not diff.passes["removed"]
     assert any(s.startswith("mlir::triton::gpu::CoalescePass::runOnOperation") for s in diff.symbols["changed"])
     assert not any("LoadVectorizer" in s for s in diff.symbols["changed"])
