@@ -69,7 +69,9 @@ def resolve_links(files: list[tuple[str, ParsedFile]], passes: list[PassDef], sy
                 links.append(Link(release, "pass", p.argument, "implemented-in", "file", f"{rel}:{fact.line}",
                                   "GEN_PASS_DEF"))
             elif fact.kind == "implements-base" and (p := by_def.get(fact.b)):
-                links.append(Link(release, "pass", p.argument, "implemented-by", "class", fact.a, "base-class"))
+                # Where: two passes' classes may share a name (PlanMemoryPass in two directories).
+                links.append(Link(release, "pass", p.argument, "implemented-by", "class", fact.a,
+                                  f"base-class at {rel}:{fact.line}"))
             elif fact.kind == "binding":
                 bindings[fact.a].add(fact.b)
             elif fact.kind == "run-pass" and fact.a in by_arg:
@@ -108,13 +110,15 @@ def resolve_links(files: list[tuple[str, ParsedFile]], passes: list[PassDef], sy
         exact = {factory_to_pass[f].argument for f in bindings.get(short, ()) if f in factory_to_pass}
         for factory in sorted(bindings.get(short, ())):
             links.append(Link(release, "pipeline-call", sym.name, "binds", "function", factory, "pybind binding"))
+        called_at = f" at {sym.file}:{sym.line}"  # each call site: the pass view names where the pipeline adds it
         if len(exact) == 1:
-            links.append(Link(release, "pipeline-call", sym.name, "adds-pass", "pass", exact.pop(), "pybind binding"))
+            links.append(Link(release, "pipeline-call", sym.name, "adds-pass", "pass", exact.pop(),
+                              "pybind binding" + called_at))
             continue
         candidates = name_index.get(_normalize(short.removeprefix("add_")), set())
         if len(candidates) == 1:
             links.append(Link(release, "pipeline-call", sym.name, "adds-pass", "pass", next(iter(candidates)),
-                              "name-match"))
+                              "name-match" + called_at))
     return _unique(links), new_symbols
 
 
