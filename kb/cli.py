@@ -34,7 +34,8 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("interrupted: the KB is unchanged where the step did not finish", err=True)
+            click.echo("interrupted: what was already published stays live, and work done is cached; "
+                       "run the same command again to resume", err=True)
             sys.exit(130)
 
     return wrapper
@@ -218,7 +219,7 @@ def index_ir_cmd(ctx: click.Context, path: Path, name: str | None) -> None:
 @click.argument("query")
 @click.option("--corpus", default="compiler", show_default=True, help="patterns or compiler (or a --corpus you indexed).")
 @click.option("--release", default=None, help="Release to search (default: the installed triton's, else newest).")
-@click.option("-k", "k", default=5, show_default=True, help="Number of hits.")
+@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1), help="Number of hits.")
 @click.option("--mode", type=click.Choice(["hybrid", "bm25", "vector"]), default="hybrid", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -228,6 +229,8 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
     from kb.retrieve import Searcher
     from kb.symbols import SymbolStore
 
+    if not query.strip():
+        raise UserFacingError("the query is empty", 'ask a question or name a symbol, e.g. kb search "tritongpu-coalesce"')
     home = _home(ctx, build_hint="`kb index ir PATH --name NAME`" if corpus == "ir" else None)
     with home.lock(write=False):
         searcher = Searcher(home, corpus, release)
@@ -262,7 +265,8 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
 @main.command()
 @click.argument("name")
 @click.option("--release", default=None, help="Only this release (default: all).")
-@click.option("--refs", "max_refs", default=10, show_default=True, help="References to list per symbol.")
+@click.option("--refs", "max_refs", default=10, show_default=True, type=click.IntRange(0),
+              help="References to list per symbol.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @_user_errors

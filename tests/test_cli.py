@@ -118,6 +118,8 @@ def test_releases_commands(tmp_path):
     assert "not indexed" in _one_line_error([*home, "releases", "diff", "a", "zzz"])
     assert "release 'zzz' is not indexed (known: a, b)" in _one_line_error([*home, "symbols", "x", "--release", "zzz"])
     assert "--release zzz`, or pick an indexed release" in _one_line_error([*home, "search", "x", "--release", "zzz"])
+    assert "the query is empty" in _one_line_error([*home, "search", "  "])
+    assert runner.invoke(main, [*home, "search", "x", "-k", "-3"]).exit_code == 2  # click's range check
     # A dump and a source release sharing a name would share (and overwrite) one symbol-store release.
     assert "name of an indexed source release" in _one_line_error(
         [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "a"])
