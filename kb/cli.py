@@ -633,6 +633,8 @@ def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[st
             click.echo(f"{label:<24} {kind:<7} {n:>4}" + "".join(f" | {cells(by_mode[mode])}" for mode in shown))
     for skipped in report["skipped"]:
         click.echo(f"skipped: {skipped}")
+    for target in report["unknown_targets"]:
+        click.echo(f"expected file not in the index (this question cannot score through it): {target}")
 
 
 @eval_group.command("diagnosis")

@@ -216,7 +216,7 @@ def test_eval_retrieval_reports_every_mode(built_home, tmp_path):
         "corpus: compiler\nrelease: fixture-1\nqueries:\n"
         "  - {id: q1, kind: symbol, query: getMaskAlignment, expect: {files: [include/triton/Analysis/AxisInfo.h]}}\n"
         "  - {id: q2, kind: nl, query: which pass gives loads coalesced layouts,\n"
-        "     expect: {files: [include/triton/Dialect/TritonGPU/Transforms/Passes.td]}}\n")
+        "     expect: {files: [include/triton/Dialect/TritonGPU/Transforms/Passes.td, lib/Gone.cpp]}}\n")
     result = CliRunner().invoke(main, ["--home", str(built_home.root), "eval", "retrieval", "--queries", str(tmp_path),
                                        "--json"])
     assert result.exit_code == 0, result.output
@@ -225,6 +225,7 @@ def test_eval_retrieval_reports_every_mode(built_home, tmp_path):
     assert hybrid["symbol"]["recall@1"] == 1.0 and hybrid["all"]["n"] == 2
     assert set(report["overall"]) == {"bm25", "vector", "hybrid"}
     assert {q["id"] for q in report["queries"]} == {"q1", "q2"}
+    assert report["unknown_targets"] == ["fixture-1 q2: lib/Gone.cpp"]  # said, not silently scored 0
     table = CliRunner().invoke(main, ["--home", str(built_home.root), "eval", "retrieval", "--queries", str(tmp_path)])
     lines = table.stdout.splitlines()
     assert [w for w in lines[0].replace("|", " ").split()] == ["bm25", "vector", "hybrid"]  # side by side
