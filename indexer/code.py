@@ -347,11 +347,31 @@ def _collect(node: Any, max_chars: int, out: list[Piece], group: int = 0) -> Non
                 _collect(child, max_chars, out, own)
             return
     covered = node.start_point[0]
+    lead: int | None = None  # first line of the comments right above the next child
     for child in node.children:
         if child.start_point[0] > covered:
-            out.append((covered, child.start_point[0] - 1, group))  # comments/blank lines between children
-        _collect(child, max_chars, out, group)
+            out.append((covered, child.start_point[0] - 1, group))  # blank lines between children
+        if child.type == "comment":
+            # A comment block directly above a definition documents it: it goes into the definition's
+            # chunk (packed on its own it joined the chunk of the definition before).
+            joined = lead is not None and child.start_point[0] <= covered
+            lead = lead if joined else child.start_point[0]
+            covered = max(covered, child.end_point[0] + 1)
+            continue
+        if lead is not None:
+            first = len(out)
+            if child.start_point[0] <= covered and child.type not in ("}", "{", ";"):
+                _collect(child, max_chars, out, group)
+                out[first] = (lead, out[first][1], out[first][2])  # the definition's piece starts at its comment
+            else:
+                out.append((lead, covered - 1, group))  # a comment apart from any definition keeps its own piece
+                _collect(child, max_chars, out, group)
+            lead = None
+        else:
+            _collect(child, max_chars, out, group)
         covered = max(covered, child.end_point[0] + 1)
+    if lead is not None:
+        out.append((lead, covered - 1, group))
 
 
 def pack_line_ranges(pieces: list[Piece], lines: list[str], max_chars: int) -> list[tuple[int, int]]:

@@ -563,3 +563,19 @@ def test_a_form_feed_does_not_shift_chunk_lines():
     second = next(u for u in parsed.units if u.symbol == "second")
     assert (second.start_line, second.end_line) == (13, 23)
     assert second.text.startswith("int second()") and second.text.endswith("return 2;\n}")
+
+
+def test_a_comment_above_a_definition_is_chunked_with_it():
+    """The doc comment of a function went into the chunk of the function before it, where neither
+    search nor the embedder (which reads a chunk's start) tied it to the function it documents."""
+    body = "".join(f"  int v{i} = {i} * {i} + {i};\n" for i in range(30))
+    source = (f"int first() {{\n{body}  return 1;\n}}\n\n"
+              "/// Computes how many elements each thread holds.\n/// Second line of the doc.\n"
+              f"int elemsPerThread() {{\n{body}  return 2;\n}}\n\n"
+              "// A note about the file, with a blank line after it.\n\n"
+              f"int third() {{\n{body}  return 3;\n}}\n")
+    units = {u.symbol: u for u in parse_code(source.encode(), "cpp").units}
+    assert units["elemsPerThread"].text.startswith("/// Computes how many elements each thread holds.")
+    assert units["elemsPerThread"].start_line == 35
+    assert "Computes how many" not in units["first"].text
+    assert units["third"].text.startswith("int third()")  # a comment set apart by a blank line is not its doc
