@@ -577,8 +577,12 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
             last = next((r for r in reversed(kernel_rows) if r["after"]), None)
             if last is not None:
                 click.echo(f"last present after: {last['pass']} in {kernel_name} [{last['cite']}]")
-    absent = [k for k in dict.fromkeys(r["kernel"] for r in rows) if k not in per_kernel_with_op]
-    if absent:  # which compile of an autotuned kernel lacks the vectorized load is half the answer
+    # Which compile of an autotuned kernel lacks the vectorized load is half the answer; other
+    # kernels lacking it are not news.
+    bases_with_op = {re.split(r"[#@]", k)[0] for k in per_kernel_with_op}
+    absent = [k for k in dict.fromkeys(r["kernel"] for r in rows)
+              if k not in per_kernel_with_op and re.split(r"[#@]", k)[0] in bases_with_op]
+    if absent:
         click.echo("not in any snapshot of: " + ", ".join(
             k + (f" ({describe_config(timeline.configs[k])})" if k in timeline.configs else "") for k in absent))
     if any(r["also_left_out"] for r in rows):
