@@ -60,7 +60,8 @@ class SourceLoc:
 # // -----// IR Dump Before TritonGPUCoalesce: tritongpu-coalesce ('builtin.module' operation) //----- //
 # // -----// IR Dump Before ConvertTritonGPUToLLVM: convert-triton-gpu-to-llvm{compute-capability=90} ('builtin.module' operation) //----- //
 _TRITON_DUMP_HEADER = re.compile(
-    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+)(?P<failed> Failed)?: (?P<arg>[\w.-]+)(?P<opts>\{.*?\})?\s*"
+    r"^// -----// IR Dump (?P<when>Before|After) (?P<cls>[\w:.]+)(?P<failed> Failed)?: (?P<arg>[\w.-]+)"
+    r"(?P<opts>\{.*?\})?\s*"
     r"\('(?P<anchor>[\w.]+)' operation(?::\s*@(?P<func>[\w.$]+))?\)\s*//----- //\s*$"
 )
 # Upstream MLIR / bishengir (--mlir-print-ir-after-all), e.g.
@@ -73,7 +74,8 @@ _MLIR_DUMP_HEADER = re.compile(
 )
 # Either header, whole or in part, as a user pastes it from a log: "IR Dump Before TritonGPUCoalesce"
 # names the class alone.
-_HEADER_PASS = re.compile(r"IR Dump (?:Before|After) (?P<cls>[\w.]+(?:::[\w.]+)*)(?: Failed)?(?:(?::\s*|\s+\()(?P<arg>[\w.-]+))?")
+_HEADER_PASS = re.compile(r"IR Dump (?:Before|After) (?P<cls>[\w.]+(?:::[\w.]+)*)(?: Failed)?"
+                          r"(?:(?::\s*|\s+\()(?P<arg>[\w.-]+))?")
 
 
 def dump_header_pass(text: str) -> str | None:
@@ -622,8 +624,8 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
             dump.skipped.append(f"{rel}: binary")
             continue
         if size > MAX_DUMP_BYTES:
-            dump.skipped.append(f"{rel}: too large ({size / 2**20:,.0f} MiB, the limit is {MAX_DUMP_BYTES // 2**20} MiB); "
-                                "dump one kernel: MLIR_ENABLE_DUMP=<kernel name>")
+            dump.skipped.append(f"{rel}: too large ({size / 2**20:,.0f} MiB, the limit is "
+                                f"{MAX_DUMP_BYTES // 2**20} MiB); dump one kernel: MLIR_ENABLE_DUMP=<kernel name>")
             continue
         text = _dump_text(rel, file.read_bytes(), dump)
         if text is None:
@@ -804,9 +806,10 @@ def _module_part(body: str) -> str:
 
 # %5 = load <4 x float>, ptr addrspace(1) %4, align 16      store <4 x float> %9, ptr addrspace(1) %8
 # %12 = call float @llvm.nvvm.ex2.approx.f(float %11)
-# %20 = tail call { i32, i32 } asm sideeffect "mov.u32 $0, 0x0;\0A\09@$3 ld.global.v2.b32 { $0, $1 }, [ $2 + 0 ];", "=r,=r,l,b"(...)
+# %20 = tail call { i32, i32 } asm sideeffect "mov.u32 $0, 0x0;\0A\09@$3 ld.global.v2.b32 { $0, $1 }, [ $2 + 0 ];", ...
 _LLVM_INST = re.compile(r"^\s*(?:%[\w.]+\s*=\s*)?(?:(?:tail|musttail|notail) )?(?P<inst>load|store|call|fmul|fadd|"
-                        r"fdiv|atomicrmw|cmpxchg|getelementptr|shufflevector|extractelement|insertelement)\b(?P<rest>.*)$")
+                        r"fdiv|atomicrmw|cmpxchg|getelementptr|shufflevector|extractelement|insertelement)\b"
+                        r"(?P<rest>.*)$")
 _LLVM_VEC = re.compile(r"<(?P<n>\d+) x (?P<t>\w+)>")
 _LLVM_CALLEE = re.compile(r"@(?P<callee>[\w.$]+)\(")
 _PTX_INST = re.compile(r"^\s*(?:@!?%p\w*\s+)?(?P<inst>[a-z][\w.]*)\s")

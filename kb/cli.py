@@ -230,7 +230,8 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
     from kb.symbols import SymbolStore
 
     if not query.strip():
-        raise UserFacingError("the query is empty", 'ask a question or name a symbol, e.g. kb search "tritongpu-coalesce"')
+        raise UserFacingError("the query is empty",
+                              'ask a question or name a symbol, e.g. kb search "tritongpu-coalesce"')
     home = _home(ctx, build_hint="`kb index ir PATH --name NAME`" if corpus == "ir" else None)
     with home.lock(write=False):
         searcher = Searcher(home, corpus, release)
@@ -285,8 +286,9 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
         try:
             known = store.releases()
             if release and release not in known:
-                raise UserFacingError(f"release {release!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
-                                      "see `kb releases list`")
+                raise UserFacingError(
+                    f"release {release!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
+                    "see `kb releases list`")
             view = describe(store, name, release, max_refs)
         finally:
             store.close()
@@ -552,7 +554,8 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
             after = "?" if r["after"] is None else r["after"]
             before = "-" if r["before"] is None else r["before"]
             change = ("first snapshot" if new_ir and r["step"] == 1 else "new in this IR" if new_ir else
-                      f"{r['change']:+d}: +{r['lines_added']}/-{r['lines_removed']} lines" if replaced else f"{r['change']:+d}")
+                      f"{r['change']:+d}: +{r['lines_added']}/-{r['lines_removed']} lines" if replaced
+                      else f"{r['change']:+d}")
             # The left-out passes go last: in the pass column they would push every column after it.
             left_out = f"  + left out: {', '.join(r['also_left_out'])}" if r["also_left_out"] else ""
             click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {r['pass']:<45} {before:>6} {after:>6} "

@@ -22,8 +22,8 @@ from typing import Any
 from harness.errors import UserFacingError
 from kb.home import KBHome
 
-__all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "drop_index", "drop_leftover_builds", "leftover_builds", "list_manifests",
-           "load_manifest", "publish"]
+__all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "drop_index", "drop_leftover_builds", "leftover_builds",
+           "list_manifests", "load_manifest", "publish"]
 
 INDEX_SCHEMA_VERSION = 2
 _BATCH = 1024  # chunks embedded and added to chroma per step (larger chroma batches add faster)

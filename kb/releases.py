@@ -155,7 +155,7 @@ def diff_releases(home: KBHome, a: str, b: str) -> ReleaseDiff:
         changed = _compare(da, db, lambda x, y: bool(x.digest and y.digest and x.digest != y.digest))
         # A definition whose file moved, body unchanged, is one move, not an addition and a removal.
         changed["moved"] = _moved(changed, lambda k: (k[0], k[1], da[k].digest), lambda k: (k[0], k[1], db[k].digest),
-                                  lambda old_new: f"{old_new[0][0]} ({old_new[0][1]}, {old_new[0][2]} -> {old_new[1][2]})")
+                                  lambda pair: f"{pair[0][0]} ({pair[0][1]}, {pair[0][2]} -> {pair[1][2]})")
         diff.symbols = {k: v if k == "moved" else [_symbol_label(key) for key in v] for k, v in changed.items()}
         return diff
     finally:

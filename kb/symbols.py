@@ -328,7 +328,8 @@ class SymbolStore:
 
 
 # /tmp/k/scale.py:8:9: remark: Warning: vectorization fails ...   (as MLIR prints a diagnostic)
-_DIAGNOSTIC_PREFIX = re.compile(r"^(?:\S+:\d+:\d+:\s*)?(?:remark|warning|error|note):\s+")  # lower case: not "Warning: ..."
+# Severity in lower case, as MLIR prints it: a message's own "Warning: ..." stays.
+_DIAGNOSTIC_PREFIX = re.compile(r"^(?:\S+:\d+:\d+:\s*)?(?:remark|warning|error|note):\s+")
 _ESCAPE = re.compile(r"\\[ntr]")
 
 
