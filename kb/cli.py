@@ -256,7 +256,10 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
     for rank, h in enumerate(hits, 1):
         m = h.metadata
         click.echo(f"{rank}. {h.cite()}  {m.get('symbol') or m.get('pattern_id', '')}  [{h.via}]")
-        snippet = " ".join(h.text.split())[:160]
+        text = h.text
+        if m.get("file") and text.startswith((f"// {m['file']}", f"# {m['file']}")):
+            text = text.split("\n", 1)[-1]  # the chunk's own "// path symbol" header repeats the line above
+        snippet = " ".join(text.split())[:160]
         click.echo(f"   {snippet}")
     if not hits:
         click.echo("no hits")
