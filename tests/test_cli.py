@@ -113,6 +113,8 @@ def test_releases_commands(tmp_path):
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "a", "--corpus", "mine"])
     found = runner.invoke(main, [*home, "search", "where are loads coalesced"])
     assert found.output.startswith("searching compiler@b (the newest of 2; choose with --release)\n"), found.output
+    previews = [ln for ln in found.output.splitlines() if ln.startswith("   ")]
+    assert previews and not any(ln.lstrip().startswith(("// lib/", "// include/")) for ln in previews)  # code, not header
     diff = json.loads(runner.invoke(main, [*home, "releases", "diff", "a", "b", "--json"]).stdout)
     assert diff["files"] == {"added": [], "removed": [], "changed": [], "renamed": []}
     assert "not indexed" in _one_line_error([*home, "releases", "diff", "a", "zzz"])
