@@ -181,7 +181,10 @@ def _definitions(node: Any, lang: str, scope: list[str], out: list[SourceSymbol]
     elif kind:
         name = _name_of(node, lang)
         if name:
-            if kind == "function" and (scope and _is_class_scope(node) or "::" in name):
+            # `Planner::process` defined out of line is a method; `triton::createFooPass` is a function in
+            # a namespace (LLVM names classes in CamelCase, namespaces in lower case).
+            qualifier = name.split("::")[-2] if "::" in name else ""
+            if kind == "function" and (scope and _is_class_scope(node) or any(c.isupper() for c in qualifier)):
                 kind = "method"
             if kind in ("class", "struct") and lang == "cpp":
                 bases = node.child_by_field_name("base_class_clause") or next(

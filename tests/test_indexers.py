@@ -579,3 +579,11 @@ def test_a_comment_above_a_definition_is_chunked_with_it():
     assert units["elemsPerThread"].start_line == 35
     assert "Computes how many" not in units["first"].text
     assert units["third"].text.startswith("int third()")  # a comment set apart by a blank line is not its doc
+
+
+def test_an_out_of_line_definition_is_a_method_only_when_its_qualifier_is_a_class():
+    source = (b"namespace triton {\nstd::unique_ptr<Pass> createAutoBlockifyPass();\n}\n"
+              b"std::unique_ptr<Pass> triton::createAutoBlockifyPass() { return nullptr; }\n"
+              b"bool CTAPlanner::processForward(Value v) { return true; }\n")
+    kinds = {s.name: s.kind for s in parse_code(source, "cpp").symbols if s.role == "def"}
+    assert kinds == {"triton": "namespace", "createAutoBlockifyPass": "function", "processForward": "method"}
