@@ -96,6 +96,9 @@ def _walk(store: SymbolStore, seeds: set[str], release: str | None, depth: int =
 
 def render(view: SymbolView) -> str:
     out = [view.name]
+    releases = sorted({x.release for x in [*view.passes, *view.definitions, *view.diagnostics, *view.references]})
+    if len(releases) > 1:  # without --release every release answers; say so before the list repeats itself
+        out.append(f"  in {len(releases)} releases: {', '.join(releases)} (one of them: --release NAME)")
     for p in view.passes:
         out.append(f"  pass {p.def_name} ({p.argument}) {p.cite()}: {p.summary}")
         if p.options:
@@ -118,6 +121,6 @@ def render(view: SymbolView) -> str:
             out.append(f"    ... {more} more (--refs N)")
     if view.links:
         out.append("  links:")
-        for lk in view.links:
+        for lk in sorted(view.links, key=lambda lk: lk.release):  # stable: each release's links together
             out.append(f"    {lk.src_kind} {lk.src} -{lk.relation}-> {lk.dst_kind} {lk.dst}  [{lk.evidence}; {lk.release}]")
     return "\n".join(out)

@@ -126,6 +126,8 @@ def test_releases_commands(tmp_path):
     assert "name of an indexed source release" in _one_line_error(
         [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "a"])
     assert runner.invoke(main, [*home, "symbols", "getMaskAlignment", "--release", "a"]).exit_code == 0
+    both = runner.invoke(main, [*home, "symbols", "getMaskAlignment"]).output
+    assert both.splitlines()[1] == "  in 2 releases: a, b (one of them: --release NAME)"
     assert runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "run"]).exit_code == 0
     assert "name of an indexed IR dump" in _one_line_error(
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "run"])
