@@ -211,7 +211,8 @@ class SymbolStore:
             short = name.split("::")[-1]
             found = query(short)
             scoped = [s for s in found if s.qualified.lower().endswith(name.lower())]
-            return scoped or found
+            # Uses carry no class (`loadDGlobal(...)` is a call by short name): they stay.
+            return scoped + [s for s in found if s.role not in ("def", "decl") and s not in scoped] if scoped else found
         found = query(name)
         if not found and "." in name:
             found = query(name.rsplit(".", 1)[-1])
