@@ -550,8 +550,8 @@ class IRDump:
     problems: list[str]  # "file:line: what is wrong" for sections that could not be read
     skipped: list[str]  # files left out, with why
     notes: list[str] = field(default_factory=list)  # "file:line: ..." worth knowing, not errors (a failed pass)
-    # kernel -> its compile options, from the `<kernel>.json` Triton writes beside the stage files
-    # (TRITON_CACHE_DIR; TRITON_DUMP_DIR in releases that dump it): what tells two compiles of a kernel apart.
+    # kernel -> its compile options, from the `<kernel>.json` Triton writes beside the stage files in
+    # TRITON_CACHE_DIR, else from its TTGIR module's attributes: what tells two compiles of a kernel apart.
     configs: dict[str, dict[str, object]] = field(default_factory=dict)
 
 

@@ -325,7 +325,7 @@ def _publish_dump(home: KBHome, embedder: Any, path: Path, name: str, dump: IRDu
 @dataclass
 class Timeline:
     """An indexed dump as `kb ir trace` reads it: every step, kernel by kernel, and each kernel's
-    compile options (only kernels whose metadata JSON was in the dump)."""
+    compile options (where the dump tells them: a metadata JSON, or a TTGIR module's attributes)."""
 
     steps: list[StepChange]
     configs: dict[str, dict[str, object]]
