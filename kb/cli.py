@@ -511,11 +511,13 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     it, which removed it. OP matches by substring (`convert_layout`, `ld.global.v4`, `load <4 x`)."""
     from indexer.ir import describe_config, load_timeline
 
+    if not op.strip():
+        raise UserFacingError("no op given", "name one as printed in the IR, e.g. ttg.convert_layout or tt.load")
     home = _home(ctx, build_hint="`kb index ir PATH --name NAME`")
     with home.lock(write=False):
         timeline = load_timeline(home, name)
     # `--kernel scale_kernel` means every compile of it: scale_kernel#2, scale_kernel@<cache hash>.
-    steps = [s for s in timeline.steps if not kernel or kernel in (s.kernel, re.split(r"[#@]", s.kernel)[0])]
+    steps = [s for s in timeline.steps if not kernel or kernel in (s.kernel, _kernel_base(s.kernel))]
     rows = []
     for s in steps:  # steps numbered from 1, as search results number them ("IR pass 2/3")
         count = sum(n for o, n in s.counts.items() if op in o)
@@ -533,8 +535,6 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
         kernels = sorted({s.kernel for s in timeline.steps})
         raise UserFacingError(f"no kernel {kernel!r} in IR dump {name} (kernels: {', '.join(kernels)})",
                               "give --kernel one of those names, or leave it out")
-    if not op.strip():
-        raise UserFacingError("no op given", "name one as printed in the IR, e.g. ttg.convert_layout or tt.load")
     if not any(r["before"] or r["after"] or r["change"] for r in rows):
         raise UserFacingError(f"no op matching {op!r} in any snapshot of {name}",
                               "use an op name as printed in the IR, e.g. ttg.convert_layout or ld.global")
@@ -585,14 +585,19 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
                 click.echo(f"last present after: {last['pass']} in {kernel_name} [{last['cite']}]")
     # Which compile of an autotuned kernel lacks the vectorized load is half the answer; other
     # kernels lacking it are not news.
-    bases_with_op = {re.split(r"[#@]", k)[0] for k in per_kernel_with_op}
+    bases_with_op = {_kernel_base(k) for k in per_kernel_with_op}
     absent = [k for k in dict.fromkeys(r["kernel"] for r in rows)
-              if k not in per_kernel_with_op and re.split(r"[#@]", k)[0] in bases_with_op]
+              if k not in per_kernel_with_op and _kernel_base(k) in bases_with_op]
     if absent:
         click.echo("not in any snapshot of: " + ", ".join(
             k + (f" ({describe_config(timeline.configs[k])})" if k in timeline.configs else "") for k in absent))
     if any(r["also_left_out"] for r in rows):
         click.echo("malformed sections were left out (see `kb index ir`): a change marked with them may be theirs")
+
+
+def _kernel_base(kernel: str) -> str:
+    """The kernel a compile belongs to: `scale_kernel#2` and `scale_kernel@<cache hash>` -> `scale_kernel`."""
+    return re.split(r"[#@]", kernel)[0]
 
 
 # ---------------------------------------------------------------------------------------------- eval

@@ -157,6 +157,7 @@ def test_index_ir_and_trace_an_op(tmp_path):
                                   "tritongpu-reorder-instructions ('builtin.module' operation)"]).output
     assert "def ir-pass (no snapshot after it) copy_kernel::tritongpu-reorder-instructions  stream.txt:38@copy" in pasted
     assert "no op matching" in _one_line_error([*home, "ir", "trace", "copy", "wgmma"])
+    assert "no op given" in _one_line_error([*home, "ir", "trace", "copy", " "])  # would match every op
     assert "no kernel 'nope' in IR dump copy (kernels: copy_kernel)" in _one_line_error(
         [*home, "ir", "trace", "copy", "convert_layout", "--kernel", "nope"])
     # Stage files in another IR language are not compared with the stage before: ld.global is new in PTX.
