@@ -324,7 +324,7 @@ _FLAG = re.compile(r"(?<![\w-])-{0,2}([a-z][a-z0-9]*(?:-[a-z0-9]+)+)")
 # "where did the vectorized load disappear" / "which pass introduced this convert_layout"
 _ASKS_REMOVED = re.compile(r"\b(disappear\w*|vanish\w*|remov\w*|lost|lose\w*|gone|drop\w*|eliminat\w*|delet\w*|"
                            r"erase\w*|fold\w*)\b", re.IGNORECASE)
-_ASKS_ADDED = re.compile(r"\b(introduc\w*|appear\w*|add\w*|creat\w*|insert\w*|emit\w*|come from|came from|"
+_ASKS_ADDED = re.compile(r"\b(introduc\w*|appear\w*|add(?:s|ed|ing)?|creat\w*|insert\w*|emit\w*|come from|came from|"
                          r"produc\w*|generat\w*)\b", re.IGNORECASE)
 
 
