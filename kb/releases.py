@@ -146,7 +146,8 @@ def diff_releases(home: KBHome, a: str, b: str) -> ReleaseDiff:
         diff = ReleaseDiff(a, b)
         fa, fb = store.files(a), store.files(b)
         diff.files = _compare(fa, fb, lambda x, y: x.sha256 != y.sha256)
-        diff.files["renamed"] = _moved(diff.files, lambda f: (fa[f].sha256,), lambda f: (fb[f].sha256,), str)
+        diff.files["renamed"] = _moved(diff.files, lambda f: (fa[f].sha256,), lambda f: (fb[f].sha256,),
+                                       lambda pair: f"{pair[0]} -> {pair[1]}")
         pa = {p.argument: p for p in store.passes(a)}
         pb = {p.argument: p for p in store.passes(b)}
         diff.passes = _compare(pa, pb, lambda x, y: (x.summary, x.description, x.options, x.constructor)
@@ -185,7 +186,7 @@ def _moved(section: dict[str, list[Any]], old_identity: Any, new_identity: Any, 
             continue
         target = candidates.pop(0)
         matched.add(target)
-        moved.append(f"{key} -> {target}" if label is str else label((key, target)))
+        moved.append(label((key, target)))
     section["added"] = [k for k in section["added"] if k not in matched]
     section["removed"] = kept_removed
     return sorted(moved)
