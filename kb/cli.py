@@ -566,7 +566,8 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     per_kernel: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         per_kernel.setdefault(r["kernel"], []).append(r)
-    per_kernel_with_op = {k for k, kr in per_kernel.items() if any(r["before"] or r["after"] or r["change"] for r in kr)}
+    per_kernel_with_op = {k for k, kernel_rows in per_kernel.items()
+                          if any(r["before"] or r["after"] or r["change"] for r in kernel_rows)}
     for kernel_name, kernel_rows in per_kernel.items():
         # Each kernel (and each compile of one) has its own pipeline: where the op first shows is per kernel.
         of_kernel = f" in {kernel_name}" if len(per_kernel) > 1 else ""
