@@ -759,6 +759,11 @@ def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
     compiles: Counter[str] = Counter()
     module_name = name = stem
     left_out: list[str] = []  # malformed sections since the last stage kept
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        # A header cut short (a killed run) or of an unknown form would otherwise vanish into the section before.
+        if line.startswith("// -----// IR Dump") and _match_header(line) is None:
+            dump.notes.append(f"{rel}:{lineno}: a dump header kb cannot read (cut short?); what follows it is "
+                              "counted with the section before")
     for snap in split_pass_dumps(text):
         # Triton anchors passes on functions too (`('llvm.func' operation: @__nv_erff)`) but prints the
         # whole module; only a section that holds no module shows that one function.

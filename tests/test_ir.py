@@ -127,3 +127,14 @@ def test_a_failed_pass_and_function_scoped_sections():
     assert ir.dump_header_pass("IR Dump After HIVMLoadVectorize Failed (hivm-load-vectorize)") == "hivm-load-vectorize"
     assert ir.dump_header_pass("// IR Dump Before TritonGPUCoalesce") == "TritonGPUCoalesce"  # pasted in part
     assert ir.dump_header_pass("IR Dump Before X: x-arg") == "x-arg"
+
+
+def test_a_dump_header_cut_short_is_noted(tmp_path):
+    """A killed run's stream can end in half a header: the section after it is not lost in silence."""
+    stream = tmp_path / "cut.txt"
+    stream.write_text("// -----// IR Dump After Canonicalizer (canonicalize) //----- //\nmodule {\n}\n"
+                      "// -----// IR Dump After HIVMScal\nmodule {\n}\n")
+    dump = ir.read_ir_dump(stream)
+    assert [s.pass_arg for s in dump.stages] == ["canonicalize"]
+    assert dump.notes == ["cut.txt:4: a dump header kb cannot read (cut short?); what follows it is counted "
+                          "with the section before"]
