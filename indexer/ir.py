@@ -138,8 +138,9 @@ def _churn(before: _Measured, after: _Measured) -> dict[str, list[int]]:
     return churn
 
 
-def summarize_dump(dump: IRDump) -> list[StepChange]:
-    """Per-kernel sequence of steps with what each changed.
+def summarize_dump(dump: IRDump, progress: Callable[[int, int], None] | None = None) -> list[StepChange]:
+    """Per-kernel sequence of steps with what each changed; `progress(done, total)` after each snapshot
+    (measuring a large run's hundreds of modules takes seconds).
 
     With "Before" dumps a pass's effect shows in the next snapshot, so each change is attributed to
     the pass whose Before-snapshot precedes it; with "After" dumps (bishengir, upstream MLIR), to the
@@ -155,6 +156,8 @@ def summarize_dump(dump: IRDump) -> list[StepChange]:
         kernel_steps: list[StepChange] = []
         for i, stage in enumerate(stages):
             measured = _measure(stage)
+            if progress:
+                progress(len(steps) + i + 1, len(dump.stages))
             counts = measured.counts
             before_dump = stage.kind == "pass" and stage.when == "Before"
             # A Before-snapshot is what the pass receives; what it leaves shows in the next snapshot.
@@ -245,16 +248,14 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
             "pass an MLIR_ENABLE_DUMP stream, a TRITON_DUMP_DIR/TRITON_KERNEL_DUMP or TRITON_DEBUG directory, "
             "or --mlir-print-ir-after-all output",
         )
-    steps = summarize_dump(dump)
+    steps = summarize_dump(dump, (lambda done, total: progress("summarize", done, total)) if progress else None)
     per_kernel: dict[str, int] = {}
     for s in steps:
         per_kernel[s.kernel] = per_kernel.get(s.kernel, 0) + 1
     chunks: list[Chunk] = []
     symbols: list[Symbol] = []
     links: list[Link] = []
-    for done, step in enumerate(steps, 1):
-        if progress:
-            progress("summarize", done, len(steps))  # step.index counts per kernel
+    for step in steps:
         if not step.changed and step.kind == "pass" and step.index > 0:
             # Nothing to search for, but `kb symbols` (a pasted dump header) should find that it ran.
             # The last pass of a "Before" stream has no snapshot after it: what it did is unknown.
