@@ -96,13 +96,25 @@ def _progress_bar(description: str) -> Any:
 
 
 def _stage_progress(bar: Any) -> Callable[[str, int, int], None]:
-    """A `progress(stage, done, total)` callback drawing one bar per stage (parse, embed, ...)."""
+    """A `progress(stage, done, total)` callback drawing one bar per stage (parse, embed, ...).
+
+    Written to a log or a CI job (not a terminal), a rich bar shows only once it is done: there,
+    each stage also prints a line at every tenth of its work."""
     tasks: dict[str, Any] = {}
+    tenths: dict[str, int] = {}
+    started: dict[str, float] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
         if stage not in tasks:
             tasks[stage] = bar.add_task(stage, total=total)
+            started[stage] = time.monotonic()
         bar.update(tasks[stage], completed=done)
+        if not bar.console.is_terminal and total > 0:
+            tenth = done * 10 // total
+            if tenth > tenths.get(stage, 0):
+                tenths[stage] = tenth
+                bar.console.print(f"{stage}: {done}/{total} ({time.monotonic() - started[stage]:.0f} s)",
+                                  highlight=False)
 
     return progress
 

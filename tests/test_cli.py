@@ -106,6 +106,8 @@ def test_releases_commands(tmp_path):
                                       "--release", release])
         assert result.exit_code == 0, result.output
     assert "0 files parsed, 7 from the parse cache; 0 texts embedded" in result.output
+    # Not a terminal (a log, a CI job): progress also comes as plain lines while the work runs.
+    assert re.search(r"^parse: 7/7 \(\d+ s\)$", result.stderr, re.MULTILINE), result.stderr
     listing = json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)
     assert [r["name"] for r in listing] == ["a", "b"] and listing[0]["corpora"]["compiler"] > 0
     # Symbols are kept per release: a second corpus of release a would replace a's.
