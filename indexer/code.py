@@ -9,9 +9,11 @@ packing is done here on the same principle: siblings packed up to a character bu
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit, source_lines
@@ -91,6 +93,21 @@ def _declared_function(node: Any) -> str:
     return inner.text.decode("utf-8", "replace") if inner is not None else ""
 
 
+def _innermost_function(functions: list[SourceSymbol]) -> Callable[[int], str]:
+    """line -> qualified name of the innermost function holding it ("" outside any). Functions nest
+    (a lambda's enclosing method), so the latest-starting one that still holds the line is it."""
+    spans = sorted(functions, key=lambda f: (f.line, -f.end_line))
+    starts = [f.line for f in spans]
+
+    def enclosing(line: int) -> str:
+        for f in reversed(spans[: bisect.bisect_right(starts, line)]):
+            if f.end_line >= line:
+                return _qualified(f)
+        return ""
+
+    return enclosing
+
+
 def _units(tree: Any, lines: list[str], max_chars: int) -> list[tuple[str, int, int]]:
     """(text, start_line, end_line) of the syntax-following chunks; lines are 1-based, inclusive."""
     pieces: list[Piece] = []
@@ -118,14 +135,13 @@ def parse_code(source: bytes, lang: str, max_chars: int = DEFAULT_MAX_CHARS) -> 
     for sym in defs:
         sym.unit = parsed.unit_at(sym.line)
     parsed.symbols.extend(defs)
+    enclosing = _innermost_function([d for d in defs if d.kind in ("function", "method")])
     for name, line in _call_references(tree.root_node, lang):
-        parsed.symbols.append(SourceSymbol(name, "call", line, line, "ref", "", parsed.unit_at(line)))
-    functions = [d for d in defs if d.kind in ("function", "method")]
+        # The caller, as an emitted diagnostic names its emitter: "used in LoadVectorizer::matchAndRewrite".
+        parsed.symbols.append(SourceSymbol(name, "call", line, line, "ref", enclosing(line), parsed.unit_at(line)))
     for severity, message, line in _diagnostics(text, lang):
-        owner = min((f for f in functions if f.line <= line <= f.end_line), key=lambda f: f.end_line - f.line,
-                    default=None)
-        parsed.symbols.append(SourceSymbol(message, f"diagnostic:{severity}", line, line, "emit",
-                                           _qualified(owner) if owner else "", parsed.unit_at(line)))
+        parsed.symbols.append(SourceSymbol(message, f"diagnostic:{severity}", line, line, "emit", enclosing(line),
+                                           parsed.unit_at(line)))
     if lang == "python":
         for call, stage, line in _pipeline_calls(lines):
             parsed.symbols.append(SourceSymbol(call, f"pipeline-call:{stage}", line, line, "ref", "",

@@ -94,6 +94,10 @@ def test_symbols_shows_definitions_references_and_links(built_home):
         in macro.output
     binding = CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", "add_coalesce"]).output
     assert "def pybind add_coalesce (binds " in binding and "-adds-pass-> pass tritongpu-coalesce" in binding
+    # A use names the function it is in.
+    used = CliRunner().invoke(main, ["--home", str(built_home.root), "symbols", "getMaskAlignment"]).output
+    assert "call in mlir::triton::gpu::LoadVectorizer::matchAndRewrite  lib/Dialect/TritonGPU/Transforms/Coalesce.cpp:13" \
+        in used
     missing = _one_line_error(["--home", str(built_home.root), "symbols", "getMaskAlignmnt"])
     assert "no symbol 'getMaskAlignmnt' (similar: getMaskAlignment)" in missing
 

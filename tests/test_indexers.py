@@ -587,3 +587,11 @@ def test_an_out_of_line_definition_is_a_method_only_when_its_qualifier_is_a_clas
               b"bool CTAPlanner::processForward(Value v) { return true; }\n")
     kinds = {s.name: s.kind for s in parse_code(source, "cpp").symbols if s.role == "def"}
     assert kinds == {"triton": "namespace", "createAutoBlockifyPass": "function", "processForward": "method"}
+
+
+def test_a_call_names_the_innermost_function_it_is_in():
+    source = (b"struct Planner {\n  void run() {\n    auto f = [&]() { helper(); };\n    other();\n  }\n};\n"
+              b"int x = global_init();\n")
+    calls = {s.name: s.scope for s in parse_code(source, "cpp").symbols if s.kind == "call"}
+    assert calls["other"] == "Planner::run" and calls["helper"] == "Planner::run"  # a lambda is not a definition
+    assert calls["global_init"] == ""
