@@ -268,11 +268,15 @@ class OfflineEmbedding:
                                    f"({','.join('?' * len(batch))})", batch).fetchall()
         return rows
 
-    def missing(self, texts: list[str]) -> list[str]:
-        """The texts with no cached vector: what indexing them will actually compute."""
+    def _uncached(self, texts: list[str]) -> tuple[list[tuple[str, str]], int]:
+        """(key, text) of the distinct texts with no cached vector, and how many distinct texts there are."""
         keys = {self._key(t): t for t in texts}
         have = {k for k, _ in self._select(list(keys), "1")}
-        return [t for k, t in keys.items() if k not in have]
+        return [(k, t) for k, t in keys.items() if k not in have], len(keys)
+
+    def missing(self, texts: list[str]) -> list[str]:
+        """The texts with no cached vector: what indexing them will actually compute."""
+        return [t for _, t in self._uncached(texts)[0]]
 
     # Texts embedded between two cache commits: what a killed run loses, and how often progress
     # moves (~4 s of work on 2 cores).
@@ -281,10 +285,8 @@ class OfflineEmbedding:
     def fill_cache(self, texts: list[str], on_progress: Callable[[int], None] | None = None) -> int:
         """Embed into the cache the texts it lacks, without reading back the vectors it has (an
         index build embeds first and publishes later); returns how many were computed."""
-        keys = {self._key(t): t for t in texts}
-        have = {k for k, _ in self._select(list(keys), "1")}
-        pending = [(k, t) for k, t in keys.items() if k not in have]
-        self._compute(pending, len(keys) - len(pending), on_progress)
+        pending, distinct = self._uncached(texts)
+        self._compute(pending, distinct - len(pending), on_progress)
         return len(pending)
 
     def embed_many(self, texts: list[str], show_progress: bool = False,
