@@ -25,7 +25,7 @@ from indexer.mlir import parse_lit_test
 from indexer.parsed import PARSER_VERSION, ParseCache, ParsedFile, Unit, content_key
 from indexer.tablegen import parse_tablegen
 from kb.home import KBHome
-from kb.index import Chunk, Manifest, publish
+from kb.index import Chunk, Manifest, publish, texts_to_embed
 from kb.lexical import code_lead, name_words
 from kb.releases import check_corpus, check_name, check_release_name
 from kb.symbols import PassDef, SourceFile, Symbol, SymbolStore
@@ -202,7 +202,7 @@ def index_compiler_tree(
                               "point --source at a compiler checkout's root; the index of any earlier run is unchanged")
     links, op_symbols = resolve_links([(rel, pf) for rel, _, pf in parsed_files], passes, symbols, release)
     symbols += _attach_chunks(op_symbols, chunks)
-    distinct = list(dict.fromkeys(c.embed_text or c.text for c in chunks))
+    distinct = texts_to_embed(chunks)
     report.texts_to_embed = len(distinct)
     if publish_lock is not None:
         # The slow part, into the embedding cache: publishing below then reads every vector from it.

@@ -23,7 +23,7 @@ from typing import Any
 from harness.errors import UserFacingError
 from harness.ir import IRDump, IRStage, op_source_lines, read_ir_dump, stage_op_counts
 from kb.home import KBHome
-from kb.index import Chunk, Manifest, publish
+from kb.index import Chunk, Manifest, publish, texts_to_embed
 from kb.releases import IR_CORPUS, check_release_name
 from kb.symbols import Link, SourceFile, Symbol, SymbolStore
 
@@ -288,7 +288,7 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
             kind = "ir-op-introduced" if d > 0 else "ir-op-removed" if d < 0 else "ir-op-rewritten"
             symbols.append(Symbol(name, op, kind, "mlir", step.source, step.line, step.line, "ref", cid, step.pass_arg))
     if publish_lock is not None:
-        texts = list(dict.fromkeys(c.embed_text or c.text for c in chunks))
+        texts = texts_to_embed(chunks)
         embedder.fill_cache(texts, on_progress=(lambda done: progress("embed", done, len(texts))) if progress else None)
     with publish_lock() if publish_lock is not None else nullcontext():
         manifest = _publish_dump(home, embedder, path, name, dump, steps, chunks, symbols, links,

@@ -23,7 +23,7 @@ from harness.errors import UserFacingError
 from kb.home import KBHome
 
 __all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "drop_index", "drop_leftover_builds", "leftover_builds",
-           "list_manifests", "load_manifest", "publish"]
+           "list_manifests", "load_manifest", "publish", "texts_to_embed"]
 
 INDEX_SCHEMA_VERSION = 2
 _BATCH = 1024  # chunks embedded and added to chroma per step (larger chroma batches add faster)
@@ -45,6 +45,16 @@ class Chunk:
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
     embed_text: str = ""
+
+    @property
+    def embedded(self) -> str:
+        """The text its vector is computed from."""
+        return self.embed_text or self.text
+
+
+def texts_to_embed(chunks: list[Chunk]) -> list[str]:
+    """The distinct texts the chunks' vectors come from, in order: what a build embeds, once each."""
+    return list(dict.fromkeys(c.embedded for c in chunks))
 
 
 @dataclass
@@ -149,7 +159,7 @@ def publish(
     store = ChromaVectorStore(chroma_collection=create_collection(client, collection_name))
     for start in range(0, len(chunks), _BATCH):
         batch = chunks[start : start + _BATCH]
-        texts = [c.embed_text or c.text for c in batch]
+        texts = [c.embedded for c in batch]
         if progress and getattr(embedder, "commit_every", None):  # finer than a batch: embedding is the slow part
             vectors = embedder.embed_many(texts, on_progress=lambda n, s=start: progress(s + n, len(chunks)))
         else:
