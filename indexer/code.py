@@ -377,17 +377,14 @@ def _collect(node: Any, max_chars: int, out: list[Piece], group: int = 0) -> Non
             lead = lead if joined else child.start_point[0]
             covered = max(covered, child.end_point[0] + 1)
             continue
-        if lead is not None:
-            first = len(out)
-            if child.start_point[0] <= covered and child.type not in ("}", "{", ";"):
-                _collect(child, max_chars, out, group)
-                out[first] = (lead, out[first][1], out[first][2])  # the definition's piece starts at its comment
-            else:
-                out.append((lead, covered - 1, group))  # a comment apart from any definition keeps its own piece
-                _collect(child, max_chars, out, group)
+        if lead is not None and (child.start_point[0] > covered or child.type in ("}", "{", ";")):
+            out.append((lead, covered - 1, group))  # a comment apart from any definition keeps its own piece
             lead = None
-        else:
-            _collect(child, max_chars, out, group)
+        first = len(out)
+        _collect(child, max_chars, out, group)
+        if lead is not None:
+            out[first] = (lead, out[first][1], out[first][2])  # the definition's piece starts at its comment
+            lead = None
         covered = max(covered, child.end_point[0] + 1)
     if lead is not None:
         out.append((lead, covered - 1, group))
