@@ -127,11 +127,13 @@ def _match_header(line: str) -> re.Match[str] | None:
     return _TRITON_DUMP_HEADER.match(line) or _MLIR_DUMP_HEADER.match(line)
 
 
-def split_pass_dumps(text: str) -> list[PassSnapshot]:
+def split_pass_dumps(text: str, unreadable: list[int] | None = None) -> list[PassSnapshot]:
     """Split an MLIR_ENABLE_DUMP / --mlir-print-ir-*-all stream into per-pass snapshots.
 
     Lines that are not IR (diagnostics, ptxas output) stay inside the section they appear in;
-    `parse_remarks` uses the same sectioning to name the pass that emitted each diagnostic.
+    `parse_remarks` uses the same sectioning to name the pass that emitted each diagnostic. Dump
+    headers that cannot be read (cut short by a killed run, or of an unknown form) also stay in the
+    section before; their line numbers are appended to `unreadable` when given.
     """
     snapshots: list[PassSnapshot] = []
     body: list[str] = []
@@ -143,7 +145,10 @@ def split_pass_dumps(text: str) -> list[PassSnapshot]:
                 # A mid-pass module: neither what the pass received nor what it left. Kept out of the
                 # section, or the pass before would seem to triple the module's ops.
                 internal = True
-            elif snapshots and not internal:
+                continue
+            if unreadable is not None and line.startswith("// -----// IR Dump"):
+                unreadable.append(lineno)
+            if snapshots and not internal:
                 body.append(line)
             elif internal and _DIAGNOSTIC.match(line):
                 body.append(line)  # the pass is still running: its diagnostics stay in its section
@@ -759,12 +764,12 @@ def _read_stream(text: str, rel: str, stem: str, dump: IRDump) -> None:
     compiles: Counter[str] = Counter()
     module_name = name = stem
     left_out: list[str] = []  # malformed sections since the last stage kept
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        # A header cut short (a killed run) or of an unknown form would otherwise vanish into the section before.
-        if line.startswith("// -----// IR Dump") and _match_header(line) is None:
-            dump.notes.append(f"{rel}:{lineno}: a dump header kb cannot read (cut short?); what follows it is "
-                              "counted with the section before")
-    for snap in split_pass_dumps(text):
+    unreadable: list[int] = []
+    snapshots = split_pass_dumps(text, unreadable)
+    # A header cut short (a killed run) or of an unknown form would otherwise vanish into the section before.
+    dump.notes += [f"{rel}:{lineno}: a dump header kb cannot read (cut short?); what follows it is counted with "
+                   "the section before" for lineno in unreadable]
+    for snap in snapshots:
         # Triton anchors passes on functions too (`('llvm.func' operation: @__nv_erff)`) but prints the
         # whole module; only a section that holds no module shows that one function.
         func = snap.func if snap.func and not _MODULE_START.search(snap.text) else ""
