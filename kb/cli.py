@@ -547,13 +547,14 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
         kernels = sorted({s.kernel for s in timeline.steps})
         raise UserFacingError(f"no kernel {kernel!r} in IR dump {name} (kernels: {', '.join(kernels)})",
                               "give --kernel one of those names, or leave it out")
-    if not any(r["before"] or r["after"] or r["change"] for r in rows):
+    with_op = {r["kernel"] for r in rows if r["before"] or r["after"] or r["change"]}  # kernels that have it
+    if not with_op:
         raise UserFacingError(f"no op matching {op!r} in any snapshot of {name}",
                               "use an op name as printed in the IR, e.g. ttg.convert_layout or ld.global")
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    for k in sorted({r["kernel"] for r in rows if r["before"] or r["after"] or r["change"]} & set(timeline.configs)):
+    for k in sorted(with_op & set(timeline.configs)):
         click.echo(f"{k} compiled with {describe_config(timeline.configs[k])}")
     width = max([len("kernel"), *(len(r["kernel"]) for r in rows)])
     click.echo(f"{'kernel':<{width}} {'step':>4} {'pass or stage':<45} {'before':>6} {'after':>6}")
@@ -578,8 +579,6 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     per_kernel: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         per_kernel.setdefault(r["kernel"], []).append(r)
-    per_kernel_with_op = {k for k, kernel_rows in per_kernel.items()
-                          if any(r["before"] or r["after"] or r["change"] for r in kernel_rows)}
     for kernel_name, kernel_rows in per_kernel.items():
         # Each kernel (and each compile of one) has its own pipeline: where the op first shows is per kernel.
         of_kernel = f" in {kernel_name}" if len(per_kernel) > 1 else ""
@@ -598,9 +597,8 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
                 click.echo(f"last present after: {last['pass']} in {kernel_name} [{last['cite']}]")
     # Which compile of an autotuned kernel lacks the vectorized load is half the answer; other
     # kernels lacking it are not news.
-    bases_with_op = {_kernel_base(k) for k in per_kernel_with_op}
-    absent = [k for k in dict.fromkeys(r["kernel"] for r in rows)
-              if k not in per_kernel_with_op and _kernel_base(k) in bases_with_op]
+    bases_with_op = {_kernel_base(k) for k in with_op}
+    absent = [k for k in per_kernel if k not in with_op and _kernel_base(k) in bases_with_op]
     if absent:
         click.echo("not in any snapshot of: " + ", ".join(
             k + (f" ({describe_config(timeline.configs[k])})" if k in timeline.configs else "") for k in absent))
