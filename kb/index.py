@@ -22,7 +22,7 @@ from typing import Any
 from harness.errors import UserFacingError
 from kb.home import KBHome
 
-__all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "drop_index", "drop_leftover_builds", "leftover_builds",
+__all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "drop_builds", "drop_index", "leftover_builds",
            "list_manifests", "load_manifest", "publish", "texts_to_embed"]
 
 INDEX_SCHEMA_VERSION = 2
@@ -215,14 +215,13 @@ def leftover_builds(home: KBHome, release: str) -> list[str]:
     return sorted(n for n in names if pattern.search(n) and n not in live)
 
 
-def drop_leftover_builds(home: KBHome, release: str) -> int:
+def drop_builds(home: KBHome, names: list[str]) -> None:
+    """Drop collections (and their lexical indexes) by name: the `leftover_builds` of a release."""
     from kb.vectors import chroma_client
 
-    leftovers = leftover_builds(home, release)
-    client = chroma_client(home) if leftovers else None
-    for name in leftovers:
+    client = chroma_client(home) if names else None
+    for name in names:
         _drop_collection(home, client, name)
-    return len(leftovers)
 
 
 def _drop_collection(home: KBHome, client: Any, name: str) -> None:

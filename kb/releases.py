@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
-from kb.index import drop_index, drop_leftover_builds, leftover_builds, list_manifests
+from kb.index import drop_builds, drop_index, leftover_builds, list_manifests
 from kb.symbols import SymbolStore
 
 __all__ = ["IR_CORPUS", "RESERVED_CORPORA", "ReleaseDiff", "ReleaseInfo", "check_corpus", "check_name",
@@ -217,7 +217,8 @@ def drop_release(home: KBHome, name: str) -> list[str]:
         store.close()
     for corpus in dropped:
         drop_index(home, corpus, name)
-    if drop_leftover_builds(home, name) and not dropped:
+    drop_builds(home, leftovers)
+    if leftovers and not dropped:
         dropped = ["leftovers of a killed build"]
     for timeline in home.timeline_files(name):
         timeline.unlink(missing_ok=True)
