@@ -27,6 +27,7 @@ __all__ = [
     "compile_config",
     "diff_op_counts",
     "func_args",
+    "kernel_base",
     "mlir_locations",
     "op_counts",
     "op_source_lines",
@@ -717,6 +718,12 @@ def _read_metadata(rel: str, text: str, kernel: str, dump: IRDump) -> None:
                              "the kernel's stages are kept without it")
         return
     dump.configs[kernel] = compile_config(metadata)
+
+
+def kernel_base(kernel: str) -> str:
+    """The kernel a compile belongs to, as `read_ir_dump` names compiles: `scale_kernel#2` (the second
+    compile in a stream) and `scale_kernel@<cache hash>` (one of several in a directory) -> `scale_kernel`."""
+    return re.split(r"[#@]", kernel)[0]
 
 
 def _stage_kernel(root: Path, file: Path, suffix: str) -> tuple[str, str]:

@@ -8,7 +8,6 @@ import contextlib
 import functools
 import json
 import random
-import re
 import sys
 import time
 from collections import Counter
@@ -521,6 +520,7 @@ def ir() -> None:
 def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_all: bool, as_json: bool) -> None:
     """How the count of ops matching OP evolves pass by pass in dump NAME: which pass introduced
     it, which removed it. OP matches by substring (`convert_layout`, `ld.global.v4`, `load <4 x`)."""
+    from harness.ir import kernel_base
     from indexer.ir import describe_config, load_timeline
 
     if not op.strip():
@@ -529,7 +529,7 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
     with home.lock(write=False):
         timeline = load_timeline(home, name)
     # `--kernel scale_kernel` means every compile of it: scale_kernel#2, scale_kernel@<cache hash>.
-    steps = [s for s in timeline.steps if not kernel or kernel in (s.kernel, _kernel_base(s.kernel))]
+    steps = [s for s in timeline.steps if not kernel or kernel in (s.kernel, kernel_base(s.kernel))]
     rows = []
     for s in steps:  # steps numbered from 1, as search results number them ("IR pass 2/3")
         count = sum(n for o, n in s.counts.items() if op in o)
@@ -597,18 +597,13 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
                 click.echo(f"last present after: {last['pass']} in {kernel_name} [{last['cite']}]")
     # Which compile of an autotuned kernel lacks the vectorized load is half the answer; other
     # kernels lacking it are not news.
-    bases_with_op = {_kernel_base(k) for k in with_op}
-    absent = [k for k in per_kernel if k not in with_op and _kernel_base(k) in bases_with_op]
+    bases_with_op = {kernel_base(k) for k in with_op}
+    absent = [k for k in per_kernel if k not in with_op and kernel_base(k) in bases_with_op]
     if absent:
         click.echo("not in any snapshot of: " + ", ".join(
             k + (f" ({describe_config(timeline.configs[k])})" if k in timeline.configs else "") for k in absent))
     if any(r["also_left_out"] for r in rows):
         click.echo("malformed sections were left out (see `kb index ir`): a change marked with them may be theirs")
-
-
-def _kernel_base(kernel: str) -> str:
-    """The kernel a compile belongs to: `scale_kernel#2` and `scale_kernel@<cache hash>` -> `scale_kernel`."""
-    return re.split(r"[#@]", kernel)[0]
 
 
 # ---------------------------------------------------------------------------------------------- eval
