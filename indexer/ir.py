@@ -71,10 +71,14 @@ class StepChange:
     # op -> [lines added, lines removed], for every op whose lines changed (MLIR). A pass that turns two
     # convert_layouts into two others changes no count: this is where it shows (+2/-2).
     churn: dict[str, list[int]] = field(default_factory=dict)
+    # Layout (attribute) kinds that first appear in the IR this step left, or that it was the last to
+    # hold: accelerate-matmul brings `nvidia_mma` in by rewriting a convert_layout, which changes no count.
+    layouts_new: list[str] = field(default_factory=list)
+    layouts_gone: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return bool(self.delta or self.diff or self.churn)
+        return bool(self.delta or self.diff or self.churn or self.layouts_new or self.layouts_gone)
 
 
 def _normalized_ops(text: str) -> list[str]:
@@ -95,11 +99,14 @@ class _Measured:
     locations: dict[str, list[str]]  # op -> kernel lines ("file:line") where it appears (MLIR only)
     ops: list[str]  # normalized op lines, for the diff
     lines: dict[str, Counter[str]] = field(default_factory=dict)  # op -> its lines, layouts spelled out (MLIR only)
+    layouts: frozenset[str] = frozenset()  # attribute kinds named anywhere in the module (MLIR only)
 
 
 # #blocked1 = #ttg.blocked<{sizePerThread = [4], ...}>   #mma = #ttg.nvidia_mma<{versionMajor = 3, ...}>
 _ALIAS_DEF = re.compile(r"^(?P<name>#(?!loc)[A-Za-z_][\w.]*)\s*=\s*(?P<value>.+?)\s*$", re.MULTILINE)
 _ALIAS_REF = re.compile(r"#(?!loc)[A-Za-z_][\w.]*")
+# `#ttg.nvidia_mma<{...}>`, `#ttg.shared_memory`, `#hivm.address_space<gm>`: a dialect attribute's kind.
+_ATTRIBUTE_KIND = re.compile(r"#[A-Za-z_]\w*\.([A-Za-z_]\w*)")
 
 
 def _alias_resolver(text: str) -> Callable[[str], str]:
@@ -125,7 +132,8 @@ def _measure(stage: IRStage) -> _Measured:
             where = f"{Path(op.loc.file).name}:{op.loc.line}"
             if where not in locations.setdefault(op.key, []):
                 locations[op.key].append(where)
-    return _Measured(counts, locations, _normalized_ops(stage.text), by_op)
+    return _Measured(counts, locations, _normalized_ops(stage.text), by_op,
+                     frozenset(_ATTRIBUTE_KIND.findall(stage.text)))
 
 
 def _churn(before: _Measured, after: _Measured) -> dict[str, list[int]]:
@@ -174,6 +182,8 @@ def summarize_dump(dump: IRDump, progress: Callable[[int, int], None] | None = N
                                if counts.get(op, 0) != before.get(op, 0)}
                 before_locs, after_locs = previous_measured.locations, measured.locations
                 owner.churn = _churn(previous_measured, measured)
+                owner.layouts_new = sorted(measured.layouts - previous_measured.layouts)
+                owner.layouts_gone = sorted(previous_measured.layouts - measured.layouts)
                 owner.introduced_at = {op: [w for w in after_locs.get(op, []) if w not in before_locs.get(op, [])]
                                        or after_locs.get(op, [])[:3]
                                        for op, (added, _) in owner.churn.items() if added and op in after_locs}
@@ -219,6 +229,10 @@ def _chunk_text(step: StepChange, total: int, config: dict[str, object] | None =
         lines.append("rewritten, same count: " + ", ".join(f"{op} +{a}/-{r}" for op, (a, r) in rewritten.items()))
     elif step.diff and not step.delta:
         lines.append("rewrote ops without changing their counts")
+    if step.layouts_new:
+        lines.append("layouts (attribute kinds) first seen here: " + ", ".join(step.layouts_new))
+    if step.layouts_gone:
+        lines.append("layouts (attribute kinds) gone after it: " + ", ".join(step.layouts_gone))
     if step.diff:
         lines.append("diff:\n" + step.diff)
     return "\n".join(lines)
@@ -272,7 +286,8 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
             "kernel": step.kernel, "step": step.index,
             # What the step added and removed, for questions asking which pass did one or the other.
             "ops_added": " ".join(op for op, d in step.delta.items() if d > 0),
-            "ops_removed": " ".join(op for op, d in step.delta.items() if d < 0)}))
+            "ops_removed": " ".join(op for op, d in step.delta.items() if d < 0),
+            "layouts_added": " ".join(step.layouts_new), "layouts_removed": " ".join(step.layouts_gone)}))
         symbols.append(Symbol(name, step.pass_arg, f"ir-{step.kind}", "mlir", step.source, step.line, step.line,
                               "def", cid, step.kernel))
         if step.name != step.pass_arg:

@@ -331,15 +331,24 @@ _ASKS_ADDED = re.compile(r"\b(introduc\w*|appear\w*|add(?:s|ed|ing)?|creat\w*|in
 def _ir_direction_first(hits: list[Hit], query: str) -> list[Hit]:
     """A question about an op disappearing (or appearing) ranks first the pass steps that removed
     (or added) an op its words name: `vectorized load` names `vector.load`, `convert_layout` itself.
-    The chunks of both steps name the op, so word overlap alone ranks the two either way."""
+    The chunks of both steps name the op, so word overlap alone ranks the two either way.
+
+    A layout the question names (`#mma`, `the dot operand layout`) comes before the op: coalesce adds
+    convert_layouts, but the one "to #mma" comes from accelerate-matmul, the step where `nvidia_mma`
+    first appears (while it adds no convert_layout, it rewrites one)."""
     removed, added = bool(_ASKS_REMOVED.search(query)), bool(_ASKS_ADDED.search(query))
     if removed == added:  # neither, or both (which is asked is unclear)
         return hits
     key = "ops_removed" if removed else "ops_added"
     words = [w for w in re.findall(r"[a-z0-9]+", query.lower()) if len(w) >= 3]
+    layout_words = [w for w in _named_layouts(query) if len(w) >= 3]
 
-    def said(part: str) -> bool:
-        return any(w.startswith(part) or part.startswith(w) for w in words)
+    def said(part: str, among: list[str] = words) -> bool:
+        return any(w.startswith(part) or part.startswith(w) for w in among)
+
+    def names_layout(hit: Hit) -> bool:
+        kinds = str(hit.metadata.get("layouts_removed" if removed else "layouts_added", "")).split()
+        return any(said(part, layout_words) for kind in kinds for part in kind.lower().split("_") if len(part) >= 3)
 
     def how_well_named(hit: Hit) -> int:
         """Parts of the best-named op the step added/removed: an op counts once the query says its
@@ -352,7 +361,21 @@ def _ir_direction_first(hits: list[Hit], query: str) -> list[Hit]:
                 best = max(best, sum(said(p) for p in parts))
         return best
 
-    return sorted(hits, key=lambda h: -how_well_named(h))  # stable
+    return sorted(hits, key=lambda h: (not names_layout(h), -how_well_named(h)))  # stable
+
+
+# `#mma`, `#ttg.dot_op`, "the mma layout", "dot operand encoding": the words that name a layout.
+_LAYOUT_NAMED = re.compile(r"#(?:\w+\.)?(\w+)|\b(\w+)[ _-]+(?:(\w+)[ _-]+)?(?:layouts?|encodings?)\b", re.IGNORECASE)
+
+
+def _named_layouts(query: str) -> list[str]:
+    out = []
+    for m in _LAYOUT_NAMED.finditer(query):
+        if m[1]:
+            out += m[1].lower().split("_")
+        else:  # the one or two words before "layout": "dot operand layout", not "convert_layout"
+            out += [w.lower() for w in (m[2], m[3]) if w and w.lower() not in ("convert", "the", "a", "its")]
+    return out
 
 
 # Dialect prefixes name no op by themselves (`ttg` in ttg.convert_layout).
