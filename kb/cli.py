@@ -519,7 +519,8 @@ def ir() -> None:
 @_user_errors
 def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_all: bool, as_json: bool) -> None:
     """How the count of ops matching OP evolves pass by pass in dump NAME: which pass introduced
-    it, which removed it. OP matches by substring (`convert_layout`, `ld.global.v4`, `load <4 x`)."""
+    it, which removed it. OP matches by substring (`convert_layout`, `ld.global.v4`, `load <4 x`).
+    A layout (`#mma`, `nvidia_mma`, `dot_op`) shows the steps after which it first appears or vanishes."""
     from harness.ir import kernel_base
     from indexer.ir import describe_config, load_timeline
 
@@ -548,9 +549,15 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
         raise UserFacingError(f"no kernel {kernel!r} in IR dump {name} (kernels: {', '.join(kernels)})",
                               "give --kernel one of those names, or leave it out")
     with_op = {r["kernel"] for r in rows if r["before"] or r["after"] or r["change"]}  # kernels that have it
-    if not with_op:
-        raise UserFacingError(f"no op matching {op!r} in any snapshot of {name}",
-                              "use an op name as printed in the IR, e.g. ttg.convert_layout or ld.global")
+    if not with_op or op.startswith("#"):
+        # `#mma`, `nvidia_mma`: a layout is no op; where it comes and goes is recorded per step.
+        layout_rows = _layout_trace(steps, op)
+        if layout_rows:
+            _echo_layout_trace(layout_rows, as_json)
+            return
+        raise UserFacingError(f"no op or layout matching {op!r} in any snapshot of {name}",
+                              "use an op name as printed in the IR (ttg.convert_layout, ld.global) or a layout "
+                              "(#mma, nvidia_mma, dot_op)")
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -604,6 +611,36 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
             k + (f" ({describe_config(timeline.configs[k])})" if k in timeline.configs else "") for k in absent))
     if any(r["also_left_out"] for r in rows):
         click.echo("malformed sections were left out (see `kb index ir`): a change marked with them may be theirs")
+
+
+def _layout_trace(steps: list[Any], wanted: str) -> list[dict[str, Any]]:
+    """Steps where a layout kind matching `wanted` (`#mma`, `#ttg.dot_op`, `nvidia_mma`) first
+    appears in or vanishes from the IR. Aliases are renumbered in every dump, so `#mma` is read as
+    the kind's name (`nvidia_mma` contains `mma`)."""
+    needle = wanted.strip().lstrip("#").rsplit(".", 1)[-1].lower()
+    if not needle:
+        return []
+    kinds = {k for s in steps for k in (*s.layouts_new, *s.layouts_gone)}
+    # `mma` names nvidia_mma (a word of it) rather than nvmma_shared; a fragment matches only failing that.
+    chosen = {k for k in kinds if needle == k.lower() or needle in k.lower().split("_")} or \
+        {k for k in kinds if needle in k.lower()}
+    rows = []
+    for s in steps:
+        for event, changed in (("appears", s.layouts_new), ("vanishes", s.layouts_gone)):
+            rows += [{"step": s.index + 1, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name, "layout": kind,
+                      "event": event, "cite": f"{s.source}:{s.line}"} for kind in changed if kind in chosen]
+    return rows
+
+
+def _echo_layout_trace(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    width = max(len("kernel"), *(len(r["kernel"]) for r in rows))
+    click.echo(f"{'kernel':<{width}} {'step':>4} {'pass or stage':<45} layout")
+    for r in rows:
+        where = "first seen after it" if r["event"] == "appears" else "gone after it"
+        click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {r['pass']:<45} {r['layout']} ({where})  [{r['cite']}]")
 
 
 # ---------------------------------------------------------------------------------------------- eval

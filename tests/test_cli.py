@@ -162,7 +162,7 @@ def test_index_ir_and_trace_an_op(tmp_path):
     pasted = runner.invoke(main, [*home, "symbols", "IR Dump Before TritonGPUReorderInstructions: "
                                   "tritongpu-reorder-instructions ('builtin.module' operation)"]).output
     assert "def ir-pass (no snapshot after it) copy_kernel::tritongpu-reorder-instructions  stream.txt:38@copy" in pasted
-    assert "no op matching" in _one_line_error([*home, "ir", "trace", "copy", "wgmma"])
+    assert "no op or layout matching 'wgmma'" in _one_line_error([*home, "ir", "trace", "copy", "wgmma"])
     assert "no op given" in _one_line_error([*home, "ir", "trace", "copy", " "])  # would match every op
     assert "no kernel 'nope' in IR dump copy (kernels: copy_kernel)" in _one_line_error(
         [*home, "ir", "trace", "copy", "convert_layout", "--kernel", "nope"])
@@ -185,6 +185,26 @@ def test_index_ir_and_trace_an_op(tmp_path):
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "src", "--corpus", "ir"])
     again = runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/triton_dump"), "--name", "copy"])
     assert f"replaced the earlier ir@copy (from {FIXTURES / 'ir/stream.txt'})" in again.output
+
+
+def test_ir_trace_follows_a_layout(tmp_path):
+    """A layout is no op: `ir trace run '#mma'` names the step after which it first appears, and the one
+    after which the dot-operand layout is gone, with the dump line of each."""
+    home = ["--home", str(tmp_path / "h")]
+    runner = CliRunner()
+    assert runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/accelerate_matmul.txt"), "--name", "mm"]
+                         ).exit_code == 0
+    trace = runner.invoke(main, [*home, "ir", "trace", "mm", "#mma"])
+    assert trace.exit_code == 0, trace.output
+    assert re.search(r"^k\s+3 tritongpu-accelerate-matmul\s+nvidia_mma \(first seen after it\)  "
+                     r"\[accelerate_matmul.txt:\d+\]$", trace.output, re.MULTILINE), trace.output
+    rows = json.loads(runner.invoke(main, [*home, "ir", "trace", "mm", "#ttg.dot_op", "--json"]).stdout)
+    assert [(r["pass"], r["event"]) for r in rows] == [("tritongpu-accelerate-matmul", "vanishes")]
+    # The first snapshot has no snapshot before it: its layouts are where the dump starts, not news.
+    assert "no op or layout matching '#swizzled_shared'" in _one_line_error(
+        [*home, "ir", "trace", "mm", "#swizzled_shared"])
+    # An op name still traces the op.
+    assert "tritongpu-coalesce" in runner.invoke(main, [*home, "ir", "trace", "mm", "convert_layout"]).output
 
 
 def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):

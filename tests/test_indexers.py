@@ -539,31 +539,14 @@ def test_a_question_about_an_op_disappearing_finds_the_step_that_removed_it(tmp_
             assert searcher.search(question, k=1, mode=mode)[0].metadata["pass_arg"] == step, (question, mode)
 
 
-_BLOCKED = "#ttg.blocked<{sizePerThread = [1, 4], threadsPerWarp = [8, 4], warpsPerCTA = [4, 1], order = [1, 0]}>"
-_BLOCKED1 = "#ttg.blocked<{sizePerThread = [1, 8], threadsPerWarp = [4, 8], warpsPerCTA = [4, 1], order = [1, 0]}>"
-_MMA = "#ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [4, 1], instrShape = [16, 64, 16]}>"
-_DOT_A = "#ttg.dot_op<{opIdx = 0, parent = #blocked}>"
-
-
 def test_a_question_naming_a_layout_finds_the_step_where_that_layout_first_appears(tmp_path):
     """Coalesce adds a convert_layout; accelerate-matmul only turns the one to a dot operand into
     one to #mma (same count). "the convert_layout to #mma" is accelerate-matmul's, which op counts
     alone cannot tell: the layout has to be matched."""
-    def after(pass_class: str, arg: str, aliases: list[str], converts: list[str]) -> str:
-        body = "".join(f"    %{i} = ttg.convert_layout %a : tensor<64x64xf16, {src}> -> tensor<64x64xf16, {dst}>\n"
-                       for i, (src, dst) in enumerate(c.split(" -> ") for c in converts))
-        return (f"// -----// IR Dump After {pass_class} ({arg}) //----- //\n" + "".join(a + "\n" for a in aliases)
-                + f"module {{\n  tt.func @k(%a: tensor<64x64xf16, #blocked>) {{\n{body}    tt.return\n  }}\n}}\n")
-    blocked = [f"#blocked = {_BLOCKED}", f"#blocked1 = {_BLOCKED1}"]
-    (tmp_path / "d.txt").write_text(
-        after("ConvertTritonToTritonGPU", "convert-triton-to-tritongpu", blocked[:1], [f"#blocked -> {_DOT_A}"])
-        + after("TritonGPUCoalesce", "tritongpu-coalesce", blocked, ["#blocked -> #blocked1", f"#blocked1 -> {_DOT_A}"])
-        + after("TritonGPUAccelerateMatmul", "tritongpu-accelerate-matmul", [*blocked, f"#mma = {_MMA}"],
-                ["#blocked -> #blocked1", "#blocked1 -> #mma"]))
     home = KBHome(tmp_path / "home").ensure()
     embedder = _embedder(home)
     with home.lock(write=True):
-        _, _, steps = index_ir_dump(home, embedder, tmp_path / "d.txt", "mm")
+        _, _, steps = index_ir_dump(home, embedder, IR / "accelerate_matmul.txt", "mm")
     accelerate = steps[-1]
     assert (accelerate.delta, accelerate.layouts_new, accelerate.layouts_gone) == ({}, ["nvidia_mma"], ["dot_op"])
     assert steps[1].layouts_new == [] and steps[1].delta == {"ttg.convert_layout": 1}
