@@ -71,7 +71,7 @@ def resolve_links(files: list[tuple[str, ParsedFile]], passes: list[PassDef], sy
             elif fact.kind == "implements-base" and (p := by_def.get(fact.b)):
                 # Where: two passes' classes may share a name (PlanMemoryPass in two directories).
                 links.append(Link(release, "pass", p.argument, "implemented-by", "class", fact.a,
-                                  f"base-class at {rel}:{fact.line}"))
+                                  f"base-class at {rel}:{fact.line}", dst_file=rel))
             elif fact.kind == "binding":
                 bindings[fact.a].add(fact.b)
             elif fact.kind == "run-pass" and fact.a in by_arg:

@@ -248,12 +248,11 @@ class Searcher:
         else:
             for lk in links:
                 if lk.relation == "implemented-by":
-                    # The link says where the class is ("base-class at FILE:LINE"): another of its name
-                    # elsewhere (regbase/PlanMemory.cpp beside PlanMemory.cpp) is not this pass's.
-                    where = lk.evidence.rsplit(" at ", 1)[-1].rsplit(":", 1)[0] if " at " in lk.evidence else ""
+                    # The link says where the class is: another of its name elsewhere
+                    # (regbase/PlanMemory.cpp beside PlanMemory.cpp) is not this pass's.
                     defs = [sym for sym in store.find(lk.dst, release=self.release)
                             if sym.role == "def" and sym.chunk_id]
-                    for sym in sorted(defs, key=lambda d: d.file != where)[:1]:
+                    for sym in sorted(defs, key=lambda d: d.file != lk.dst_file)[:1]:
                         ids.append(sym.chunk_id)
                         matched[sym.chunk_id] = sym
             if not ids:

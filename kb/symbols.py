@@ -53,6 +53,7 @@ _ADDED_COLUMNS = (
     ("symbols", "scope", "TEXT NOT NULL DEFAULT ''"),
     ("symbols", "digest", "TEXT NOT NULL DEFAULT ''"),
     ("passes", "constructor", "TEXT NOT NULL DEFAULT ''"),
+    ("links", "dst_file", "TEXT NOT NULL DEFAULT ''"),
 )
 _TABLES = ("symbols", "passes", "links", "files")
 
@@ -116,7 +117,8 @@ class Link:
     """A typed edge, e.g. pipeline-call `passes.ttgpuir.add_coalesce` -runs-> pass `tritongpu-coalesce`.
 
     `evidence` says how the link was established ("exact", "name-match", ...) so a reader can
-    weigh it.
+    weigh it. `dst_file` is the file defining `dst`, where the linker knows it: two passes' classes
+    may share a name (PlanMemoryPass in PlanMemory.cpp and regbase/PlanMemory.cpp).
     """
 
     release: str
@@ -126,6 +128,7 @@ class Link:
     dst_kind: str
     dst: str
     evidence: str
+    dst_file: str = ""
 
 
 class SymbolStore:
@@ -173,8 +176,10 @@ class SymbolStore:
                 ],
             )
             self._db.executemany(
-                "INSERT INTO links VALUES (?,?,?,?,?,?,?)",
-                [(lk.release, lk.src_kind, lk.src, lk.relation, lk.dst_kind, lk.dst, lk.evidence) for lk in links]
+                "INSERT INTO links (release, src_kind, src, relation, dst_kind, dst, evidence, dst_file)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                [(lk.release, lk.src_kind, lk.src, lk.relation, lk.dst_kind, lk.dst, lk.evidence, lk.dst_file)
+                 for lk in links]
             )
             self._db.executemany("INSERT INTO files VALUES (?,?,?,?,?)",
                                  [(f.release, f.path, f.sha256, f.lang, f.chunks) for f in files])
@@ -238,7 +243,8 @@ class SymbolStore:
             yield self._pass(row)
 
     def links_of(self, name: str, release: str | None = None) -> list[Link]:
-        sql = "SELECT * FROM links WHERE (src = ? OR dst = ?)"
+        sql = ("SELECT release, src_kind, src, relation, dst_kind, dst, evidence, dst_file FROM links"
+               " WHERE (src = ? OR dst = ?)")
         args: list[object] = [name, name]
         if release:
             sql += " AND release = ?"

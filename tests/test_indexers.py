@@ -160,6 +160,35 @@ def test_release_links_cross_every_layer(built_home):
     store.close()
 
 
+def test_a_pass_hit_cites_its_own_class_when_another_class_shares_its_name(tmp_path):
+    """AscendNPU-IR has two structs PlanMemoryPass; only one derives the pass's generated base. A
+    search that finds the pass record must cite that one, though the other sorts first by file."""
+    tree = tmp_path / "tree"
+    (tree / "include").mkdir(parents=True)
+    (tree / "include/Passes.td").write_text(
+        'def PlanMemory : Pass<"hivm-plan-memory", "mlir::ModuleOp"> {\n'
+        '  let summary = "Plan the local buffer memory of every kernel";\n'
+        '  let constructor = "mlir::hivm::createPlanMemoryPass()";\n}\n')
+    for rel, base, body in (("lib/A_regbase/PlanMemory.cpp", "PassWrapper<PlanMemoryPass, OperationPass<>>",
+                             "planRegisterBanks"),
+                            ("lib/Transforms/PlanMemory.cpp", "impl::PlanMemoryBase<PlanMemoryPass>", "planLocalBuffers")):
+        (tree / rel).parent.mkdir(parents=True)
+        (tree / rel).write_text(f"struct PlanMemoryPass : public {base} {{\n  void runOnOperation() override {{\n"
+                                f"    {body}(getOperation());\n  }}\n}};\n")
+    home = KBHome(tmp_path / "home").ensure()
+    embedder = _embedder(home)
+    with home.lock(write=True):
+        index_compiler_tree(home, embedder, tree, "r1")
+    store = SymbolStore(home.symbols_db)
+    [link] = [lk for lk in store.links_of("hivm-plan-memory", "r1") if lk.relation == "implemented-by"]
+    assert (link.dst, link.dst_file) == ("PlanMemoryPass", "lib/Transforms/PlanMemory.cpp")
+    hits = Searcher(home, "compiler", "r1", embedder=embedder).answer(
+        "which pass plans the local buffer memory of every kernel", k=3, store=store)
+    store.close()
+    class_hits = [h for h in hits if h.metadata.get("symbol") == "PlanMemoryPass"]
+    assert class_hits and class_hits[0].metadata["file"] == "lib/Transforms/PlanMemory.cpp", hits
+
+
 # ------------------------------------------------------------------------------------- releases
 def _embedder(home: KBHome):
     from kb.embed import OfflineEmbedding
