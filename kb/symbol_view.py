@@ -76,6 +76,12 @@ def describe(store: SymbolStore, name: str, release: str | None = None, max_refs
     return view
 
 
+# The second hop goes only through passes, factories and pipeline calls (pass -> createX <- add_x).
+# Not through a lit test (its other passes are not this one's), a class (another class of that name
+# implements another pass: PlanMemoryPass in regbase/), an op or a file: those fan out to neighbours.
+_WALKED_KINDS = frozenset({"pass", "function", "pipeline-call"})
+
+
 def _walk(store: SymbolStore, seeds: set[str], release: str | None, depth: int = 2) -> list[Link]:
     """Links reachable from `seeds` in `depth` hops (both directions), de-duplicated, capped."""
     seen: dict[Link, None] = {}
@@ -86,9 +92,8 @@ def _walk(store: SymbolStore, seeds: set[str], release: str | None, depth: int =
         for link in store.links_of(node, release):
             seen.setdefault(link)
             if level + 1 < depth:
-                for nxt in (link.src, link.dst):
-                    # Only walk through passes, pipeline calls and factories: ops and files fan out too widely.
-                    if nxt not in visited and (link.dst_kind in ("pass", "function") or link.src_kind == "pass"):
+                for nxt, kind in ((link.src, link.src_kind), (link.dst, link.dst_kind)):
+                    if nxt not in visited and kind in _WALKED_KINDS:
                         visited.add(nxt)
                         frontier.append((nxt, level + 1))
     return list(seen)[:_MAX_LINKS]

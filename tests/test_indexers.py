@@ -189,6 +189,37 @@ def test_a_pass_hit_cites_its_own_class_when_another_class_shares_its_name(tmp_p
     assert class_hits and class_hits[0].metadata["file"] == "lib/Transforms/PlanMemory.cpp", hits
 
 
+def test_a_pass_view_lists_its_own_links_not_its_neighbours(tmp_path):
+    """A lit test that runs two passes, and a class name two passes' classes share: the view of one
+    pass shows its test and its class, not the other pass's links reached through them."""
+    from kb.symbol_view import describe
+
+    tree = tmp_path / "tree"
+    (tree / "include").mkdir(parents=True)
+    (tree / "include/Passes.td").write_text(
+        'def PlanMemory : Pass<"hivm-plan-memory", "mlir::ModuleOp"> {\n  let summary = "plan memory";\n}\n'
+        'def PlanMemoryRegbase : Pass<"hivm-plan-memory-regbase", "mlir::ModuleOp"> {\n'
+        '  let summary = "plan register memory";\n}\n'
+        'def AppendDeviceSpec : Pass<"hacc-append-device-spec", "mlir::ModuleOp"> {\n  let summary = "spec";\n}\n')
+    for rel, base in (("lib/PlanMemory.cpp", "PlanMemoryBase"), ("lib/regbase/PlanMemory.cpp", "PlanMemoryRegbaseBase")):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(f"struct PlanMemoryPass : public impl::{base}<PlanMemoryPass> {{\n"
+                                "  void runOnOperation() override {}\n};\n")
+    (tree / "test").mkdir()
+    (tree / "test/plan-memory.mlir").write_text(
+        "// RUN: bishengir-opt %s -hacc-append-device-spec -hivm-plan-memory | FileCheck %s\n"
+        "func.func @f() {\n  return\n}\n")
+    home = KBHome(tmp_path / "home").ensure()
+    with home.lock(write=True):
+        index_compiler_tree(home, _embedder(home), tree, "r1")
+    store = SymbolStore(home.symbols_db)
+    links = {(lk.src, lk.relation, lk.dst) for lk in describe(store, "hivm-plan-memory", "r1").links}
+    store.close()
+    assert ("test/plan-memory.mlir", "tests-pass", "hivm-plan-memory") in links
+    assert ("hivm-plan-memory", "implemented-by", "PlanMemoryPass") in links
+    assert not {lk for lk in links if "hacc-append-device-spec" in lk or "hivm-plan-memory-regbase" in lk}, links
+
+
 # ------------------------------------------------------------------------------------- releases
 def _embedder(home: KBHome):
     from kb.embed import OfflineEmbedding
