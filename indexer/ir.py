@@ -302,6 +302,13 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
                               f"{d:+d}{lines_note} at {step.source}:{step.line}"))
             kind = "ir-op-introduced" if d > 0 else "ir-op-removed" if d < 0 else "ir-op-rewritten"
             symbols.append(Symbol(name, op, kind, "mlir", step.source, step.line, step.line, "ref", cid, step.pass_arg))
+        # `kb symbols nvidia_mma --release RUN`: where a layout came in and went, like an op.
+        for layout, relation, kind in [*((k, "introduces", "ir-layout-introduced") for k in step.layouts_new),
+                                       *((k, "removes", "ir-layout-removed") for k in step.layouts_gone)]:
+            links.append(Link(name, f"ir-{step.kind}", step.pass_arg, relation, "layout", layout,
+                              f"{'first seen' if relation == 'introduces' else 'gone'} after it, at {step.source}:{step.line}"))
+            symbols.append(Symbol(name, layout, kind, "mlir", step.source, step.line, step.line, "ref", cid,
+                                  step.pass_arg))
     if publish_lock is not None:
         texts = texts_to_embed(chunks)
         embedder.fill_cache(texts, on_progress=(lambda done: progress("embed", done, len(texts))) if progress else None)

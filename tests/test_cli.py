@@ -205,6 +205,9 @@ def test_ir_trace_follows_a_layout(tmp_path):
         [*home, "ir", "trace", "mm", "#swizzled_shared"])
     # An op name still traces the op.
     assert "tritongpu-coalesce" in runner.invoke(main, [*home, "ir", "trace", "mm", "convert_layout"]).output
+    # The layout is a symbol of the dump, linked to the step that brought it in.
+    assert "ir-pass tritongpu-accelerate-matmul -introduces-> layout nvidia_mma  [first seen after it, at " \
+        "accelerate_matmul.txt:" in runner.invoke(main, [*home, "symbols", "nvidia_mma", "--release", "mm"]).output
 
 
 def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):
