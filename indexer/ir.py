@@ -362,9 +362,12 @@ def load_timeline(home: KBHome, name: str) -> Timeline:
     if path is None or not path.is_file():
         from kb.index import list_manifests
 
-        if any(m.release == name for m in list_manifests(home)):
+        if any(m.release == name and m.corpus != IR_CORPUS for m in list_manifests(home)):
             raise UserFacingError(f"{name!r} is a source release, not an IR dump",
                                   "trace a dump's ops with `kb ir trace DUMP OP` (dumps: `kb releases list`, corpus ir)")
+        if manifest is not None:
+            raise UserFacingError(f"the pass timeline of IR dump {name!r} is missing ({path})",
+                                  f"index it again: kb index ir {manifest.source.get('path', 'PATH')} --name {name}")
         raise UserFacingError(f"no IR dump named {name!r} is indexed", "index one with `kb index ir PATH --name NAME`")
     data = json.loads(path.read_text())
     # Timelines written before compile options were read have no "configs".

@@ -93,7 +93,9 @@ class KBHome:
 
     def timeline_files(self, ir_name: str) -> list[Path]:
         """Every timeline file written for `ir_name` (one per build; its manifest names the live one)."""
-        return sorted(self.ir_dir.glob(f"{re.sub(r'[^A-Za-z0-9._-]', '-', ir_name)}.b*.json"))
+        # Exactly `<name>.b<8 hex>.json`: a glob `<name>.b*` would take `<name>.bf16.b1234abcd.json` too.
+        own = re.compile(re.escape(re.sub(r"[^A-Za-z0-9._-]", "-", ir_name)) + r"\.b[0-9a-f]{8}\.json")
+        return sorted(p for p in self.ir_dir.glob("*.json") if own.fullmatch(p.name)) if self.ir_dir.is_dir() else []
 
     @property
     def runs_dir(self) -> Path:

@@ -31,16 +31,25 @@ def _ir_dumps(home: KBHome) -> set[str]:
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+# A name becomes part of a chroma collection's name (no "..") and of file names (255 bytes at most).
+MAX_NAME_LENGTH = 100
+
+
 def name_from(text: str) -> str:
     """A valid name made from `text` (a file stem): other characters become '-'."""
-    return re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9._-]+", "-", text)).strip("-._") or "dump"
+    name = re.sub(r"\.{2,}", ".", re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9._-]+", "-", text)))
+    return name[:MAX_NAME_LENGTH].strip("-._") or "dump"
 
 
 def check_name(name: str, option: str) -> None:
-    """Refuse a name that is not letters, digits, '.', '_' and '-' (no '__'), from a letter or digit."""
-    if not _NAME.fullmatch(name) or "__" in name:
-        raise UserFacingError(f"{option} {name!r} may hold only letters, digits, '.', '_' and '-' (not '__'), "
-                              "starting with a letter or digit", f"e.g. {option} {name_from(name)}")
+    """Refuse a name that is not letters, digits, '.', '_' and '-' (no '__' or '..'), from a letter or
+    digit, or that is longer than MAX_NAME_LENGTH."""
+    if not _NAME.fullmatch(name) or "__" in name or ".." in name:
+        raise UserFacingError(f"{option} {name!r} may hold only letters, digits, '.', '_' and '-' (not '__' or "
+                              "'..'), starting with a letter or digit", f"e.g. {option} {name_from(name)}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise UserFacingError(f"{option} is {len(name)} characters long; at most {MAX_NAME_LENGTH} are kept",
+                              f"e.g. {option} {name_from(name)}")
 
 
 # Corpora other commands build: source indexed into them would answer their queries.

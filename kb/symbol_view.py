@@ -85,7 +85,7 @@ _WALKED_KINDS = frozenset({"pass", "function", "pipeline-call"})
 def _walk(store: SymbolStore, seeds: set[str], release: str | None, depth: int = 2) -> list[Link]:
     """Links reachable from `seeds` in `depth` hops (both directions), de-duplicated, capped."""
     seen: dict[Link, None] = {}
-    frontier = deque((s, 0) for s in seeds)
+    frontier = deque((s, 0) for s in sorted(seeds))  # sorted: under the cap, which links show must not vary by run
     visited = set(seeds)
     while frontier and len(seen) < _MAX_LINKS:
         node, level = frontier.popleft()

@@ -181,6 +181,14 @@ def test_index_ir_and_trace_an_op(tmp_path):
         [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", "bad name/x"])
     assert "e.g. --release a-b" in _one_line_error(
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "a b"])
+    # Chroma refuses ".." in a collection name, and a file name holds 255 bytes: refused before any work.
+    assert "e.g. --release r1.x" in _one_line_error(
+        [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "r1..x"])
+    assert "is 300 characters long; at most 100" in _one_line_error(
+        [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "r" * 300])
+    dotted = tmp_path / "dump..1.txt"  # the default name comes from the file's stem
+    shutil.copy(FIXTURES / "ir/stream.txt", dotted)
+    assert "indexed ir@dump.1:" in runner.invoke(main, [*home, "index", "ir", str(dotted)]).output
     assert "is built by `kb index ir`" in _one_line_error(
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "src", "--corpus", "ir"])
     again = runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/triton_dump"), "--name", "copy"])
@@ -208,6 +216,17 @@ def test_ir_trace_follows_a_layout(tmp_path):
     # The layout is a symbol of the dump, linked to the step that brought it in.
     assert "ir-pass tritongpu-accelerate-matmul -introduces-> layout nvidia_mma  [first seen after it, at " \
         "accelerate_matmul.txt:" in runner.invoke(main, [*home, "symbols", "nvidia_mma", "--release", "mm"]).output
+
+
+def test_an_ir_name_that_extends_another_keeps_its_timeline(tmp_path):
+    """`mm` and `mm.bf16`: indexing or dropping one must not remove the other's pass timeline."""
+    home = ["--home", str(tmp_path / "h")]
+    runner = CliRunner()
+    for name in ("mm.bf16", "mm"):
+        assert runner.invoke(main, [*home, "index", "ir", str(FIXTURES / "ir/stream.txt"), "--name", name]).exit_code == 0
+    assert runner.invoke(main, [*home, "releases", "drop", "mm"]).exit_code == 0
+    trace = runner.invoke(main, [*home, "ir", "trace", "mm.bf16", "convert_layout"])
+    assert trace.exit_code == 0 and "tritongpu-coalesce" in trace.output, trace.output
 
 
 def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):
