@@ -211,18 +211,19 @@ def index_compiler_tree(
     else:
         report.texts_new = len(embedder.missing(distinct)) if hasattr(embedder, "missing") else len(distinct)
     with publish_lock() if publish_lock is not None else nullcontext():
-        manifest = publish(
-            home, corpus, release, chunks,
-            chunker={"kind": "tree-sitter+tablegen+lit", "max_chars": DEFAULT_MAX_CHARS,
-                     "grammars": grammar_versions(), "parser_version": PARSER_VERSION},
-            source={**(source or {"path": str(root.resolve())}), "files": len(source_files)},
-            embedder=embedder,
-            progress=(lambda done, total: progress("store" if publish_lock else "embed", done, total))
-            if progress else None,
-        )
         store = SymbolStore(home.symbols_db)
         try:
-            store.replace_release(release, symbols, passes, links, source_files)
+            manifest = publish(
+                home, corpus, release, chunks,
+                chunker={"kind": "tree-sitter+tablegen+lit", "max_chars": DEFAULT_MAX_CHARS,
+                         "grammars": grammar_versions(), "parser_version": PARSER_VERSION},
+                source={**(source or {"path": str(root.resolve())}), "files": len(source_files)},
+                embedder=embedder,
+                progress=(lambda done, total: progress("store" if publish_lock else "embed", done, total))
+                if progress else None,
+                before_switch=lambda collection: store.mark_publishing(release, collection),
+            )
+            store.replace_release(release, symbols, passes, links, source_files)  # clears the mark
         finally:
             store.close()
     report.chunks, report.symbols, report.passes, report.links = len(chunks), len(symbols), len(passes), len(links)

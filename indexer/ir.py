@@ -329,19 +329,20 @@ def _publish_dump(home: KBHome, embedder: Any, path: Path, name: str, dump: IRDu
     timeline.write_text(json.dumps({"name": name, "path": str(path), "problems": dump.problems,
                                     "skipped": dump.skipped, "configs": dump.configs,
                                     "steps": [asdict(s) for s in steps]}))
-    manifest = publish(home, IR_CORPUS, name, chunks, chunker={"kind": "ir-steps", "diff_lines": _DIFF_LINES},
-                       source={"kind": "ir-dump", "path": str(path), "snapshots": len(steps),
-                               "timeline": timeline.name},
-                       embedder=embedder, progress=progress)
-    for stale in home.timeline_files(name):
-        if stale != timeline:
-            stale.unlink(missing_ok=True)
     files = sorted({s.source for s in steps})
     store = SymbolStore(home.symbols_db)
     try:
+        manifest = publish(home, IR_CORPUS, name, chunks, chunker={"kind": "ir-steps", "diff_lines": _DIFF_LINES},
+                           source={"kind": "ir-dump", "path": str(path), "snapshots": len(steps),
+                                   "timeline": timeline.name},
+                           embedder=embedder, progress=progress,
+                           before_switch=lambda collection: store.mark_publishing(name, collection))
         store.replace_release(name, symbols, [], links, [SourceFile(name, f, "", "ir", 0) for f in files])
     finally:
         store.close()
+    for stale in home.timeline_files(name):
+        if stale != timeline:
+            stale.unlink(missing_ok=True)
     return manifest
 
 

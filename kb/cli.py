@@ -291,6 +291,8 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
     NAME is a function, class, pass argument or def name, op (`ttg.convert_layout`), pipeline call
     (`passes.ttgpuir.add_coalesce`) or a diagnostic message as printed (`"vectorization fails"`).
     """
+    from kb.index import list_manifests
+    from kb.releases import check_published
     from kb.symbols import SymbolStore
     from kb.symbol_view import describe, render
 
@@ -298,6 +300,7 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
     with home.lock(write=False):
         store = SymbolStore(home.symbols_db)
         try:
+            check_published(store, [m for m in list_manifests(home) if not release or m.release == release])
             known = store.releases()
             if release and release not in known:
                 raise UserFacingError(
@@ -346,6 +349,8 @@ def releases_list(ctx: click.Context, as_json: bool) -> None:
         mark = "  (installed triton)" if i.name == installed else ""
         click.echo(f"{i.name}{mark}: {corpora}; {i.files} files, {i.symbols} symbols, {i.passes} passes, "
                    f"{i.links} links; indexed {when}" + (f" from {i.source}" if i.source else ""))
+        if i.interrupted:
+            click.echo(f"  the last index stopped after publishing its chunks and before its symbols: {i.interrupted}")
 
 
 @releases.command("diff")

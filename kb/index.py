@@ -134,10 +134,13 @@ def publish(
     source: dict[str, Any],
     embedder: Any,
     progress: Callable[[int, int], None] | None = None,
+    before_switch: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Embed, store and atomically publish `chunks` as the live index of (corpus, release).
 
-    The caller holds the home's write lock.
+    `before_switch(collection)` runs once the new collection is complete, just before the manifest
+    names it: the caller records there what a kill between the switch and its own next write (the
+    release's symbols) would leave half-done. The caller holds the home's write lock.
     """
     from llama_index.core.schema import TextNode
     from llama_index.vector_stores.chroma import ChromaVectorStore
@@ -183,6 +186,8 @@ def publish(
     path = _manifest_path(home, corpus, release)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(manifest), indent=1))
+    if before_switch is not None:
+        before_switch(collection_name)
     os.replace(tmp, path)  # the switch: from here on readers see the new index
 
     if previous is not None and previous.collection != collection_name:

@@ -13,10 +13,11 @@ from typing import Any
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
-from kb.index import drop_builds, drop_index, leftover_builds, list_manifests
+from kb.index import Manifest, drop_builds, drop_index, leftover_builds, list_manifests
 from kb.symbols import SymbolStore
 
 __all__ = ["IR_CORPUS", "RESERVED_CORPORA", "ReleaseDiff", "ReleaseInfo", "check_corpus", "check_name",
+           "check_published", "interrupted", "reindex_command",
            "check_release_name", "diff_releases", "drop_release", "list_releases", "name_from"]
 
 IR_CORPUS = "ir"  # the corpus of IR dumps (`kb index ir`); every other corpus is built from source
@@ -89,6 +90,29 @@ def check_release_name(home: KBHome, name: str, *, ir_dump: bool) -> None:
                           f"choose another --release, or drop the dump first with `kb releases drop {name}`")
 
 
+def reindex_command(manifest: Manifest) -> str:
+    """The command that built `manifest`'s index (what to run again to repair or refresh it)."""
+    path = manifest.source.get("path", "DIR")
+    if manifest.corpus == IR_CORPUS:
+        return f"kb index ir {path} --name {manifest.release}"
+    corpus = "" if manifest.corpus == "compiler" else f" --corpus {manifest.corpus}"
+    return f"kb index compiler --source {path} --release {manifest.release}{corpus}"
+
+
+def interrupted(store: SymbolStore, manifest: Manifest) -> bool:
+    """Whether a build died between publishing `manifest`'s chunks and writing its release's symbols."""
+    return store.publishing(manifest.release) == manifest.collection
+
+
+def check_published(store: SymbolStore, manifests: list[Manifest]) -> None:
+    """Refuse to answer from a release whose symbols are older than its chunks (see `interrupted`)."""
+    for manifest in manifests:
+        if interrupted(store, manifest):
+            raise UserFacingError(
+                f"the last index of {manifest.corpus}@{manifest.release} stopped after publishing its chunks "
+                "and before its symbols", f"run it again to finish it: {reindex_command(manifest)}")
+
+
 @dataclass
 class ReleaseInfo:
     name: str
@@ -99,6 +123,7 @@ class ReleaseInfo:
     links: int
     created: float
     source: str
+    interrupted: str = ""  # the command to run again when a build stopped half-published
 
 
 def list_releases(home: KBHome) -> list[ReleaseInfo]:
@@ -115,6 +140,7 @@ def list_releases(home: KBHome) -> list[ReleaseInfo]:
                 symbols=counts["symbols"], passes=counts["passes"], links=counts["links"],
                 created=max((m.created for m in ms), default=0.0),
                 source=next((str(m.source.get("path", "")) for m in ms if m.source.get("path")), ""),
+                interrupted=next((reindex_command(m) for m in ms if interrupted(store, m)), ""),
             ))
         return out
     finally:
@@ -149,6 +175,7 @@ def diff_releases(home: KBHome, a: str, b: str) -> ReleaseDiff:
             if name in dumps:
                 raise UserFacingError(f"{name!r} is an IR dump, not a source release",
                                       f"compare what its passes did with `kb ir trace {name} OP`")
+            check_published(store, [m for m in list_manifests(home) if m.release == name])
             if name not in known:
                 raise UserFacingError(f"release {name!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
                                       "see `kb releases list`")

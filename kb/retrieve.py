@@ -109,6 +109,14 @@ class Searcher:
                 "release with --release" if release
                 else "build it with `kb index patterns` or `kb index compiler --installed`",
             )
+        from kb.releases import check_published
+        from kb.symbols import SymbolStore
+
+        store = SymbolStore(home.symbols_db)
+        try:  # chunks without their symbols would cite definitions the store does not have
+            check_published(store, [manifest])
+        finally:
+            store.close()
         self.home = home
         self.manifest: Manifest = manifest
         self.embedder = embedder or embedder_for(home, manifest.embed_model)  # the model that built it

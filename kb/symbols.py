@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS links (
     release TEXT NOT NULL, src_kind TEXT NOT NULL, src TEXT NOT NULL, relation TEXT NOT NULL,
     dst_kind TEXT NOT NULL, dst TEXT NOT NULL, evidence TEXT NOT NULL
 );
+-- A release whose chunks are being published: the collection its manifest is about to name. Set
+-- just before the manifest switch, cleared with the symbols' swap (one transaction): a row naming
+-- the live collection means a build died in between, chunks new and symbols old.
+CREATE TABLE IF NOT EXISTS publishing (release TEXT PRIMARY KEY, collection TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS links_src ON links (src, release);
 CREATE INDEX IF NOT EXISTS links_dst ON links (dst, release);
 """
@@ -55,7 +59,7 @@ _ADDED_COLUMNS = (
     ("passes", "constructor", "TEXT NOT NULL DEFAULT ''"),
     ("links", "dst_file", "TEXT NOT NULL DEFAULT ''"),
 )
-_TABLES = ("symbols", "passes", "links", "files")
+_TABLES = ("symbols", "passes", "links", "files", "publishing")
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,16 @@ class SymbolStore:
             )
             self._db.executemany("INSERT INTO files VALUES (?,?,?,?,?)",
                                  [(f.release, f.path, f.sha256, f.lang, f.chunks) for f in files])
+
+    def mark_publishing(self, release: str, collection: str) -> None:
+        """Record that `release`'s manifest is about to name `collection` (see the `publishing` table)."""
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO publishing VALUES (?, ?)", (release, collection))
+
+    def publishing(self, release: str) -> str | None:
+        """The collection a build of `release` was publishing when it stopped, if one did."""
+        row = self._db.execute("SELECT collection FROM publishing WHERE release = ?", (release,)).fetchone()
+        return row[0] if row else None
 
     def drop_release(self, release: str) -> None:
         with self._db:

@@ -229,6 +229,39 @@ def test_an_ir_name_that_extends_another_keeps_its_timeline(tmp_path):
     assert trace.exit_code == 0 and "tritongpu-coalesce" in trace.output, trace.output
 
 
+def test_a_build_killed_between_its_chunks_and_its_symbols_is_refused_until_run_again(tmp_path, monkeypatch):
+    """The manifest switch publishes the chunks; the symbols follow in a second store. A build that
+    dies in between must not pass for a finished one: every command names the command that repairs it."""
+    from kb.symbols import SymbolStore
+
+    home = ["--home", str(tmp_path / "h")]
+    runner = CliRunner()
+    tree = FIXTURES / "compiler_tree"
+    assert runner.invoke(main, [*home, "index", "compiler", "--source", str(tree), "--release", "r1"]).exit_code == 0
+
+    def killed(self, *args, **kwargs):
+        raise SystemExit(137)  # what kill -9 leaves: nothing after this point ran
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SymbolStore, "replace_release", killed)
+        for args in (["compiler", "--source", str(tree), "--release", "r2"],
+                     ["ir", str(FIXTURES / "ir/stream.txt"), "--name", "run"]):
+            assert runner.invoke(main, [*home, "index", *args]).exit_code == 137
+    listed = runner.invoke(main, [*home, "releases", "list"]).output
+    assert f"before its symbols: kb index compiler --source {tree} --release r2" in listed, listed
+    assert f"before its symbols: kb index ir {FIXTURES / 'ir/stream.txt'} --name run" in listed, listed
+    fix = f"run it again to finish it: kb index compiler --source {tree} --release r2"
+    assert fix in _one_line_error([*home, "search", "coalesce loads", "--release", "r2"])
+    assert fix in _one_line_error([*home, "symbols", "getMaskAlignment", "--release", "r2"])
+    assert fix in _one_line_error([*home, "releases", "diff", "r1", "r2"])
+    # The release indexed before is untouched, and running the command again finishes the build.
+    assert runner.invoke(main, [*home, "search", "coalesce loads", "--release", "r1"]).exit_code == 0
+    assert runner.invoke(main, [*home, "index", "compiler", "--source", str(tree), "--release", "r2"]).exit_code == 0
+    assert "getMaskAlignment" in runner.invoke(main, [*home, "symbols", "getMaskAlignment", "--release", "r2"]).output
+    notes = [ln for ln in runner.invoke(main, [*home, "releases", "list"]).output.splitlines() if "before its" in ln]
+    assert len(notes) == 1 and notes[0].endswith("--name run"), notes
+
+
 def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):
     """Two autotuning compiles in Triton's cache: each shows its options, and where the op first
     appears is said per compile."""
