@@ -623,9 +623,13 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
     metadata_files: dict[tuple[str, str], tuple[str, str]] = {}  # (stem, directory) -> (rel, text)
     for file in files:
         rel = file.name if file == root else file.relative_to(root).as_posix()
-        size = file.stat().st_size
-        with open(file, "rb") as fh:
-            head = fh.read(4096)
+        try:
+            size = file.stat().st_size
+            with open(file, "rb") as fh:
+                head = fh.read(4096)
+        except OSError as exc:  # unreadable (permissions, gone since the walk): skipped and named
+            dump.skipped.append(f"{rel}: unreadable ({exc.strerror or type(exc).__name__})")
+            continue
         if b"\0" in head:
             dump.skipped.append(f"{rel}: binary")
             continue
@@ -633,7 +637,12 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
             dump.skipped.append(f"{rel}: too large ({size / 2**20:,.0f} MiB, the limit is "
                                 f"{MAX_DUMP_BYTES // 2**20} MiB); dump one kernel: MLIR_ENABLE_DUMP=<kernel name>")
             continue
-        text = _dump_text(rel, file.read_bytes(), dump)
+        try:
+            raw = file.read_bytes()
+        except OSError as exc:
+            dump.skipped.append(f"{rel}: unreadable ({exc.strerror or type(exc).__name__})")
+            continue
+        text = _dump_text(rel, raw, dump)
         if text is None:
             continue
         suffix = _stage_suffix(file.name)

@@ -170,7 +170,12 @@ def index_compiler_tree(
             if progress:
                 progress("parse", i + 1, len(files))
             rel = path.relative_to(root).as_posix()
-            raw = path.read_bytes()
+            try:
+                raw = path.read_bytes()
+            except OSError as exc:  # unreadable (permissions, a file gone since the walk): skipped and named
+                report.files_skipped["unreadable"] += 1
+                report.notes.append(f"skipped {rel}: unreadable ({exc.strerror or type(exc).__name__})")
+                continue
             text, why_not = _source_bytes(path, raw)
             if why_not:
                 report.files_skipped[why_not] += 1

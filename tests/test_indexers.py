@@ -220,6 +220,35 @@ def test_a_pass_view_lists_its_own_links_not_its_neighbours(tmp_path):
     assert not {lk for lk in links if "hacc-append-device-spec" in lk or "hivm-plan-memory-regbase" in lk}, links
 
 
+def test_an_unreadable_file_is_skipped_and_named_not_a_traceback(tmp_path, monkeypatch):
+    """Permissions do not bite as root, so reading is made to fail as it does for another user."""
+    import builtins
+    from pathlib import Path
+
+    def locked(path) -> bool:
+        return Path(path).name.startswith("locked")
+
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")) if locked(self) else read_bytes(self))
+    monkeypatch.setattr("harness.ir.open", lambda file, *a, **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")) if locked(file) else builtins.open(file, *a, **k), raising=False)
+    tree = tmp_path / "tree"
+    shutil.copytree(TREE, tree)
+    (tree / "lib/locked.cpp").write_text("int f() { return 1; }\n")
+    home = KBHome(tmp_path / "home").ensure()
+    with home.lock(write=True):
+        _, report = index_compiler_tree(home, _embedder(home), tree, "r1")
+    assert report.files_skipped["unreadable"] == 1
+    assert "skipped lib/locked.cpp: unreadable (Permission denied)" in report.notes
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    shutil.copy(IR / "stream.txt", dumps / "stream.txt")
+    shutil.copy(IR / "stream.txt", dumps / "locked.txt")
+    dump = read_ir_dump(dumps)
+    assert "locked.txt: unreadable (Permission denied)" in dump.skipped and dump.stages
+
+
 # ------------------------------------------------------------------------------------- releases
 def _embedder(home: KBHome):
     from kb.embed import OfflineEmbedding
