@@ -225,8 +225,21 @@ class KBHome:
 
 
 def _lock_holder(path: Path) -> str:
+    """` (pid N command)` of the writer named in the lock file, if it is still alive. A writer killed
+    with -9 never clears its line; the lock may then be held by readers, which write none."""
     with contextlib.suppress(OSError):
         text = path.read_text().strip()
-        if text:
+        pid = text.split(maxsplit=1)[0] if text else ""
+        if pid.isdigit() and _alive(int(pid)):
             return f" (pid {text})"
     return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -160,6 +162,20 @@ def test_a_second_writer_fails_clearly(tmp_path):
         pass
     # A finished writer's pid is not left behind to be named as the holder of a later lock.
     assert (home.root / "lock").read_text() == ""
+
+
+def test_a_writer_killed_with_its_pid_in_the_lock_file_is_not_named_later(tmp_path):
+    """kill -9 skips the writer's clean-up, so its line stays in the lock file. When readers hold the
+    lock later, the busy message must not name that dead process as the holder."""
+    home = KBHome(tmp_path / "home").ensure()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (home.root / "lock").write_text(f"{dead.pid} kb --home {home.root}")
+    with home.lock(write=False):
+        with pytest.raises(UserFacingError) as busy:
+            with home.lock(write=True, wait_s=0.3):
+                pass
+    assert "is busy: another kb process is" in str(busy.value) and f"pid {dead.pid}" not in str(busy.value)
 
 
 def test_a_read_only_home_is_refused_in_one_line(tmp_path, monkeypatch):
