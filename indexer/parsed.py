@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kb.home import open_cache_db
 
 __all__ = ["PARSER_VERSION", "Fact", "ParseCache", "ParsedFile", "SourceSymbol", "Unit", "content_key", "source_lines"]
 
@@ -125,9 +126,7 @@ class ParseCache:
     """SQLite map content_key -> ParsedFile, committed in batches so a killed index run resumes."""
 
     def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(path, timeout=60)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS parsed (key TEXT PRIMARY KEY, blob BLOB NOT NULL)")
+        self._db = open_cache_db(path, "CREATE TABLE IF NOT EXISTS parsed (key TEXT PRIMARY KEY, blob BLOB NOT NULL)")
         self._pending: list[tuple[str, bytes]] = []
 
     def get(self, key: str) -> ParsedFile | None:

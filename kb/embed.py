@@ -249,9 +249,10 @@ class OfflineEmbedding:
         if self._cache_path is None:
             return None
         if self._db is None:
-            self._db = sqlite3.connect(self._cache_path, timeout=60)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
+            from kb.home import open_cache_db
+
+            self._db = open_cache_db(self._cache_path,
+                                     "CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NULL)")
         return self._db
 
     def _key(self, text: str) -> str:

@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator
@@ -222,6 +223,28 @@ class KBHome:
                 raise UserFacingError(why, "index into a home you can write: pass --home DIR or set $KB_HOME") from None
             raise UserFacingError(why + ", and its stores write even when queried",
                                   f"copy it somewhere writable (cp -r {self.root} DIR) and pass --home DIR") from None
+
+
+def open_cache_db(path: Path, create_sql: str) -> sqlite3.Connection:
+    """A cache's SQLite file in WAL mode, with its table. A cache holds nothing that cannot be
+    computed again: an unreadable one (overwritten, truncated by a full disk) is started afresh,
+    with a line on stderr, instead of failing every index run."""
+    db = None
+    try:
+        db = sqlite3.connect(path, timeout=60)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(create_sql)
+        return db
+    except sqlite3.DatabaseError as exc:
+        print(f"note: the cache {path} was unreadable ({exc}); starting it afresh", file=sys.stderr)
+        if db is not None:
+            db.close()
+        for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            stale.unlink(missing_ok=True)
+        db = sqlite3.connect(path, timeout=60)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(create_sql)
+        return db
 
 
 def _lock_holder(path: Path) -> str:

@@ -137,7 +137,15 @@ class Searcher:
 
     def _bm25(self) -> LexicalIndex:
         if self._lexical is None:
-            self._lexical = LexicalIndex.load(self.home.lexical_dir / self.manifest.collection)
+            directory = self.home.lexical_dir / self.manifest.collection
+            try:
+                self._lexical = LexicalIndex.load(directory)
+            except (OSError, ValueError) as exc:  # deleted or cut short by hand, a full disk
+                from kb.releases import reindex_command
+
+                raise UserFacingError(
+                    f"the BM25 index of {self.manifest.corpus}@{self.release} ({directory}) is missing or unreadable "
+                    f"({type(exc).__name__})", f"rebuild it: {reindex_command(self.manifest)}") from exc
         return self._lexical
 
     def vector_hits(self, query: str, k: int = _RRF_CANDIDATES) -> list[Hit]:

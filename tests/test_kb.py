@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
 import subprocess
 import sys
 import time
@@ -176,6 +177,27 @@ def test_a_writer_killed_with_its_pid_in_the_lock_file_is_not_named_later(tmp_pa
             with home.lock(write=True, wait_s=0.3):
                 pass
     assert "is busy: another kb process is" in str(busy.value) and f"pid {dead.pid}" not in str(busy.value)
+
+
+def test_corrupt_caches_start_afresh_and_a_lost_bm25_index_names_its_rebuild(tmp_path, capsys):
+    """The parse and embedding caches hold nothing that cannot be computed again; the BM25 index is
+    part of a published index, so losing it is an error that says how to rebuild it."""
+    from indexer.compiler import index_compiler_tree
+    from kb.embed import OfflineEmbedding
+
+    home = KBHome(tmp_path / "home").ensure()
+    for cache in (home.embed_cache_db, home.parse_cache_db):
+        cache.write_bytes(b"not a database " * 100)
+    tree = FIXTURES / "compiler_tree"
+    with home.lock(write=True):
+        index_compiler_tree(home, OfflineEmbedding(cache_path=home.embed_cache_db), tree, "r1")
+    assert capsys.readouterr().err.count("was unreadable (file is not a database); starting it afresh") == 2
+    searcher = Searcher(home, "compiler", "r1")
+    assert searcher.search("coalesce loads", k=1)
+    shutil.rmtree(home.lexical_dir / searcher.manifest.collection)
+    with pytest.raises(UserFacingError, match="BM25 index of compiler@r1 .* is missing") as lost:
+        Searcher(home, "compiler", "r1").search("coalesce loads", k=1)
+    assert lost.value.fix == f"rebuild it: kb index compiler --source {tree} --release r1"
 
 
 def test_a_read_only_home_is_refused_in_one_line(tmp_path, monkeypatch):
