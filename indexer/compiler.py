@@ -77,14 +77,23 @@ def collect_compiler_files(root: Path, report: IndexReport, include: Callable[[s
     files = []
     real_root = root.resolve()
     for path in sorted(root.rglob("*")):
-        if not path.is_file() or "__pycache__" in path.parts or ".git" in path.parts:
+        if "__pycache__" in path.parts or ".git" in path.parts or path.is_dir():
             continue
         rel = path.relative_to(root).as_posix()
+        if not path.is_file():  # a link to nothing (or a loop), a FIFO, a socket: said, not read
+            why = "broken link" if path.is_symlink() else "not a regular file"
+            report.files_skipped[why] += 1
+            report.notes.append(f"skipped {rel!r}: {why}")
+            continue
         try:
             rel.encode("utf-8")  # a name in another encoding decodes to surrogates: no store takes it
         except UnicodeEncodeError:
             report.files_skipped["file name not UTF-8"] += 1
             report.notes.append(f"skipped {rel.encode('utf-8', 'surrogateescape')!r}: its name is not UTF-8")
+            continue
+        if any(ord(c) < 32 for c in rel):  # a newline in a name would break every one-line citation of it
+            report.files_skipped["control character in file name"] += 1
+            report.notes.append(f"skipped {rel!r}: its name holds a control character")
             continue
         if path.is_symlink() and not path.resolve().is_relative_to(real_root):
             report.files_skipped["link out of the tree"] += 1

@@ -312,9 +312,17 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
     (tree / "lib" / os.fsdecode(b"na\xefve") / "x.cpp").write_text("int x() { return 0; }\n")
     (tree / "outside.h").symlink_to(tmp_path / "elsewhere.h")
     (tmp_path / "elsewhere.h").write_text("int elsewhere() { return 0; }\n")
+    (tree / "lib/loop-a.cpp").symlink_to(tree / "lib/loop-b.cpp")  # a loop, and a link to nothing
+    (tree / "lib/loop-b.cpp").symlink_to(tree / "lib/loop-a.cpp")
+    (tree / "lib/gone.h").symlink_to(tree / "lib/deleted.h")
+    os.mkfifo(tree / "lib/pipe.cpp")  # reading it would wait forever
+    (tree / "lib/new\nline.cpp").write_text("int newline() { return 0; }\n")
     home = KBHome(tmp_path / "home").ensure()
     with home.lock(write=True):
         _, report = index_compiler_tree(home, _embedder(home), tree, "r")
+    assert (report.files_skipped["broken link"], report.files_skipped["not a regular file"],
+            report.files_skipped["control character in file name"]) == (3, 1, 1)
+    assert "skipped 'lib/new\\nline.cpp': its name holds a control character" in report.notes
     assert report.files_skipped["binary"] == 1 and report.files_skipped["not utf-8"] == 1
     assert report.files_skipped["too large"] == 1
     assert report.files_skipped["file name not UTF-8"] == 1 and report.files_skipped["link out of the tree"] == 1
