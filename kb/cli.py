@@ -270,6 +270,9 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
         text = h.text
         if m.get("file") and text.startswith((f"// {m['file']}", f"# {m['file']}")):
             text = text.split("\n", 1)[-1]  # the chunk's own "// path symbol" header repeats the line above
+        if isinstance(m.get("chunk_start_line"), int) and m.get("start_line", 0) > m["chunk_start_line"]:
+            # Cited at a definition inside the chunk (see retrieve._pinned): show that, not the chunk's first lines.
+            text = "\n".join(text.split("\n")[m["start_line"] - m["chunk_start_line"]:])
         snippet = " ".join(text.split())[:160]
         click.echo(f"   {snippet}")
     if not hits:

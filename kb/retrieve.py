@@ -100,6 +100,10 @@ class Searcher:
         release = release or default_release(home, corpus)
         manifest = load_manifest(home, corpus, release) if release else None
         if manifest is None:
+            elsewhere = sorted({m.corpus for m in list_manifests(home) if m.release == release})
+            if release and elsewhere:  # `--release RUN` of a dump with the default corpus, say
+                raise UserFacingError(f"{release!r} is indexed in corpus {', '.join(elsewhere)}, not {corpus}",
+                                      f"search it with --corpus {elsewhere[0]}")
             known = sorted({f"{m.corpus}@{m.release}" for m in list_manifests(home)}) or ["none"]
             raise UserFacingError(
                 f"no index for corpus {corpus!r}" + (f" release {release!r}" if release else "")
@@ -450,10 +454,12 @@ def _pinned(hit: Hit, symbol: Any) -> Hit:
     the others (an exact name, a pass link), it would cite the wrong name and line."""
     if symbol is None or hit.metadata.get("kind") == "pass":  # a TableGen pass record is its own chunk
         return hit
+    # Where the chunk's text starts, so a preview can start at the cited line instead.
+    chunk_start = {"chunk_start_line": hit.metadata.get("chunk_start_line", hit.metadata.get("start_line"))}
     if symbol.role not in ("def", "decl"):  # a use: cite its line, the chunk keeps its own name
-        return Hit(hit.id, hit.text, hit.score, {**hit.metadata, "start_line": symbol.line}, hit.via)
-    return Hit(hit.id, hit.text, hit.score, {**hit.metadata, "symbol": symbol.name, "start_line": symbol.line,
-                                             "end_line": symbol.end_line}, hit.via)
+        return Hit(hit.id, hit.text, hit.score, {**hit.metadata, **chunk_start, "start_line": symbol.line}, hit.via)
+    return Hit(hit.id, hit.text, hit.score, {**hit.metadata, **chunk_start, "symbol": symbol.name,
+                                             "start_line": symbol.line, "end_line": symbol.end_line}, hit.via)
 
 
 def _one_per_file(hits: list[Hit]) -> list[Hit]:

@@ -72,6 +72,12 @@ def test_status_and_search(built_home):
                                        "--release", "fixture-1", "--json"])
     hits = json.loads(result.stdout)
     assert hits[0]["via"] == "symbol" and hits[0]["metadata"]["file"].endswith("AxisInfo.h")
+    # Coalesce.cpp is one chunk led by LoadVectorizer: the hit cites CoalescePass at line 23, and its
+    # preview shows that definition, not the chunk's first lines.
+    shown = CliRunner().invoke(main, ["--home", str(built_home.root), "search", "CoalescePass", "-k", "1",
+                                      "--release", "fixture-1"]).output.splitlines()
+    assert shown[0].startswith("1. lib/Dialect/TritonGPU/Transforms/Coalesce.cpp:23@fixture-1  CoalescePass")
+    assert shown[1].strip().startswith("struct CoalescePass"), shown
 
 
 def test_symbols_shows_definitions_references_and_links(built_home):
@@ -139,7 +145,11 @@ def test_releases_commands(tmp_path):
         [*home, "index", "compiler", "--source", str(FIXTURES / "compiler_tree"), "--release", "run"])
     assert "is an IR dump, not a source release" in _one_line_error([*home, "releases", "diff", "a", "run"])
     assert "'a' is a source release, not an IR dump" in _one_line_error([*home, "ir", "trace", "a", "tt.load"])
-    assert "kb index ir PATH --name NAME" in _one_line_error([*home, "search", "x", "--corpus", "ir", "--release", "a"])
+    assert "'a' is indexed in corpus compiler, not ir — search it with --corpus compiler" in _one_line_error(
+        [*home, "search", "x", "--corpus", "ir", "--release", "a"])
+    assert "kb index ir PATH --name NAME" in _one_line_error([*home, "search", "x", "--corpus", "ir", "--release", "zz"])
+    assert "'run' is indexed in corpus ir, not compiler — search it with --corpus ir" in _one_line_error(
+        [*home, "search", "x", "--release", "run"])
     assert runner.invoke(main, [*home, "releases", "drop", "run"]).exit_code == 0
     assert runner.invoke(main, [*home, "releases", "drop", "a"]).output.strip() == "dropped a (compiler)"
     assert [r["name"] for r in json.loads(runner.invoke(main, [*home, "releases", "list", "--json"]).stdout)] == ["b"]
