@@ -230,10 +230,13 @@ def drop_builds(home: KBHome, names: list[str]) -> None:
 
 
 def _drop_collection(home: KBHome, client: Any, name: str) -> None:
+    from kb.vectors import remove_orphan_segments
+
     try:
         client.delete_collection(name)
     except Exception:  # noqa: BLE001 - already gone is fine
         pass
+    remove_orphan_segments(home)  # chroma leaves the deleted collection's vectors on disk
     shutil.rmtree(home.lexical_dir / name, ignore_errors=True)
 
 

@@ -9,13 +9,15 @@ function would download a model).
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from typing import Any
 from urllib.parse import urlparse
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
 
-__all__ = ["chroma_client", "create_collection", "get_collection"]
+__all__ = ["chroma_client", "create_collection", "get_collection", "remove_orphan_segments"]
 
 
 def chroma_client(home: KBHome) -> Any:
@@ -74,3 +76,37 @@ def get_collection(client: Any, name: str) -> Any:
 
 def list_collection_names(client: Any) -> list[str]:
     return [c if isinstance(c, str) else c.name for c in client.list_collections()]
+
+
+_SEGMENT_DIR = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def remove_orphan_segments(home: KBHome) -> list[str]:
+    """Remove the HNSW directories of deleted collections; returns their names.
+
+    Local chroma 1.x deletes a collection from its catalogue but leaves its vector segment's
+    directory on disk (chroma-core/chroma#5259, #5520: removal is left to a garbage collector the
+    embedded client does not run), so every re-index would leave a copy of the release's vectors
+    behind. A directory named like a segment id that the catalogue (`segments` in chroma.sqlite3) no
+    longer lists is one of those. Anything unexpected (a server-backed store, another schema) is left
+    alone. The caller holds the home's write lock.
+    """
+    import sqlite3
+
+    catalogue = home.chroma_dir / "chroma.sqlite3"
+    if os.environ.get("KB_CHROMA_URL") or not catalogue.is_file():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{catalogue}?mode=ro", uri=True, timeout=60)
+        try:
+            live = {str(row[0]) for row in db.execute("SELECT id FROM segments")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return []
+    removed = []
+    for directory in home.chroma_dir.iterdir():
+        if directory.is_dir() and _SEGMENT_DIR.fullmatch(directory.name) and directory.name not in live:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory.name)
+    return removed

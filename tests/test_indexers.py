@@ -249,6 +249,20 @@ def test_an_unreadable_file_is_skipped_and_named_not_a_traceback(tmp_path, monke
     assert "locked.txt: unreadable (Permission denied)" in dump.skipped and dump.stages
 
 
+def test_a_reindex_leaves_no_copy_of_the_old_vectors_on_disk(tmp_path):
+    """Chroma deletes a collection from its catalogue but not its HNSW directory (chroma#5259)."""
+    import re
+
+    home = KBHome(tmp_path / "home").ensure()
+    embedder = _embedder(home)
+    for _ in range(3):
+        with home.lock(write=True):
+            index_compiler_tree(home, embedder, TREE, "r1")
+    segment_dirs = [d for d in home.chroma_dir.iterdir() if d.is_dir() and re.fullmatch(r"[0-9a-f-]{36}", d.name)]
+    assert len(segment_dirs) == 1  # the live collection's vectors only
+    assert Searcher(home, "compiler", "r1", embedder=embedder).search("coalesce loads", k=1)
+
+
 # ------------------------------------------------------------------------------------- releases
 def _embedder(home: KBHome):
     from kb.embed import OfflineEmbedding
