@@ -11,6 +11,7 @@ index plus its symbol-store rows. The installed wheel (3.9 ships `include/**/*.t
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -71,12 +72,29 @@ def installed_triton_root() -> tuple[Path, str]:
 _VENDOR = re.compile(r"(^|/)(third_party/[^/]+/backend/include|build|llvm-project)/")
 
 
+def _walk(root: Path, report: IndexReport) -> list[Path]:
+    """Every entry under `root`, not following links to directories. A directory that cannot be
+    listed is skipped and named; `Path.rglob` would leave it out without a word."""
+    out: list[Path] = []
+
+    def unlistable(exc: OSError) -> None:
+        rel = Path(exc.filename).relative_to(root).as_posix() if exc.filename else "?"
+        report.files_skipped["unreadable directory"] += 1
+        report.notes.append(f"skipped {rel}/: unreadable directory ({exc.strerror or type(exc).__name__})")
+
+    for directory, dirs, names in os.walk(root, onerror=unlistable):
+        dirs[:] = [d for d in dirs if d not in (".git", "__pycache__")]
+        base = Path(directory)
+        out += [base / n for n in (*dirs, *names)]
+    return out
+
+
 def collect_compiler_files(root: Path, report: IndexReport, include: Callable[[str], bool] | None = None
                            ) -> list[tuple[Path, str]]:
     """Files to index under `root` with their language; everything else is counted as skipped."""
     files = []
     real_root = root.resolve()
-    for path in sorted(root.rglob("*")):
+    for path in sorted(_walk(root, report)):
         if "__pycache__" in path.parts or ".git" in path.parts or path.is_dir():
             continue
         rel = path.relative_to(root).as_posix()

@@ -313,7 +313,7 @@ def test_a_new_release_reparses_and_reembeds_only_what_changed_and_diffs(tmp_pat
         drop_release(home, "r1")
 
 
-def test_unreadable_files_are_skipped_and_counted(tmp_path):
+def test_unreadable_files_are_skipped_and_counted(tmp_path, monkeypatch):
     tree = tmp_path / "tree"
     shutil.copytree(TREE, tree)
     (tree / "lib/blob.cpp").write_bytes(b"\x7fELF\x00\x00binary")
@@ -331,9 +331,16 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
     (tree / "lib/gone.h").symlink_to(tree / "lib/deleted.h")
     os.mkfifo(tree / "lib/pipe.cpp")  # reading it would wait forever
     (tree / "lib/new\nline.cpp").write_text("int newline() { return 0; }\n")
+    (tree / "lib/private").mkdir()  # listing it fails, as it does for another user (permissions do not bite root)
+    (tree / "lib/private/hidden.cpp").write_text("int hidden() { return 0; }\n")
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p=".": (_ for _ in ()).throw(PermissionError(
+        13, "Permission denied", str(p))) if str(p).endswith("private") else scandir(p))
     home = KBHome(tmp_path / "home").ensure()
     with home.lock(write=True):
         _, report = index_compiler_tree(home, _embedder(home), tree, "r")
+    assert report.files_skipped["unreadable directory"] == 1
+    assert "skipped lib/private/: unreadable directory (Permission denied)" in report.notes
     assert (report.files_skipped["broken link"], report.files_skipped["not a regular file"],
             report.files_skipped["control character in file name"]) == (3, 1, 1)
     assert "skipped 'lib/new\\nline.cpp': its name holds a control character" in report.notes
