@@ -382,9 +382,13 @@ class _KBView:
             if load_manifest(home, "compiler", name) is None:
                 raise UserFacingError(f"compiler release {name!r} is not indexed in {home.root}",
                                       "see `kb releases list`, or index it with `kb index compiler --source DIR`")
-        view.releases = names
         embedder = getattr(view._patterns, "embedder", None)
-        view._compilers = [Searcher(home, "compiler", name, embedder=embedder) for name in names]
+        try:
+            view._compilers = [Searcher(home, "compiler", name, embedder=embedder) for name in names]
+        except UserFacingError as exc:  # a release whose last index stopped half-published: L4 waits for it
+            notes.append(f"{exc.problem} ({exc.fix}): L4 compiler-source citations skipped")
+            return view
+        view.releases = names
         view.store = SymbolStore(home.symbols_db)
         return view
 

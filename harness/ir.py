@@ -606,6 +606,17 @@ def _brace_problem(text: str, first_line: int = 1) -> tuple[int, str]:
     return 0, ""
 
 
+def _files_under(root: Path, dump: "IRDump") -> list[Path]:
+    """Regular files under `root`, sorted; a directory that cannot be listed is skipped and named
+    (`Path.rglob` would leave it out without a word)."""
+    def unlistable(exc: OSError) -> None:
+        rel = Path(exc.filename).relative_to(root).as_posix() if exc.filename else "?"
+        dump.skipped.append(f"{rel}/: unreadable directory ({exc.strerror or type(exc).__name__})")
+
+    found = [Path(d) / n for d, _, names in os.walk(root, onerror=unlistable) for n in names]
+    return sorted(p for p in found if p.is_file())
+
+
 def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
     """Read a dump file or directory into ordered stages.
 
@@ -617,8 +628,8 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
     root = Path(path)
     if not root.exists():
         raise IRParseError(f"{root}: no such file or directory")
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
     dump = IRDump([], [], [])
+    files = [root] if root.is_file() else _files_under(root, dump)
     stage_files: dict[tuple[str, str], list[tuple[str, Path, str]]] = {}  # (stem, directory) -> stages
     metadata_files: dict[tuple[str, str], tuple[str, str]] = {}  # (stem, directory) -> (rel, text)
     for file in files:

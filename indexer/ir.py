@@ -75,6 +75,8 @@ class StepChange:
     # hold: accelerate-matmul brings `nvidia_mma` in by rewriting a convert_layout, which changes no count.
     layouts_new: list[str] = field(default_factory=list)
     layouts_gone: list[str] = field(default_factory=list)
+    # The kinds in a kernel's first snapshot: no step before it to have brought them in.
+    layouts_at_start: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -196,6 +198,8 @@ def summarize_dump(dump: IRDump, progress: Callable[[int, int], None] | None = N
                 # one received is not in the dump, nor what a step in another IR language received.
                 step.counts_before = {}
                 step.compared = False
+            if i == 0:
+                step.layouts_at_start = sorted(measured.layouts)
             kernel_steps.append(step)
             previous, previous_measured = stage, measured
         steps.extend(kernel_steps)
@@ -333,7 +337,7 @@ def _publish_dump(home: KBHome, embedder: Any, path: Path, name: str, dump: IRDu
     store = SymbolStore(home.symbols_db)
     try:
         manifest = publish(home, IR_CORPUS, name, chunks, chunker={"kind": "ir-steps", "diff_lines": _DIFF_LINES},
-                           source={"kind": "ir-dump", "path": str(path), "snapshots": len(steps),
+                           source={"kind": "ir-dump", "path": str(path.resolve()), "snapshots": len(steps),
                                    "timeline": timeline.name},
                            embedder=embedder, progress=progress,
                            before_switch=lambda collection: store.mark_publishing(name, collection))

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -270,9 +271,12 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
         text = h.text
         if m.get("file") and text.startswith((f"// {m['file']}", f"# {m['file']}")):
             text = text.split("\n", 1)[-1]  # the chunk's own "// path symbol" header repeats the line above
-        if isinstance(m.get("chunk_start_line"), int) and m.get("start_line", 0) > m["chunk_start_line"]:
-            # Cited at a definition inside the chunk (see retrieve._pinned): show that, not the chunk's first lines.
-            text = "\n".join(text.split("\n")[m["start_line"] - m["chunk_start_line"]:])
+        first, last = m.get("chunk_start_line"), m.get("chunk_end_line")
+        if isinstance(first, int) and isinstance(last, int) and m.get("start_line", 0) > first:
+            # Cited at a definition inside the chunk (see retrieve._pinned): show that, not the chunk's
+            # first lines. The source is the chunk's last lines (a lit test's summary leads it).
+            lines = text.split("\n")[-(last - first + 1):]
+            text = "\n".join(lines[m["start_line"] - first:])
         snippet = " ".join(text.split())[:160]
         click.echo(f"   {snippet}")
     if not hits:
@@ -303,13 +307,18 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
     with home.lock(write=False):
         store = SymbolStore(home.symbols_db)
         try:
-            check_published(store, [m for m in list_manifests(home) if not release or m.release == release])
+            manifests = list_manifests(home)
+            check_published(store, [m for m in manifests if m.release == release])
             known = store.releases()
             if release and release not in known:
                 raise UserFacingError(
                     f"release {release!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
                     "see `kb releases list`")
             view = describe(store, name, release, max_refs)
+            # Without --release, only a release the answer draws on is refused when half-published.
+            answering = {x.release for x in [*view.passes, *view.definitions, *view.diagnostics, *view.references,
+                                             *view.links]}
+            check_published(store, [m for m in manifests if m.release in answering])
         finally:
             store.close()
     if not view.found:
@@ -565,7 +574,8 @@ def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_al
             return
         raise UserFacingError(f"no op or layout matching {op!r} in any snapshot of {name}",
                               "use an op name as printed in the IR (ttg.convert_layout, ld.global) or a layout "
-                              "(#mma, nvidia_mma, dot_op)")
+                              "(#mma, nvidia_mma, dot_op); a dump indexed before layouts were recorded "
+                              "(2026-11-30) needs `kb index ir` again")
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -625,16 +635,18 @@ def _layout_trace(steps: list[Any], wanted: str) -> list[dict[str, Any]]:
     """Steps where a layout kind matching `wanted` (`#mma`, `#ttg.dot_op`, `nvidia_mma`) first
     appears in or vanishes from the IR. Aliases are renumbered in every dump, so `#mma` is read as
     the kind's name (`nvidia_mma` contains `mma`)."""
-    needle = wanted.strip().lstrip("#").rsplit(".", 1)[-1].lower()
+    # `#blocked1` is an alias the printer numbered: its kind is `blocked`.
+    needle = re.sub(r"\d+$", "", wanted.strip().lstrip("#").rsplit(".", 1)[-1].lower())
     if not needle:
         return []
-    kinds = {k for s in steps for k in (*s.layouts_new, *s.layouts_gone)}
+    kinds = {k for s in steps for k in (*s.layouts_new, *s.layouts_gone, *s.layouts_at_start)}
     # `mma` names nvidia_mma (a word of it) rather than nvmma_shared; a fragment matches only failing that.
     chosen = {k for k in kinds if needle == k.lower() or needle in k.lower().split("_")} or \
         {k for k in kinds if needle in k.lower()}
     rows = []
     for s in steps:
-        for event, changed in (("appears", s.layouts_new), ("vanishes", s.layouts_gone)):
+        for event, changed in (("present", s.layouts_at_start), ("appears", s.layouts_new),
+                               ("vanishes", s.layouts_gone)):
             rows += [{"step": s.index + 1, "kernel": s.kernel, "pass": s.pass_arg, "name": s.name, "layout": kind,
                       "event": event, "cite": f"{s.source}:{s.line}"} for kind in changed if kind in chosen]
     return rows
@@ -647,7 +659,7 @@ def _echo_layout_trace(rows: list[dict[str, Any]], as_json: bool) -> None:
     width = max(len("kernel"), *(len(r["kernel"]) for r in rows))
     click.echo(f"{'kernel':<{width}} {'step':>4} {'pass or stage':<45} layout")
     for r in rows:
-        where = "first seen after it" if r["event"] == "appears" else "gone after it"
+        where = {"present": "in the first snapshot", "appears": "first seen after it"}.get(r["event"], "gone after it")
         click.echo(f"{r['kernel']:<{width}} {r['step']:>4} {r['pass']:<45} {r['layout']} ({where})  [{r['cite']}]")
 
 

@@ -227,8 +227,9 @@ class KBHome:
 
 def open_cache_db(path: Path, create_sql: str) -> sqlite3.Connection:
     """A cache's SQLite file in WAL mode, with its table. A cache holds nothing that cannot be
-    computed again: an unreadable one (overwritten, truncated by a full disk) is started afresh,
-    with a line on stderr, instead of failing every index run."""
+    computed again: a file that is not a database (overwritten, cut short) is moved aside to
+    `<name>.corrupt` and started afresh, with a line on stderr, instead of failing every index run.
+    A locked or full disk is not corruption and is raised as it is: the cache may hold hours of work."""
     db = None
     try:
         db = sqlite3.connect(path, timeout=60)
@@ -236,10 +237,14 @@ def open_cache_db(path: Path, create_sql: str) -> sqlite3.Connection:
         db.execute(create_sql)
         return db
     except sqlite3.DatabaseError as exc:
-        print(f"note: the cache {path} was unreadable ({exc}); starting it afresh", file=sys.stderr)
         if db is not None:
             db.close()
-        for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if isinstance(exc, sqlite3.OperationalError) or not re.search(r"not a database|malformed", str(exc)):
+            raise
+        print(f"note: the cache {path} was unreadable ({exc}); moved it to {path.name}.corrupt and started afresh",
+              file=sys.stderr)
+        os.replace(path, path.with_name(path.name + ".corrupt"))
+        for stale in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
             stale.unlink(missing_ok=True)
         db = sqlite3.connect(path, timeout=60)
         db.execute("PRAGMA journal_mode=WAL")

@@ -113,14 +113,15 @@ class Searcher:
                 "release with --release" if release
                 else "build it with `kb index patterns` or `kb index compiler --installed`",
             )
-        from kb.releases import check_published
-        from kb.symbols import SymbolStore
+        if home.symbols_db.exists():  # a patterns-only home has no symbol store; opening one would create it
+            from kb.releases import check_published
+            from kb.symbols import SymbolStore
 
-        store = SymbolStore(home.symbols_db)
-        try:  # chunks without their symbols would cite definitions the store does not have
-            check_published(store, [manifest])
-        finally:
-            store.close()
+            store = SymbolStore(home.symbols_db)
+            try:  # chunks without their symbols would cite definitions the store does not have
+                check_published(store, [manifest])
+            finally:
+                store.close()
         self.home = home
         self.manifest: Manifest = manifest
         self.embedder = embedder or embedder_for(home, manifest.embed_model)  # the model that built it
@@ -144,7 +145,7 @@ class Searcher:
             directory = self.home.lexical_dir / self.manifest.collection
             try:
                 self._lexical = LexicalIndex.load(directory)
-            except (OSError, ValueError) as exc:  # deleted or cut short by hand, a full disk
+            except (OSError, ValueError, EOFError) as exc:  # deleted or cut short (np.load: EOFError), a full disk
                 from kb.releases import reindex_command
 
                 raise UserFacingError(
@@ -269,10 +270,13 @@ class Searcher:
             for lk in links:
                 if lk.relation == "implemented-by":
                     # The link says where the class is: another of its name elsewhere
-                    # (regbase/PlanMemory.cpp beside PlanMemory.cpp) is not this pass's.
+                    # (regbase/PlanMemory.cpp beside PlanMemory.cpp) is not this pass's. Stores
+                    # written before links had dst_file say it in the evidence ("base-class at F:L").
+                    where = lk.dst_file or (lk.evidence.rsplit(" at ", 1)[-1].rsplit(":", 1)[0]
+                                            if " at " in lk.evidence else "")
                     defs = [sym for sym in store.find(lk.dst, release=self.release)
                             if sym.role == "def" and sym.chunk_id]
-                    for sym in sorted(defs, key=lambda d: d.file != lk.dst_file)[:1]:
+                    for sym in sorted(defs, key=lambda d: d.file != where)[:1]:
                         ids.append(sym.chunk_id)
                         matched[sym.chunk_id] = sym
             if not ids:
@@ -454,8 +458,9 @@ def _pinned(hit: Hit, symbol: Any) -> Hit:
     the others (an exact name, a pass link), it would cite the wrong name and line."""
     if symbol is None or hit.metadata.get("kind") == "pass":  # a TableGen pass record is its own chunk
         return hit
-    # Where the chunk's text starts, so a preview can start at the cited line instead.
-    chunk_start = {"chunk_start_line": hit.metadata.get("chunk_start_line", hit.metadata.get("start_line"))}
+    # The chunk's own lines, so a preview can start at the cited line instead of the chunk's first.
+    chunk_start = {key: hit.metadata.get(key, hit.metadata.get(key.removeprefix("chunk_")))
+                   for key in ("chunk_start_line", "chunk_end_line")}
     if symbol.role not in ("def", "decl"):  # a use: cite its line, the chunk keeps its own name
         return Hit(hit.id, hit.text, hit.score, {**hit.metadata, **chunk_start, "start_line": symbol.line}, hit.via)
     return Hit(hit.id, hit.text, hit.score, {**hit.metadata, **chunk_start, "symbol": symbol.name,

@@ -97,12 +97,15 @@ def remove_orphan_segments(home: KBHome) -> list[str]:
     if os.environ.get("KB_CHROMA_URL") or not catalogue.is_file():
         return []
     try:
-        db = sqlite3.connect(f"file:{catalogue}?mode=ro", uri=True, timeout=60)
+        db = sqlite3.connect(f"{catalogue.as_uri()}?mode=ro", uri=True, timeout=60)
         try:
             live = {str(row[0]) for row in db.execute("SELECT id FROM segments")}
+            collections = db.execute("SELECT COUNT(*) FROM collections").fetchone()[0]
         finally:
             db.close()
     except sqlite3.Error:
+        return []
+    if collections and not live:  # collections without segments: a catalogue this code does not understand
         return []
     removed = []
     for directory in home.chroma_dir.iterdir():

@@ -64,8 +64,13 @@ def mine(home_dir: Path, releases: list[str], out: Path, negatives: int = 4) -> 
     with gzip.open(out, "wt") as f:
         for i, pair in enumerate(pairs):
             negs = [int(j) for j in found[i] if int(j) != i and pairs[int(j)].file != pair.file][:negatives]
-            while len(negs) < negatives:  # too few other files matched: random documents fill in
-                negs.append(random.Random(i * 7 + len(negs)).randrange(len(pairs)))
+            tries = 0
+            while len(negs) < negatives:  # too few other files matched: random documents of other files fill in
+                j = random.Random(i * 7 + len(negs) + 1000 * tries).randrange(len(pairs))
+                tries += 1
+                if pairs[j].file != pair.file or tries > 100:
+                    negs.append(j)
+                    tries = 0
             f.write(json.dumps({"q": pair.query, "d": pair.document, "ns": [docs[j] for j in negs],
                                 "f": pair.file, "o": pair.origin}) + "\n")
     print(f"{len(pairs)} pairs -> {out}")

@@ -78,6 +78,11 @@ def test_status_and_search(built_home):
                                       "--release", "fixture-1"]).output.splitlines()
     assert shown[0].startswith("1. lib/Dialect/TritonGPU/Transforms/Coalesce.cpp:23@fixture-1  CoalescePass")
     assert shown[1].strip().startswith("struct CoalescePass"), shown
+    # A lit-test case starts with its file's summary line: the preview still starts at the cited op.
+    used = CliRunner().invoke(main, ["--home", str(built_home.root), "search", "tt.store", "-k", "1",
+                                     "--release", "fixture-1"]).output.splitlines()
+    assert used[0].startswith("1. test/TritonGPU/coalesce.mlir:13@fixture-1") and used[1].strip().startswith(
+        "tt.store %arg0"), used
 
 
 def test_symbols_shows_definitions_references_and_links(built_home):
@@ -217,8 +222,12 @@ def test_ir_trace_follows_a_layout(tmp_path):
     assert re.search(r"^k\s+3 tritongpu-accelerate-matmul\s+nvidia_mma \(first seen after it\)  "
                      r"\[accelerate_matmul.txt:\d+\]$", trace.output, re.MULTILINE), trace.output
     rows = json.loads(runner.invoke(main, [*home, "ir", "trace", "mm", "#ttg.dot_op", "--json"]).stdout)
-    assert [(r["pass"], r["event"]) for r in rows] == [("tritongpu-accelerate-matmul", "vanishes")]
-    # The first snapshot has no snapshot before it: its layouts are where the dump starts, not news.
+    assert [(r["pass"], r["event"]) for r in rows] == [("convert-triton-to-tritongpu", "present"),
+                                                        ("tritongpu-accelerate-matmul", "vanishes")]
+    # The first snapshot has no snapshot before it: its layouts are where the dump starts, said as such.
+    # `#blocked1` is a numbered alias of the kind `blocked`.
+    blocked = runner.invoke(main, [*home, "ir", "trace", "mm", "#blocked1"]).output
+    assert re.search(r"^k\s+1 convert-triton-to-tritongpu\s+blocked \(in the first snapshot\)", blocked, re.M), blocked
     assert "no op or layout matching '#swizzled_shared'" in _one_line_error(
         [*home, "ir", "trace", "mm", "#swizzled_shared"])
     # An op name still traces the op.
@@ -270,6 +279,8 @@ def test_a_build_killed_between_its_chunks_and_its_symbols_is_refused_until_run_
     assert "getMaskAlignment" in runner.invoke(main, [*home, "symbols", "getMaskAlignment", "--release", "r2"]).output
     notes = [ln for ln in runner.invoke(main, [*home, "releases", "list"]).output.splitlines() if "before its" in ln]
     assert len(notes) == 1 and notes[0].endswith("--name run"), notes
+    # Without --release, the dump still half-published does not block an answer drawn from r1 and r2.
+    assert "getMaskAlignment" in runner.invoke(main, [*home, "symbols", "getMaskAlignment"]).output
 
 
 def test_ir_trace_tells_each_compile_of_a_kernel_apart(tmp_path):

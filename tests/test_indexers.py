@@ -245,8 +245,14 @@ def test_an_unreadable_file_is_skipped_and_named_not_a_traceback(tmp_path, monke
     dumps.mkdir()
     shutil.copy(IR / "stream.txt", dumps / "stream.txt")
     shutil.copy(IR / "stream.txt", dumps / "locked.txt")
+    (dumps / "private").mkdir()
+    shutil.copy(IR / "stream.txt", dumps / "private/stream.txt")
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p=".": (_ for _ in ()).throw(PermissionError(
+        13, "Permission denied", str(p))) if str(p).endswith("private") else scandir(p))
     dump = read_ir_dump(dumps)
     assert "locked.txt: unreadable (Permission denied)" in dump.skipped and dump.stages
+    assert "private/: unreadable directory (Permission denied)" in dump.skipped
 
 
 def test_a_reindex_leaves_no_copy_of_the_old_vectors_on_disk(tmp_path):

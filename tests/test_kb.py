@@ -191,7 +191,20 @@ def test_corrupt_caches_start_afresh_and_a_lost_bm25_index_names_its_rebuild(tmp
     tree = FIXTURES / "compiler_tree"
     with home.lock(write=True):
         index_compiler_tree(home, OfflineEmbedding(cache_path=home.embed_cache_db), tree, "r1")
-    assert capsys.readouterr().err.count("was unreadable (file is not a database); starting it afresh") == 2
+    assert capsys.readouterr().err.count("was unreadable (file is not a database); moved it to") == 2
+    assert (home.root / f"{home.embed_cache_db.name}.corrupt").read_bytes().startswith(b"not a database")
+    # A locked cache or a full disk is not a corrupt cache: raised as it is, the file and its rows kept.
+    import sqlite3
+
+    from kb.home import open_cache_db
+
+    def full_disk(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(sqlite3.OperationalError, match="full"):
+        patch.setattr(sqlite3, "connect", full_disk)
+        open_cache_db(home.parse_cache_db, "CREATE TABLE IF NOT EXISTS parsed (key TEXT PRIMARY KEY, blob BLOB)")
+    assert sqlite3.connect(home.parse_cache_db).execute("SELECT COUNT(*) FROM parsed").fetchone()[0] > 0
     searcher = Searcher(home, "compiler", "r1")
     assert searcher.search("coalesce loads", k=1)
     shutil.rmtree(home.lexical_dir / searcher.manifest.collection)
