@@ -275,6 +275,15 @@ def test_a_build_killed_between_its_chunks_and_its_symbols_is_refused_until_run_
     assert fix in _one_line_error([*home, "releases", "diff", "r1", "r2"])
     # The release indexed before is untouched, and running the command again finishes the build.
     assert runner.invoke(main, [*home, "search", "coalesce loads", "--release", "r1"]).exit_code == 0
+    # Killed after the mark but before the switch: the live index is still the old one, whole.
+    import kb.index
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kb.index.os, "replace", killed)
+        assert runner.invoke(main, [*home, "index", "compiler", "--source", str(tree), "--release", "r1"]
+                             ).exit_code == 137
+    assert runner.invoke(main, [*home, "symbols", "getMaskAlignment", "--release", "r1"]).exit_code == 0
+    assert "--release r1" not in runner.invoke(main, [*home, "releases", "list"]).output
     assert runner.invoke(main, [*home, "index", "compiler", "--source", str(tree), "--release", "r2"]).exit_code == 0
     assert "getMaskAlignment" in runner.invoke(main, [*home, "symbols", "getMaskAlignment", "--release", "r2"]).output
     notes = [ln for ln in runner.invoke(main, [*home, "releases", "list"]).output.splitlines() if "before its" in ln]

@@ -261,12 +261,13 @@ def test_a_reindex_leaves_no_copy_of_the_old_vectors_on_disk(tmp_path):
 
     home = KBHome(tmp_path / "home").ensure()
     embedder = _embedder(home)
-    for _ in range(3):
+    for release in ("r1", "r2", "r1", "r1"):
         with home.lock(write=True):
-            index_compiler_tree(home, embedder, TREE, "r1")
+            index_compiler_tree(home, embedder, TREE, release)
     segment_dirs = [d for d in home.chroma_dir.iterdir() if d.is_dir() and re.fullmatch(r"[0-9a-f-]{36}", d.name)]
-    assert len(segment_dirs) == 1  # the live collection's vectors only
-    assert Searcher(home, "compiler", "r1", embedder=embedder).search("coalesce loads", k=1)
+    assert len(segment_dirs) == 2  # the two live collections' vectors only
+    for release in ("r1", "r2"):  # re-indexing r1 took nothing of r2's
+        assert Searcher(home, "compiler", release, embedder=embedder).search("coalesce loads", k=1, mode="vector")
 
 
 # ------------------------------------------------------------------------------------- releases
