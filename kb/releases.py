@@ -50,7 +50,7 @@ def check_name(name: str, option: str) -> None:
         raise UserFacingError(f"{option} {name!r} may hold only letters, digits, '.', '_' and '-' (not '__' or "
                               "'..'), starting with a letter or digit", f"e.g. {option} {name_from(name)}")
     if len(name) > MAX_NAME_LENGTH:
-        raise UserFacingError(f"{option} is {len(name)} characters long; at most {MAX_NAME_LENGTH} are kept",
+        raise UserFacingError(f"{option} is {len(name)} characters long; at most {MAX_NAME_LENGTH} are allowed",
                               f"e.g. {option} {name_from(name)}")
 
 
