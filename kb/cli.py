@@ -1408,6 +1408,7 @@ def patterns_show(ctx: click.Context, pattern_id: str, as_json: bool) -> None:
 def status(ctx: click.Context, as_json: bool) -> None:
     """What the KB holds: indexes per corpus and release, symbol counts, where it lives."""
     from kb.index import list_manifests
+    from kb.releases import interrupted, reindex_command
     from kb.retrieve import installed_triton_release
     from kb.symbols import SymbolStore
 
@@ -1416,6 +1417,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         manifests = list_manifests(home)
         store = SymbolStore(home.symbols_db)
         counts = {r: store.count(r) for r in store.releases()}
+        unfinished = {m.key: reindex_command(m) for m in manifests if interrupted(store, m)}
         store.close()
     import os
 
@@ -1423,8 +1425,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         "home": str(home.root),
         "vector_store": os.environ.get("KB_CHROMA_URL") or str(home.chroma_dir),
         "installed_triton": installed_triton_release(),
-        "indexes": [{"corpus": m.corpus, "release": m.release, "chunks": m.count, "collection": m.collection}
-                    for m in manifests],
+        "indexes": [{"corpus": m.corpus, "release": m.release, "chunks": m.count, "collection": m.collection,
+                     **({"interrupted": unfinished[m.key]} if m.key in unfinished else {})} for m in manifests],
         "symbols": counts,
     }
     if as_json:
@@ -1433,7 +1435,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"KB home: {info['home']}\nvector store: {info['vector_store']}\n"
                f"installed triton: {info['installed_triton']}")
     for m in info["indexes"]:
-        click.echo(f"  {m['corpus']}@{m['release']}: {m['chunks']} chunks")
+        click.echo(f"  {m['corpus']}@{m['release']}: {m['chunks']} chunks"
+                   + (f" (stopped before its symbols; finish it: {m['interrupted']})" if "interrupted" in m else ""))
     for release, c in counts.items():
         click.echo(f"  symbols@{release}: {c['symbols']} symbols, {c['passes']} passes, {c['links']} links")
     if not manifests:

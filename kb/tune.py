@@ -139,6 +139,7 @@ def mine_pairs(home: KBHome, corpus: str, releases: list[str]) -> list[TrainingP
     """Training pairs from indexed compiler releases, each query and each document used once (a
     repeated comment or a file vendored twice would otherwise be its own in-batch negative)."""
     from kb.index import load_manifest
+    from kb.releases import check_published
     from kb.symbols import SymbolStore
     from kb.vectors import chroma_client, get_collection
 
@@ -151,6 +152,7 @@ def mine_pairs(home: KBHome, corpus: str, releases: list[str]) -> list[TrainingP
             if manifest is None:
                 raise UserFacingError(f"no index of {corpus}@{release} in {home.root}",
                                       "index it first: kb index compiler --source DIR --release " + release)
+            check_published(store, [manifest])  # pass pairs join chunks to symbols: both must be one build's
             collection = get_collection(client, manifest.collection)
             found = collection.get(include=["documents", "metadatas"])
             for text, meta in zip(found["documents"], found["metadatas"]):

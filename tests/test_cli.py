@@ -269,10 +269,13 @@ def test_a_build_killed_between_its_chunks_and_its_symbols_is_refused_until_run_
     listed = runner.invoke(main, [*home, "releases", "list"]).output
     assert f"before its symbols: kb index compiler --source {tree} --release r2" in listed, listed
     assert f"before its symbols: kb index ir {FIXTURES / 'ir/stream.txt'} --name run" in listed, listed
+    assert re.search(rf"compiler@r2: \d+ chunks \(stopped before its symbols; finish it: kb index compiler "
+                     rf"--source {re.escape(str(tree))} --release r2\)", runner.invoke(main, [*home, "status"]).output)
     fix = f"run it again to finish it: kb index compiler --source {tree} --release r2"
     assert fix in _one_line_error([*home, "search", "coalesce loads", "--release", "r2"])
     assert fix in _one_line_error([*home, "symbols", "getMaskAlignment", "--release", "r2"])
     assert fix in _one_line_error([*home, "releases", "diff", "r1", "r2"])
+    assert fix in _one_line_error([*home, "embedder", "tune", "--release", "r2", "--name", "t", "--dry-run"])
     # The release indexed before is untouched, and running the command again finishes the build.
     assert runner.invoke(main, [*home, "search", "coalesce loads", "--release", "r1"]).exit_code == 0
     # Killed after the mark but before the switch: the live index is still the old one, whole.
