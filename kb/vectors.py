@@ -97,7 +97,7 @@ def remove_orphan_segments(home: KBHome) -> list[str]:
     if os.environ.get("KB_CHROMA_URL") or not catalogue.is_file():
         return []
     try:
-        db = sqlite3.connect(f"{catalogue.as_uri()}?mode=ro", uri=True, timeout=60)
+        db = sqlite3.connect(f"{catalogue.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
         try:
             live = {str(row[0]) for row in db.execute("SELECT id FROM segments")}
             collections = db.execute("SELECT COUNT(*) FROM collections").fetchone()[0]
