@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.artifacts import PtxasReport, Remark
+from harness.files import entries_under, os_reason
 
 __all__ = [
     "FuncArg",
@@ -606,17 +607,6 @@ def _brace_problem(text: str, first_line: int = 1) -> tuple[int, str]:
     return 0, ""
 
 
-def _files_under(root: Path, dump: "IRDump") -> list[Path]:
-    """Regular files under `root`, sorted; a directory that cannot be listed is skipped and named
-    (`Path.rglob` would leave it out without a word)."""
-    def unlistable(exc: OSError) -> None:
-        rel = Path(exc.filename).relative_to(root).as_posix() if exc.filename else "?"
-        dump.skipped.append(f"{rel}/: unreadable directory ({exc.strerror or type(exc).__name__})")
-
-    found = [Path(d) / n for d, _, names in os.walk(root, onerror=unlistable) for n in names]
-    return sorted(p for p in found if p.is_file())
-
-
 def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
     """Read a dump file or directory into ordered stages.
 
@@ -629,7 +619,8 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
     if not root.exists():
         raise IRParseError(f"{root}: no such file or directory")
     dump = IRDump([], [], [])
-    files = [root] if root.is_file() else _files_under(root, dump)
+    files = [root] if root.is_file() else [p for p in entries_under(
+        root, lambda rel, reason: dump.skipped.append(f"{rel}/: unreadable directory ({reason})")) if p.is_file()]
     stage_files: dict[tuple[str, str], list[tuple[str, Path, str]]] = {}  # (stem, directory) -> stages
     metadata_files: dict[tuple[str, str], tuple[str, str]] = {}  # (stem, directory) -> (rel, text)
     for file in files:
@@ -639,7 +630,7 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
             with open(file, "rb") as fh:
                 head = fh.read(4096)
         except OSError as exc:  # unreadable (permissions, gone since the walk): skipped and named
-            dump.skipped.append(f"{rel}: unreadable ({exc.strerror or type(exc).__name__})")
+            dump.skipped.append(f"{rel}: unreadable ({os_reason(exc)})")
             continue
         if b"\0" in head:
             dump.skipped.append(f"{rel}: binary")
@@ -651,7 +642,7 @@ def read_ir_dump(path: str | os.PathLike[str]) -> IRDump:
         try:
             raw = file.read_bytes()
         except OSError as exc:
-            dump.skipped.append(f"{rel}: unreadable ({exc.strerror or type(exc).__name__})")
+            dump.skipped.append(f"{rel}: unreadable ({os_reason(exc)})")
             continue
         text = _dump_text(rel, raw, dump)
         if text is None:

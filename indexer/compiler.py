@@ -11,7 +11,6 @@ index plus its symbol-store rows. The installed wheel (3.9 ships `include/**/*.t
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.files import entries_under, os_reason
 from indexer.code import DEFAULT_MAX_CHARS, grammar_versions, parse_code
 from indexer.links import resolve_links
 from indexer.mlir import parse_lit_test
@@ -72,30 +72,17 @@ def installed_triton_root() -> tuple[Path, str]:
 _VENDOR = re.compile(r"(^|/)(third_party/[^/]+/backend/include|build|llvm-project)/")
 
 
-def _walk(root: Path, report: IndexReport) -> list[Path]:
-    """Every entry under `root`, not following links to directories. A directory that cannot be
-    listed is skipped and named; `Path.rglob` would leave it out without a word."""
-    out: list[Path] = []
-
-    def unlistable(exc: OSError) -> None:
-        rel = Path(exc.filename).relative_to(root).as_posix() if exc.filename else "?"
-        report.files_skipped["unreadable directory"] += 1
-        report.notes.append(f"skipped {rel}/: unreadable directory ({exc.strerror or type(exc).__name__})")
-
-    for directory, dirs, names in os.walk(root, onerror=unlistable):
-        dirs[:] = [d for d in dirs if d not in (".git", "__pycache__")]
-        base = Path(directory)
-        out += [base / n for n in (*dirs, *names)]
-    return out
-
-
 def collect_compiler_files(root: Path, report: IndexReport, include: Callable[[str], bool] | None = None
                            ) -> list[tuple[Path, str]]:
     """Files to index under `root` with their language; everything else is counted as skipped."""
     files = []
     real_root = root.resolve()
-    for path in sorted(_walk(root, report)):
-        if "__pycache__" in path.parts or ".git" in path.parts or path.is_dir():
+    def unlistable(rel: str, reason: str) -> None:
+        report.files_skipped["unreadable directory"] += 1
+        report.notes.append(f"skipped {rel}/: unreadable directory ({reason})")
+
+    for path in entries_under(root, unlistable, prune=(".git", "__pycache__")):
+        if "__pycache__" in path.parts or ".git" in path.parts:  # a tree checked out inside one, too
             continue
         rel = path.relative_to(root).as_posix()
         if not path.is_file():  # a link to nothing (or a loop), a FIFO, a socket: said, not read
@@ -201,7 +188,7 @@ def index_compiler_tree(
                 raw = path.read_bytes()
             except OSError as exc:  # unreadable (permissions, a file gone since the walk): skipped and named
                 report.files_skipped["unreadable"] += 1
-                report.notes.append(f"skipped {rel}: unreadable ({exc.strerror or type(exc).__name__})")
+                report.notes.append(f"skipped {rel}: unreadable ({os_reason(exc)})")
                 continue
             text, why_not = _source_bytes(path, raw)
             if why_not:
