@@ -230,15 +230,19 @@ def open_cache_db(path: Path, create_sql: str) -> sqlite3.Connection:
     computed again: a file that is not a database (overwritten, cut short) is moved aside to
     `<name>.corrupt` and started afresh, with a line on stderr, instead of failing every index run.
     A locked or full disk is not corruption and is raised as it is: the cache may hold hours of work."""
-    db = None
-    try:
+    def connect() -> sqlite3.Connection:
         db = sqlite3.connect(path, timeout=60)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(create_sql)
-        return db
-    except sqlite3.DatabaseError as exc:
-        if db is not None:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(create_sql)
+        except BaseException:
             db.close()
+            raise
+        return db
+
+    try:
+        return connect()
+    except sqlite3.DatabaseError as exc:
         if isinstance(exc, sqlite3.OperationalError) or not re.search(r"not a database|malformed", str(exc)):
             raise
         print(f"note: the cache {path} was unreadable ({exc}); moved it to {path.name}.corrupt and started afresh",
@@ -246,10 +250,7 @@ def open_cache_db(path: Path, create_sql: str) -> sqlite3.Connection:
         os.replace(path, path.with_name(path.name + ".corrupt"))
         for stale in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
             stale.unlink(missing_ok=True)
-        db = sqlite3.connect(path, timeout=60)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(create_sql)
-        return db
+        return connect()
 
 
 def _lock_holder(path: Path) -> str:
