@@ -315,10 +315,10 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
                     f"release {release!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
                     "see `kb releases list`")
             view = describe(store, name, release, max_refs)
-            # Without --release, only a release the answer draws on is refused when half-published.
-            answering = {x.release for x in [*view.passes, *view.definitions, *view.diagnostics, *view.references,
-                                             *view.links]}
-            check_published(store, [m for m in manifests if m.release in answering])
+            if not release:  # only a release the answer draws on is refused when half-published
+                answering = {x.release for x in [*view.passes, *view.definitions, *view.diagnostics,
+                                                 *view.references, *view.links]}
+                check_published(store, [m for m in manifests if m.release in answering])
         finally:
             store.close()
     if not view.found:

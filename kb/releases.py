@@ -93,9 +93,9 @@ def check_release_name(home: KBHome, name: str, *, ir_dump: bool) -> None:
 
 def reindex_command(manifest: Manifest) -> str:
     """The command that built `manifest`'s index (what to run again to repair or refresh it)."""
-    path = shlex.quote(str(manifest.source.get("path", "DIR")))
     if manifest.source.get("kind") == "installed-wheel":  # the wheel's compiler parts only, not the whole tree
         return "kb index compiler --installed"
+    path = shlex.quote(str(manifest.source.get("path", "DIR")))
     if manifest.corpus == IR_CORPUS:
         return f"kb index ir {path} --name {manifest.release}"
     corpus = "" if manifest.corpus == "compiler" else f" --corpus {manifest.corpus}"
