@@ -655,11 +655,16 @@ def test_a_question_about_an_op_disappearing_finds_the_step_that_removed_it(tmp_
     embedder = _embedder(home)
     with home.lock(write=True):
         index_ir_dump(home, embedder, tmp_path / "d.txt", "d")
-    searcher = Searcher(home, "ir", "d", embedder=embedder)
-    for question, step in (("where did the vectorized load disappear", "hivm-scalarize-loads"),
-                           ("which pass removed the vector load", "hivm-scalarize-loads"),
-                           ("where did the vector load appear", "hivm-load-vectorize"),
-                           ("which pass introduced the memref load again", "hivm-scalarize-loads")):
+    _assert_first_step(Searcher(home, "ir", "d", embedder=embedder), {
+        "where did the vectorized load disappear": "hivm-scalarize-loads",
+        "which pass removed the vector load": "hivm-scalarize-loads",
+        "where did the vector load appear": "hivm-load-vectorize",
+        "which pass introduced the memref load again": "hivm-scalarize-loads"})
+
+
+def _assert_first_step(searcher: Searcher, first_step: dict[str, str]) -> None:
+    """Each question's top hit, in hybrid and in BM25 mode, is the named pass step."""
+    for question, step in first_step.items():
         for mode in ("hybrid", "bm25"):
             assert searcher.search(question, k=1, mode=mode)[0].metadata["pass_arg"] == step, (question, mode)
 
@@ -675,13 +680,11 @@ def test_a_question_naming_a_layout_finds_the_step_where_that_layout_first_appea
     accelerate = steps[-1]
     assert (accelerate.delta, accelerate.layouts_new, accelerate.layouts_gone) == ({}, ["nvidia_mma"], ["dot_op"])
     assert steps[1].layouts_new == [] and steps[1].delta == {"ttg.convert_layout": 1}
-    searcher = Searcher(home, "ir", "mm", embedder=embedder)
-    for question, step in (("which pass introduced the convert_layout to #mma", "tritongpu-accelerate-matmul"),
-                           ("which pass introduced the mma layout", "tritongpu-accelerate-matmul"),
-                           ("where did the dot operand layout disappear", "tritongpu-accelerate-matmul"),
-                           ("which pass introduced another ttg.convert_layout", "tritongpu-coalesce")):
-        for mode in ("hybrid", "bm25"):
-            assert searcher.search(question, k=1, mode=mode)[0].metadata["pass_arg"] == step, (question, mode)
+    _assert_first_step(Searcher(home, "ir", "mm", embedder=embedder), {
+        "which pass introduced the convert_layout to #mma": "tritongpu-accelerate-matmul",
+        "which pass introduced the mma layout": "tritongpu-accelerate-matmul",
+        "where did the dot operand layout disappear": "tritongpu-accelerate-matmul",
+        "which pass introduced another ttg.convert_layout": "tritongpu-coalesce"})
 
 
 def test_parse_cache_blob_is_the_whole_parsed_file():
