@@ -73,25 +73,35 @@ class Hypothesis:
 
 
 class HarnessJudge:
-    """Checks and times through the sandboxed harness; one worker serves the whole run (a crashed or
-    hung candidate costs that worker, and the next job gets a fresh one)."""
+    """Checks and times through the harness's judge (harness.judge): one judging session per task for
+    the whole run, so the task's reference and the current parent keep their workers between rounds,
+    while each candidate gets a fresh worker, closed when the next round starts."""
 
     def __init__(self, options: OptimizeOptions, time: bool = True) -> None:
         from harness.run import RunOptions
-        from harness.sandbox import Worker
 
         windows = {k: v for k, v in (("warmup_ms", options.warmup_ms), ("rep_ms", options.rep_ms)) if v}
-        self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time,
-                                  **windows)
-        self.references = tuple(options.references)
-        self.worker = Worker(options.backend)
         self.check_workers = options.check_workers or default_check_workers()
-        self._checkers: list[Worker] = []  # started with the first round that has several variants
+        self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time,
+                                  check_workers=self.check_workers, **windows)
+        self.references = tuple(options.references)
+        self._judges: dict[str, Any] = {}
+
+    def judge_for(self, spec: dict[str, Any]) -> Any:
+        import json
+
+        from harness.judge import Judge
+
+        key = json.dumps(spec, sort_keys=True)
+        if key not in self._judges:
+            self._judges[key] = Judge(spec, self.options.backend, timeout_s=self.options.timeout_s,
+                                      spares=self.check_workers)
+        return self._judges[key]
 
     def __call__(self, spec: dict[str, Any], baseline: str | None, candidate: str | None, entry: str) -> RunReport:
         from harness.run import run_task
 
-        return run_task(spec, self.options, candidate=candidate, candidate_entry=entry, worker=self.worker,
+        return run_task(spec, self.options, candidate=candidate, candidate_entry=entry, judge=self.judge_for(spec),
                         baseline=baseline)
 
     def final(self, spec: dict[str, Any], best: str | None, entry: str) -> RunReport:
@@ -102,27 +112,27 @@ class HarnessJudge:
         from harness.run import run_task
 
         return run_task(spec, replace(self.options, references=self.references), candidate=best,
-                        candidate_entry=entry, worker=self.worker)
+                        candidate_entry=entry, judge=self.judge_for(spec))
 
     def judge_all(self, spec: dict[str, Any], baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
-        """A round's variants against their (already validated) parent: the parent is timed once per
-        case with all of them, not once per variant."""
+        """A round's variants against their (already validated) parent: each variant checked in a fresh
+        worker, the parent timed once per case with all of them, not once per variant."""
         from harness.run import run_candidates
-        from harness.sandbox import Worker
 
-        wanted = min(self.check_workers, len(candidates)) - 1
-        self._checkers += [Worker(self.options.backend) for _ in range(wanted - len(self._checkers))]
-        return run_candidates(spec, self.options, baseline, candidates, entry, self.worker, self._checkers[:max(wanted, 0)])
+        judge = self.judge_for(spec)
+        judge.retire(keep=[baseline])  # the last round's variants are done; the parent stays warm
+        return run_candidates(spec, self.options, baseline, candidates, entry, judge)
 
     def confirm(self, spec: dict[str, Any], baseline: str, candidate: str, entry: str) -> RunReport | None:
         """A round's pick timed against its parent again, alone (see `_confirmed`)."""
         from harness.run import time_again
 
-        return time_again(spec, self.options, baseline, candidate, entry, self.worker)
+        return time_again(spec, self.options, baseline, candidate, entry, self.judge_for(spec))
 
     def close(self) -> None:
-        for w in [self.worker, *self._checkers]:
-            w.close()
+        for judge in self._judges.values():
+            judge.close()
+        self._judges = {}
 
 
 def default_check_workers() -> int:
@@ -336,13 +346,10 @@ def _diagnose(store: RoundsStore, task: Any, parent: Path, entry: str, options: 
     from diagnose.engine import DiagnosisRequest, diagnose
 
     def compile_parent() -> list[Any]:
-        from harness.capture import capture_callable, load_kernel_module
+        # In a worker of its own: the parent is a rewrite, and this process holds the loop's verdicts.
+        from harness.run import capture_kernel
 
-        module = load_kernel_module(parent)
-        fn = getattr(module, entry)
-        case = task.cases[0]
-        return capture_callable(lambda ns: fn(*task.inputs(**case)), vars(module), None,
-                                store.dir / "compile-cache", what=f"{parent.name} case {case}")
+        return capture_kernel({"path": task.path}, str(parent), entry, cache_dir=str(store.dir / "compile-cache"))
 
     report = _last_report(store)
     request = DiagnosisRequest(str(parent), compile_parent, report, "cuda:90")

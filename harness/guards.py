@@ -1,30 +1,22 @@
-"""Guards against the known ways to fool a benchmark (../shared/design/evaluation.md).
+"""Static guards: what a kernel's source says before it runs (../shared/design/evaluation.md).
 
-Each guard returns a reason string when it trips; the runner rejects the candidate with it.
+Each returns reason strings; the judge rejects a kernel with the first. They are the early, friendly
+message; the runtime guards (harness.tripwires, harness.verdicts) catch what the source hides.
 
-- static: the launch wrapper (and the module functions it calls) computes with torch instead of
+- fallback: the launch wrapper (and the module functions it calls) computes with torch instead of
   the kernel, or switches to a side stream;
-- runtime: no Triton launch happened during the call; a launch went to a stream other than the
-  one the harness times;
-- outputs: an output aliases an input, or is the very buffer an earlier call returned;
-- inputs: the call mutated an input it does not declare as an output;
-- unwritten outputs: outputs allocated by the wrapper are poisoned (`poisoned_allocations`), and an
-  element still holding the poison after the call was never written.
+- escapes (candidates only): the module reaches for what a kernel has no use for and a cheat needs:
+  ctypes, the garbage collector, call frames, processes, signals, writing files, patching other
+  modules. What the task's own kernel file already does is allowed to its rewrites.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "LaunchLog", "aliasing", "count_launches", "mutated_inputs", "poisoned_allocations",
-    "reused_output", "static_guards", "tensors_in", "unwritten",
-]
+__all__ = ["escape_guards", "escape_kinds", "static_guards", "tensors_in"]
 
 # Torch calls a launch wrapper legitimately makes: allocation, metadata, dtypes, devices, streams of
 # the caller. Anything else under `torch.` computes, and so is a fallback unless the task allows it.
@@ -135,101 +127,6 @@ def _is_jit(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
-# --- runtime ---------------------------------------------------------------------------------
-
-@dataclass
-class LaunchLog:
-    kernels: list[str] = field(default_factory=list)
-    foreign_streams: list[str] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def count_launches(expected_stream: Any = None) -> Iterator[LaunchLog]:
-    """Record every Triton launch (compiled or interpreted) made inside the block.
-
-    `expected_stream`: a torch stream; launches made while another stream is current are logged
-    as foreign (work the timer would not see).
-    """
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    log = LaunchLog()
-    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
-
-    def wrap(original: Any) -> Any:
-        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not kwargs.get("warmup", False):
-                name = getattr(getattr(self, "fn", None), "__name__", "kernel")
-                log.kernels.append(name)
-                if expected_stream is not None:
-                    import torch
-
-                    current = torch.cuda.current_stream()
-                    if current != expected_stream:
-                        log.foreign_streams.append(name)
-            return original(self, *args, **kwargs)
-        return run
-
-    for cls, original in originals.items():
-        cls.run = wrap(original)
-    try:
-        yield log
-    finally:
-        for cls, original in originals.items():
-            cls.run = original
-
-
-@contextlib.contextmanager
-def poisoned_allocations(poison: float) -> Iterator[None]:
-    """Fill every tensor torch.empty* allocates in the block with `poison` (NaN for floats works)."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    factories = {torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty}
-
-    class Poison(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            if func in factories and isinstance(out, torch.Tensor):
-                fill_poison(out, poison)
-            return out
-
-    with Poison():
-        yield
-
-
-def fill_poison(t: Any, poison: float) -> None:
-    import torch
-
-    with torch.no_grad():
-        if t.dtype.is_floating_point or t.dtype.is_complex:
-            t.fill_(poison)
-        elif t.dtype == torch.bool:
-            t.fill_(bool(poison == poison and poison))
-        else:
-            info = torch.iinfo(t.dtype)
-            t.fill_(info.min if poison != poison else min(int(poison), info.max))
-
-
-def unwritten(first: Any, second: Any, poison_a: float, poison_b: float) -> int:
-    """Elements that hold poison A after the run poisoned with A and poison B after the run with B."""
-    import torch
-
-    if first.shape != second.shape:
-        return 0
-    a, b = first.detach(), second.detach()
-    if a.dtype.is_floating_point:
-        hit_a = torch.isnan(a) if poison_a != poison_a else a == poison_a
-        hit_b = torch.isnan(b) if poison_b != poison_b else b == poison_b
-    else:
-        pa = torch.empty((), dtype=a.dtype, device=a.device)
-        pb = torch.empty((), dtype=b.dtype, device=b.device)
-        fill_poison(pa, poison_a)
-        fill_poison(pb, poison_b)
-        hit_a, hit_b = a == pa, b == pb
-    return int((hit_a & hit_b).sum().item())
-
-
 def tensors_in(value: Any) -> list[Any]:
     """The tensors of an output: a tensor, or a tuple/list/dict of them, flattened in order."""
     import torch
@@ -243,41 +140,84 @@ def tensors_in(value: Any) -> list[Any]:
     return []
 
 
-def _shares_memory(a: Any, b: Any) -> bool:
-    """Whether two tensors' storages overlap (views of one buffer included)."""
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    return sa.data_ptr() < sb.data_ptr() + sb.nbytes() and sb.data_ptr() < sa.data_ptr() + sa.nbytes()
+# --- escapes ---------------------------------------------------------------------------------
+
+_ESCAPE_MODULES = {
+    "ctypes": ("ctypes", "it can edit the harness's guards in this process's memory"),
+    "gc": ("gc", "it can find the harness's objects and change them"),
+    "inspect": ("frames", "it can read the caller's frames (the harness, a reference)"),
+    "subprocess": ("processes", "a kernel starts no process"), "multiprocessing": ("processes", "a kernel starts no process"),
+    "signal": ("signals", "a kernel handles no signal"), "builtins": ("module patching", "it can replace builtins"),
+    "importlib": ("module patching", "it can reload or replace modules"),
+}
+_ESCAPE_CALLS = {
+    "sys._getframe": ("frames", "it reads the caller's frames"), "sys.settrace": ("frames", "it traces the caller"),
+    "sys.setprofile": ("frames", "it traces the caller"), "os.fork": ("processes", "a kernel starts no process"),
+    "os.forkpty": ("processes", "a kernel starts no process"), "os.system": ("processes", "a kernel starts no process"),
+    "os.popen": ("processes", "a kernel starts no process"), "os.setsid": ("processes", "a kernel starts no session"),
+    "os.kill": ("signals", "a kernel signals no process"), "os.remove": ("file writes", "a kernel edits no file"),
+    "os.unlink": ("file writes", "a kernel edits no file"), "os.rename": ("file writes", "a kernel edits no file"),
+    "os.replace": ("file writes", "a kernel edits no file"), "os.write": ("file writes", "a kernel writes no file"),
+    "os.putenv": ("module patching", "it changes the process's environment"),
+    "setattr": ("module patching", "it can replace another module's functions"),
+}
+_PATCHABLE_ROOTS = {"torch", "triton", "tl", "harness", "os", "sys", "time", "threading", "builtins", "math", "np",
+                    "numpy"}
 
 
-def aliasing(outputs: list[Any], inputs: list[Any], exempt: set[int]) -> str | None:
-    for i, out in enumerate(outputs):
-        for j, arg in enumerate(inputs):
-            if j in exempt or not hasattr(arg, "untyped_storage") or arg.numel() == 0:
-                continue
-            if _shares_memory(out, arg):
-                return f"output {i} aliases input argument {j} (shares its memory): write results to a new tensor"
-    return None
+def escape_guards(source_file: str, allowed: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    """Reasons to reject a candidate whose module reaches for what only a cheat needs (module
+    docstring); kinds in `allowed` (those the task's own kernel file uses) pass."""
+    return [f"the kernel {what} ({Path(source_file).name}:{line}): {why}"
+            for kind, what, why, line in _escapes(source_file) if kind not in allowed]
 
 
-def reused_output(earlier: list[Any], later: list[Any]) -> str | None:
-    """The later call returned a buffer an earlier, still-alive output owns: a cached result."""
-    for i, out in enumerate(later):
-        for prev in earlier:
-            if out.numel() and _shares_memory(out, prev):
-                return (f"output {i} is the buffer an earlier call returned (a cached result): "
-                        "allocate each call's output afresh")
-    return None
+def escape_kinds(source_file: str) -> set[str]:
+    """The escape kinds a (trusted) file uses."""
+    return {kind for kind, _, _, _ in _escapes(source_file)}
 
 
-def mutated_inputs(before: list[Any], after: list[Any], exempt: set[int]) -> str | None:
-    import torch
+def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
+    try:
+        tree = ast.parse(Path(source_file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    found: list[tuple[str, str, str, int]] = []
+    imported: set[str] = set()  # module names bound by `import` in this module
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for name in names:
+                root = name.split(".")[0]
+                imported.add(root)
+                if root in _ESCAPE_MODULES:
+                    kind, why = _ESCAPE_MODULES[root]
+                    found.append((kind, f"imports {root}", why, node.lineno))
+        elif isinstance(node, ast.Call):
+            dotted = _dotted(node.func) or ""
+            if dotted in _ESCAPE_CALLS or dotted.startswith(("os.exec", "os.spawn", "shutil.")):
+                kind, why = _ESCAPE_CALLS.get(dotted, ("file writes" if dotted.startswith("shutil.") else "processes",
+                                                      "a kernel edits no file and starts no process"))
+                found.append((kind, f"calls {dotted}", why, node.lineno))
+            elif dotted in ("open", "io.open") and _writes(node):
+                found.append(("file writes", "opens a file for writing", "a kernel edits no file", node.lineno))
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in ("write_text", "write_bytes", "unlink",
+                                                                               "rename", "replace", "rmdir"):
+                if _dotted(node.func.value) not in ("str",):
+                    found.append(("file writes", f"calls .{node.func.attr}()", "a kernel edits no file", node.lineno))
+        elif isinstance(node, ast.Attribute) and _dotted(node) == "sys.modules":
+            found.append(("module patching", "reaches into sys.modules", "it can replace the harness's modules",
+                          node.lineno))
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                dotted = _dotted(target) if isinstance(target, ast.Attribute) else None
+                if dotted and dotted.split(".")[0] in _PATCHABLE_ROOTS and dotted.split(".")[0] in imported | {"torch"}:
+                    found.append(("module patching", f"assigns to {dotted}", "it changes another module for every "
+                                  "caller, the harness included", node.lineno))
+    return sorted(found, key=lambda f: f[3])
 
-    for j, (b, a) in enumerate(zip(before, after)):
-        if j in exempt or not isinstance(a, torch.Tensor):
-            continue
-        same = torch.equal(b, a) if not a.dtype.is_floating_point else bool(
-            ((b == a) | (torch.isnan(b) & torch.isnan(a))).all().item())
-        if not same:
-            return (f"input argument {j} was modified by the call: kernels must not write their inputs "
-                    "(declare `outputs = [{j}]` in the task if it is an out= argument)").replace("{j}", str(j))
-    return None
+
+def _writes(call: ast.Call) -> bool:
+    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(c in mode.value for c in "wax+")

@@ -78,6 +78,7 @@ class CaseResult:
     case: dict[str, Any]
     label: str
     heldout: bool = False
+    generated: bool = False  # a held-out case drawn for this run from the task's heldout_ranges
     checks: list[CaseCheck] = field(default_factory=list)
     seeds: int = 0
     timing: Timing | None = None
@@ -99,10 +100,20 @@ class KernelRun:
     launches: int = 0  # Triton launches seen in one call of the first case
     kernels: list[str] = field(default_factory=list)  # names of the Triton kernels launched
     artifacts: list[str] = field(default_factory=list)  # Artifacts JSON files (npu: TRITON_DEBUG dumps)
+    # What its outputs were compared with: "the reference", "the task's own kernel", or None when nothing
+    # could be (a kernel without a reference, checked by the guards alone).
+    compared_with: str | None = None
 
     @property
     def correct(self) -> bool:
         return self.rejected is None and all(c.correct for c in self.cases)
+
+    @property
+    def verdict(self) -> str:
+        """"correct", "rejected", or "guards only" (passed every guard; no outputs compared)."""
+        if not self.correct:
+            return "rejected"
+        return "correct" if self.compared_with or not self.cases else "guards only"
 
 
 @dataclass
@@ -114,6 +125,7 @@ class RunReport:
     ceilings: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     failure: str | None = None  # the worker itself failed (hang, crash, CUDA error)
+    seed: int | None = None  # the run's seed: inputs and generated held-out cases replay from it (--seed)
 
     def run(self, role: str) -> KernelRun | None:
         return next((r for r in self.runs if r.role == role), None)
@@ -138,6 +150,7 @@ class RunReport:
         d["flags"] = self.flags()
         for run, rd in zip(self.runs, d["runs"]):
             rd["correct"] = run.correct
+            rd["verdict"] = run.verdict
             for case, cd in zip(run.cases, rd["cases"]):
                 cd["correct"] = case.correct
         return d
@@ -150,6 +163,7 @@ class RunReport:
             for cd in rd.get("cases", []):
                 cases.append(CaseResult(
                     case=cd["case"], label=cd["label"], heldout=cd.get("heldout", False),
+                    generated=cd.get("generated", False),
                     checks=[CaseCheck(**c) for c in cd.get("checks", [])], seeds=cd.get("seeds", 0),
                     timing=Timing(**cd["timing"]) if cd.get("timing") else None,
                     roofline=Roofline(**cd["roofline"]) if cd.get("roofline") else None,
@@ -157,6 +171,8 @@ class RunReport:
                 ))
             runs.append(KernelRun(role=rd["role"], source=rd["source"], cases=cases,
                                   rejected=rd.get("rejected"), launches=rd.get("launches", 0),
-                                  kernels=list(rd.get("kernels", [])), artifacts=list(rd.get("artifacts", []))))
+                                  kernels=list(rd.get("kernels", [])), artifacts=list(rd.get("artifacts", [])),
+                                  compared_with=rd.get("compared_with")))
         return cls(task=d["task"], backend=d["backend"], device=d["device"], runs=runs,
-                   ceilings=d.get("ceilings"), notes=list(d.get("notes", [])), failure=d.get("failure"))
+                   ceilings=d.get("ceilings"), notes=list(d.get("notes", [])), failure=d.get("failure"),
+                   seed=d.get("seed"))

@@ -14,7 +14,6 @@ from typing import Any
 from harness.measurement import RunReport
 from harness.profilers import (KernelProfile, find_msprof, find_ncu, msprof_op_command, ncu_command, parse_msprof_op,
                                parse_ncu_csv, summarize)
-from harness.sandbox import Worker
 
 __all__ = ["MSPROF", "NCU", "PROFILERS", "Profiler", "profile_cases"]
 
@@ -51,8 +50,10 @@ MSPROF = Profiler("msprof op", find_msprof,
 PROFILERS = {"cuda": NCU, "npu": MSPROF}
 
 
-def profile_cases(report: RunReport, task: dict[str, Any], options: Any, kernels: list[dict[str, Any]],
+def profile_cases(report: RunReport, judge: Any, options: Any, kernels: list[Any],
                   profiler: Profiler | None = None) -> None:
+    """Each timed case of each kernel (harness.judge.KernelSpec) run once more under the profiler, in a
+    worker of its own, its report parsed into the case's `profile`."""
     profiler = profiler or PROFILERS.get(options.backend)
     if profiler is None:
         report.notes.append(f"--profile: no profiler for the {options.backend} backend")
@@ -62,7 +63,7 @@ def profile_cases(report: RunReport, task: dict[str, Any], options: Any, kernels
         report.notes.append(profiler.missing)
         return
     for kernel in kernels:
-        run = report.run(kernel["role"])
+        run = report.run(kernel.role)
         if run is None or not run.kernels:
             continue
         timed = [c for c in run.cases if not c.heldout]
@@ -70,13 +71,9 @@ def profile_cases(report: RunReport, task: dict[str, Any], options: Any, kernels
         for index, case in zip(indices, timed):
             out = tempfile.mkdtemp(prefix="kb-profile-")
             try:
-                worker = Worker(options.backend, wrap=lambda cmd: profiler.wrap(cmd, tool, run.kernels, out))
-                answer = worker.submit({"task": task, "backend": options.backend, "kernels": [kernel],
-                                        "cases": [index], "check": False, "profile": True}, options.timeout_s)
-                output = worker.finish(options.timeout_s)
-                if not answer.get("ok"):
-                    report.notes.append(f"{profiler.name} on case {case.label}: "
-                                        f"{answer.get('failure') or answer.get('user_error')}")
+                failure, output = judge.profile(kernel, index, lambda cmd: profiler.wrap(cmd, tool, run.kernels, out))
+                if failure:
+                    report.notes.append(f"{profiler.name} on case {case.label}: {failure}")
                     continue
                 profiles = profiler.read(output, out, f"{profiler.name} on {case.label}")
             finally:

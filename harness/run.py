@@ -1,24 +1,24 @@
-"""Run a task end to end, sandboxed: what `kb run` and the optimize loop call.
+"""Run a task end to end: what `kb run` and the optimize loop call.
 
-Order: the baseline is checked alone, then the candidate alone (so a hang or crash is pinned on the
-kernel that caused it), then every kernel that passed is timed in one worker, interleaved, so
-their ratio comes from one process. Each step is a job in a `harness.sandbox.Worker`.
+Order: the baseline is checked alone, then each candidate alone, each in its own worker (so a hang or
+crash is pinned on the kernel that caused it, and no kernel's import can touch another's verdict),
+then every kernel that passed is timed, interleaved across their workers. The judging itself is
+harness.judge's; this module shapes its results into `RunReport`s.
 """
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from harness.errors import UserFacingError
-from harness.measurement import KernelRun, RunReport
-from harness.sandbox import Worker
+from harness.judge import Checked, Judge, KernelSpec, TimedCases, check_in_parallel
+from harness.measurement import CaseResult, KernelRun, RunReport
 from harness.timing import REP_MS, WARMUP_MS
 
-__all__ = ["RunOptions", "run_candidates", "run_task", "split_timings", "time_again"]
+__all__ = ["RunOptions", "capture_kernel", "run_candidates", "run_task", "time_again"]
+
+_UNTIMED = ("interpreter",)
 
 
 @dataclass
@@ -36,209 +36,189 @@ class RunOptions:
     # Each kernel-case timing: do_bench warm-up and measured window, run twice interleaved.
     warmup_ms: int = WARMUP_MS
     rep_ms: int = REP_MS
+    seed: int | None = None  # the run's seed (None: drawn from os.urandom); a report records it
+    generated_heldout: int = 2  # held-out cases drawn per run from the task's heldout_ranges
+    check_workers: int = 1  # candidates checked side by side (each in its own worker)
 
 
-def run_task(task: dict[str, Any], options: RunOptions, candidate: str | None = None,
-             candidate_entry: str | None = None, worker: Worker | None = None,
+def _judge(spec: dict[str, Any], options: RunOptions, judge: Judge | None) -> tuple[Judge, bool]:
+    if judge is not None:
+        return judge, False
+    return Judge(spec, options.backend, timeout_s=options.timeout_s, spares=1), True
+
+
+def _report(judge: Judge) -> RunReport:
+    info = judge.info
+    assert info is not None
+    return RunReport(task=info.name, backend=judge.backend, device=judge.device, seed=info.seed)
+
+
+def run_task(spec: dict[str, Any], options: RunOptions, candidate: str | None = None,
+             candidate_entry: str | None = None, judge: Judge | None = None,
              baseline: str | None = None) -> RunReport:
-    """`task` is {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None}.
+    """`spec` is {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None}.
 
     `baseline`: a file whose entry stands in for the task's own kernel as the baseline (the optimize
-    loop times each candidate against the current best, in the same worker).
-    """
-    own = worker is None
-    worker = worker or Worker(options.backend)
+    loop times each candidate against the current best)."""
+    judge, own = _judge(spec, options, judge)
     try:
-        return _run(task, options, candidate, candidate_entry, worker, baseline)
+        info = judge.begin(options.seed, options.generated_heldout)
+        report = _report(judge)
+        entry = candidate_entry or info.entry
+        kernels = [KernelSpec("baseline", file=baseline, entry=entry) if baseline else KernelSpec("baseline")]
+        if candidate:
+            kernels.append(KernelSpec("candidate", file=candidate, entry=entry))
+        for kernel in kernels:
+            _add(report, judge.check(kernel, options.cases, options.seeds))
+        _notes(report, judge, options, bool(candidate))
+        passed = [k for k, run in zip(kernels, report.runs) if run.correct]
+        if options.time and options.backend not in _UNTIMED and passed:
+            stand_ins = [KernelSpec(r, stand_in=r) for r in options.references if info.has_reference]
+            _merge(report, judge.time(passed + stand_ins, options.cases, warmup_ms=options.warmup_ms,
+                                      rep_ms=options.rep_ms, roofline=options.roofline), judge)
+        if options.profile and passed:
+            from harness.profile import profile_cases
+
+            profile_cases(report, judge, options, passed)
+        return report
     finally:
+        judge.end()
         if own:
-            worker.close()
+            judge.close()
 
 
-def _check(task: dict[str, Any], options: RunOptions, kernel: dict[str, Any], worker: Worker) -> RunReport:
-    """One kernel checked alone, so a hang or crash is pinned on it."""
-    answer = worker.submit({"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds,
-                            "kernels": [kernel], "check": True, "time": False}, options.timeout_s)
-    return _report_or_failure(answer, kernel["role"], _task_name(task))
-
-
-def _time_together(task: dict[str, Any], options: RunOptions, kernels: list[dict[str, Any]], worker: Worker,
-                   role: str) -> RunReport:
-    """Kernels that passed their checks, timed interleaved in one job (`role` names a failure)."""
-    answer = worker.submit({"task": task, "backend": options.backend, "cases": options.cases, "seeds": options.seeds,
-                            "kernels": kernels, "check": False, "time": True, "roofline": options.roofline,
-                            "warmup_ms": options.warmup_ms, "rep_ms": options.rep_ms},
-                           options.timeout_s * len(kernels))
-    return _report_or_failure(answer, role, _task_name(task))
-
-
-def _run(task: dict[str, Any], options: RunOptions, candidate: str | None, candidate_entry: str | None,
-         worker: Worker, baseline: str | None = None) -> RunReport:
-    kernels: list[dict[str, Any]] = [{"role": "baseline", "path": baseline, "entry": candidate_entry} if baseline
-                                     else {"role": "baseline"}]
-    if candidate:
-        kernels.append({"role": "candidate", "path": candidate, "entry": candidate_entry})
-    report: RunReport | None = None
-    for kernel in kernels:
-        checked = _check(task, options, kernel, worker)
-        if report is None:
-            report = checked
-        else:
-            report.runs.extend(checked.runs)
-            report.failure = report.failure or checked.failure
-            report.notes.extend(n for n in checked.notes if n not in report.notes)
-    assert report is not None
-    passed = [k for k, run in zip(kernels, report.runs) if run.correct]
-    if options.time and passed:
-        timed_kernels = passed + [{"role": r, "reference": r} for r in options.references]
-        _merge_timings(report, _time_together(task, options, timed_kernels, worker,
-                                              "candidate" if candidate else "baseline"))
-    if options.profile and passed:
-        from harness.profile import profile_cases
-
-        profile_cases(report, task, options, passed)
-    return report
-
-
-def run_candidates(task: dict[str, Any], options: RunOptions, baseline: str, candidates: list[str], entry: str,
-                   worker: Worker, checkers: Sequence[Worker] = ()) -> list[RunReport]:
+def run_candidates(spec: dict[str, Any], options: RunOptions, baseline: str, candidates: list[str], entry: str,
+                   judge: Judge) -> list[RunReport]:
     """Several candidates against one baseline that was validated before (the optimize loop's parent):
-    each candidate is checked alone, then the baseline and every passing candidate are timed in one
-    job, interleaved, so the baseline is timed once per case instead of once per candidate. Returns
-    one report per candidate, in order, each shaped as `run_task` would give it (roles baseline and
-    candidate). If the shared timing job fails, the passing candidates are timed one at a time, so
-    one bad kernel cannot sink its siblings.
-
-    `checkers`: more workers that share the checks with `worker` (each candidate still alone in its
-    job). Checking is mostly compiling, CPU work that a many-core host does side by side; the timing
-    job stays in `worker`, alone on the device, and finds the compiled kernels in Triton's cache.
-    """
-    checked = _check_each(task, options, [{"role": "candidate", "path": path, "entry": entry} for path in candidates],
-                          [worker, *checkers])
-    passing = [i for i, r in enumerate(checked) if r.run("candidate") and r.run("candidate").correct]
-    timed: RunReport | None = None
-    if options.time and passing:
-        kernels = [{"role": "baseline", "path": baseline, "entry": entry}]
-        kernels += [{"role": f"candidate.{i}", "path": candidates[i], "entry": entry} for i in passing]
-        timed = _time_together(task, options, kernels, worker, "candidate")
-        if timed.failure:
-            return [run_task(task, options, candidate=candidates[i], candidate_entry=entry, worker=worker,
-                             baseline=baseline) if i in passing else r for i, r in enumerate(checked)]
-    return split_timings(checked, timed, baseline)
-
-
-def _check_each(task: dict[str, Any], options: RunOptions, kernels: list[dict[str, Any]],
-                workers: list[Worker]) -> list[RunReport]:
-    """`_check` of every kernel, in order, each job in whichever worker is free. A helper worker that
-    cannot start is dropped (the others take its share); Ctrl-C kills every worker at once, so no
-    check left running holds the device after the caller is gone."""
-    if not kernels:
-        return []
-    if len(workers) == 1 or len(kernels) == 1:
-        return [_check(task, options, kernel, workers[0]) for kernel in kernels]
-    free: queue.SimpleQueue[Worker] = queue.SimpleQueue()
-    for w in workers:
-        free.put(w)
-
-    def check(kernel: dict[str, Any]) -> RunReport:
-        while True:
-            w = free.get()
-            try:
-                w.start()
-            except UserFacingError:
-                if w is workers[0]:
-                    free.put(w)
-                    raise
-                w.close()
-                continue
-            try:
-                return _check(task, options, kernel, w)
-            finally:
-                free.put(w)
-
-    pool = ThreadPoolExecutor(max_workers=min(len(workers), len(kernels)))
+    each candidate is checked alone in a fresh worker (up to `options.check_workers` at a time), then
+    the baseline and every passing candidate are timed together, interleaved, so the baseline is timed
+    once per case instead of once per candidate. One report per candidate, in order, shaped as
+    `run_task` would give it (roles baseline and candidate)."""
     try:
-        return list(pool.map(check, kernels))
-    except BaseException as exc:
-        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the checks must not outlive us
-            pool.shutdown(wait=False, cancel_futures=True)
-            for w in workers:
-                w.close()
-        raise
+        judge.begin(options.seed, options.generated_heldout)
+        checked = check_in_parallel(judge, [KernelSpec("candidate", file=c, entry=entry) for c in candidates],
+                                    options.check_workers, cases=options.cases, seeds=options.seeds)
+        reports = []
+        for one in checked:
+            report = _report(judge)
+            report.runs.append(KernelRun(role="baseline", source=baseline))
+            _add(report, one)
+            _notes(report, judge, options, True)
+            reports.append(report)
+        passing = [i for i, c in enumerate(checked) if c.run.correct]
+        if options.time and options.backend not in _UNTIMED and passing:
+            kernels = [KernelSpec("baseline", file=baseline, entry=entry)]
+            kernels += [KernelSpec(f"candidate.{i}", file=candidates[i], entry=entry) for i in passing]
+            timed = judge.time(kernels, options.cases, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms,
+                               roofline=options.roofline)
+            for i in passing:
+                one = TimedCases(cases={"baseline": timed.cases.get("baseline", []),
+                                        "candidate": timed.cases.get(f"candidate.{i}", [])},
+                                 rejected={r.split(".")[0]: why for r, why in timed.rejected.items()
+                                           if r in ("baseline", f"candidate.{i}")},
+                                 notes=timed.notes, ceilings=timed.ceilings, failure=timed.failure)
+                _merge(reports[i], one, judge)
+        return reports
     finally:
-        pool.shutdown(wait=True)
+        judge.end()
 
 
-def time_again(task: dict[str, Any], options: RunOptions, baseline: str, candidate: str, entry: str,
-               worker: Worker) -> RunReport | None:
-    """Two kernels that passed their checks, timed against each other once more in a job of their own
-    (roles baseline and candidate; no check). None when `options.time` is off."""
-    if not options.time:
+def time_again(spec: dict[str, Any], options: RunOptions, baseline: str, candidate: str, entry: str,
+               judge: Judge) -> RunReport | None:
+    """Two kernels that passed their checks, timed against each other once more, in a run of their own
+    (a new seed; roles baseline and candidate; the timed calls' outputs still compared). None when
+    `options.time` is off."""
+    if not options.time or options.backend in _UNTIMED:
         return None
-    kernels = [{"role": "baseline", "path": baseline, "entry": entry},
-               {"role": "candidate", "path": candidate, "entry": entry}]
-    return _time_together(task, options, kernels, worker, "candidate")
+    try:
+        judge.begin(options.seed, 0)
+        report = _report(judge)
+        report.runs = [KernelRun(role="baseline", source=baseline), KernelRun(role="candidate", source=candidate)]
+        kernels = [KernelSpec("baseline", file=baseline, entry=entry), KernelSpec("candidate", file=candidate, entry=entry)]
+        _merge(report, judge.time(kernels, options.cases, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms,
+                                  roofline=options.roofline), judge)
+        return report
+    finally:
+        judge.end()
 
 
-def split_timings(checked: list[RunReport], timed: RunReport | None, baseline: str) -> list[RunReport]:
-    """One report per candidate out of the per-candidate checks and the shared timing job (roles
-    baseline, candidate.<i>): the baseline's timings go into every report."""
-    out = []
-    for i, report in enumerate(checked):
-        base_run = KernelRun(role="baseline", source=baseline)
-        report.runs.insert(0, base_run)
-        own = timed.run(f"candidate.{i}") if timed is not None else None
-        if timed is not None and own is not None:
-            report.ceilings = timed.ceilings
-            report.notes.extend(n for n in timed.notes if n not in report.notes)
-            _copy_timings(timed.run("baseline"), base_run)
-            _copy_timings(own, report.run("candidate"))
-        out.append(report)
-    return out
+def capture_kernel(spec: dict[str, Any], file: str, entry: str, cache_dir: str | None = None, case: int = 0,
+                   target: str | None = None, timeout_s: float = 600.0) -> list[Any]:
+    """Compile one case of a kernel file's entry, as its launch specializes it, in a worker of its own:
+    a rewritten kernel is imported there, never in the caller's process."""
+    from harness.artifacts import Artifacts
+    from harness.errors import UserFacingError
+    from harness.sandbox import Worker
+
+    with Worker("cuda", env={"TRITON_INTERPRET": "0"}) as worker:
+        answer = worker.submit({"op": "capture", "task": spec, "file": file, "entry": entry, "case": case,
+                                "target": target, "cache_dir": cache_dir}, timeout_s)
+    if answer.get("ok"):
+        return [Artifacts.from_json(text) for text in answer["answer"]["artifacts"]]
+    if "user_error" in answer:
+        raise UserFacingError(answer["user_error"], answer.get("fix", ""))
+    raise UserFacingError(f"compiling {file} failed: {answer.get('failure')}", "run `kb why --kernel` on it to see why")
 
 
-def _copy_timings(source: KernelRun | None, target: KernelRun | None) -> None:
-    """Timed cases of `source` onto `target`'s cases of the same label (added when `target` has none)."""
-    if source is None or target is None:
-        return
+# --- shaping ---------------------------------------------------------------------------------
+
+def _add(report: RunReport, checked: Checked) -> None:
+    report.runs.append(checked.run)
+    if checked.failure and not report.failure:
+        report.failure = checked.failure
+
+
+def _notes(report: RunReport, judge: Judge, options: RunOptions, candidate: bool) -> None:
+    info = judge.info
+    assert info is not None
+    if options.time and options.backend in _UNTIMED:
+        _note(report, f"the {options.backend} backend is never timed: its seconds say nothing about a kernel")
+    if not info.has_reference:
+        _note(report, "the task has no reference: the task's own kernel passed the guards only (its outputs were "
+                      "compared with nothing)" + ("; the candidate was compared with the task's own kernel"
+                                                  if candidate else ""))
+        for role in options.references:
+            _note(report, f"the task has no reference: --vs {role} is not timed")
+    if info.generated:
+        labels = info.labels[len(info.labels) - info.generated:]
+        _note(report, f"held-out cases drawn for seed {info.seed}: {'; '.join(labels)}")
+
+
+def _note(report: RunReport, text: str) -> None:
+    if text not in report.notes:
+        report.notes.append(text)
+
+
+def _merge(report: RunReport, timed: TimedCases, judge: Judge) -> None:
+    """A timing job's cases onto the report's runs (PyTorch stand-ins appended as runs of their own)."""
+    info = judge.info
+    assert info is not None
+    if timed.failure and not report.failure:
+        report.failure = timed.failure
+    report.ceilings = timed.ceilings or report.ceilings
+    for note in timed.notes:
+        _note(report, note)
+    for role, reason in timed.rejected.items():
+        run = report.run(role)
+        if run is not None and run.rejected is None:
+            run.rejected = f"while timed: {reason}"
+        if role == "baseline" and not report.failure:
+            report.failure = f"baseline: {reason}"
+    for role, cases in timed.cases.items():
+        run = report.run(role)
+        if run is None:  # a PyTorch stand-in: timed, never checked
+            source = f"{info.path}: reference" + (" through torch.compile" if role == "compiled" else "")
+            report.runs.append(KernelRun(role=role, source=source, cases=list(cases)))
+            continue
+        _copy_timings(cases, run)
+
+
+def _copy_timings(cases: Sequence[CaseResult], target: KernelRun) -> None:
+    """Timed cases onto `target`'s cases of the same label (added when it has none)."""
     by_label = {c.label: c for c in target.cases if not c.heldout}
-    for case in source.cases:
+    for case in cases:
         if case.label in by_label:
             by_label[case.label].timing = case.timing
             by_label[case.label].roofline = case.roofline
         elif case.timing is not None:
             target.cases.append(case)
-
-
-def _task_name(task: dict[str, Any]) -> str:
-    from harness.task import task_name
-
-    return task_name(task.get("path") or task.get("kernel") or "task")
-
-
-def _report_or_failure(answer: dict[str, Any], role: str, task_name: str) -> RunReport:
-    if answer.get("ok"):
-        return RunReport.from_dict(answer["report"])
-    if "user_error" in answer:
-        raise UserFacingError(answer["user_error"], answer.get("fix", ""))
-    report = RunReport(task=task_name, backend="?", device="?")  # the worker died before it could say
-    report.runs.append(KernelRun(role=role, source="", rejected=answer["failure"]))
-    report.failure = f"{role}: {answer['failure']}"
-    return report
-
-
-def _merge_timings(report: RunReport, timed: RunReport) -> None:
-    if timed.failure:
-        report.failure = timed.failure
-        for run in timed.runs:
-            target = report.run(run.role)
-            if target is not None and target.rejected is None:
-                target.rejected = run.rejected
-        return
-    report.ceilings = timed.ceilings
-    report.notes.extend(n for n in timed.notes if n not in report.notes)
-    for run in timed.runs:
-        if report.run(run.role) is None and run.cases:  # a PyTorch stand-in: timed, never checked
-            report.runs.append(run)
-            continue
-        _copy_timings(run, report.run(run.role))

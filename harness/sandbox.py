@@ -5,13 +5,17 @@ job's failure with a clear reason; the caller survives, and the next job gets a 
 worker that timed out, died or saw a device fault is replaced before the next job.
 
 Workers are plain `python -m harness.worker` subprocesses (not multiprocessing), so a profiler can
-wrap them (`wrap=` a function adding e.g. `ncu ... ` in front of the command).
+wrap them (`wrap=` a function adding e.g. `ncu ... ` in front of the command). Each gets a secret in
+its first line of input, and only answers carrying it count (harness.worker); a line on the channel
+that claims to be an answer without it is reported as forged. Each carries a marker in its environment
+(harness.processes) so that what it leaves behind can be found and killed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -22,23 +26,41 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness import processes
 from harness.backends import backend_env
 from harness.errors import UserFacingError
 from harness.worker import MARK
+from harness.zygote import zygote_for
 
-__all__ = ["Worker"]
+__all__ = ["FORGED", "Worker"]
+
+# Environment a worker reads when it imports triton: a forked worker inherits its zygote's, so workers
+# that differ here come from different zygotes.
+_READ_AT_IMPORT = ("TRITON_INTERPRET",)
 
 _START_TIMEOUT_S = 180.0  # importing torch and triton on a cold disk
+FORGED = ("a line on the harness's protocol channel did not carry this worker's secret: "
+          "the kernel wrote on the channel in the harness's name")
 
 
 class Worker:
-    """One worker process for one backend; `submit` runs a job in it under a time limit."""
+    """One worker process for one backend; `submit` runs a job in it under a time limit.
+
+    `directory`: the worker's exchange directory (tensors handed over as files land there); a fresh
+    temporary one when not given. `env`: more environment for the process."""
 
     def __init__(self, backend: str, *, wrap: Callable[[list[str]], list[str]] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, directory: Path | None = None, restart: bool = True) -> None:
         self.backend = backend
+        self.restart = restart  # False: a worker that failed stays gone (what it held is lost with it)
+        self._started = False
         self._wrap = wrap
         self._env = env or {}
+        self._own_dir = directory is None
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="kb-worker-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.token = secrets.token_hex(8)
+        self._secret = ""
         self._proc: subprocess.Popen[str] | None = None
         self._log: Any = None
         self._buffer = ""
@@ -54,23 +76,42 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
     def start(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        if self.alive:
             return
+        self.close(keep_dir=True)
         root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, **backend_env(self.backend), **self._env}
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "harness.worker"]
-        if self._wrap is not None:
-            cmd = self._wrap(cmd)
+        extra = {**backend_env(self.backend), **self._env, processes.MARKER: self.token}
         self._log = tempfile.NamedTemporaryFile("w+", prefix="kb-worker-", suffix=".log", delete=False)
-        self._buffer = ""
-        try:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                          env=env, text=True, start_new_session=True)
-        except OSError as exc:
-            raise UserFacingError(f"cannot start a worker ({cmd[0]}: {exc.strerror})",
-                                  "check that the profiler or Python named is installed") from exc
+        self._buffer, self._other = "", []
+        self._secret = secrets.token_hex(16)
+        # A zygote forks workers that import nothing anew; what is read at import must match its own.
+        at_import = {k: v for k, v in extra.items() if k in _READ_AT_IMPORT}
+        zygote = zygote_for(at_import) if self._wrap is None and self.backend != "npu" else None
+        if zygote is not None:
+            try:
+                self._proc = zygote.spawn({k: v for k, v in extra.items() if k not in at_import}, self._log.name)
+            except OSError:
+                zygote = None
+        if zygote is None:
+            env = {**os.environ, **extra}
+            env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+            cmd = [sys.executable, "-m", "harness.worker"]
+            if self._wrap is not None:
+                cmd = self._wrap(cmd)
+            try:
+                self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                              env=env, text=True, start_new_session=True)
+            except OSError as exc:
+                raise UserFacingError(f"cannot start a worker ({cmd[0]}: {exc.strerror})",
+                                      "check that the profiler or Python named is installed") from exc
+        self._started = True
+        hello = {"secret": self._secret, "dir": str(self.directory), "backend": self.backend}
+        self._write(hello)
         ready = self._read(_START_TIMEOUT_S)
         if not isinstance(ready, dict) or not ready.get("ready"):
             reason = self._failure(ready, _START_TIMEOUT_S)
@@ -78,22 +119,19 @@ class Worker:
                                   "run `python -m harness.worker` to see why (torch/triton importable?)")
 
     def submit(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Run one job; always returns a dict: {"ok": True, "report": ...} or {"ok": False, ...}."""
+        """Run one job; always returns a dict: {"ok": True, "answer": ...} or {"ok": False, ...}."""
+        if self._started and not self.restart and not self.alive:
+            return {"ok": False, "failure": "its worker failed earlier and is gone"}
         self.start()
-        assert self._proc is not None and self._proc.stdin is not None
-        try:
-            self._proc.stdin.write(json.dumps(job) + "\n")
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # the read below reports how the worker died
+        self._write(job)
         answer = self._read(timeout)
         if isinstance(answer, dict) and "ok" in answer:
-            if answer.get("fatal"):
-                self.close()
+            if answer.get("ok") and (answer.get("answer") or {}).get("fatal"):
+                self.close(keep_dir=True)
             return answer
-        failure = self._failure(answer, timeout)
-        self.close()
-        return {"ok": False, "failure": failure}
+        failure = FORGED if answer == "forged" else self._failure(answer, timeout)
+        self.close(keep_dir=True)
+        return {"ok": False, "failure": failure, "forged": answer == "forged"}
 
     def finish(self, timeout: float) -> str:
         """End the worker by closing its input, so a wrapping profiler writes its report; returns
@@ -111,15 +149,36 @@ class Worker:
         self.close()
         return text
 
-    def close(self) -> None:
+    def leftovers(self) -> list[int]:
+        """Live processes the worker's jobs started that are still running: its tree (it is their
+        subreaper), and what escaped it to its zygote."""
+        if not self.alive or self._proc is None:
+            return []
+        return processes.descendants(self._proc.pid) + self._escapees()
+
+    def _escapees(self) -> list[int]:
+        zygote = getattr(self._proc, "zygote", None)
+        if zygote is None:
+            return []
+        try:
+            return [int(p) for p in zygote.ask({"op": "escapees"})["pids"]]
+        except OSError:
+            return []
+
+    def close(self, keep_dir: bool = False) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
+            stray = processes.descendants(proc.pid) if proc.poll() is None else []
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)  # the whole group: wrapped profilers too
                 except (ProcessLookupError, PermissionError):
                     proc.kill()
+            processes.kill(stray)
             proc.wait()
+            self._proc = proc
+            processes.kill(self._escapees() + processes.carrying_marker(self.token))  # whatever escaped the tree
+            self._proc = None
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     try:
@@ -130,6 +189,10 @@ class Worker:
             self._log.close()
             os.unlink(self._log.name)
             self._log = None
+        if not keep_dir and self._own_dir:
+            import shutil
+
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def log_tail(self, lines: int = 6) -> str:
         if self._log is None:
@@ -140,16 +203,27 @@ class Worker:
 
     # --- protocol --------------------------------------------------------------------------
 
+    def _write(self, message: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the read that follows reports how the worker died
+
     def _read(self, timeout: float) -> dict[str, Any] | str:
-        """The next protocol message, or "timeout" / "eof"."""
+        """The next protocol message, or "timeout" / "eof" / "forged"."""
         assert self._proc is not None and self._proc.stdout is not None
         deadline = time.monotonic() + timeout
         fd = self._proc.stdout.fileno()
+        signed = MARK + self._secret + " "
         while True:
             while "\n" in self._buffer:
                 line, self._buffer = self._buffer.split("\n", 1)
+                if line.startswith(signed):
+                    return json.loads(line[len(signed):])
                 if line.startswith(MARK):
-                    return json.loads(line[len(MARK):])
+                    return "forged"
                 self._other.append(line)
             left = deadline - time.monotonic()
             if left <= 0:

@@ -28,18 +28,22 @@ A task file defines (only the first three are required):
     allow_torch names of torch calls the wrapper may make beyond allocation (e.g. ["sum"] for a
                 two-stage reduction finished by torch); anything else is a torch fallback.
     warm_cache  True when the workload is meant to run with a warm L2 (no flush between reps).
+    heldout_ranges  where held-out cases may be drawn from, per case key: (lo, hi) for an integer
+                (drawn log-uniformly, often an odd size), or a list of values. Each run draws new
+                cases in these ranges from its seed (keys not named keep a listed case's value), so a
+                kernel specialised to the shapes it can read in this file is caught. Only ranges the
+                task's own kernel supports belong here.
     family      the operator's family ("elementwise", "reduction", "matmul", ...): benchmark reports
                 group by it and pattern statistics record it.
 
 A kernel file from the wild needs no task file: `task_from_call(FILE, "add(torch.randn(4096), torch.randn(4096))")`
 makes one case out of the example call (fresh random values per seed come from re-evaluating its
-arguments).
+arguments and keywords).
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,7 +54,8 @@ from harness.artifacts import Artifacts
 from harness.capture import capture_callable, load_kernel_module
 from harness.errors import UserFacingError
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "load_task", "defining_file", "task_from_call", "task_name", "tolerance_for"]
+__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "defining_file", "load_job_task", "load_task", "task_files",
+           "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
 # integers and data movement exact.
@@ -82,9 +87,28 @@ class Task:
     family: str = ""
     path: str = ""  # the file it came from; workers load tasks by path
     source_file: str = ""  # the file defining the entry (for the static guards)
+    keywords: Callable[[], dict[str, Any]] | None = None  # --call's keyword arguments, evaluated afresh
+    heldout_ranges: dict[str, Any] = field(default_factory=dict)
 
     def case_label(self, case: dict[str, Any]) -> str:
         return ",".join(f"{k}={_short(v)}" for k, v in case.items()) or "default"
+
+    def arguments(self, case: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """One call's positional and keyword arguments for `case`, freshly made."""
+        args = tuple(self.inputs(**case))
+        return args, (self.keywords() if self.keywords is not None else {})
+
+    def generated_cases(self, rng: Any, count: int) -> list[dict[str, Any]]:
+        """`count` held-out cases drawn from `heldout_ranges` with `rng` (none without ranges)."""
+        if not self.heldout_ranges or count <= 0 or not self.cases:
+            return []
+        out = []
+        for _ in range(count):
+            case = dict(rng.choice(self.cases))
+            for key, span in self.heldout_ranges.items():
+                case[key] = _draw(span, rng)
+            out.append(case)
+        return out
 
 
 def tolerance_for(task: Task, dtype_name: str) -> dict[str, float]:
@@ -130,7 +154,30 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         family=str(ns.get("family", "")),
         path=str(Path(path).resolve()),
         source_file=defining_file(ns["entry"], path),
+        heldout_ranges=_ranges(ns.get("heldout_ranges", {}), path),
     )
+
+
+def load_job_task(spec: dict[str, Any]) -> Task:
+    """A task from its spec: {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None,
+    "tolerances": {...}}."""
+    if "path" in spec:
+        return load_task(spec["path"])
+    task = task_from_call(spec["kernel"], spec["call"], spec.get("reference"))
+    if spec.get("tolerances"):
+        task.tolerances = dict(spec["tolerances"])
+    return task
+
+
+def task_files(task: Task) -> list[str]:
+    """The task's own files, whose change during a run would change the verdicts: the task file, the
+    file defining its entry, and the files its reference and stand-in are defined in."""
+    files = {task.path, task.source_file}
+    for fn in (task.reference, task.eager, task.entry):
+        code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+        if code is not None and Path(code.co_filename).is_file():
+            files.add(str(Path(code.co_filename).resolve()))
+    return sorted(f for f in files if f and Path(f).is_file())
 
 
 def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: str | None = None) -> Task:
@@ -156,24 +203,21 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
     entry = _eval(ast.unparse(tree.body.func), ns, "--call")
     args_src = "(" + "".join(ast.unparse(a) + ", " for a in tree.body.args) + ")"
     kwargs_src = "{" + ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in tree.body.keywords if k.arg) + "}"
-    if tree.body.keywords:
-        kw_code = compile(kwargs_src, "<call>", "eval")
-        base_entry = entry
-
-        @functools.wraps(base_entry)  # keeps the wrapper's name: candidates are found by it
-        def entry(*args: Any) -> Any:  # noqa: F811 - binds the call's keywords once per call
-            return base_entry(*args, **eval(kw_code, ns))  # noqa: S307
     args_code = compile(args_src, "<call>", "eval")
+    kw_code = compile(kwargs_src, "<call>", "eval")
 
     def inputs() -> tuple[Any, ...]:
         return eval(args_code, ns)  # noqa: S307 - the user's own expression
+
+    def keywords() -> dict[str, Any]:
+        return eval(kw_code, ns)  # noqa: S307 - the user's own expression
 
     ref = _eval(reference, ns, "--reference") if reference else None
     if ref is not None and not callable(ref):
         raise UserFacingError(f"--reference {reference!r} is not callable", "pass e.g. --reference torch.add")
     return Task(name=Path(kernel_file).stem, entry=entry, inputs=inputs, cases=[{}], reference=ref,
                 namespace=ns, path=str(Path(kernel_file).resolve()),
-                source_file=str(Path(kernel_file).resolve()))
+                source_file=str(Path(kernel_file).resolve()), keywords=keywords if tree.body.keywords else None)
 
 
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,
@@ -183,8 +227,12 @@ def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None
     if not 0 <= case < len(task.cases):
         raise UserFacingError(f"task {task.name} has {len(task.cases)} cases, not {case + 1}", "pick a valid case")
     params = task.cases[case]
-    return capture_callable(lambda ns: task.entry(*task.inputs(**params)), task.namespace, target, cache_dir,
-                            what=f"task {task.name} case {params}")
+
+    def call(_ns: dict[str, Any]) -> Any:
+        args, kwargs = task.arguments(params)
+        return task.entry(*args, **kwargs)
+
+    return capture_callable(call, task.namespace, target, cache_dir, what=f"task {task.name} case {params}")
 
 
 def task_name(path: str | os.PathLike[str]) -> str:
@@ -213,6 +261,32 @@ def _eval(expr: str, ns: dict[str, Any], flag: str) -> Any:
     except Exception as exc:  # noqa: BLE001 - user code
         raise UserFacingError(f"{flag} {expr!r} raised {type(exc).__name__}: {exc}",
                               "name something the kernel file defines or imports") from exc
+
+
+def _ranges(value: Any, path: Any) -> dict[str, Any]:
+    problem = UserFacingError(f"task file {path}: heldout_ranges must map case keys to (lo, hi) or a list of values",
+                              "e.g. heldout_ranges = {\"n\": (1, 1 << 20)}")
+    if not isinstance(value, dict):
+        raise problem
+    for span in value.values():
+        pair = isinstance(span, tuple) and len(span) == 2 and all(isinstance(v, int) for v in span) and 0 < span[0] <= span[1]
+        if not pair and not (isinstance(span, list) and span):
+            raise problem
+    return dict(value)
+
+
+def _draw(span: Any, rng: Any) -> Any:
+    """A value from a declared range: integers log-uniformly, half the time made odd (sizes that are
+    not a multiple of anything are where specialised kernels break)."""
+    if isinstance(span, list):
+        return rng.choice(span)
+    lo, hi = span
+    import math
+
+    value = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+    if rng.random() < 0.5:
+        value |= 1
+    return max(lo, min(hi, value))
 
 
 def _short(value: Any) -> str:

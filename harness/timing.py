@@ -1,18 +1,25 @@
 """Device timing: Triton's own `do_bench` (device events, L2 flushed before every repetition), median
 of the per-repetition times, input buffers rotated when they fit in cache.
 
-The CPU interpreter is never timed: its seconds say nothing about a kernel.
+`sample_calls` runs in the kernel's worker (device events can only be read by the process that
+launched the work) and returns the raw per-repetition times; `timing_of` turns them into a `Timing`
+in the judge. The CPU interpreter is never timed: its seconds say nothing about a kernel.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.measurement import Timing
 
-__all__ = ["REP_MS", "ROTATE_BELOW_BYTES", "WARMUP_MS", "rotation_count", "time_calls"]
+# Bound when this module is imported, in a kernel worker before any kernel: a kernel that replaces
+# time.perf_counter afterwards does not change this clock (and is named by the integrity check).
+_perf_counter = time.perf_counter
+
+__all__ = ["REP_MS", "ROTATE_BELOW_BYTES", "WARMUP_MS", "rotation_count", "sample_calls", "timing_of"]
 
 # Rotate inputs when one set is smaller than this (a few times the H200's 50 MB L2), so that even
 # without the flush consecutive repetitions do not find their inputs in cache.
@@ -33,65 +40,118 @@ def rotation_count(arg_bytes: int) -> int:
     return max(1, min(_MAX_ROTATIONS, ROTATE_BELOW_BYTES // max(arg_bytes, 1)))
 
 
-def time_calls(call: Callable[[Any], Any], arg_sets: Sequence[Any], *, warm_cache: bool = False,
-               warmup_ms: int = WARMUP_MS, rep_ms: int = REP_MS) -> Timing:
-    """Time `call(args)` cycling through `arg_sets`; every repetition is one call."""
+def sample_calls(call: Callable[[int], Any], sets: int, *, warm_cache: bool = False, warmup_ms: int = WARMUP_MS,
+                 rep_ms: int = REP_MS, probe: tuple[float, Callable[[int], None]] | None = None) -> list[float]:
+    """Per-repetition times (ms) of `call(i)`, i cycling through `sets` input sets; one call per repetition.
+
+    The procedure is `triton.testing.do_bench`'s (a first call, an estimate over 5 calls, a warm-up of
+    `warmup_ms`, then `rep_ms` of repetitions, each after the L2 is flushed with Triton's own flush
+    buffer, each between two device events), written out here for one hook: `probe` = (fraction, hook)
+    calls `hook(i)` before the repetition at that fraction of the run, with the index of the set that
+    repetition uses, outside the timed region (before the flush). Without a GPU (the interpreter) the
+    clock is the host's and nothing is flushed: the samples exercise the judge, and are never reported."""
+    clock = _Clock()
     state = {"i": 0}
 
-    def fn() -> None:
-        args = arg_sets[state["i"] % len(arg_sets)]
+    def run() -> None:
+        index = state["i"] % sets
         state["i"] += 1
-        call(args)
+        call(index)
 
-    samples = _warm_samples(fn, warmup_ms, rep_ms) if warm_cache else _do_bench_samples(fn, warmup_ms, rep_ms)
-    samples_us = sorted(s * 1000.0 for s in samples)
+    run()
+    clock.synchronize()
+    flush = clock.flush_buffer() if not warm_cache else None
+    first, last = clock.event(), clock.event()
+    first.record()
+    for _ in range(5):
+        clock.flush(flush)
+        run()
+    last.record()
+    clock.synchronize()
+    estimate = max(first.elapsed_time(last) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        run()
+    repeats = max(1, int(rep_ms / estimate))
+    probe_at = int(probe[0] * repeats) if probe is not None else -1
+    starts = [clock.event() for _ in range(repeats)]
+    ends = [clock.event() for _ in range(repeats)]
+    for r in range(repeats):
+        if r == probe_at and probe is not None:
+            probe[1](state["i"] % sets)
+        clock.flush(flush)
+        starts[r].record()
+        run()
+        ends[r].record()
+    clock.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+class _HostEvent:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = _perf_counter()
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return (end.t - self.t) * 1000.0
+
+
+class _Clock:
+    """Device events and Triton's L2 flush on a GPU; the host's clock without one."""
+
+    def __init__(self) -> None:
+        try:
+            from triton.runtime.driver import driver
+
+            self.driver = driver.active
+            self.device = self.driver.get_device_interface()
+        except (RuntimeError, AttributeError, ImportError):  # no GPU driver: the interpreter
+            self.driver = self.device = None
+
+    def event(self) -> Any:
+        return self.device.Event(enable_timing=True) if self.device is not None else _HostEvent()
+
+    def synchronize(self) -> None:
+        if self.device is not None:
+            self.device.synchronize()
+
+    def flush_buffer(self) -> Any:
+        if self.driver is None:
+            return None
+        make = getattr(self.driver, "get_empty_cache_for_benchmark", None)
+        if make is not None:
+            return make()
+        import torch
+
+        return torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+
+    def flush(self, buffer: Any) -> None:
+        if buffer is None:
+            return
+        clear = getattr(self.driver, "clear_cache", None)
+        if clear is not None:
+            clear(buffer)
+        else:
+            buffer.zero_()
+
+
+def timing_of(samples_ms: Sequence[float], *, warm_cache: bool, rotating_buffers: int, warmup_ms: int,
+              rep_ms: int) -> Timing:
+    """A Timing from raw per-repetition times: median and 20/80th percentiles in µs."""
+    samples_us = sorted(float(s) * 1000.0 for s in samples_ms)
+    if not samples_us:
+        raise ValueError("no timing samples")
     return Timing(
         median_us=statistics.median(samples_us),
         p20_us=_quantile(samples_us, 0.2),
         p80_us=_quantile(samples_us, 0.8),
         reps=len(samples_us),
         l2_flushed=not warm_cache,
-        rotating_buffers=len(arg_sets),
+        rotating_buffers=rotating_buffers,
         warmup_ms=warmup_ms,
         rep_ms=rep_ms,
     )
-
-
-def _do_bench_samples(fn: Callable[[], None], warmup_ms: int, rep_ms: int) -> list[float]:
-    from triton.testing import do_bench
-
-    try:
-        samples = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-    except (AssertionError, TypeError, ValueError):  # a triton without return_mode="all"
-        samples = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.2, 0.5, 0.8])
-    return list(samples) if isinstance(samples, (list, tuple)) else [float(samples)]
-
-
-def _warm_samples(fn: Callable[[], None], warmup_ms: int, rep_ms: int) -> list[float]:
-    """Like do_bench without the L2 flush, for tasks that declare a warm-cache workload."""
-    from triton.runtime.driver import driver
-
-    di = driver.active.get_device_interface()
-    fn()
-    di.synchronize()
-    start, end = di.Event(enable_timing=True), di.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
-    di.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    n = max(1, int(rep_ms / estimate))
-    starts = [di.Event(enable_timing=True) for _ in range(n)]
-    ends = [di.Event(enable_timing=True) for _ in range(n)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    di.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

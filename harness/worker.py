@@ -1,6 +1,15 @@
-"""A sandbox worker: `python -m harness.worker` reads one JSON job per line on stdin and answers one
-line per job on its original stdout, prefixed with `MARK` so that anything else on that channel (a
-profiler's banner) is ignored. The kernel's own prints go to stderr. See harness.sandbox."""
+"""A sandbox worker: `python -m harness.worker`.
+
+The first line on stdin is the parent's hello: a secret and the worker's exchange directory. The
+worker answers each later JSON request with one line on its original stdout, `MARK secret JSON`, so
+that nothing else on that channel counts: not a profiler's banner, and not a line a kernel prints there
+in the worker's name, since the kernel cannot know the secret without reading this process's memory.
+The kernel's own prints go to stderr.
+
+A worker hosts one thing for its life, fixed by its first request: a task's reference (`task`, the
+judge's side, see harness.reference), a kernel (`load`, see harness.host), or a compile capture
+(`capture`). It decides nothing: it reports what it saw.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +17,165 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
+from typing import Any
 
 MARK = "@@kernel-kb@@ "
+
+_KERNEL_OPS = {"load", "stage", "unstage", "check", "time", "burn_in", "forget_tunings", "profile", "artifacts"}
+_REFERENCE_OPS = {"task", "make", "share", "release", "expect", "compare", "ceilings"}
 
 
 def main() -> None:
     channel = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # print() in user code must not corrupt the protocol
+    os.dup2(2, 1)  # print() in user code must not reach the protocol
     sys.stdout = sys.stderr
+    hello = json.loads(sys.stdin.readline() or "{}")
+    secret, directory = str(hello.get("secret", "")), Path(hello.get("dir") or ".")
+    backend_name = str(hello.get("backend", "cuda"))
+    del hello
 
-    def send(message: dict) -> None:
-        channel.write(MARK + json.dumps(message) + "\n")
+    from harness.processes import become_subreaper
+
+    become_subreaper()  # before any kernel is imported: whatever it forks stays in our tree
+
+    def send(message: dict[str, Any]) -> None:
+        channel.write(MARK + secret + " " + json.dumps(message) + "\n")
         channel.flush()
 
     import torch  # noqa: F401 - import before answering ready, so job time limits exclude it
     import triton  # noqa: F401
 
     from harness.errors import UserFacingError, first_line
-    from harness.runner import WorkerPoisoned, execute
 
     send({"ready": True, "pid": os.getpid()})
+    service = _Service(backend_name, directory)
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
-            send({"ok": True, "report": execute(json.loads(line))})
+            answer = service.handle(json.loads(line))
+            send({"ok": True, "answer": answer})
+            if answer.get("fatal"):
+                return  # a device fault: this context is unusable
         except UserFacingError as exc:
             send({"ok": False, "user_error": exc.problem, "fix": exc.fix})
-        except WorkerPoisoned as exc:
-            send({"ok": False, "failure": str(exc), "fatal": True})
-            return
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
             send({"ok": False, "failure": f"{type(exc).__name__}: {first_line(exc)}",
                   "traceback": traceback.format_exc(limit=8)})
+        _reap()
+
+
+class _Service:
+    def __init__(self, backend_name: str, directory: Path) -> None:
+        self.backend_name = backend_name
+        self.directory = directory
+        self.kernel: Any = None
+        self.reference: Any = None
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "ping":
+            return {"pid": os.getpid()}
+        if op == "capture":
+            return _capture(request)
+        if op in _REFERENCE_OPS:
+            return self._reference_op(op, request)
+        if op in _KERNEL_OPS:
+            return self._kernel_op(op, request)
+        raise ValueError(f"unknown request {op!r}")
+
+    def _device(self) -> str:
+        from harness.backends import select_backend
+
+        return select_backend(self.backend_name).device
+
+    def _kernel_op(self, op: str, r: dict[str, Any]) -> dict[str, Any]:
+        from harness.host import KernelHost
+
+        if self.reference is not None:
+            raise ValueError("this worker holds a task's reference: kernels run in workers of their own")
+        if self.kernel is None:
+            self.kernel = KernelHost(self._device(), self.directory)
+        host = self.kernel
+        if op == "load":
+            return host.load(r)
+        if op == "stage":
+            return host.stage(r["key"], r["sets"])
+        if op == "unstage":
+            return host.unstage(r["keys"])
+        if op == "check":
+            answer = host.check(r["name"], r["a"], r["b"], r.get("pin"), list(r.get("exempt", [])))
+            answer["fatal"] = any(c.get("fatal") for c in answer["calls"])
+            return answer
+        if op == "time":
+            return host.time(r["name"], list(r["keys"]), dict(r["probe"]), int(r["warmup_ms"]), int(r["rep_ms"]),
+                             bool(r.get("warm_cache")), list(r.get("exempt", [])), list(r.get("expect_kernels", [])))
+        if op == "burn_in":
+            return host.burn_in(r["names"], r["key"], float(r["seconds"]))
+        if op == "forget_tunings":
+            return host.forget_tunings()
+        if op == "profile":
+            return host.profile(r["name"], r["key"], int(r.get("repeat", 3)))
+        return host.artifacts()
+
+    def _reference_op(self, op: str, r: dict[str, Any]) -> dict[str, Any]:
+        from harness.reference import ReferenceHost
+
+        if self.kernel is not None:
+            raise ValueError("this worker holds a kernel: a task's reference never shares its process")
+        if self.reference is None:
+            self.reference = ReferenceHost(self._device(), self.directory)
+        ref = self.reference
+        if op == "task":
+            from harness.backends import select_backend
+
+            answer = ref.load(r["spec"], int(r["seed"]), int(r.get("generated", 0)))
+            return {**answer, "device": select_backend(self.backend_name).device_name()}
+        if op == "make":
+            return ref.make(r["key"], int(r["case"]), int(r["seed"]), bool(r.get("expected", True)))
+        if op == "share":
+            return ref.share(r["keys"], r["worker"], r["dir"])
+        if op == "release":
+            return ref.release(r.get("keys"), r.get("worker"))
+        if op == "expect":
+            return ref.expect(r["key"], int(r["case"]), r["outputs"], r["dir"])
+        if op == "compare":
+            return ref.compare(r["keys"], r["calls"], r["dir"], int(r["case"]))
+        from harness.roofline import ceilings
+
+        return {"ceilings": ceilings()}
+
+
+def _capture(r: dict[str, Any]) -> dict[str, Any]:
+    """Compile one case of a kernel file's entry as its launch specializes it (the diagnosis of a
+    rewritten kernel imports it here, not in the optimize loop's own process)."""
+    from harness.capture import capture_callable, load_kernel_module
+    from harness.task import load_job_task
+
+    task = load_job_task(r["task"])
+    module = load_kernel_module(r["file"])
+    fn = getattr(module, r["entry"])
+    case = task.cases[int(r.get("case", 0))]
+
+    def call(_ns: dict[str, Any]) -> Any:
+        args, kwargs = task.arguments(case)  # inside: on the capture's device, from its seed
+        return fn(*args, **kwargs)
+
+    artifacts = capture_callable(call, vars(module), r.get("target"), r.get("cache_dir"),
+                                 what=f"{Path(r['file']).name} case {case}")
+    return {"artifacts": [a.to_json() for a in artifacts]}
+
+
+def _reap() -> None:
+    """Collect exited children (ours and the orphans we adopted as subreaper), so none lingers as a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 if __name__ == "__main__":

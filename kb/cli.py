@@ -955,12 +955,17 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
 @click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True,
               help="Also time the task's PyTorch version (its `eager`, else its reference) as written (eager) or "
                    "through torch.compile (compiled).")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="The run's seed, to replay a report (it records its seed); default: a fresh one from os.urandom.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_user_errors
 def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
             candidate: str | None, candidate_entry: str | None, backend: str, cases: str | None, seeds: int,
-            timeout_s: float, no_time: bool, profile: bool, versus: tuple[str, ...], as_json: bool) -> None:
-    """Check a task's kernel (and a candidate) for correctness, then time it: sandboxed, guarded."""
+            timeout_s: float, no_time: bool, profile: bool, versus: tuple[str, ...], seed: int | None,
+            as_json: bool) -> None:
+    """Check a task's kernel (and a candidate) for correctness, then time it: sandboxed, guarded.
+
+    Exit status 0 when every kernel judged passed, 1 when one was rejected (the baseline included)."""
     from harness.backends import detect_backend
     from harness.run import RunOptions, run_task
 
@@ -981,7 +986,7 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
         raise UserFacingError(f"--cases {cases!r} is not a list of indices", "e.g. --cases 0,2") from exc
     options = RunOptions(backend=detect_backend() if backend == "auto" else backend, cases=indices,
                          seeds=max(1, seeds), time=not no_time, timeout_s=timeout_s, profile=profile,
-                         references=tuple(dict.fromkeys(versus)))
+                         references=tuple(dict.fromkeys(versus)), seed=seed)
     report = run_task(spec, options, candidate=str(Path(candidate).resolve()) if candidate else None,
                       candidate_entry=candidate_entry)
     if as_json:
@@ -992,8 +997,8 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
         from kb.run_view import render_run
 
         render_run(report, Console())
-    judged = report.run("candidate") or report.run("baseline")
-    if report.failure or judged is None or not judged.correct:
+    judged = [run for run in (report.run("baseline"), report.run("candidate")) if run is not None]
+    if report.failure or not judged or not all(run.correct for run in judged):
         sys.exit(1)
 
 

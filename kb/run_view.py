@@ -14,11 +14,15 @@ STAND_INS = {"eager": "PyTorch eager", "compiled": "torch.compile"}
 def render_run(report: RunReport, console: Any) -> None:
     from rich.table import Table
 
-    console.print(f"[bold]{report.task}[/] on {report.device} ({report.backend})")
+    seed = f", seed {report.seed} (replay with --seed {report.seed})" if report.seed is not None else ""
+    console.print(f"[bold]{report.task}[/] on {report.device} ({report.backend}){seed}")
     speedups = report.speedups()
     timed = any(c.timing for r in report.runs for c in r.cases)
     for run in report.runs:
-        verdict = "[green]correct[/]" if run.correct else f"[red]rejected[/]: {run.rejected or _first_failure(run)}"
+        verdict = {"correct": f"[green]correct[/] (compared with {run.compared_with})",
+                   "guards only": "[yellow]passed the guards only[/]: no reference, so its outputs were compared "
+                                  "with nothing",
+                   }.get(run.verdict, f"[red]rejected[/]: {run.rejected or _first_failure(run)}")
         if run.role in STAND_INS:
             verdict = "PyTorch stand-in, timed only"
         console.print(f"{run.role}: {run.source}  {verdict}")
@@ -58,7 +62,7 @@ def render_run(report: RunReport, console: Any) -> None:
 
 
 def _row(case: CaseResult, run: KernelRun, speedups: dict[str, float]) -> tuple[list[str], str]:
-    label = case.label + (" (held out)" if case.heldout else "")
+    label = case.label + (" (drawn for this run)" if case.generated else " (held out)" if case.heldout else "")
     problem = ""
     if case.error:
         problem = case.error

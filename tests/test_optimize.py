@@ -388,36 +388,34 @@ def test_nothing_accepted_and_no_stand_ins_leaves_nothing_to_time_at_the_end(tmp
 
 
 def test_timing_windows_reach_the_timing_job():
-    from harness.run import RunOptions, _time_together
+    from harness.judge import Judge, KernelSpec
     from harness.timing import REP_MS, WARMUP_MS
 
-    class Recorder:  # stands in for the sandboxed worker: what the harness would send it
-        jobs: list[dict] = []
-
-        def submit(self, job, timeout):
-            self.jobs.append(job)
-            return {"failure": "recorded, not run"}
-
-    worker = Recorder()
-    kernels = [{"role": "baseline"}]
-    _time_together({"path": "t.py"}, RunOptions(backend="cuda"), kernels, worker, "baseline")
-    _time_together({"path": "t.py"}, RunOptions(backend="cuda", warmup_ms=50, rep_ms=100), kernels, worker, "baseline")
-    assert [(j["warmup_ms"], j["rep_ms"]) for j in worker.jobs] == [(WARMUP_MS, REP_MS), (50, 100)]
-    judge_options = HarnessJudge(OptimizeOptions(backend="interpreter", warmup_ms=50, rep_ms=100), time=False)
-    try:
-        assert (judge_options.options.warmup_ms, judge_options.options.rep_ms) == (50, 100)
-    finally:
-        judge_options.close()
+    for options, windows in ((OptimizeOptions(backend="interpreter"), (WARMUP_MS, REP_MS)),
+                             (OptimizeOptions(backend="interpreter", warmup_ms=50, rep_ms=100), (50, 100))):
+        harness_judge = HarnessJudge(options, time=False)
+        assert (harness_judge.options.warmup_ms, harness_judge.options.rep_ms) == windows
+        harness_judge.close()
+    with Judge(SPEC, "interpreter", timeout_s=120) as judge:  # the windows a timing job ran with, recorded
+        judge.begin(seed=3)
+        timed = judge.time([KernelSpec("baseline")], cases=[0], warmup_ms=3, rep_ms=7)
+        (case,) = timed.cases["baseline"]
+        assert (case.timing.warmup_ms, case.timing.rep_ms) == (3, 7)
 
 
-def test_a_rounds_variants_are_checked_by_several_workers():
+def test_a_rounds_variants_are_checked_by_several_workers(tmp_path):
+    variants = []
+    for i in range(3):  # three sources: three workers, checked two at a time
+        variants.append(tmp_path / f"v{i}.py")
+        variants[-1].write_text(KERNEL.read_text() + f"\n# variant {i}\n")
     judge = HarnessJudge(OptimizeOptions(backend="interpreter", seeds=1, check_workers=2), time=False)
     try:
-        reports = judge.judge_all(SPEC, str(KERNEL), [str(KERNEL)] * 3, "row_sum")
+        reports = judge.judge_all(SPEC, str(KERNEL), [str(v) for v in variants], "row_sum")
         assert [r.run("candidate").correct for r in reports] == [True, True, True]
-        assert len(judge._checkers) == 1 and judge._checkers[0].pid is not None
-        judge.judge_all(SPEC, str(KERNEL), [str(KERNEL)], "row_sum")  # one variant: no more workers
-        assert len(judge._checkers) == 1
+        session = judge.judge_for(SPEC)
+        assert len({h.worker.pid for h in session._hosted.values()}) == 3  # one worker per source
+        judge.judge_all(SPEC, str(KERNEL), [str(KERNEL)], "row_sum")  # the next round retires the last one's
+        assert len(session._hosted) == 1
     finally:
         judge.close()
 
@@ -550,7 +548,7 @@ def test_pinning_a_tuner_restores_it_and_an_unpinned_call_tunes_afresh():
     import triton
     import triton.language as tl
 
-    from harness.runner import _pinned
+    from harness.host import pinned as _pinned
 
     @triton.autotune(configs=[triton.Config({"B": 32}), triton.Config({"B": 64}, num_warps=8)], key=["n"])
     @triton.jit
@@ -598,13 +596,15 @@ def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tm
 
 def test_a_timing_burn_in_leaves_autotuned_kernels_to_tune_again(tmp_path):
     from harness.capture import load_kernel_module
-    from harness.runner import _autotuners, _forget_tunings
+    from harness.host import KernelHost, autotuners
 
     original = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"
     tuned = tmp_path / "tuned.py"
     tuned.write_text(rewrite("autotune-configs", original.read_text(), {})[-1].source)
     entry = load_kernel_module(tuned).matmul
-    (tuner,) = _autotuners(entry)
+    (tuner,) = autotuners(entry)
     tuner.cache[(512, 512, 512, "torch.float16")] = tuner.configs[0]  # what the burn-in's first call kept
-    _forget_tunings([("candidate", entry), ("eager", lambda a, b: a @ b)])
+    host = KernelHost("cpu", tmp_path)
+    host.entries = {"candidate": entry, "eager": lambda a, b: a @ b}
+    host.forget_tunings()
     assert tuner.cache == {} and len(tuner.configs) == 7

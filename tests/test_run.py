@@ -1,6 +1,7 @@
 """The execution harness on the CPU interpreter: correctness checks, every guard against a fooled
 benchmark (with adversarial kernels written for it), and the sandbox (a hanging and a crashing
-kernel). Each adversarial test asserts the specific reason, so removing a guard fails it."""
+kernel). Each adversarial test asserts the specific reason, so removing a guard fails it. The cheats
+an LLM rewrite would try, and the honest kernels that must pass beside them: tests/test_adversarial.py."""
 
 from __future__ import annotations
 
@@ -15,32 +16,34 @@ from click.testing import CliRunner
 from conftest import FIXTURES
 from harness.errors import UserFacingError
 from harness.guards import static_guards
+from harness.judge import Judge, KernelSpec, TimedCases, interleaved_timings, merge_pair
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
 from harness.roofline import place
-from harness.run import RunOptions, run_candidates, run_task, split_timings
-from harness.sandbox import Worker
+from harness.run import RunOptions, run_candidates, run_task
 from harness.timing import ROTATE_BELOW_BYTES, rotation_count
 from kb.cli import main
 
 HARNESS = FIXTURES / "harness"
 TASK = {"path": str(HARNESS / "task_add.py")}
-OPTIONS = RunOptions(backend="interpreter", seeds=2, timeout_s=30)
+OPTIONS = RunOptions(backend="interpreter", seeds=2, timeout_s=60)
 
 
 @pytest.fixture(scope="module")
-def worker():
-    with Worker("interpreter") as w:
-        yield w
+def judge():
+    session = Judge(TASK, "interpreter", timeout_s=60, spares=2)
+    yield session
+    session.close()
 
 
-def run(worker, candidate=None, options=OPTIONS):
-    return run_task(TASK, options, candidate=str(HARNESS / candidate) if candidate else None, worker=worker)
+def run(judge, candidate=None, options=OPTIONS):
+    return run_task(TASK, options, candidate=str(HARNESS / candidate) if candidate else None, judge=judge)
 
 
-def test_correct_baseline_is_checked_per_case_and_seed_and_never_timed(worker):
-    report = run(worker)
+def test_correct_baseline_is_checked_per_case_and_seed_and_never_timed(judge):
+    report = run(judge)
     base = report.run("baseline")
-    assert base.correct and report.failure is None
+    assert base.correct and report.failure is None and base.verdict == "correct"
+    assert base.compared_with == "the reference" and isinstance(report.seed, int)
     assert [c.label for c in base.cases] == ["n=1000", "n=4099", "n=17"]
     assert [c.heldout for c in base.cases] == [False, False, True]
     assert all(c.seeds == 2 for c in base.cases)
@@ -53,46 +56,50 @@ def test_correct_baseline_is_checked_per_case_and_seed_and_never_timed(worker):
 
 
 @pytest.mark.parametrize("candidate, reason", [
-    ("cached.py", "the buffer an earlier call returned"),
+    ("cached.py", "no Triton kernel was launched on its second call"),
     ("aliased.py", "output 0 aliases input argument 0"),
     ("mutating.py", "input argument 0 was modified"),
     ("fallback.py", "torch fallback: torch.add in add (fallback.py:"),
-    ("no_launch.py", "no Triton kernel was launched"),
+    ("no_launch.py", "torch fallback at runtime: aten::add"),
     ("side_stream.py", "side stream: cuda.Stream in add"),
 ])
-def test_each_way_to_fool_the_benchmark_is_rejected_with_its_reason(worker, candidate, reason):
-    report = run(worker, candidate)
+def test_each_way_to_fool_the_benchmark_is_rejected_with_its_reason(judge, candidate, reason):
+    report = run(judge, candidate)
     cand = report.run("candidate")
     assert not cand.correct
     assert reason in cand.rejected
     assert report.run("baseline").correct  # the baseline is judged on its own
 
 
-def test_unwritten_elements_are_found_through_poisoned_allocations(worker):
-    cand = run(worker, "unwritten.py").run("candidate")
+def test_unwritten_elements_are_found_through_poisoned_allocations(judge):
+    cand = run(judge, "unwritten.py").run("candidate")
     bad = cand.cases[0].checks[0]
     assert not cand.correct and cand.rejected is None
     assert bad.unwritten == 1 and bad.first_bad == [999]  # the last element of n=1000
-    assert bad.mismatched == 0  # every written element is right: only the poison shows the bug
+    assert bad.mismatched <= 1  # every written element is right: only that element is wrong
 
 
-def test_wrong_values_are_counted_with_their_errors(worker):
-    bad = run(worker, "wrong.py").run("candidate").cases[0].checks[0]
+def test_wrong_values_are_counted_with_their_errors(judge):
+    bad = run(judge, "wrong.py").run("candidate").cases[0].checks[0]
     assert bad.mismatched == 1000 and bad.max_abs_err > 1.0 and bad.first_bad is not None
 
 
-def test_a_hanging_kernel_times_out_and_the_next_candidate_gets_a_healthy_worker(worker):
-    report = run(worker, "hang.py", RunOptions(backend="interpreter", seeds=1, timeout_s=6))
-    assert "timed out after 6 s" in report.run("candidate").rejected
-    assert report.failure.startswith("candidate: timed out")
-    after = run(worker, "add.py")
-    assert after.run("candidate").correct
+def test_a_hanging_kernel_times_out_and_the_next_candidate_gets_a_healthy_worker():
+    with_limit = Judge(TASK, "interpreter", timeout_s=6)
+    try:
+        report = run(with_limit, "hang.py", RunOptions(backend="interpreter", seeds=1, timeout_s=6))
+        assert "timed out after 6 s" in report.run("candidate").rejected
+        assert report.failure.startswith("candidate: timed out")
+        after = run(with_limit, "add.py")
+        assert after.run("candidate").correct
+    finally:
+        with_limit.close()
 
 
-def test_a_crashing_kernel_is_reported_by_signal_and_the_caller_survives(worker):
-    report = run(worker, "crash.py")
+def test_a_crashing_kernel_is_reported_by_signal_and_the_caller_survives(judge):
+    report = run(judge, "crash.py")
     assert "died with SIGSEGV" in report.run("candidate").rejected
-    assert run(worker, "add.py").run("candidate").correct
+    assert run(judge, "add.py").run("candidate").correct
 
 
 def test_kernel_from_the_wild_runs_from_the_cli_with_an_example_call():
@@ -105,6 +112,31 @@ def test_kernel_from_the_wild_runs_from_the_cli_with_an_example_call():
     wrong = CliRunner().invoke(main, [*args, "--reference", "torch.sub"])
     assert wrong.exit_code == 1
     assert json.loads(wrong.stdout)["runs"][0]["cases"][0]["checks"][0]["mismatched"] > 0
+
+
+def test_without_a_reference_the_cli_says_only_the_guards_ran_and_a_rejected_baseline_fails():
+    args = ["run", "--kernel", str(HARNESS / "add.py"), "--call", "add(torch.randn(3000), torch.randn(3000))",
+            "--backend", "interpreter", "--seeds", "1"]
+    alone = CliRunner().invoke(main, [*args, "--json"])
+    assert alone.exit_code == 0, alone.output
+    run = json.loads(alone.stdout)["runs"][0]
+    assert run["verdict"] == "guards only" and run["compared_with"] is None
+    assert "passed the guards only" in CliRunner().invoke(main, args).output
+    # A correct candidate does not hide a baseline the guards reject: both are judged, the status says so.
+    bad_base = ["run", "--kernel", str(HARNESS / "no_launch.py"), "--call", "add(torch.randn(300), torch.randn(300))",
+                "--backend", "interpreter", "--seeds", "1", "--reference", "torch.add", "--json",
+                "--candidate", str(HARNESS / "add.py")]
+    both = CliRunner().invoke(main, bad_base)
+    runs = json.loads(both.stdout)["runs"]
+    assert [r["verdict"] for r in runs] == ["rejected", "correct"] and both.exit_code == 1
+
+
+def test_a_report_replays_from_its_seed():
+    options = RunOptions(backend="interpreter", seeds=1, time=False)
+    first = run_task(TASK, options)
+    again = run_task(TASK, RunOptions(backend="interpreter", seeds=1, time=False, seed=first.seed))
+    errors = [[c.checks[0].max_abs_err for c in r.run("baseline").cases] for r in (first, again)]
+    assert again.seed == first.seed and errors[0] == errors[1]  # the same inputs, so the same rounding errors
 
 
 @pytest.mark.parametrize("args, message", [
@@ -159,69 +191,62 @@ def test_roofline_place_and_rotation():
     assert rotation_count(1) == 8
 
 
-def test_candidates_are_checked_alone_against_one_validated_baseline(worker):
+def test_candidates_are_checked_alone_against_one_validated_baseline(judge):
     files = [str(HARNESS / f) for f in ("add.py", "wrong.py", "crash.py", "add.py")]
-    reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files, "add", worker)
+    reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files, "add", judge)
     assert [r.run("candidate").correct for r in reports] == [True, False, False, True]
     assert "died with SIGSEGV" in reports[2].run("candidate").rejected  # pinned on the crash, siblings unharmed
     assert all(r.runs[0].role == "baseline" and r.runs[0].source.endswith("add.py") for r in reports)
     assert not reports[0].run("baseline").cases  # the validated parent is not checked again
+    assert len({r.seed for r in reports}) == 1  # one run: the same inputs for every candidate
 
 
-def test_checks_spread_over_several_workers_keep_order_and_pin_a_crash(worker):
+def test_checks_spread_over_several_workers_keep_order_and_pin_a_crash(judge):
+    from dataclasses import replace
+
     files = [str(HARNESS / f) for f in ("crash.py", "add.py", "wrong.py", "add.py")]
-    with Worker("interpreter") as other:
-        reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files, "add", worker, checkers=[other])
-        assert [r.run("candidate").correct for r in reports] == [False, True, False, True]
-        assert "died with SIGSEGV" in reports[0].run("candidate").rejected
-        assert other.pid is not None  # the second worker took some of the checks
-    # A helper worker that cannot start is dropped; the checks go on in the others.
-    broken = Worker("interpreter", wrap=lambda cmd: ["/nonexistent/python", *cmd[1:]])
-    reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files[1:], "add", worker, checkers=[broken])
-    assert [r.run("candidate").correct for r in reports] == [True, False, True]
+    reports = run_candidates(TASK, replace(OPTIONS, check_workers=2), str(HARNESS / "add.py"), files, "add", judge)
+    assert [r.run("candidate").correct for r in reports] == [False, True, False, True]
+    assert "died with SIGSEGV" in reports[0].run("candidate").rejected
 
 
-def test_one_shared_timing_job_is_split_into_a_report_per_candidate():
-    def run_of(role, us, label="n=1"):
-        return KernelRun(role=role, source=f"{role}.py", cases=[
-            CaseResult(case={"n": 1}, label=label, timing=Timing(us, us, us, 10, 0.01) if us else None)])
-    checked = [RunReport(task="t", backend="cuda", device="H200", runs=[run_of("candidate", None)]) for _ in range(3)]
-    checked[1].runs[0].rejected = "wrong values"
-    timed = RunReport(task="t", backend="cuda", device="H200", ceilings={"copy_gbps": 4000.0},
-                      runs=[run_of("baseline", 100.0), run_of("candidate.0", 50.0), run_of("candidate.2", 200.0)])
-    reports = split_timings(checked, timed, "parent.py")
-    assert [r.speedups() for r in reports] == [{"n=1": 2.0}, {}, {"n=1": 0.5}]
-    assert reports[0].ceilings == {"copy_gbps": 4000.0} and reports[1].ceilings is None
-    assert reports[2].run("baseline").source == "parent.py"
+def test_a_timing_job_is_merged_into_the_report_with_stand_ins_appended():
+    from harness.run import _merge
+
+    class Info:
+        path, labels = "task.py", ["n=1"]
+
+    class Session:
+        info = Info()
+
+    def case(us):
+        return CaseResult(case={"n": 1}, label="n=1", timing=Timing(us, us, us, 10, 0.01))
+    report = RunReport(task="t", backend="cuda", device="H200", runs=[
+        KernelRun(role="baseline", source="a.py", cases=[CaseResult(case={"n": 1}, label="n=1")]),
+        KernelRun(role="candidate", source="b.py", cases=[CaseResult(case={"n": 1}, label="n=1")])])
+    timed = TimedCases(cases={"baseline": [case(100.0)], "candidate": [case(50.0)], "eager": [case(80.0)]},
+                       ceilings={"copy_gbps": 4000.0})
+    _merge(report, timed, Session())
+    assert report.speedups() == {"n=1": pytest.approx(2.0)} and report.ceilings == {"copy_gbps": 4000.0}
+    assert [r.role for r in report.runs] == ["baseline", "candidate", "eager"]
+    assert report.speedups("eager", "baseline") == {"n=1": pytest.approx(0.8)}
+    rejected = RunReport(task="t", backend="cuda", device="H200", runs=[KernelRun(role="candidate", source="b.py")])
+    _merge(rejected, TimedCases(rejected={"candidate": "case n=1: 3 of 9 timed calls launched no Triton kernel"}),
+           Session())
+    assert rejected.run("candidate").rejected.startswith("while timed: case n=1: 3 of 9")
 
 
-def test_pytorch_stand_ins_are_timed_beside_the_kernels_never_checked():
-    from harness.run import _merge_timings
-    from harness.runner import _entry_of, _reference_runs
-    from harness.task import load_task
-
-    task = load_task(TASK["path"])
-    assert _entry_of(task, {"role": "eager", "reference": "eager"}) is task.reference
-    report = RunReport(task="t", backend="cuda", device="H200")
-    assert not _reference_runs(lambda x, y: 1 / 0, (1, 2), "compiled", "n=1", report)
-    assert report.notes == ["compiled reference not timed for n=1: ZeroDivisionError: division by zero"]
-
-    def run_of(role, us):
-        return KernelRun(role=role, source=f"{role}.py", cases=[
-            CaseResult(case={"n": 1}, label="n=1", timing=Timing(us, us, us, 10, 0.01) if us else None)])
-    checked = RunReport(task="t", backend="cuda", device="H200", runs=[run_of("baseline", None)])
-    timed = RunReport(task="t", backend="cuda", device="H200", runs=[run_of("baseline", 50.0), run_of("eager", 80.0)])
-    _merge_timings(checked, timed)
-    assert [r.role for r in checked.runs] == ["baseline", "eager"]
-    assert checked.speedups("eager", "baseline") == {"n=1": pytest.approx(1.6)}  # the kernel over eager PyTorch
-
-
-def test_a_timing_job_starts_with_a_burn_in_of_every_kernel():
-    from harness.runner import _burn_in
-
-    calls = {"a": 0, "b": 0}
-    rounds = _burn_in([(k, lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls], (), seconds=0.05)
-    assert rounds >= 1 and calls == {"a": rounds, "b": rounds}
+def test_the_judge_times_kernels_and_stand_ins_interleaved_in_their_own_workers(judge):
+    """The mechanics on the interpreter (host clock: exercised, never reported as speed)."""
+    judge.begin(seed=11)
+    try:
+        timed = judge.time([KernelSpec("baseline"), KernelSpec("candidate", file=str(HARNESS / "add.py")),
+                            KernelSpec("eager", stand_in="eager")], cases=[0], warmup_ms=5, rep_ms=20)
+    finally:
+        judge.end()
+    assert timed.rejected == {} and timed.failure is None
+    assert set(timed.cases) == {"baseline", "candidate", "eager"}
+    assert all(c[0].label == "n=1000" and c[0].timing.reps >= 2 for c in timed.cases.values())
 
 
 def test_report_speedups_flags_and_json_round_trip():
@@ -263,7 +288,9 @@ def test_profile_wraps_the_worker_and_parses_what_the_profiler_prints(tmp_path, 
 
     report = _one_case_report()
     options = RunOptions(backend="interpreter", cases=[0], timeout_s=60)
-    profile_cases(report, TASK, options, [{"role": "baseline"}], profiler=NCU)  # the cuda backend's profiler
+    with Judge(TASK, "interpreter", timeout_s=60) as session:
+        session.begin(seed=1)
+        profile_cases(report, session, options, [KernelSpec("baseline")], profiler=NCU)  # the cuda backend's
     profile = report.run("baseline").cases[0].profile
     assert profile is not None and profile["source"] == "ncu", report.notes
     assert profile["duration_us"] > 0 and profile["dram_throughput_pct"] is not None
@@ -296,8 +323,10 @@ def test_npu_profile_runs_the_worker_under_msprof_op(tmp_path, monkeypatch):
 
     assert PROFILERS["npu"] is MSPROF
     report = _one_case_report()
-    profile_cases(report, TASK, RunOptions(backend="interpreter", cases=[0], timeout_s=60), [{"role": "baseline"}],
-                  profiler=MSPROF)
+    with Judge(TASK, "interpreter", timeout_s=60) as session:
+        session.begin(seed=1)
+        profile_cases(report, session, RunOptions(backend="interpreter", cases=[0], timeout_s=60),
+                      [KernelSpec("baseline")], profiler=MSPROF)
     profile = report.run("baseline").cases[0].profile
     assert profile is not None and profile["source"] == "msprof", report.notes
     assert profile["duration_us"] == pytest.approx(24.56)
@@ -309,10 +338,10 @@ def test_profile_without_the_profiler_says_so(tmp_path):
     import harness.profile as prof
 
     report = RunReport(task="t", backend="cuda", device="x", runs=[KernelRun(role="baseline", source="a.py")])
-    prof.profile_cases(report, TASK, RunOptions(), [{"role": "baseline"}], profiler=replace(prof.NCU, find=lambda: None))
+    prof.profile_cases(report, None, RunOptions(), [KernelSpec("baseline")], profiler=replace(prof.NCU, find=lambda: None))
     assert "ncu is not installed" in report.notes[0]
     npu = RunReport(task="t", backend="npu", device="x", runs=[KernelRun(role="baseline", source="a.py")])
-    prof.profile_cases(npu, TASK, RunOptions(backend="npu"), [{"role": "baseline"}],
+    prof.profile_cases(npu, None, RunOptions(backend="npu"), [KernelSpec("baseline")],
                        profiler=replace(prof.MSPROF, find=lambda: None))
     assert "msprof is not on PATH" in npu.notes[0]
 
@@ -347,25 +376,24 @@ def test_cli_table_names_the_problem_of_a_rejected_candidate():
     result = CliRunner().invoke(main, ["run", str(HARNESS / "task_add.py"), "--candidate", str(HARNESS / "unwritten.py"),
                                        "--backend", "interpreter", "--seeds", "1"])
     assert result.exit_code == 1
-    assert "task_add on cpu (Triton interpreter)" in result.output
-    assert "1 unwritten element(s), first at index [999]" in result.output
+    text = " ".join(result.output.split())  # rich wraps at the terminal's width
+    assert "task_add on cpu (Triton interpreter)" in text
+    assert "1 unwritten element(s), first at index [999]" in text
     assert "median µs" not in result.output  # the interpreter is never timed, so no timing columns
 
 
 def test_the_stand_in_timed_is_the_tasks_eager_version_when_it_has_one():
     from conftest import REPO
-    from harness.runner import _entry_of
+    from harness.host import _entry_from_task
     from harness.task import load_task
 
-    bmm = load_task(REPO / "corpora" / "operators" / "bmm" / "task.py")  # its reference widens to float32
-    assert _entry_of(bmm, {"role": "eager", "reference": "eager"}) is bmm.eager
-    softmax = load_task(REPO / "corpora" / "operators" / "softmax" / "task.py")  # no eager: the reference
-    assert _entry_of(softmax, {"role": "eager", "reference": "eager"}) is softmax.reference
+    bmm = REPO / "corpora" / "operators" / "bmm" / "task.py"  # its reference widens to float32
+    assert _entry_from_task({"path": str(bmm)}, "eager", False).__name__ == load_task(bmm).eager.__name__ != "reference"
+    softmax = REPO / "corpora" / "operators" / "softmax" / "task.py"  # no eager: the reference
+    assert _entry_from_task({"path": str(softmax)}, "eager", False).__name__ == "reference"
 
 
 def test_a_noisy_timing_pass_is_taken_again_and_the_steadiest_pass_kept():
-    from harness.runner import interleaved_timings
-
     # Pass 1: the candidate's two timings are 70% apart (the H200 matmul end-of-run case); pass 2
     # is steady. Each call returns the next median for that role.
     medians = {"baseline": iter([11.0, 11.1, 11.0, 11.0]), "candidate": iter([10.0, 34.0, 9.9, 9.8])}
@@ -380,8 +408,6 @@ def test_a_noisy_timing_pass_is_taken_again_and_the_steadiest_pass_kept():
 
 
 def test_a_timing_that_stays_noisy_keeps_its_steadiest_pass_and_says_how_many_were_taken():
-    from harness.runner import interleaved_timings
-
     spreads = iter([10.0, 15.0, 10.0, 12.0, 10.0, 18.0])  # spreads 0.5, 0.2, 0.8: all above 0.10
     timings = interleaved_timings(["k"], lambda role: Timing(next(spreads), 0, 0, 10), again=lambda: None)
     assert timings["k"].timing_passes == 3
@@ -389,56 +415,19 @@ def test_a_timing_that_stays_noisy_keeps_its_steadiest_pass_and_says_how_many_we
 
 
 def test_a_steady_first_pass_is_not_repeated():
-    from harness.runner import interleaved_timings
-
     calls = []
     timings = interleaved_timings(["a", "b"], lambda role: calls.append(role) or Timing(5.0, 0, 0, 10),
                                   again=lambda: pytest.fail("no second pass expected"))
     assert calls == ["a", "b", "a", "b"] and timings["a"].timing_passes == 1
 
 
-def test_a_case_is_burnt_in_then_its_tunings_forgotten_then_timed(monkeypatch):
-    import types
-
-    import harness.runner as runner
-    import harness.timing as timing
-    from harness.task import load_task
-
-    calls = []
-    monkeypatch.setitem(runner._DEVICE, "name", "cpu")
-    monkeypatch.setattr(runner, "_burn_in", lambda kernels, args: calls.append("burn-in"))
-    monkeypatch.setattr(runner, "_forget_tunings", lambda kernels: calls.append("forget"))
-    monkeypatch.setattr(timing, "time_calls", lambda call, arg_sets, **kw: calls.append("time") or Timing(5.0, 0, 0, 1))
-    task = load_task(str(Path(__file__).parent.parent / "corpora/operators/vector_add/task.py"))
-    report = RunReport(task="t", backend="cpu", device="cpu", runs=[KernelRun(role="baseline", source="x")])
-    runner._time(task, [("baseline", lambda *a: None)], report, [(0, task.cases[0], False), (1, task.cases[1], False)],
-                 types.SimpleNamespace(name="cpu"), roofline=False)
-    # The first case only: a burn-in, the tuners' choices forgotten, then A B A B (one kernel: A A).
-    assert calls == ["burn-in", "forget", "time", "time", "time", "time"]
-    assert [c.timing.timing_passes for c in report.runs[0].cases] == [1, 1]
-
-
 def test_a_zero_median_gives_a_spread_instead_of_a_crash():
-    from harness.runner import _merge_pair
-
-    assert _merge_pair(Timing(0.0, 0, 0, 1), Timing(0.0, 0, 0, 1)).repeat_spread == 0.0
-    assert _merge_pair(Timing(0.0, 0, 0, 1), Timing(2.0, 0, 0, 1)).repeat_spread == float("inf")
+    assert merge_pair(Timing(0.0, 0, 0, 1), Timing(0.0, 0, 0, 1)).repeat_spread == 0.0
+    assert merge_pair(Timing(0.0, 0, 0, 1), Timing(2.0, 0, 0, 1)).repeat_spread == float("inf")
 
 
-def test_time_again_sends_one_timing_job_of_the_two_kernels_without_checks():
-    from harness.run import RunOptions, time_again
+def test_time_again_is_nothing_to_do_where_nothing_is_timed(judge):
+    from harness.run import time_again
 
-    class StubWorker:
-        def submit(self, job, timeout):
-            self.job = job
-            runs = [KernelRun(role=k["role"], source=k["path"], cases=[
-                CaseResult(case={"n": 1}, label="n=1", timing=Timing(us, us, us, 10, 0.0))])
-                for k, us in zip(job["kernels"], (20.0, 10.0))]
-            return {"ok": True, "report": RunReport(task="t", backend="cuda", device="H200", runs=runs).to_dict()}
-
-    worker = StubWorker()
-    report = time_again({"path": "task.py"}, RunOptions(backend="cuda"), "parent.py", "pick.py", "entry", worker)
-    assert worker.job["check"] is False and worker.job["time"] is True
-    assert [(k["role"], k["path"]) for k in worker.job["kernels"]] == [("baseline", "parent.py"), ("candidate", "pick.py")]
-    assert report.run("candidate").correct and report.speedups() == {"n=1": pytest.approx(2.0)}
-    assert time_again({"path": "task.py"}, RunOptions(backend="cuda", time=False), "a", "b", "e", worker) is None
+    assert time_again(TASK, RunOptions(backend="cuda", time=False), "a", "b", "e", judge) is None
+    assert time_again(TASK, RunOptions(backend="interpreter"), "a", "b", "e", judge) is None

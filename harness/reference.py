@@ -1,0 +1,341 @@
+"""The judge's hands: a worker that loads only the user's task, makes the inputs, computes the expected
+outputs and compares what kernel workers hand back. No kernel under judgement is ever imported here.
+
+Inputs are made here from seeds the judge chose, so a kernel can neither predict them nor change how
+they are made (torch's default dtype, say); a copy of each set is handed to each kernel worker, never
+the set itself. Expected outputs come from the task's reference, in float64 where the inputs are
+lower-precision floats; their dtype, shape and device are the reference's at the inputs' own dtypes
+(a run on meta tensors, else a plain run), and the tolerance follows that dtype, not the kernel's.
+Without a reference, the expected outputs are those of the task's own kernel, run by the judge in a
+worker of its own and registered here (`expect`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import exchange
+from harness.errors import UserFacingError
+from harness.host import POISON_A, POISON_B, fill_poison, outputs_of
+
+__all__ = ["Expected", "ReferenceHost", "TaskInfo"]
+
+
+@dataclass
+class TaskInfo:
+    """What the judge needs to know of a task, as plain data."""
+
+    name: str
+    path: str
+    entry: str  # the launch wrapper's name (candidates define one of the same name)
+    source_file: str
+    cases: list[dict[str, Any]]  # listed cases, then held-out ones, then those generated for this seed
+    labels: list[str]
+    timed: int  # cases[:timed] are timed; the rest are checked only
+    generated: int  # the last `generated` cases were generated for this seed
+    exempt: list[int]
+    allow_torch: list[str]
+    has_reference: bool
+    warm_cache: bool
+    family: str
+    files: list[str]  # the task's own files: hashed by the judge around every job
+    bytes: list[float | None] = field(default_factory=list)  # per timed case
+    flops: list[float | None] = field(default_factory=list)
+    seed: int = 0
+
+
+@dataclass
+class Expected:
+    """One output the reference (or the task's own kernel) produced for an input set."""
+
+    dtype: str
+    shape: list[int]
+    device: str
+    atol: float
+    rtol: float
+
+
+class ReferenceHost:
+    def __init__(self, device: str, directory: Path) -> None:
+        self.device = device
+        self.directory = directory
+        self.task: Any = None
+        self.info: TaskInfo | None = None
+        self.sets: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.expected: dict[str, list[Any]] = {}
+        self.meta: dict[int, list[Expected]] = {}  # per case
+        self.arenas: dict[str, exchange.Arena] = {}
+
+    # --- the task --------------------------------------------------------------------------
+
+    def load(self, spec: dict[str, Any], seed: int, generated: int) -> dict[str, Any]:
+        from harness.task import load_job_task, task_files
+
+        if self.task is None:
+            self.task = load_job_task(spec)
+        task = self.task
+        generated_cases = task.generated_cases(random.Random(seed), generated)
+        cases = list(task.cases) + list(task.heldout) + generated_cases
+        self.sets.clear()
+        self.expected.clear()
+        self.meta.clear()
+        self.info = TaskInfo(
+            name=task.name, path=task.path, entry=getattr(task.entry, "__name__", "entry"),
+            source_file=task.source_file, cases=[_plain(c) for c in cases],
+            labels=[task.case_label(c) for c in cases], timed=len(task.cases), generated=len(generated_cases),
+            exempt=list(task.outputs), allow_torch=list(task.allow_torch), has_reference=task.reference is not None,
+            warm_cache=task.warm_cache, family=task.family, files=task_files(task),
+            bytes=[_maybe(task.bytes, c) for c in task.cases], flops=[_maybe(task.flops, c) for c in task.cases],
+            seed=seed)
+        self._cases = cases
+        return asdict(self.info)
+
+    # --- inputs ----------------------------------------------------------------------------
+
+    def make(self, key: str, case: int, seed: int, expected: bool) -> dict[str, Any]:
+        """Input set `key` for case `case` from `seed`, with the expected outputs when asked and the
+        task has a reference. Returns its size and the expected outputs' description."""
+        import torch
+
+        if key in self.sets:  # made before without its expected outputs: the same set, now with them
+            args, kwargs = self.sets[key]
+        else:
+            torch.manual_seed(seed)
+            with torch.device(self.device):
+                args, kwargs = self.task.arguments(self._cases[case])
+            self.sets[key] = (tuple(args), dict(kwargs))
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors((args, kwargs)))
+        answer: dict[str, Any] = {"bytes": nbytes, "compute_dtype": _compute_dtype(args)}
+        if expected and self.task.reference is not None:
+            self.expected[key] = self._reference(args, kwargs)
+            answer["expected"] = [asdict(e) for e in self._meta(case, args, kwargs)]
+        return answer
+
+    def share(self, keys: list[str], worker: str, directory: str) -> dict[str, Any]:
+        """Copies of input sets for one kernel worker: in its own device arena, or files in its directory."""
+        if exchange.device_kind(self.device) == "cuda":
+            arena = self.arenas.setdefault(worker, exchange.Arena(self.device))
+            arena.rewind()
+            put = arena.put
+        else:
+            put = lambda t: exchange.write_file(t, Path(directory))  # noqa: E731
+        out = []
+        for key in keys:
+            args, kwargs = self.sets[key]
+            out.append({"args": exchange.encode(args, put, "input"), "kwargs": exchange.encode(kwargs, put, "keyword")})
+        if exchange.device_kind(self.device) == "cuda":
+            import torch
+
+            torch.cuda.synchronize()  # the copies are in the arena before the worker opens it
+        return {"sets": out}
+
+    def release(self, keys: list[str] | None = None, worker: str | None = None) -> dict[str, Any]:
+        for key in keys if keys is not None else list(self.sets):
+            self.sets.pop(key, None)
+            self.expected.pop(key, None)
+        if worker is not None:
+            exchange.release_arenas(self.arenas, worker)
+        return {}
+
+    # --- expected outputs ------------------------------------------------------------------
+
+    def _reference(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The reference's outputs, in float64 where the inputs are lower-precision floats."""
+        import torch
+
+        def run(upcast: bool) -> list[Any]:
+            def widen(a: Any) -> Any:
+                if isinstance(a, torch.Tensor):
+                    return a.to(torch.float64) if upcast and a.dtype.is_floating_point else a.clone()
+                return a
+            call_args = tuple(widen(a) for a in args)
+            value = self.task.reference(*call_args, **{k: widen(v) for k, v in kwargs.items()})
+            return [o.detach().clone() for o in outputs_of(value, call_args, self.info.exempt)]  # type: ignore[union-attr]
+
+        try:
+            return run(upcast=True)
+        except Exception:  # noqa: BLE001 - references with dtype-specific code run as written
+            return run(upcast=False)
+
+    def _meta(self, case: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Expected]:
+        """The reference's outputs at the inputs' own dtypes: from meta tensors, else from a plain run."""
+        import torch
+
+        from harness.task import tolerance_for
+
+        if case in self.meta:
+            return self.meta[case]
+
+        def on(device: str | None) -> list[Any]:
+            def move(a: Any) -> Any:
+                if isinstance(a, torch.Tensor):
+                    return a.to("meta") if device == "meta" else a.clone()
+                return a
+            call_args = tuple(move(a) for a in args)
+            value = self.task.reference(*call_args, **{k: move(v) for k, v in kwargs.items()})
+            return outputs_of(value, call_args, self.info.exempt)  # type: ignore[union-attr]
+
+        try:
+            outs = on("meta")
+        except Exception:  # noqa: BLE001 - data-dependent references need real tensors
+            outs = on(None)
+        device = str(next((a.device for a in _tensors((args, kwargs))), self.device))
+        meta = []
+        for o in outs:
+            dtype = str(o.dtype).removeprefix("torch.")
+            tol = tolerance_for(self.task, dtype)
+            meta.append(Expected(dtype, list(o.shape), device if o.device.type == "meta" else str(o.device),
+                                 tol["atol"], tol["rtol"]))
+        self.meta[case] = meta
+        return meta
+
+    def expect(self, key: str, case: int, outputs: list[Any], directory: str) -> dict[str, Any]:
+        """Register the task's own kernel's outputs as the expected ones for `key` (a task without a
+        reference)."""
+        from harness.task import tolerance_for
+
+        tensors = exchange.load_all(outputs, Path(directory), self.device)
+        self.expected[key] = tensors
+        meta = [Expected(str(t.dtype).removeprefix("torch."), list(t.shape), str(t.device),
+                         **tolerance_for(self.task, str(t.dtype).removeprefix("torch."))) for t in tensors]
+        self.meta.setdefault(case, meta)
+        return {"expected": [asdict(m) for m in meta]}
+
+    # --- comparisons -----------------------------------------------------------------------
+
+    def compare(self, keys: list[str], calls: list[dict[str, Any]], directory: str, case: int) -> dict[str, Any]:
+        """Each call's outputs against the expected outputs of its input set (`keys[i]` for call i), and
+        its arguments afterwards against that set as it was made; the first two calls together give the
+        elements never written (poison A after call 1 and poison B after call 2)."""
+        meta = self.meta.get(case, [])
+        results = []
+        loaded: list[list[Any]] = []
+        for key, call in zip(keys, calls):
+            outs = exchange.load_all(call.get("outputs", []), Path(directory), self.device)
+            loaded.append(outs)
+            expected = self.expected.get(key)
+            checks = [_compare(o, expected[i], meta[i]) if expected is not None and i < len(expected) else None
+                      for i, o in enumerate(outs)]
+            mutated = self._mutated(key, call.get("inputs_after", {}), Path(directory))
+            results.append({"checks": checks, "mutated": mutated})
+        unwritten = []
+        if len(loaded) >= 2:
+            unwritten = [_unwritten(a, b) for a, b in zip(loaded[0], loaded[1])]
+        return {"calls": results, "unwritten": unwritten}
+
+    def _mutated(self, key: str, after: dict[str, Any], directory: Path) -> list[str]:
+        import torch
+
+        args, kwargs = self.sets[key]
+        labels = list(after)
+        tensors = exchange.load_all([after[k] for k in labels], directory, self.device)
+        before = {f"args[{i}]": a for i, a in enumerate(args)} | {f"kwargs[{k!r}]": v for k, v in kwargs.items()}
+        changed = []
+        for label, now in zip(labels, tensors):
+            was = before.get(label)
+            if not isinstance(was, torch.Tensor):
+                continue
+            if was.shape != now.shape or was.dtype != now.dtype or not _same(was, now):
+                changed.append(label)
+        return changed
+
+
+# --- comparison helpers ----------------------------------------------------------------------
+
+def _compare(out: Any, ref: Any, meta: Expected) -> dict[str, Any]:
+    """Errors of one output in float64; NaN and Inf must match in position."""
+    import torch
+
+    if tuple(out.shape) != tuple(ref.shape):
+        return {"shape_mismatch": [list(out.shape), list(ref.shape)]}
+    a = out.detach().to(torch.float64) if not out.dtype.is_complex else out.detach()
+    r = ref.detach().to(device=a.device, dtype=a.dtype)
+    nan_a, nan_r = torch.isnan(a), torch.isnan(r)
+    inf_a, inf_r = torch.isinf(a), torch.isinf(r)
+    nan_bad = nan_a ^ nan_r
+    inf_bad = (inf_a | inf_r) & ~(nan_a | nan_r) & (a != r)
+    finite = ~(nan_a | nan_r | inf_a | inf_r)
+    diff = torch.where(finite, (a - r).abs(), torch.zeros_like(a))
+    bad = finite & (diff > meta.atol + meta.rtol * r.abs())
+    rel = torch.where(finite & (r != 0), diff / r.abs().clamp_min(1e-30), torch.zeros_like(a))
+    any_bad = bad | nan_bad | inf_bad
+    first = [int(v) for v in torch.nonzero(any_bad)[0].tolist()] if bool(any_bad.any().item()) else None
+    return {"max_abs_err": float(diff.max().item()) if diff.numel() else 0.0,
+            "max_rel_err": float(rel.max().item()) if rel.numel() else 0.0,
+            "mismatched": int(bad.sum().item()), "nan_mismatch": int(nan_bad.sum().item()),
+            "inf_mismatch": int(inf_bad.sum().item()), "first_bad": first}
+
+
+def _unwritten(first: Any, second: Any) -> int:
+    """Elements that hold poison A after the call poisoned with A and poison B after the one with B."""
+    import torch
+
+    if first.shape != second.shape or first.dtype != second.dtype:
+        return 0
+    if first.dtype.is_floating_point:
+        return int((torch.isnan(first) & (second == POISON_B)).sum().item())
+    pa = torch.empty((), dtype=first.dtype, device=first.device)
+    pb = torch.empty((), dtype=second.dtype, device=second.device)
+    fill_poison(pa, POISON_A)
+    fill_poison(pb, POISON_B)
+    return int(((first == pa) & (second == pb)).sum().item())
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all().item())
+    return bool(torch.equal(a, b))
+
+
+def _tensors(value: Any) -> list[Any]:
+    """Every tensor in a value, in the order `exchange.encode` meets them, each object once."""
+    import torch
+
+    found: list[Any] = []
+    seen: set[int] = set()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            if id(v) not in seen:
+                seen.add(id(v))
+                found.append(v)
+        elif isinstance(v, (tuple, list)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    walk(value)
+    return found
+
+
+def _compute_dtype(args: tuple[Any, ...]) -> str:
+    import torch
+
+    floats = [a for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+    if not floats:
+        return "bf16"
+    biggest = max(floats, key=lambda a: a.numel())
+    return "fp32" if biggest.dtype in (torch.float32, torch.float64) else "bf16"
+
+
+def _plain(case: dict[str, Any]) -> dict[str, Any]:
+    """A case as JSON: dtypes and other objects by their printed name."""
+    return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v).replace("torch.", "")
+            for k, v in case.items()}
+
+
+def _maybe(fn: Any, case: dict[str, Any]) -> float | None:
+    if fn is None:
+        return None
+    try:
+        return float(fn(**case))
+    except Exception as exc:  # noqa: BLE001 - the task's own formula
+        raise UserFacingError(f"the task's bytes/flops formula fails on {case}: {type(exc).__name__}: {exc}",
+                              "fix bytes(**case) / flops(**case) in the task file") from exc

@@ -1,0 +1,371 @@
+"""What a kernel worker watches while it runs a kernel's calls: installed before the kernel's module is
+imported, read by the judge as raw observations (the worker decides nothing).
+
+- launches: every Triton launch through `JITFunction.run` / `InterpretedFunction.run` (so `kernel[grid]`,
+  autotuners and heuristics), with the stream it went to;
+- torch ops: a `TorchDispatchMode` sees every aten op the call runs, on the calling thread and on any
+  thread the kernel's code starts; ops beyond allocation, views, copies and metadata are a fallback
+  (the task's `allow_torch` extends the list). A copy of more than a few elements from the device to
+  the host is one too: the work would be done outside the kernel;
+- escapes: the Python-level ways to switch that mode off, each replaced by a tripwire that records its use;
+- global state: torch's default dtype and device, TF32 and reduced-precision flags, determinism flags,
+  random generators, Triton's hooks and the environment, snapshotted before the import and compared
+  after it and after every call;
+- integrity: the functions the timer, the launch counter and the guards rely on (torch's events and
+  synchronize, `do_bench`, `JITFunction.run`, this package's own functions), by identity and code
+  object, compared the same way. A kernel that replaces one is named, not trusted.
+
+A kernel that edits the interpreter's memory (ctypes) can defeat any of this in its own process; see
+the threat model in docs/harness.md for what the process split guarantees regardless.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CallLog", "Watch", "ALLOWED_OPS"]
+
+# aten ops a launch wrapper legitimately runs: allocation, views, copies, fills of fresh buffers,
+# metadata and scalars. Everything else computes.
+ALLOWED_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
+    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor", "arange", "tensor",
+    "fill", "fill_", "zero_", "lift_fresh", "lift_fresh_copy",
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "as_strided_", "permute", "transpose",
+    "transpose_", "t", "t_", "expand", "expand_as", "squeeze", "squeeze_", "unsqueeze", "unsqueeze_", "slice",
+    "select", "narrow", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "detach_", "view_as",
+    "view_as_real", "view_as_complex", "unflatten", "flatten", "movedim", "diagonal", "unfold", "real", "imag",
+    "copy_", "clone", "_to_copy", "to", "contiguous", "_copy_from", "_copy_from_and_resize", "resize_", "set_",
+    "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride",
+    "is_same_size", "is_nonzero", "_has_compatible_shallow_copy_type", "record_stream", "is_pinned",
+    "_pin_memory", "pin_memory", "_conj", "conj", "_neg_view", "resolve_conj", "resolve_neg",
+})
+# A device-to-host copy of more elements than this is work leaving the kernel (.item() and shapes are fine).
+HOST_COPY_LIMIT = 64
+
+
+def op_base(func: Any) -> str:
+    """`aten::_softmax` -> "_softmax" (the overload packet's name)."""
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", None) or str(func).split(".")[1] if "." in str(func) else str(func)
+
+
+def allowed_op(name: str, allow_torch: frozenset[str]) -> bool:
+    if name in ALLOWED_OPS:
+        return True
+    bare = name.strip("_").removesuffix("_")
+    return name in allow_torch or bare in allow_torch or any(bare in _ALIASES.get(a, ()) for a in allow_torch)
+
+
+# `allow_torch` names torch's Python API; these are the aten ops behind a few of them.
+_ALIASES = {
+    "matmul": {"mm", "bmm", "addmm", "baddbmm", "matmul", "mv", "dot"},
+    "softmax": {"softmax", "log_softmax"}, "max": {"max", "amax"}, "min": {"min", "amin"},
+    "sum": {"sum"}, "mean": {"mean"}, "cat": {"cat", "stack"}, "random": {"normal", "uniform", "randn", "rand",
+                                                                           "randint", "random", "bernoulli"},
+}
+
+
+@dataclass
+class CallLog:
+    """What one call of the entry did, as the worker saw it."""
+
+    launches: int = 0
+    kernels: list[str] = field(default_factory=list)
+    foreign_streams: list[str] = field(default_factory=list)
+    torch_ops: list[str] = field(default_factory=list)  # disallowed aten ops, in order of first use
+    host_copies: list[str] = field(default_factory=list)
+    escapes: list[str] = field(default_factory=list)  # guard switches used
+    threads: int = 0  # threads started
+    forks: int = 0
+
+
+class Watch:
+    """The worker's instruments, installed once, before any kernel module is imported."""
+
+    def __init__(self, allow_torch: tuple[str, ...] = (), device: str = "cpu") -> None:
+        import torch
+
+        self.allow = frozenset(allow_torch)
+        self.device = device
+        self.log: CallLog | None = None  # the call in progress
+        self._ours = threading.local()  # depth > 0 while this module switches its own modes on or off
+        self._lock = threading.Lock()
+        self.stream = torch.cuda.current_stream() if device == "cuda" else None
+        self._install_launch_counter()
+        self._install_escape_tripwires()
+        self._install_thread_and_fork_watch()
+        self.state = global_state()
+        self.integrity = integrity_snapshot()
+
+    # --- one call --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[CallLog]:
+        """The block is one call of the entry: every launch, op, thread and fork is logged."""
+        log = CallLog()
+        guard = self._guard()
+        with self._lock:
+            self.log = log
+        with self.ours():
+            guard.__enter__()
+        try:
+            yield log
+        finally:
+            with self.ours():
+                try:
+                    guard.__exit__(None, None, None)
+                except Exception:  # noqa: BLE001 - the kernel popped our mode: its stack is not ours to fix
+                    log.escapes.append("the dispatch mode stack was changed during the call")
+            with self._lock:
+                self.log = None
+
+    @contextlib.contextmanager
+    def ours(self) -> Iterator[None]:
+        """The block is this module switching its own modes: no tripwire fires for it (this thread only)."""
+        self._ours.depth = getattr(self._ours, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._ours.depth -= 1
+
+    def state_changes(self, baseline: dict[str, str] | None = None) -> list[str]:
+        """Global state that differs from the snapshot (or from `baseline`)."""
+        now = global_state()
+        before = baseline if baseline is not None else self.state
+        return [f"{k}: {before.get(k, '-')} -> {now.get(k, '-')}" for k in sorted(set(before) | set(now))
+                if before.get(k) != now.get(k)]
+
+    def tampering(self) -> list[str]:
+        now = integrity_snapshot()
+        return sorted(name for name, ident in self.integrity.items() if now.get(name) != ident)
+
+    # --- instruments -----------------------------------------------------------------------
+
+    def _guard(self) -> Any:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        watch = self
+
+        class FallbackGuard(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                watch._saw(func, args, kwargs or {}, out)
+                return out
+
+        return FallbackGuard()
+
+    def _saw(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        log = self.log
+        if log is None:
+            return
+        name = op_base(func)
+        if not allowed_op(name, self.allow):
+            label = f"aten::{name}"
+            if label not in log.torch_ops:
+                log.torch_ops.append(label)
+        elif name in ("_to_copy", "copy_", "to", "_copy_from") and self.device != "cpu":
+            self._host_copy(name, args, out, log)
+
+    def _host_copy(self, name: str, args: Any, out: Any, log: CallLog) -> None:
+        import torch
+
+        source = args[1] if name == "copy_" and len(args) > 1 else (args[0] if args else None)
+        target = args[0] if name == "copy_" else out
+        if isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor) \
+                and source.device.type != "cpu" and target.device.type == "cpu" and target.numel() > HOST_COPY_LIMIT:
+            log.host_copies.append(f"{target.numel()} elements copied to the host ({name})")
+
+    def _install_launch_counter(self) -> None:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        watch = self
+        for cls in (JITFunction, InterpretedFunction):
+            original = cls.run
+
+            def run(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                log = watch.log
+                if log is not None and not kwargs.get("warmup", False):
+                    name = getattr(getattr(self, "fn", None), "__name__", "kernel")
+                    log.launches += 1
+                    if name not in log.kernels:
+                        log.kernels.append(name)
+                    if watch.stream is not None:
+                        import torch
+
+                        if torch.cuda.current_stream() != watch.stream and name not in log.foreign_streams:
+                            log.foreign_streams.append(name)
+                return _original(self, *args, **kwargs)
+
+            run.__wrapped__ = original  # type: ignore[attr-defined]
+            cls.run = run
+
+    def _install_escape_tripwires(self) -> None:
+        """The Python switches that turn a dispatch mode off record their use during a call."""
+        import torch
+        import torch.utils._python_dispatch as python_dispatch
+
+        watch = self
+
+        def tripwire(owner: Any, name: str) -> None:
+            original = getattr(owner, name, None)
+            if original is None:
+                return
+
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                log = watch.log
+                if log is not None and not getattr(watch._ours, "depth", 0) and name not in log.escapes:
+                    log.escapes.append(name)
+                return original(*args, **kwargs)
+
+            wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+            setattr(owner, name, wrapper)
+
+        for name in ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode"):
+            tripwire(python_dispatch, name)
+        for name in ("_DisableTorchDispatch", "_pop_torch_dispatch_stack", "_unset_dispatch_mode",
+                     "_set_dispatch_mode", "DisableTorchFunction", "DisableTorchFunctionSubclass",
+                     "_pop_torch_function_stack"):
+            tripwire(torch._C, name)
+
+    def _install_thread_and_fork_watch(self) -> None:
+        """A thread the kernel starts runs under the same fallback guard; a fork is counted."""
+        watch = self
+        for name in ("_start_new_thread", "_start_joinable_thread"):
+            original = getattr(threading, name, None)
+            if original is None:
+                continue
+
+            def start(function: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                log = watch.log
+                if log is not None:
+                    log.threads += 1
+                guard = watch._guard()
+
+                def guarded(*a: Any, **k: Any) -> Any:
+                    with watch.ours():
+                        guard.__enter__()
+                    try:
+                        return function(*a, **k)
+                    finally:
+                        with watch.ours():
+                            guard.__exit__(None, None, None)
+
+                return _original(guarded, *args, **kwargs)
+
+            start.__wrapped__ = original  # type: ignore[attr-defined]
+            setattr(threading, name, start)
+
+        def forked() -> None:
+            log = watch.log
+            if log is not None:
+                log.forks += 1
+
+        os.register_at_fork(before=forked)
+
+
+# --- snapshots -------------------------------------------------------------------------------
+
+def global_state() -> dict[str, str]:
+    """torch's and Triton's process-wide settings a kernel could change to be judged more kindly."""
+    import torch
+
+    state: dict[str, Any] = {
+        "torch default dtype": torch.get_default_dtype(),
+        "torch float32 matmul precision": torch.get_float32_matmul_precision(),
+        "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "torch.backends.cudnn.enabled": torch.backends.cudnn.enabled,
+        "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "torch deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "torch grad mode": torch.is_grad_enabled(),
+        "torch cpu random state": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:12],
+    }
+    for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        state[f"torch.backends.cuda.matmul.{flag}"] = getattr(torch.backends.cuda.matmul, flag, None)
+    if hasattr(torch, "get_default_device"):
+        state["torch default device"] = torch.get_default_device()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch cuda random state"] = hashlib.sha1(torch.cuda.get_rng_state().numpy().tobytes()).hexdigest()[:12]
+        state["torch cuda device"] = torch.cuda.current_device()
+    try:
+        from triton import knobs
+
+        for group, names in (("runtime", ("jit_cache_hook", "jit_post_compile_hook", "launch_enter_hook",
+                                          "launch_exit_hook")), ("language", ("fp32_default",))):
+            for name in names:
+                state[f"triton.knobs.{group}.{name}"] = _identity(getattr(getattr(knobs, group), name, None))
+    except ImportError:  # a triton without knobs
+        pass
+    for key, value in os.environ.items():
+        if key.startswith(_WATCHED_ENVIRONMENT) and not key.startswith("TORCHINDUCTOR_"):
+            state[f"environment {key}"] = value
+    return {k: str(v) for k, v in state.items()}
+
+
+# Environment that changes numerics or launches (NVIDIA_TF32_OVERRIDE, TRITON_F32_DEFAULT,
+# CUDA_LAUNCH_BLOCKING, ...). Libraries set others lazily (torch's inductor cache directory, say).
+_WATCHED_ENVIRONMENT = ("TRITON_", "CUDA_", "NVIDIA_", "CUBLAS", "PYTORCH_", "TORCH_", "MLIR_", "LLVM_")
+
+
+def _identity(value: Any) -> str:
+    return "None" if value is None else (repr(value) if isinstance(value, (str, int, float, bool))
+                                         else f"{type(value).__name__}@{id(value):x}")
+
+
+def _critical() -> list[tuple[str, Any, str]]:
+    """(label, owner, attribute) of what the worker's measurements rely on."""
+    import torch
+    import triton.testing
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    spots = [("torch.cuda.synchronize", torch.cuda, "synchronize"), ("torch.cuda.Event", torch.cuda, "Event"),
+             ("torch.cuda.current_stream", torch.cuda, "current_stream"), ("torch.cuda.Stream", torch.cuda, "Stream"),
+             ("triton.testing.do_bench", triton.testing, "do_bench"), ("JITFunction.run", JITFunction, "run"),
+             ("InterpretedFunction.run", InterpretedFunction, "run"), ("Autotuner.run", Autotuner, "run"),
+             ("torch.empty", torch, "empty"), ("torch.empty_like", torch, "empty_like"),
+             ("torch.empty_strided", torch, "empty_strided"), ("torch.Tensor.new_empty", torch.Tensor, "new_empty"),
+             ("torch.Tensor.data_ptr", torch.Tensor, "data_ptr"), ("torch.Tensor.clone", torch.Tensor, "clone"),
+             ("torch.Tensor.copy_", torch.Tensor, "copy_"), ("torch.as_strided", torch, "as_strided"),
+             ("time.perf_counter", sys.modules["time"], "perf_counter"), ("os.fork", os, "fork")]
+    for name in ("record", "elapsed_time", "synchronize", "query"):
+        spots.append((f"torch.cuda.Event.{name}", torch.cuda.Event, name))
+    for label in ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode"):
+        spots.append((f"torch.utils._python_dispatch.{label}", sys.modules["torch.utils._python_dispatch"], label))
+    for name in ("__enter__", "__exit__"):
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        spots.append((f"TorchDispatchMode.{name}", TorchDispatchMode, name))
+        spots.append((f"TorchFunctionMode.{name}", TorchFunctionMode, name))
+    for module_name, module in list(sys.modules.items()):
+        if module_name == "harness" or module_name.startswith("harness."):
+            for attr, value in list(vars(module).items()):
+                if callable(value) and getattr(value, "__module__", "") == module_name:
+                    spots.append((f"{module_name}.{attr}", module, attr))
+                    for inner, member in list(vars(value).items()) if isinstance(value, type) else []:
+                        if callable(member):
+                            spots.append((f"{module_name}.{attr}.{inner}", value, inner))
+            spots.append((f"sys.modules[{module_name!r}]", sys.modules, module_name))
+    return spots
+
+
+def integrity_snapshot() -> dict[str, str]:
+    """Identity (and code object, for Python functions) of every critical function."""
+    out: dict[str, str] = {}
+    for label, owner, attr in _critical():
+        value = owner.get(attr) if isinstance(owner, dict) else getattr(owner, attr, None)
+        code = getattr(value, "__code__", None)
+        out[label] = f"{id(value):x}:{id(code):x}" if code is not None else f"{id(value):x}"
+    return out

@@ -1,0 +1,121 @@
+"""From what a kernel worker reported to a verdict: the judge's reasons to reject, one line each.
+
+Everything here is plain data in, plain text out: the worker's observations (harness.host), the
+expected outputs' description (harness.reference) and the comparison counts. The first reason found
+rejects the kernel; values outside tolerance are not a reason here but counts on the case's checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["call_reason", "import_reason", "output_reason", "overlap_reason", "timed_reason", "CALLS"]
+
+# How each call of a check is named in a reason (harness.host's module docstring says what each does).
+CALLS = ("", "on its second call", "on its third call (the same argument buffers, new values written in them)")
+
+
+def _log_reason(log: dict[str, Any], allow_state: set[str], state: list[str], tampered: list[str]) -> str | None:
+    if tampered:
+        return f"the kernel replaced {', '.join(tampered[:3])}: the harness's timer, launch counter or guards"
+    if log.get("escapes"):
+        return f"the kernel switched the runtime torch guard off ({log['escapes'][0]})"
+    if log.get("torch_ops"):
+        return f"torch fallback at runtime: {', '.join(log['torch_ops'][:3])}"
+    if log.get("host_copies"):
+        return f"torch fallback at runtime: {log['host_copies'][0]}, work done outside the kernel"
+    changed = [c for c in state if c.split(":")[0] not in allow_state]
+    if changed:
+        return f"the kernel changed process-wide state: {'; '.join(changed[:3])}"
+    return None
+
+
+def call_reason(record: dict[str, Any], index: int, allow_state: set[str]) -> str | None:
+    """Why one call of a check cannot be trusted, from what the worker saw during it."""
+    log = record.get("log") or {}
+    where = f" {CALLS[index]}" if index < len(CALLS) and CALLS[index] else ""
+    reason = _log_reason(log, allow_state, record.get("state", []), record.get("tampered", []))
+    if reason:
+        return reason + where
+    if log.get("forks"):
+        return f"the kernel forked a process{where}"
+    if not log.get("launches"):
+        return f"no Triton kernel was launched{where}: the result came from torch or a cache, not the kernel"
+    if log.get("foreign_streams"):
+        return f"{log['foreign_streams'][0]} was launched on a side stream the timer does not see"
+    return None
+
+
+def import_reason(load: dict[str, Any], allowed_changes: set[str]) -> str | None:
+    """What importing the kernel did that the task's own kernel's import did not."""
+    if load.get("import_tampering"):
+        return f"importing the kernel replaced {', '.join(load['import_tampering'][:3])}"
+    changed = [c for c in load.get("import_changes", []) if c not in allowed_changes]
+    if changed:
+        return f"importing the kernel changed process-wide state: {'; '.join(changed[:3])}"
+    return None
+
+
+def output_reason(refs: list[dict[str, Any]], expected: list[dict[str, Any]] | None, has_exempt: bool) -> str | None:
+    """Count, dtype, shape and device of a call's outputs against the expected ones."""
+    if not refs:
+        return ("the entry returned no tensor: return the output(s), or declare `outputs` in the task"
+                if not has_exempt else "the call produced no output")
+    if expected is None:
+        return None
+    if len(refs) != len(expected):
+        return f"the kernel returned {len(refs)} output(s), the reference {len(expected)}"
+    for i, (ref, exp) in enumerate(zip(refs, expected)):
+        if ref["dtype"] != exp["dtype"]:
+            return f"output {i} is {ref['dtype']}, the reference's {exp['dtype']}"
+        if list(ref["shape"]) != list(exp["shape"]):
+            return f"output {i} has shape {tuple(ref['shape'])}, the reference {tuple(exp['shape'])}"
+        if _device_type(ref["device"]) != _device_type(exp["device"]):
+            return f"output {i} is on {ref['device']}, the reference's on {exp['device']}"
+    return None
+
+
+def overlap_reason(record: dict[str, Any]) -> str | None:
+    """An output sharing memory with an input, or with an output of an earlier call still alive."""
+    exempt = int(record.get("exempt_outputs", 0))
+    outputs = record.get("output_spans", [])[exempt:]
+    for i, out in enumerate(outputs, start=exempt):
+        for j, arg in enumerate(record.get("input_spans", [])):
+            if arg is not None and arg[1] and out[1] and _overlaps(out, arg):
+                return f"output {i} aliases input argument {j} (shares its memory): write results to a new tensor"
+        for earlier in record.get("earlier_spans", []):
+            if out[1] and _overlaps(out, earlier):
+                return (f"output {i} is the buffer an earlier call returned (a cached result): "
+                        "allocate each call's output afresh")
+    return None
+
+
+def timed_reason(answer: dict[str, Any], wall_s: float, allow_state: set[str]) -> str | None:
+    """Why a timing job's figures cannot be trusted."""
+    log = answer.get("log") or {}
+    reason = _log_reason(log, allow_state, answer.get("state", []), answer.get("tampered", []))
+    if reason:
+        return reason + " while being timed"
+    if answer.get("no_launch"):
+        return (f"{answer['no_launch']} of {answer['calls']} timed calls launched no Triton kernel "
+                "(a cached result, or work done elsewhere)")
+    if answer.get("other_kernels"):
+        return (f"{answer['other_kernels']} of {answer['calls']} timed calls launched none of the kernels its checked "
+                "calls launched (a stand-in kernel while timed)")
+    if log.get("foreign_streams"):
+        return f"{log['foreign_streams'][0]} was launched on a side stream the timer does not see"
+    if not answer.get("probed"):
+        return "the timing job did not run its probe call"
+    measured_s = sum(answer.get("samples_ms", [])) / 1000.0
+    if measured_s > wall_s * 1.05 + 0.05:
+        return (f"its timings add up to {measured_s:.2f} s in a job that took {wall_s:.2f} s of wall time: "
+                "the timer was tampered with")
+    return None
+
+
+def _overlaps(a: list[int], b: list[int]) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def _device_type(device: str) -> str:
+    return str(device).split(":")[0]
