@@ -43,6 +43,8 @@ def backend_env(name: str) -> dict[str, str]:
     """Environment a worker for this backend starts with (read by triton at import/decoration)."""
     if name == "interpreter":
         return {"TRITON_INTERPRET": "1"}
+    if name == "cuda":
+        return {"TRITON_INTERPRET": "0"}  # a caller's TRITON_INTERPRET=1 must not turn device kernels into Python
     if name == "npu":
         # triton-ascend writes kernel.ttir.mlir / kernel.ttadapter.mlir / kernel.mlir with it, under
         # TRITON_DUMP_DIR; a fresh one per worker keeps each job's dumps apart (harness.npu).

@@ -440,8 +440,33 @@ def device_kind(device: Any) -> str:
     return str(device).split(":")[0]
 
 
+_IPC: list[bool] = []
+
+
+def ipc_available() -> bool:
+    """Whether this process can export device memory by IPC handle (not under every sandbox: gVisor's
+    GPU proxy, say). Without it CUDA tensors travel as files, through the host: slower, never wrong."""
+    if not _IPC:
+        try:
+            driver = _driver()
+            ptr = driver.alloc(1 << 20)
+            try:
+                driver.handle_of(ptr)
+                _IPC.append(True)
+            finally:
+                driver.free(ptr)
+        except ExchangeError:
+            _IPC.append(False)
+    return _IPC[0]
+
+
 def sender_for(device: Any, directory: Path) -> Any:
     """How this process hands over its own tensors (outputs): in place on CUDA, else as files."""
-    if device_kind(device) == "cuda":
-        return share_cuda
+    if device_kind(device) == "cuda" and ipc_available():
+        def share(t: Any) -> dict[str, Any]:
+            try:
+                return share_cuda(t)
+            except ExchangeError:  # memory the driver cannot export (torch's expandable segments): a file
+                return write_file(t, directory)
+        return share
     return lambda t: write_file(t, directory)

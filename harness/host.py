@@ -69,6 +69,10 @@ class KernelHost:
         `attr`: entry | eager | reference, `compiled`). The watch goes in first, so whatever the import
         changes is seen."""
         if self.watch is None:
+            if request.get("cache_dir"):  # a Triton cache of this source's own; read when it first compiles
+                import os
+
+                os.environ["TRITON_CACHE_DIR"] = str(request["cache_dir"])
             self.watch = Watch(tuple(request.get("allow_torch", ())), exchange.device_kind(self.device))
         name = str(request["name"])
         before = self.watch.state
@@ -122,6 +126,8 @@ class KernelHost:
         out_spans: list[list[list[int]]] = []
         calls: list[dict[str, Any]] = []
         tuners = autotuners(entry)
+        args: tuple[Any, ...] = ()
+        kwargs: dict[str, Any] = {}
         with pinned(tuners, pin) as label:
             for step, poison in enumerate((POISON_A, POISON_B, None)):
                 if step < 2:
@@ -129,13 +135,11 @@ class KernelHost:
                     for i in exempt:
                         if i < len(args) and isinstance(args[i], torch.Tensor):
                             fill_poison(args[i], poison)  # type: ignore[arg-type]
-                else:  # call 2's own tensors, set B's values written in place
-                    args, kwargs = calls_args
+                else:  # call 2's own tensors (still in args, kwargs), set B's values written in place
                     _write_in_place(args, args_b, exempt)
                     _write_in_place(tuple(kwargs.values()), tuple(kwargs_b.values()), [])
                 record = self._call(entry, args, kwargs, poison, exempt, out_spans)
                 calls.append(record)
-                calls_args = (args, kwargs)
                 if record["error"]:
                     break
         return {"calls": calls, "config": label}

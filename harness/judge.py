@@ -6,64 +6,28 @@
       └── one kernel worker per kernel source          a candidate, or a parent in the optimize loop
 
 Kernel workers report raw observations (harness.host); every verdict is taken here (harness.verdicts)
-or compared there (harness.reference). A worker hosts one kernel source for its life, so nothing one
-candidate's import does can reach the next; workers start ahead of need (harness.pool).
-
-Each `begin` draws the run's seed (os.urandom unless given, recorded in the report so a failure
-replays): the input sets and the held-out cases generated from the task's ranges follow from it, so a
-kernel cannot be right only for inputs it could read in the task file. Around every job the task's
-files and every hosted kernel's file are hashed; a change is rejected and undone. After every job a
-kernel worker's process tree is listed; a process still alive there outlived the call.
+or compared there (harness.reference). How the workers are hosted and fed, the run's seed, the
+protected files: harness.session.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import random
-import threading
 import time
-from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness import guards, verdicts
 from harness.errors import UserFacingError
-from harness.exchange import exchange_root
 from harness.measurement import CaseCheck, CaseResult, KernelRun, Timing
-from harness.pool import SparePool
-from harness.reference import TaskInfo
-from harness.sandbox import Worker
-from harness.timing import REP_MS, WARMUP_MS, rotation_count, timing_of
+from harness.session import Hosted, KernelSpec, KernelUnusable, Session, WorkerFailed
+from harness.timing import REP_MS, WARMUP_MS, interleaved_timings, rotation_count, timing_of
 
-__all__ = ["Checked", "Judge", "KernelSpec", "TimedCases", "interleaved_timings", "merge_pair"]
+__all__ = ["Checked", "Judge", "KernelSpec", "TimedCases", "check_in_parallel"]
 
 TUNER_SKIPS = {"OutOfResources", "CompileTimeAssertionFailure", "PTXASError"}
 BURN_IN_S = 0.5
-# A case whose two timings of some kernel disagree by more than this is timed again (ABAB again, after
-# a burn-in), up to MAX_TIMING_PASSES passes, keeping the steadiest pass. On the H200 the end-of-run
-# measurement of matmul once read 0.32x for a tile the round had timed at 1.11x on 512^3, its two
-# timings 71% apart, while the other GPU's job ran on the same host.
-RETIME_SPREAD = 0.10
-MAX_TIMING_PASSES = 3
 STAND_INS = ("eager", "compiled")
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """A kernel to judge. `file` None: the task's own code (the user's, trusted), or with `stand_in`
-    ("eager" | "compiled") its PyTorch version, timed only."""
-
-    role: str
-    file: str | None = None
-    entry: str | None = None
-    stand_in: str | None = None
-
-    @property
-    def trusted(self) -> bool:
-        return self.file is None
 
 
 @dataclass
@@ -83,226 +47,15 @@ class TimedCases:
     failure: str | None = None
 
 
-@dataclass
-class _Hosted:
-    worker: Worker
-    name: str
-    load: dict[str, Any]
-    spec: KernelSpec
-
-
 class _Rejected(Exception):
     def __init__(self, role: str, reason: str) -> None:
         super().__init__(reason)
         self.role, self.reason = role, reason
 
 
-class Judge:
-    """One task's judging session. `begin` starts a run (a seed, the cases); `check` and `time` judge
-    kernels in it; `end` frees its inputs. Workers outlive runs: the reference and the task's own
-    kernel for the session, a kernel file's worker until `retire`."""
-
-    def __init__(self, spec: dict[str, Any], backend: str, *, timeout_s: float = 300.0, spares: int = 0) -> None:
-        self.spec = spec
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self.root = exchange_root()
-        self._lock = threading.RLock()  # one request at a time to the reference worker
-        self._hosting = threading.RLock()  # the maps of hosted kernels and protected files
-        self._reference = self._new_worker("reference")
-        self._trusted: Worker | None = None
-        self._trusted_loaded: dict[str, _Hosted] = {}
-        self._hosted: dict[tuple[str, str, str], _Hosted] = {}
-        self._pool = SparePool(lambda: self._new_worker(None), spares)
-        self._protected: dict[str, bytes] = {}
-        self._made: dict[str, dict[str, Any]] = {}
-        self._staged: dict[str, set[str]] = {}  # per worker token: the input sets it holds
-        self._ceilings: dict[str, Any] | None = None
-        self._trusted_import: set[str] | None = None
-        self._kernels_seen: dict[tuple[str, int], set[str]] = {}  # (worker, case) -> kernels its checks launched
-        self._loading: dict[tuple[str, str, str], threading.Lock] = {}
-        self._busy: dict[str, threading.RLock] = {}  # per worker: one check at a time (its answers are live)
-        self.info: TaskInfo | None = None
-        self.device = "?"
-        self._rng = random.Random()
-
-    def __enter__(self) -> "Judge":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    # --- workers ---------------------------------------------------------------------------
-
-    def _new_worker(self, name: str | None) -> Worker:
-        directory = Path(os.path.join(self.root, name or f"w{os.urandom(4).hex()}"))
-        return Worker(self.backend, directory=directory, restart=False)
-
-    def _ask(self, worker: Worker, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """A request's answer; a worker failure raises `_WorkerFailed`, bad input `UserFacingError`."""
-        answer = worker.submit(request, timeout or self.timeout_s)
-        if answer.get("ok"):
-            return answer["answer"]
-        if "user_error" in answer:
-            raise UserFacingError(answer["user_error"], answer.get("fix", ""))
-        raise _WorkerFailed(answer.get("failure", "the worker failed"), bool(answer.get("forged")))
-
-    def _ref(self, op: str, **fields: Any) -> dict[str, Any]:
-        with self._lock:
-            try:
-                return self._ask(self._reference, {"op": op, **fields})
-            except _WorkerFailed as exc:
-                raise UserFacingError(f"the judge's reference worker failed ({op}): {exc}",
-                                      "check the task's inputs and reference (kb run TASK shows them)") from None
-
-    def _host(self, kernel: KernelSpec) -> _Hosted:
-        """The worker hosting `kernel`, started and loaded on first use."""
-        assert self.info is not None
-        if kernel.trusted:
-            name = kernel.stand_in or "entry"
-            if name not in self._trusted_loaded:
-                if self._trusted is None or not self._trusted.alive:
-                    self._trusted, self._trusted_loaded = self._pool.take(), {}
-                load = self._ask(self._trusted, {"op": "load", "name": name, "task": self.spec, "trusted": True,
-                                                 "attr": "entry" if name == "entry" else "eager",
-                                                 "compiled": name == "compiled", "allow_torch": self.info.allow_torch})
-                self._trusted_loaded[name] = _Hosted(self._trusted, name, load, kernel)
-                if name == "entry":
-                    self._trusted_import = set(load.get("import_changes", []))
-            return self._trusted_loaded[name]
-        file = str(Path(kernel.file).resolve())  # type: ignore[arg-type]
-        entry = kernel.entry or self.info.entry
-        key = (hashlib.sha256(Path(file).read_bytes()).hexdigest(), entry, str(Path(file).parent))
-        with self._hosting:
-            loading = self._loading.setdefault(key, threading.Lock())
-        with loading:  # one load per source, however many threads ask for it at once
-            return self._host_file(kernel, file, entry, key)
-
-    def _host_file(self, kernel: KernelSpec, file: str, entry: str, key: tuple[str, str, str]) -> _Hosted:
-        assert self.info is not None
-        with self._hosting:
-            hosted = self._hosted.get(key)
-        if hosted is not None and hosted.worker.alive:
-            return replace(hosted, spec=kernel)
-        self._protect([file])
-        worker = self._pool.take()
-        cache = _candidate_cache(key[0])
-        try:
-            load = self._ask(worker, {"op": "load", "name": "entry", "file": file, "entry": entry,
-                                      "allow_torch": self.info.allow_torch, "cache_dir": str(cache)})
-        except UserFacingError as exc:
-            worker.close()
-            raise _KernelUnusable(exc.problem) from None
-        except _WorkerFailed as exc:
-            worker.close()
-            raise _KernelUnusable(str(exc)) from None
-        hosted = _Hosted(worker, "entry", load, kernel)
-        with self._hosting:
-            self._hosted[key] = hosted
-        return hosted
-
-    def retire(self, keep: Sequence[str] = ()) -> None:
-        """Close kernel workers, but those hosting one of the files in `keep` (by content)."""
-        kept = {hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in keep if Path(f).is_file()}
-        for key, hosted in list(self._hosted.items()):
-            if key[0] not in kept:
-                self._close_hosted(key, hosted)
-
-    def _close_hosted(self, key: tuple[str, str, str], hosted: _Hosted) -> None:
-        self._hosted.pop(key, None)
-        self._staged.pop(hosted.worker.token, None)
-        hosted.worker.close()  # first: its arena must not go back to the driver while it may map it
-        with self._lock:
-            try:
-                self._ask(self._reference, {"op": "release", "worker": hosted.worker.token, "keys": []})
-            except (_WorkerFailed, UserFacingError):
-                pass
-
-    def close(self) -> None:
-        for key, hosted in list(self._hosted.items()):
-            self._close_hosted(key, hosted)
-        for worker in (self._trusted, self._reference):
-            if worker is not None:
-                worker.close()
-        self._pool.close()
-        import shutil
-
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    # --- runs ------------------------------------------------------------------------------
-
-    def begin(self, seed: int | None = None, generated: int = 2) -> TaskInfo:
-        """A new run: its seed, and the task's cases for it (listed, held out, generated)."""
-        seed = seed if seed is not None else int.from_bytes(os.urandom(6), "big")
-        answer = self._ref("task", spec=self.spec, seed=seed, generated=generated)
-        self.device = answer.pop("device", self.device)
-        self.info = TaskInfo(**answer)
-        self._rng = random.Random(seed)
-        self._made = {}
-        self._protect(self.info.files)
-        return self.info
-
-    def end(self) -> None:
-        """Free the run's input sets (in the reference and in every worker that staged them)."""
-        if self.info is None:
-            return
-        with self._lock:
-            try:
-                self._ask(self._reference, {"op": "release"})
-            except _WorkerFailed:
-                pass
-        for hosted in [*self._hosted.values(), *self._trusted_loaded.values()]:
-            keys = self._staged.pop(hosted.worker.token, set())
-            if keys and hosted.worker.alive:
-                try:
-                    self._ask(hosted.worker, {"op": "unstage", "keys": sorted(keys)})
-                except (_WorkerFailed, UserFacingError):
-                    pass
-        self._made = {}
-
-    # --- input sets ------------------------------------------------------------------------
-
-    def _set(self, case: int, index: int, kind: str = "s", expected: bool = True) -> tuple[str, dict[str, Any]]:
-        """Input set `index` of `case` in this run (made once), with its expected outputs when asked."""
-        assert self.info is not None
-        key = f"{self.info.seed}:{kind}{case}:{index}"
-        with self._lock:
-            made = self._made.get(key)
-            seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")
-            if made is None or (expected and "expected" not in made and self.info.has_reference):
-                made = self._ref("make", key=key, case=case, seed=seed, expected=expected)
-                self._made[key] = made
-            if expected and "expected" not in made and not self.info.has_reference:
-                made["expected"] = self._expect_from_task_kernel(key, case)
-        return key, made
-
-    def _expect_from_task_kernel(self, key: str, case: int) -> list[dict[str, Any]]:
-        """A task without a reference: its own kernel's outputs for the set are the expected ones."""
-        hosted = self._host(KernelSpec("task kernel"))
-        with self._busy_lock(hosted.worker):
-            self._stage(hosted, [key])
-            try:
-                answer = self._ask(hosted.worker, {"op": "check", "name": hosted.name, "a": key, "b": key, "pin": None,
-                                                   "exempt": self.info.exempt})  # type: ignore[union-attr]
-            except _WorkerFailed as exc:
-                raise UserFacingError(f"the task's own kernel failed while making the expected outputs: {exc}",
-                                      "run `kb run TASK` on the task alone to see why") from None
-            first = answer["calls"][0]
-            if first.get("error"):
-                raise UserFacingError(f"the task's own kernel raised {first['error']} on case "
-                                      f"{self.info.labels[case]}", "fix the task's kernel first")  # type: ignore[union-attr]
-            return self._ref("expect", key=key, case=case, outputs=first["outputs"],
-                             dir=str(hosted.worker.directory))["expected"]
-
-    def _stage(self, hosted: _Hosted, keys: list[str]) -> None:
-        staged = self._staged.setdefault(hosted.worker.token, set())
-        missing = [k for k in keys if k not in staged]
-        if not missing:
-            return
-        sets = self._ref("share", keys=missing, worker=hosted.worker.token, dir=str(hosted.worker.directory))["sets"]
-        for key, one in zip(missing, sets):
-            self._ask(hosted.worker, {"op": "stage", "key": key, "sets": [one]})
-            staged.add(key)
+class Judge(Session):
+    """The verdicts: `check` (correctness, alone in the kernel's worker) and `time` (interleaved across
+    workers, the timed calls probed), inside the runs a `Session` begins and ends."""
 
     # --- checks ----------------------------------------------------------------------------
 
@@ -316,17 +69,13 @@ class Judge:
         run = KernelRun(role=kernel.role, source=kernel.file or info.source_file, compared_with=compared)
         try:
             hosted = self._host(kernel)
-        except _KernelUnusable as exc:
+        except KernelUnusable as exc:
             run.rejected = f"the kernel cannot be loaded: {exc}"
             return Checked(run)
         with self._busy_lock(hosted.worker):
             return self._check_hosted(hosted, run, cases, seeds, own)
 
-    def _busy_lock(self, worker: Worker) -> threading.RLock:
-        with self._hosting:
-            return self._busy.setdefault(worker.token, threading.RLock())
-
-    def _check_hosted(self, hosted: _Hosted, run: KernelRun, cases: list[int] | None, seeds: int,
+    def _check_hosted(self, hosted: Hosted, run: KernelRun, cases: list[int] | None, seeds: int,
                       own: bool) -> Checked:
         assert self.info is not None
         info, kernel = self.info, hosted.spec
@@ -359,7 +108,7 @@ class Judge:
                     result.seeds = seed + 1
                 if not result.correct:
                     return Checked(run)  # the first wrong case is reported; the rest would repeat it
-        except _WorkerFailed as exc:
+        except WorkerFailed as exc:
             run.rejected = str(exc)
             self._forget(hosted)
             return Checked(run, failure=f"{kernel.role}: {exc}")
@@ -367,7 +116,7 @@ class Judge:
             run.artifacts = self._ask(hosted.worker, {"op": "artifacts"}).get("artifacts", [])
         return Checked(run)
 
-    def _load_reason(self, hosted: _Hosted) -> str | None:
+    def _load_reason(self, hosted: Hosted) -> str | None:
         """Static guards on the wrapper, and what importing the kernel did."""
         assert self.info is not None
         load = hosted.load
@@ -396,7 +145,7 @@ class Judge:
             self._host(KernelSpec("task kernel"))
         return self._trusted_import or set()
 
-    def _check_seed(self, hosted: _Hosted, run: KernelRun, result: CaseResult, case: int, seed: int, sets: int,
+    def _check_seed(self, hosted: Hosted, run: KernelRun, result: CaseResult, case: int, seed: int, sets: int,
                     pins: list[int | None], expected: bool) -> str | None:
         """One seed of one case under every autotune pin: a reason to reject, or None."""
         assert self.info is not None
@@ -417,7 +166,7 @@ class Judge:
                 seen.update((call.get("log") or {}).get("kernels", []))
             error = next((c["error"] for c in calls if c.get("error")), None)
             if any(c.get("fatal") for c in calls):
-                raise _WorkerFailed(f"case {result.label}, seed {seed}: {error}", False)
+                raise WorkerFailed(f"case {result.label}, seed {seed}: {error}", False)
             reason = None
             for i, call in enumerate(calls):
                 if call.get("error"):
@@ -449,7 +198,7 @@ class Judge:
             return f": no config of the autotuned kernel can run ({skipped[0]})"
         return None
 
-    def _compare(self, hosted: _Hosted, result: CaseResult, case: int, keys: list[str], calls: list[dict[str, Any]],
+    def _compare(self, hosted: Hosted, result: CaseResult, case: int, keys: list[str], calls: list[dict[str, Any]],
                  expected: list[dict[str, Any]] | None) -> str | None:
         done = [c for c in calls if not c.get("error")]
         answer = self._ref("compare", keys=keys[:len(done)], case=case, dir=str(hosted.worker.directory),
@@ -475,83 +224,6 @@ class Judge:
                 result.checks[j].unwritten = max(result.checks[j].unwritten, count)
         return None
 
-    def _leftovers(self, hosted: _Hosted) -> list[str]:
-        from harness.processes import describe
-
-        left = hosted.worker.leftovers()
-        if left:
-            from harness.processes import kill
-
-            names = [describe(p) for p in left]
-            kill(left)
-            return names
-        return []
-
-    def _forget(self, hosted: _Hosted) -> None:
-        for key, h in list(self._hosted.items()):
-            if h.worker is hosted.worker:
-                self._close_hosted(key, h)
-        if hosted.worker is self._trusted:
-            self._trusted_loaded = {}
-
-    # --- profiling -------------------------------------------------------------------------
-
-    def profile(self, kernel: KernelSpec, case: int, wrap: Callable[[list[str]], list[str]],
-                repeat: int = 3) -> tuple[str | None, str]:
-        """Run `kernel` on one input set of `case` in a worker a profiler wraps (`wrap`): (what failed
-        or None, everything the wrapped process printed that is not protocol: the profiler's report)."""
-        assert self.info is not None
-        worker = Worker(self.backend, wrap=wrap, directory=Path(self.root) / f"p{os.urandom(4).hex()}", restart=False)
-        try:
-            request: dict[str, Any] = {"op": "load", "name": "entry", "allow_torch": self.info.allow_torch}
-            if kernel.trusted:
-                request.update(task=self.spec, trusted=True, attr="entry")
-            else:
-                request.update(file=str(kernel.file), entry=kernel.entry or self.info.entry)
-            self._ask(worker, request)
-            key, _ = self._set(case, 0, kind="p", expected=False)
-            sets = self._ref("share", keys=[key], worker=worker.token, dir=str(worker.directory))["sets"]
-            self._ask(worker, {"op": "stage", "key": key, "sets": sets})
-            self._ask(worker, {"op": "profile", "name": "entry", "key": key, "repeat": repeat})
-            return None, worker.finish(self.timeout_s)
-        except (_WorkerFailed, UserFacingError) as exc:
-            return str(exc), ""
-        finally:
-            worker.close()
-            with self._lock:
-                try:
-                    self._ask(self._reference, {"op": "release", "worker": worker.token, "keys": []})
-                except _WorkerFailed:
-                    pass
-
-    # --- files -----------------------------------------------------------------------------
-
-    def _protect(self, files: list[str]) -> None:
-        with self._hosting:
-            for f in files:
-                if f not in self._protected:
-                    try:
-                        self._protected[f] = Path(f).read_bytes()
-                    except OSError:
-                        pass
-
-    def _files_changed(self) -> str | None:
-        """A protected file whose bytes changed: restored, and named."""
-        changed = []
-        with self._hosting:
-            protected = list(self._protected.items())
-        for f, content in protected:
-            try:
-                now = Path(f).read_bytes()
-            except OSError:
-                now = None
-            if now != content:
-                Path(f).write_bytes(content)
-                changed.append(Path(f).name)
-        if changed:
-            return f"{changed[0]} was rewritten while the kernel ran (restored): a kernel must not edit files"
-        return None
-
     # --- timing ----------------------------------------------------------------------------
 
     def time(self, kernels: list[KernelSpec], cases: list[int] | None = None, *, warmup_ms: int = WARMUP_MS,
@@ -561,11 +233,11 @@ class Judge:
         assert self.info is not None, "begin() first"
         info = self.info
         out = TimedCases()
-        hosted: dict[str, _Hosted] = {}
+        hosted: dict[str, Hosted] = {}
         for kernel in kernels:
             try:
                 hosted[kernel.role] = self._host(kernel)
-            except _KernelUnusable as exc:
+            except KernelUnusable as exc:
                 out.rejected[kernel.role] = f"the kernel cannot be loaded: {exc}"
                 continue
             reason = self._load_reason(hosted[kernel.role])
@@ -587,7 +259,7 @@ class Judge:
             for role, h in list(live.items()):
                 try:
                     self._stage(h, [*keys, probe])
-                except _WorkerFailed as exc:
+                except WorkerFailed as exc:
                     out.rejected[role] = f"case {label}: its worker failed: {exc}"
                     del live[role]
             if n == 0 or any(h.spec.stand_in == "compiled" for h in live.values()):
@@ -619,7 +291,7 @@ class Judge:
                 out.cases.setdefault(role, []).append(result)
         return out
 
-    def _time_one(self, hosted: _Hosted, role: str, keys: list[str], probe: str, case: int, warmup_ms: int,
+    def _time_one(self, hosted: Hosted, role: str, keys: list[str], probe: str, case: int, warmup_ms: int,
                   rep_ms: int) -> Timing:
         """One timing of one kernel on one case, its verdicts taken, its probe's output compared."""
         assert self.info is not None
@@ -631,7 +303,7 @@ class Judge:
         started = time.monotonic()
         try:
             answer = self._ask(hosted.worker, request, self.timeout_s)
-        except _WorkerFailed as exc:
+        except WorkerFailed as exc:
             raise _Rejected(role, f"its worker failed while timed: {exc}") from None
         wall = time.monotonic() - started
         if hosted.spec.stand_in:
@@ -654,11 +326,11 @@ class Judge:
             raise _Rejected(role, reason)
         return _timing(answer, self.info.warm_cache, warmup_ms, rep_ms)
 
-    def _burn_in(self, live: dict[str, _Hosted], key: str) -> None:
+    def _burn_in(self, live: dict[str, Hosted], key: str) -> None:
         """The kernels run back to back before the first timing (an idle GPU starts at a low clock: on
         the H200 the first kernel timed after the worker had been compiling measured 2-3x its later
         times). Each worker burns in for its share of BURN_IN_S."""
-        by_worker: dict[int, list[_Hosted]] = {}
+        by_worker: dict[int, list[Hosted]] = {}
         for h in live.values():
             by_worker.setdefault(id(h.worker), []).append(h)
         share = max(0.1, BURN_IN_S / max(1, len(by_worker)))
@@ -666,30 +338,13 @@ class Judge:
             try:
                 self._ask(group[0].worker, {"op": "burn_in", "names": [h.name for h in group], "key": key,
                                             "seconds": share})
-            except _WorkerFailed:
+            except WorkerFailed:
                 pass  # the timing that follows reports it
-
-
-class _WorkerFailed(RuntimeError):
-    def __init__(self, failure: str, forged: bool) -> None:
-        super().__init__(failure)
-        self.forged = forged
-
-
-class _KernelUnusable(RuntimeError):
-    """A kernel file that does not import, or has no entry of the name asked for."""
 
 
 def _timing(answer: dict[str, Any], warm_cache: bool, warmup_ms: int, rep_ms: int) -> Timing:
     return timing_of(answer["samples_ms"], warm_cache=warm_cache, rotating_buffers=int(answer.get("rotating_buffers", 1)),
                      warmup_ms=warmup_ms, rep_ms=rep_ms)
-
-
-def _candidate_cache(sha: str) -> Path:
-    """Triton's cache for one kernel source: compiled kernels are reused by that source alone."""
-    from harness.roofline import cache_dir
-
-    return cache_dir() / "triton-kernels" / sha[:16]
 
 
 def _check_for(result: CaseResult, i: int, ref: dict[str, Any], expected: list[dict[str, Any]] | None) -> CaseCheck:
@@ -710,48 +365,6 @@ def _merge_stats(check: CaseCheck, stats: dict[str, Any]) -> None:
     check.inf_mismatch = max(check.inf_mismatch, stats["inf_mismatch"])
     if check.first_bad is None and stats.get("first_bad") is not None:
         check.first_bad = stats["first_bad"]
-
-
-# --- timing statistics -----------------------------------------------------------------------
-
-def interleaved_timings(roles: list[str], time_one: Callable[[str], Timing], again: Callable[[], object],
-                        max_spread: float = RETIME_SPREAD, passes: int = MAX_TIMING_PASSES) -> dict[str, Timing]:
-    """Each role timed twice, interleaved (A B A B: drift hits every kernel alike), merged into one
-    Timing per role: the mean of the two medians, `repeat_spread` = how far apart they were. A pass
-    whose largest spread is above `max_spread` is repeated (`again` first: a burn-in) up to `passes`
-    passes in all; the pass with the smallest largest spread is kept, and `timing_passes` says how
-    many were taken, so a figure that stayed noisy shows it."""
-    best: dict[str, Timing] | None = None
-    taken = 0
-    for taken in range(1, passes + 1):
-        if taken > 1:
-            again()
-        pairs: dict[str, list[Timing]] = {role: [] for role in roles}
-        for _ in range(2):
-            for role in roles:
-                pairs[role].append(time_one(role))
-        merged = {role: merge_pair(*pair) for role, pair in pairs.items()}
-        if best is None or _worst_spread(merged) < _worst_spread(best):
-            best = merged
-        if _worst_spread(merged) <= max_spread:
-            break
-    assert best is not None
-    for timing in best.values():
-        timing.timing_passes = taken
-    return best
-
-
-def merge_pair(first: Timing, second: Timing) -> Timing:
-    merged = replace(first)
-    merged.median_us = (first.median_us + second.median_us) / 2
-    gap = abs(second.median_us - first.median_us)
-    merged.repeat_spread = gap / first.median_us if first.median_us > 0 else (float("inf") if gap else 0.0)
-    merged.reps = first.reps + second.reps
-    return merged
-
-
-def _worst_spread(timings: dict[str, Timing]) -> float:
-    return max((t.repeat_spread or 0.0 for t in timings.values()), default=0.0)
 
 
 def check_in_parallel(judge: Judge, kernels: list[KernelSpec], workers: int, **kwargs: Any) -> list[Checked]:

@@ -116,7 +116,7 @@ class ReferenceHost:
 
     def share(self, keys: list[str], worker: str, directory: str) -> dict[str, Any]:
         """Copies of input sets for one kernel worker: in its own device arena, or files in its directory."""
-        if exchange.device_kind(self.device) == "cuda":
+        if exchange.device_kind(self.device) == "cuda" and exchange.ipc_available():
             arena = self.arenas.setdefault(worker, exchange.Arena(self.device))
             arena.rewind()
             put = arena.put

@@ -150,7 +150,7 @@ def capture_kernel(spec: dict[str, Any], file: str, entry: str, cache_dir: str |
     from harness.errors import UserFacingError
     from harness.sandbox import Worker
 
-    with Worker("cuda", env={"TRITON_INTERPRET": "0"}) as worker:
+    with Worker("cuda") as worker:  # compiled, never interpreted, whatever the backend
         answer = worker.submit({"op": "capture", "task": spec, "file": file, "entry": entry, "case": case,
                                 "target": target, "cache_dir": cache_dir}, timeout_s)
     if answer.get("ok"):

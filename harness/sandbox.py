@@ -34,8 +34,9 @@ from harness.zygote import zygote_for
 
 __all__ = ["FORGED", "Worker"]
 
-# Environment a worker reads when it imports triton: a forked worker inherits its zygote's, so workers
-# that differ here come from different zygotes.
+# Environment a worker reads when it imports torch or triton: a forked worker inherits its zygote's, so
+# workers that differ here come from different zygotes. TRITON_INTERPRET is read when a kernel is
+# decorated, and triton.language decorates its own helpers (tl.max, tl.sum) when it is imported.
 _READ_AT_IMPORT = ("TRITON_INTERPRET",)
 
 _START_TIMEOUT_S = 180.0  # importing torch and triton on a cold disk

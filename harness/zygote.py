@@ -15,7 +15,6 @@ gives, for harness.sandbox). Linux only; elsewhere workers are plain subprocesse
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import select
@@ -30,7 +29,8 @@ from typing import Any
 
 __all__ = ["Forked", "Zygote", "zygote_for"]
 
-_PRELOAD = ("torch", "triton", "triton.language", "torch._dynamo", "triton.runtime.interpreter", "harness.worker",
+_PRELOAD = ("torch", "triton", "triton.language", "torch._dynamo", "triton.runtime.interpreter", "triton.compiler",
+            "harness.worker",
             "harness.host", "harness.reference", "harness.exchange", "harness.tripwires", "harness.timing",
             "harness.task", "harness.capture")
 

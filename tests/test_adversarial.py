@@ -4,12 +4,14 @@ them. Each cheat's test asserts the reason it is rejected with; where two guards
 static check, then the runtime one), the runtime guard is also tested with the static one switched off,
 so that removing either guard fails a test.
 
-Everything runs on the CPU interpreter through the real judge: a reference worker, one fresh worker per
-kernel, tensors handed over as files."""
+Everything runs through the real judge: a reference worker, one fresh worker per kernel. On the CPU
+interpreter by default (tensors handed over as files); `KB_TEST_BACKEND=cuda` runs the same suite on a
+GPU (CUDA IPC hand-overs, device timing)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +26,8 @@ from harness.judge import Judge, KernelSpec
 from harness.run import RunOptions, run_candidates, run_task
 
 ADVERSARIAL = FIXTURES / "adversarial"
-OPTIONS = RunOptions(backend="interpreter", seeds=1, timeout_s=60, time=False)
+BACKEND = os.environ.get("KB_TEST_BACKEND", "interpreter")
+OPTIONS = RunOptions(backend=BACKEND, seeds=1, timeout_s=60, time=False)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def judge(suite: Path):
-    session = Judge({"path": str(suite / "task_softmax.py")}, "interpreter", timeout_s=60, spares=2)
+    session = Judge({"path": str(suite / "task_softmax.py")}, BACKEND, timeout_s=60, spares=2)
     yield session
     session.close()
 
@@ -199,7 +202,7 @@ def test_an_fp16_output_for_an_fp32_operator_is_refused(judge, suite):
 
 
 def test_fewer_outputs_than_the_reference_is_refused(suite):
-    with Judge({"path": str(suite / "task_minmax.py")}, "interpreter", timeout_s=60) as minmax:
+    with Judge({"path": str(suite / "task_minmax.py")}, BACKEND, timeout_s=60) as minmax:
         report = run_task(minmax.spec, OPTIONS, candidate=str(suite / "fewer_outputs.py"), judge=minmax)
     assert "the kernel returned 1 output(s), the reference 2" in report.run("candidate").rejected
 
@@ -238,7 +241,7 @@ def test_inputs_from_a_fixed_seed_cannot_be_recognised(judge, suite):
     ("task_log.py", "log_kernel.py"),
 ])
 def test_honest_kernels_pass_every_guard(suite, task, kernel):
-    with Judge({"path": str(suite / task)}, "interpreter", timeout_s=60) as session:
+    with Judge({"path": str(suite / task)}, BACKEND, timeout_s=60) as session:
         report = run_task(session.spec, replace(OPTIONS, seeds=2), candidate=str(suite / kernel), judge=session)
         for run in report.runs:
             assert run.verdict == "correct" and run.compared_with == "the reference", (run.role, run.rejected)
@@ -256,7 +259,7 @@ def test_honest_kernels_pass_every_guard(suite, task, kernel):
 def test_the_cli_names_the_cheat_in_one_line(suite):
     result = CliRunner().invoke(__import__("kb.cli", fromlist=["main"]).main, [
         "run", str(suite / "task_softmax.py"), "--candidate", str(suite / "alias_fallback.py"), "--backend",
-        "interpreter", "--seeds", "1", "--json"])
+        BACKEND, "--seeds", "1", "--json", "--no-time"])
     assert result.exit_code == 1
     report = json.loads(result.stdout)
     candidate = next(r for r in report["runs"] if r["role"] == "candidate")
@@ -285,7 +288,7 @@ def test_an_optimize_round_records_the_cheat_that_rejected_its_rewrite(tmp_path,
     monkeypatch.setenv("KB_LLM_RETRIES", "0")
     judge = TimedJudge(pipelining_pays=False)
     try:
-        store = optimize(SPEC, OptimizeOptions(rounds=5, backend="interpreter", seeds=1, llm="openai"),
+        store = optimize(SPEC, OptimizeOptions(rounds=5, backend=BACKEND, seeds=1, llm="openai"),
                          tmp_path / "run", judge=judge)
     finally:
         server.shutdown()

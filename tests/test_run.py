@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from conftest import FIXTURES
 from harness.errors import UserFacingError
 from harness.guards import static_guards
-from harness.judge import Judge, KernelSpec, TimedCases, interleaved_timings, merge_pair
+from harness.judge import Judge, KernelSpec, TimedCases
+from harness.timing import interleaved_timings, merge_pair
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
 from harness.roofline import place
 from harness.run import RunOptions, run_candidates, run_task
