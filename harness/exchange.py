@@ -238,7 +238,18 @@ def read_file(ref: TensorRef, directory: Path, device: Any, remove: bool = True)
 # --- CUDA IPC through the driver API ---------------------------------------------------------
 
 class _IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
+    # Bytes, not c_char: ctypes reads a c_char array as a string and stops at its first NUL.
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+
+def handle_bytes(handle: _IpcHandle) -> bytes:
+    return bytes(handle.reserved)
+
+
+def handle_from(raw: bytes) -> _IpcHandle:
+    handle = _IpcHandle()
+    ctypes.memmove(ctypes.addressof(handle), raw, 64)
+    return handle
 
 
 class _Driver:
@@ -266,13 +277,11 @@ class _Driver:
     def handle_of(self, base: int) -> bytes:
         handle = _IpcHandle()
         self.call("cuIpcGetMemHandle", ctypes.byref(handle), ctypes.c_uint64(base))
-        return bytes(handle.reserved)
+        return handle_bytes(handle)
 
     def open(self, handle: bytes) -> int:
-        h = _IpcHandle()
-        ctypes.memmove(ctypes.addressof(h), handle, 64)
         ptr = ctypes.c_uint64()
-        self.call("cuIpcOpenMemHandle", ctypes.byref(ptr), h, ctypes.c_uint(1))  # lazy peer access
+        self.call("cuIpcOpenMemHandle", ctypes.byref(ptr), handle_from(handle), ctypes.c_uint(1))  # lazy peer access
         return ptr.value
 
     def close(self, ptr: int) -> None:

@@ -50,23 +50,32 @@ def rotation_count(arg_bytes: int) -> int:
     return max(1, min(_MAX_ROTATIONS, ROTATE_BELOW_BYTES // max(arg_bytes, 1)))
 
 
-def sample_calls(call: Callable[[int], Any], sets: int, *, warm_cache: bool = False, warmup_ms: int = WARMUP_MS,
-                 rep_ms: int = REP_MS, probe: tuple[float, Callable[[int], None]] | None = None) -> list[float]:
-    """Per-repetition times (ms) of `call(i)`, i cycling through `sets` input sets; one call per repetition.
+def sample_calls(call: Callable[[int, Callable[[], None], Callable[[], None]], Any], sets: int, *,
+                 warm_cache: bool = False, warmup_ms: int = WARMUP_MS, rep_ms: int = REP_MS,
+                 probe: tuple[float, Callable[[int], None]] | None = None) -> list[float]:
+    """Per-repetition times (ms) of `call(i, start, stop)`, i cycling through `sets` input sets; one call
+    per repetition. The call runs `start()` right before the kernel's entry and `stop()` right after
+    it: whatever else it does around the entry (the worker's watch) stays outside the timed region.
+    `start()` flushes the L2 and then records the start event, so that the flush keeps the device busy
+    while the host prepares the launch, as in do_bench (the host's work before the flush is not timed,
+    and is not raced against the flush either).
 
     The procedure is `triton.testing.do_bench`'s (a first call, an estimate over 5 calls, a warm-up of
     `warmup_ms`, then `rep_ms` of repetitions, each after the L2 is flushed with Triton's own flush
-    buffer, each between two device events), written out here for one hook: `probe` = (fraction, hook)
+    buffer, each between two device events), written out here for two reasons. After the flush a spin
+    kernel as long as the host's slowest tenth of calls keeps the device busy while the host prepares
+    the launch (on the H200, Triton 3.6's flush lasts ~25 µs: a guarded call's host work outlasted it,
+    the start event fired on an idle device, and softmax timed 2x slow). And one hook: `probe` = (fraction, hook)
     calls `hook(i)` before the repetition at that fraction of the run, with the index of the set that
     repetition uses, outside the timed region (before the flush). Without a GPU (the interpreter) the
     clock is the host's and nothing is flushed: the samples exercise the judge, and are never reported."""
     clock = _Clock()
     state = {"i": 0}
 
-    def run() -> None:
+    def run(start: Callable[[], None] = _nothing, stop: Callable[[], None] = _nothing) -> None:
         index = state["i"] % sets
         state["i"] += 1
-        call(index)
+        call(index, start, stop)
 
     run()
     clock.synchronize()
@@ -74,13 +83,18 @@ def sample_calls(call: Callable[[int], Any], sets: int, *, warm_cache: bool = Fa
     first, last = clock.event(), clock.event()
     first.record()
     for _ in range(5):
-        clock.flush(flush)
-        run()
+        run(lambda: clock.flush(flush))
     last.record()
     clock.synchronize()
     estimate = max(first.elapsed_time(last) / 5, 1e-3)
+    host_s = []
     for _ in range(max(1, int(warmup_ms / estimate))):
+        t = _perf_counter()
         run()
+        host_s.append(_perf_counter() - t)
+    # The host's time from the flush to the kernel's launch must not show in the timing: a spin on the
+    # device after the flush, as long as the host's slowest tenth of calls, keeps it busy meanwhile.
+    cover_us = 1.25e6 * sorted(host_s)[int(0.9 * (len(host_s) - 1))] + 10.0
     repeats = max(1, int(rep_ms / estimate))
     probe_at = int(probe[0] * repeats) if probe is not None else -1
     starts = [clock.event() for _ in range(repeats)]
@@ -88,12 +102,19 @@ def sample_calls(call: Callable[[int], Any], sets: int, *, warm_cache: bool = Fa
     for r in range(repeats):
         if r == probe_at and probe is not None:
             probe[1](state["i"] % sets)
-        clock.flush(flush)
-        starts[r].record()
-        run()
-        ends[r].record()
+
+        def start(event: Any = starts[r]) -> None:
+            clock.flush(flush)
+            clock.cover(cover_us)
+            event.record()
+
+        run(start, ends[r].record)
     clock.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _nothing() -> None:
+    pass
 
 
 class _HostEvent:
@@ -118,6 +139,7 @@ class _Clock:
             self.device = self.driver.get_device_interface()
         except (RuntimeError, AttributeError, ImportError):  # no GPU driver: the interpreter
             self.driver = self.device = None
+        self.cycles_per_us: float | None = None
 
     def event(self) -> Any:
         return self.device.Event(enable_timing=True) if self.device is not None else _HostEvent()
@@ -125,6 +147,25 @@ class _Clock:
     def synchronize(self) -> None:
         if self.device is not None:
             self.device.synchronize()
+
+    def cover(self, us: float) -> None:
+        """Keep the device busy for about `us` microseconds (torch.cuda._sleep, calibrated once)."""
+        if self.device is None or us <= 0:
+            return
+        import torch
+
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is None:
+            return
+        if self.cycles_per_us is None:
+            sleep(1000)  # loaded before it is timed
+            begin, end = self.event(), self.event()
+            begin.record()
+            sleep(2_000_000)
+            end.record()
+            self.synchronize()
+            self.cycles_per_us = 2_000_000 / max(begin.elapsed_time(end) * 1000.0, 1.0)
+        sleep(int(min(us, 5000.0) * self.cycles_per_us))
 
     def flush_buffer(self) -> Any:
         if self.driver is None:

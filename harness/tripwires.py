@@ -97,9 +97,11 @@ class Watch:
         self.device = device
         self.log: CallLog | None = None  # the call in progress
         self._ours = threading.local()  # depth > 0 while this module switches its own modes on or off
-        self._lock = threading.Lock()
+        self._guard_class = self._make_guard_class()
+        self._main_guard = self._guard_class()  # the calling thread's; a thread the kernel starts gets its own
         self.stream = torch.cuda.current_stream() if device == "cuda" else None
         self._install_launch_counter()
+        self._install_tuning_zone()
         self._install_escape_tripwires()
         self._install_thread_and_fork_watch()
         self.state = global_state()
@@ -111,9 +113,8 @@ class Watch:
     def call(self) -> Iterator[CallLog]:
         """The block is one call of the entry: every launch, op, thread and fork is logged."""
         log = CallLog()
-        guard = self._guard()
-        with self._lock:
-            self.log = log
+        guard = self._main_guard
+        self.log = log
         with self.ours():
             guard.__enter__()
         try:
@@ -124,8 +125,7 @@ class Watch:
                     guard.__exit__(None, None, None)
                 except Exception:  # noqa: BLE001 - the kernel popped our mode: its stack is not ours to fix
                     log.escapes.append("the dispatch mode stack was changed during the call")
-            with self._lock:
-                self.log = None
+            self.log = None
 
     @contextlib.contextmanager
     def ours(self) -> Iterator[None]:
@@ -150,6 +150,9 @@ class Watch:
     # --- instruments -----------------------------------------------------------------------
 
     def _guard(self) -> Any:
+        return self._guard_class()
+
+    def _make_guard_class(self) -> type:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         watch = self
@@ -160,11 +163,11 @@ class Watch:
                 watch._saw(func, args, kwargs or {}, out)
                 return out
 
-        return FallbackGuard()
+        return FallbackGuard
 
     def _saw(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         log = self.log
-        if log is None:
+        if log is None or getattr(self._ours, "tuning", 0):
             return
         name = op_base(func)
         if not allowed_op(name, self.allow):
@@ -207,6 +210,27 @@ class Watch:
 
             run.__wrapped__ = original  # type: ignore[attr-defined]
             cls.run = run
+
+    def _install_tuning_zone(self) -> None:
+        """An autotuner benchmarking its configs runs Triton's do_bench, whose statistics may use torch
+        (torch.quantile in some versions): not the kernel computing its output. The guard stands aside
+        for `Autotuner._bench` only; the tuned config's real run, pre_hook included, is watched."""
+        from triton.runtime.autotuner import Autotuner
+
+        original = getattr(Autotuner, "_bench", None)
+        if original is None:
+            return
+        watch = self
+
+        def bench(self: Any, *args: Any, **kwargs: Any) -> Any:
+            watch._ours.tuning = getattr(watch._ours, "tuning", 0) + 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                watch._ours.tuning -= 1
+
+        bench.__wrapped__ = original  # type: ignore[attr-defined]
+        Autotuner._bench = bench
 
     def _install_escape_tripwires(self) -> None:
         """The Python switches that turn a dispatch mode off record their use during a call."""
@@ -334,6 +358,7 @@ def _critical() -> list[tuple[str, Any, str]]:
              ("torch.cuda.current_stream", torch.cuda, "current_stream"), ("torch.cuda.Stream", torch.cuda, "Stream"),
              ("triton.testing.do_bench", triton.testing, "do_bench"), ("JITFunction.run", JITFunction, "run"),
              ("InterpretedFunction.run", InterpretedFunction, "run"), ("Autotuner.run", Autotuner, "run"),
+             ("Autotuner._bench", Autotuner, "_bench"),
              ("torch.empty", torch, "empty"), ("torch.empty_like", torch, "empty_like"),
              ("torch.empty_strided", torch, "empty_strided"), ("torch.Tensor.new_empty", torch.Tensor, "new_empty"),
              ("torch.Tensor.data_ptr", torch.Tensor, "data_ptr"), ("torch.Tensor.clone", torch.Tensor, "clone"),

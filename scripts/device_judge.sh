@@ -24,6 +24,14 @@ if [ "${PART:-check}" = check ]; then
   echo "judge_cost rc=$? $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
 else
   RUNS=/tmp/kb-rounds
+  mkdir -p "$RUNS/old" "$RUNS/new"
+  for op in ${RUN_OPS:-}; do  # the same kernel timed by `kb run` before and after: its medians should agree
+    for side in old new; do
+      root=$([ $side = old ] && echo "${OLD:-build/old}" || echo "$PWD")
+      (cd "$root" && PYTHONPATH="$SITE:$root" python3 -m kb.cli run "corpora/operators/$op/task.py" --backend cuda         --seeds 1 --json > "$RUNS/$side/run-$op.json" 2>> "$FINAL/log.txt")
+      echo "$side kb run $op rc=$? $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
+    done
+  done
   for op in ${OPS:-softmax rms_norm}; do
     [ $(( $(date +%s) - start )) -lt "${DEADLINE_S:-480}" ] || break
     for side in old new; do

@@ -159,6 +159,23 @@ def candidates(backend: str, tasks: list[str], time_kernels: bool) -> list[dict[
     return rows
 
 
+def medians(old: Path, new: Path) -> list[dict[str, Any]]:
+    """`kb run` reports of the same task before and after (run-OP.json): each case's median and spread."""
+    rows = []
+    for path in sorted(new.glob("run-*.json")):
+        row: dict[str, Any] = {"task": path.stem.removeprefix("run-")}
+        for label, root in (("old", old), ("new", new)):
+            try:
+                report = json.loads((root / path.name).read_text())
+            except (OSError, ValueError):
+                continue
+            base = next(r for r in report["runs"] if r["role"] == "baseline")
+            row[label] = {c["label"]: [round(c["timing"]["median_us"], 2), round(c["timing"]["repeat_spread"] or 0, 3),
+                                       c["timing"]["timing_passes"]] for c in base["cases"] if c.get("timing")}
+        rows.append(row)
+    return rows
+
+
 def rounds(old: Path, new: Path) -> list[dict[str, Any]]:
     """Per operator: each round's wall time and the run's, before (old) and after (new)."""
     rows = []
@@ -188,7 +205,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rounds:
-        result: dict[str, Any] = {"rounds": rounds(*args.rounds)}
+        result: dict[str, Any] = {"rounds": rounds(*args.rounds), "medians": medians(*args.rounds)}
     else:
         result = {"backend": args.backend, "workers": workers(args.backend), "hand_over": hand_over(args.backend),
                   "candidates": candidates(args.backend, args.tasks, not args.no_time)}

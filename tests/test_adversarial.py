@@ -149,11 +149,12 @@ def test_a_process_left_behind_is_killed(judge, suite, runtime_only):
     pid_file = suite / "survivor.pid"
     pid_file.unlink(missing_ok=True)
     assert "outlived the kernel's import" in judged(judge, suite, "fork_survivor.py").rejected
-    from harness.processes import _stat
-
-    pid = int(pid_file.read_text())
-    state = _stat(pid)
-    assert state is None or state[2] == "Z", f"process {pid} is still running"
+    pid, started = pid_file.read_text().split()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return  # gone
+    assert fields[19] != started or fields[0] == "Z", f"process {pid} is still running"
 
 
 def test_a_forged_answer_on_the_protocol_channel_is_refused(judge, suite):
@@ -267,6 +268,7 @@ def test_the_cli_names_the_cheat_in_one_line(suite):
     assert isinstance(report["seed"], int)
 
 
+@pytest.mark.skipif(BACKEND != "interpreter", reason="the loop's test judge checks on the interpreter")
 def test_an_optimize_round_records_the_cheat_that_rejected_its_rewrite(tmp_path, monkeypatch):
     import threading
     from http.server import HTTPServer

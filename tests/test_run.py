@@ -182,6 +182,31 @@ def test_static_guard_follows_the_wrapper_and_respects_allow_torch(tmp_path):
     assert static_guards(str(src), "wrapper", allow_torch=("softmax", "sum")) == []
 
 
+def test_values_cross_processes_as_plain_data_and_lying_references_are_refused(tmp_path):
+    import torch
+
+    from harness import exchange
+
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # a strided view
+    value = (x, 3, 2.5, float("nan"), torch.float16, None, {"k": [x, "s"]})
+    encoded = exchange.encode(value, lambda t: exchange.write_file(t, tmp_path))
+    json.dumps(encoded)  # plain JSON
+    back = exchange.decode(encoded, lambda ref: exchange.load_tensor(ref, tmp_path, "cpu"))
+    assert torch.equal(back[0], x) and back[0].stride() == x.stride() and back[6]["k"][0] is back[0]
+    assert back[1:3] == (3, 2.5) and back[3] != back[3] and back[4] is torch.float16
+    ref = exchange.write_file(x, tmp_path)
+    with pytest.raises(exchange.ExchangeError, match="do not cover its view"):
+        exchange.load_tensor({**ref, "shape": [40, 40]}, tmp_path, "cpu")
+    with pytest.raises(exchange.ExchangeError, match="outside the exchange directory"):
+        exchange.load_tensor({**ref, "file": "../../etc/passwd"}, tmp_path, "cpu")
+    with pytest.raises(exchange.ExchangeError, match="not a torch dtype"):
+        exchange.decode({"dtype": "__class__"}, None)
+    with pytest.raises(exchange.ExchangeError, match=r"input\[0\] is a builtin_function_or_method"):
+        exchange.encode((print,), None)
+    raw = bytes(range(64))  # an IPC handle's bytes survive their NULs
+    assert exchange.handle_bytes(exchange.handle_from(raw)) == raw and len(raw) == 64
+
+
 def test_roofline_place_and_rotation():
     ceiling = {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0, "matmul_fp32_tflops": 50.0}
     memory = place(4e9, None, 2e-3, ceiling)  # 4 GB in 2 ms = 2000 GB/s, half the copy rate
