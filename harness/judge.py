@@ -149,8 +149,8 @@ class Judge(Session):
                     pins: list[int | None], expected: bool) -> str | None:
         """One seed of one case under every autotune pin: a reason to reject, or None."""
         assert self.info is not None
-        key_a, made_a = self._set(case, seed, expected=expected)
-        key_b, made_b = self._set(case, (seed + 1) % sets, expected=expected)
+        key_a, _ = self._set(case, seed, expected=expected)
+        key_b, _ = self._set(case, (seed + 1) % sets, expected=expected)
         self._stage(hosted, [key_a, key_b])
         skipped: list[str] = []
         for pin in pins:
@@ -168,17 +168,20 @@ class Judge(Session):
             if any(c.get("fatal") for c in calls):
                 raise WorkerFailed(f"case {result.label}, seed {seed}: {error}", False)
             reason = None
+            contract = None
+            if calls and not calls[0].get("error") and calls[0].get("outputs"):
+                own = hosted.spec.trusted and not hosted.spec.stand_in
+                contract = self.contract(case, calls[0]["outputs"] if own else None)
             for i, call in enumerate(calls):
                 if call.get("error"):
                     break
-                made = made_b if i == 2 else made_a
                 reason = (verdicts.call_reason(call, i, set()) or
-                          verdicts.output_reason(call["outputs"], made.get("expected"), bool(self.info.exempt)) or
+                          verdicts.output_reason(call["outputs"], contract, bool(self.info.exempt)) or
                           verdicts.overlap_reason(call))
                 if reason:
                     break
             if not reason and calls and not calls[0].get("error"):
-                reason = self._compare(hosted, result, case, [key_a, key_a, key_b], calls, made_a.get("expected"))
+                reason = self._compare(hosted, result, case, [key_a, key_a, key_b], calls, contract)
             if not reason and not hosted.spec.trusted:
                 reason = next((f"{what} outlived the kernel's call" for what in self._leftovers(hosted)), None)
             reason = reason or self._files_changed()
@@ -309,12 +312,13 @@ class Judge(Session):
         if hosted.spec.stand_in:
             return _timing(answer, self.info.warm_cache, warmup_ms, rep_ms)
         reason = verdicts.timed_reason(answer, wall, set())
+        contract = self.contract(case)
         if not reason:
-            reason = verdicts.output_reason(answer["outputs"], made.get("expected"), bool(self.info.exempt))
-        if not reason and made.get("expected") is not None:
+            reason = verdicts.output_reason(answer["outputs"], contract, bool(self.info.exempt))
+        if not reason and made.get("values"):
             result = CaseResult(case={}, label="timed")
             reason = self._compare(hosted, result, case, [probe], [{"outputs": answer["outputs"], "inputs_after": {}}],
-                                   made.get("expected"))
+                                   contract)
             if not reason and not result.correct:
                 bad = next(c for c in result.checks if not c.ok)
                 reason = (f"a timed call's output differs from the reference ({bad.mismatched} wrong, "

@@ -3,11 +3,12 @@ outputs and compares what kernel workers hand back. No kernel under judgement is
 
 Inputs are made here from seeds the judge chose, so a kernel can neither predict them nor change how
 they are made (torch's default dtype, say); a copy of each set is handed to each kernel worker, never
-the set itself. Expected outputs come from the task's reference, in float64 where the inputs are
-lower-precision floats; their dtype, shape and device are the reference's at the inputs' own dtypes
-(a run on meta tensors, else a plain run), and the tolerance follows that dtype, not the kernel's.
-Without a reference, the expected outputs are those of the task's own kernel, run by the judge in a
-worker of its own and registered here (`expect`).
+the set itself. Expected values come from the task's reference, in float64 where the inputs are
+lower-precision floats. What the outputs must be (their count, dtype, shape and device, and so the
+tolerance) is the task's own kernel's, registered per case by the judge (`contract`): references often
+widen for accuracy (`torch.cumsum(x.to(torch.float64))`), so their dtype says nothing of the operator's,
+and a candidate's own dtype must not choose its tolerance. Without a reference, the expected values
+are the task's own kernel's too (`expect`).
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ class ReferenceHost:
     # --- inputs ----------------------------------------------------------------------------
 
     def make(self, key: str, case: int, seed: int, expected: bool) -> dict[str, Any]:
-        """Input set `key` for case `case` from `seed`, with the expected outputs when asked and the
-        task has a reference. Returns its size and the expected outputs' description."""
+        """Input set `key` for case `case` from `seed`, with the expected values when asked and the
+        task has a reference. Returns its size and whether expected values were made."""
         import torch
 
         if key in self.sets:  # made before without its expected outputs: the same set, now with them
@@ -110,8 +111,9 @@ class ReferenceHost:
         nbytes = sum(t.numel() * t.element_size() for t in _tensors((args, kwargs)))
         answer: dict[str, Any] = {"bytes": nbytes, "compute_dtype": _compute_dtype(args)}
         if expected and self.task.reference is not None:
-            self.expected[key] = self._reference(args, kwargs)
-            answer["expected"] = [asdict(e) for e in self._meta(case, args, kwargs)]
+            if key not in self.expected:
+                self.expected[key] = self._reference(args, kwargs)
+            answer["values"] = True
         return answer
 
     def share(self, keys: list[str], worker: str, directory: str) -> dict[str, Any]:
@@ -160,49 +162,23 @@ class ReferenceHost:
         except Exception:  # noqa: BLE001 - references with dtype-specific code run as written
             return run(upcast=False)
 
-    def _meta(self, case: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Expected]:
-        """The reference's outputs at the inputs' own dtypes: from meta tensors, else from a plain run."""
-        import torch
-
+    def contract(self, case: int, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """What `case`'s outputs must be: the task's own kernel's (count, dtype, shape, device), with the
+        tolerance of each dtype. The comparisons of this case use it."""
         from harness.task import tolerance_for
 
-        if case in self.meta:
-            return self.meta[case]
-
-        def on(device: str | None) -> list[Any]:
-            def move(a: Any) -> Any:
-                if isinstance(a, torch.Tensor):
-                    return a.to("meta") if device == "meta" else a.clone()
-                return a
-            call_args = tuple(move(a) for a in args)
-            value = self.task.reference(*call_args, **{k: move(v) for k, v in kwargs.items()})
-            return outputs_of(value, call_args, self.info.exempt)  # type: ignore[union-attr]
-
-        try:
-            outs = on("meta")
-        except Exception:  # noqa: BLE001 - data-dependent references need real tensors
-            outs = on(None)
-        device = str(next((a.device for a in _tensors((args, kwargs))), self.device))
         meta = []
-        for o in outs:
-            dtype = str(o.dtype).removeprefix("torch.")
-            tol = tolerance_for(self.task, dtype)
-            meta.append(Expected(dtype, list(o.shape), device if o.device.type == "meta" else str(o.device),
-                                 tol["atol"], tol["rtol"]))
+        for out in outputs:
+            dtype = str(out["dtype"]).removeprefix("torch.")
+            meta.append(Expected(dtype, list(out["shape"]), str(out["device"]), **tolerance_for(self.task, dtype)))
         self.meta[case] = meta
-        return meta
-
-    def expect(self, key: str, case: int, outputs: list[Any], directory: str) -> dict[str, Any]:
-        """Register the task's own kernel's outputs as the expected ones for `key` (a task without a
-        reference)."""
-        from harness.task import tolerance_for
-
-        tensors = exchange.load_all(outputs, Path(directory), self.device)
-        self.expected[key] = tensors
-        meta = [Expected(str(t.dtype).removeprefix("torch."), list(t.shape), str(t.device),
-                         **tolerance_for(self.task, str(t.dtype).removeprefix("torch."))) for t in tensors]
-        self.meta.setdefault(case, meta)
         return {"expected": [asdict(m) for m in meta]}
+
+    def expect(self, key: str, outputs: list[Any], directory: str) -> dict[str, Any]:
+        """Register the task's own kernel's outputs as the expected values for `key` (a task without a
+        reference)."""
+        self.expected[key] = exchange.load_all(outputs, Path(directory), self.device)
+        return {}
 
     # --- comparisons -----------------------------------------------------------------------
 

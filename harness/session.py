@@ -78,6 +78,8 @@ class Session:
         self._staged: dict[str, set[str]] = {}  # per worker token: the input sets it holds
         self._ceilings: dict[str, Any] | None = None
         self._trusted_import: set[str] | None = None
+        self._contracts: dict[str, list[dict[str, Any]]] = {}  # case label -> the task kernel's outputs
+        self._contract_meta: dict[int, list[dict[str, Any]]] = {}  # this run's, with tolerances
         self._kernels_seen: dict[tuple[str, int], set[str]] = {}  # (worker, case) -> kernels its checks launched
         self._loading: dict[tuple[str, str, str], threading.Lock] = {}
         self._busy: dict[str, threading.RLock] = {}  # per worker: one check at a time (its answers are live)
@@ -198,6 +200,7 @@ class Session:
         self.info = TaskInfo(**answer)
         self._rng = random.Random(seed)
         self._made = {}
+        self._contract_meta = {}
         self._protect(self.info.files)
         return self.info
 
@@ -222,36 +225,59 @@ class Session:
     # --- input sets ------------------------------------------------------------------------
 
     def _set(self, case: int, index: int, kind: str = "s", expected: bool = True) -> tuple[str, dict[str, Any]]:
-        """Input set `index` of `case` in this run (made once), with its expected outputs when asked."""
+        """Input set `index` of `case` in this run (made once), with its expected values when asked: the
+        reference's, or without one the task's own kernel's."""
         assert self.info is not None
         key = f"{self.info.seed}:{kind}{case}:{index}"
         with self._lock:
             made = self._made.get(key)
             seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")
-            if made is None or (expected and "expected" not in made and self.info.has_reference):
+            if made is None or (expected and not made.get("values") and self.info.has_reference):
                 made = self._ref("make", key=key, case=case, seed=seed, expected=expected)
                 self._made[key] = made
-            if expected and "expected" not in made and not self.info.has_reference:
-                made["expected"] = self._expect_from_task_kernel(key, case)
+        if expected and not made.get("values") and not self.info.has_reference:
+            # Not under the reference's lock: the task's kernel runs in a worker of its own meanwhile.
+            first = self._run_task_kernel(key, case)
+            self._ref("expect", key=key, outputs=first["outputs"], dir=str(self._trusted_dir()))
+            made["values"] = True
         return key, made
 
-    def _expect_from_task_kernel(self, key: str, case: int) -> list[dict[str, Any]]:
-        """A task without a reference: its own kernel's outputs for the set are the expected ones."""
+    def contract(self, case: int, own_outputs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """What `case`'s outputs must be (count, dtype, shape, device, tolerances): the task's own kernel's.
+        Taken from `own_outputs` (its first call's, when it is the kernel being checked) or from a run of
+        it; kept by case label for the session, and registered with the reference for each run."""
+        assert self.info is not None
+        label = self.info.labels[case]
+        if label not in self._contracts:
+            outputs = own_outputs if own_outputs is not None else \
+                self._run_task_kernel(self._set(case, 0, kind="c", expected=False)[0], case)["outputs"]
+            self._contracts.setdefault(label, [{k: out[k] for k in ("dtype", "shape", "device")} for out in outputs])
+        with self._lock:
+            if case not in self._contract_meta:
+                self._contract_meta[case] = self._ref("contract", case=case, outputs=self._contracts[label])["expected"]
+            return self._contract_meta[case]
+
+    def _run_task_kernel(self, key: str, case: int) -> dict[str, Any]:
+        """The task's own kernel's first call on input set `key` (what it returned, handed over)."""
+        assert self.info is not None
         hosted = self._host(KernelSpec("task kernel"))
         with self._busy_lock(hosted.worker):
             self._stage(hosted, [key])
             try:
                 answer = self._ask(hosted.worker, {"op": "check", "name": hosted.name, "a": key, "b": key, "pin": None,
-                                                   "exempt": self.info.exempt})  # type: ignore[union-attr]
+                                                   "exempt": self.info.exempt})
             except WorkerFailed as exc:
-                raise UserFacingError(f"the task's own kernel failed while making the expected outputs: {exc}",
+                raise UserFacingError(f"the task's own kernel failed on case {self.info.labels[case]}: {exc}",
                                       "run `kb run TASK` on the task alone to see why") from None
-            first = answer["calls"][0]
-            if first.get("error"):
-                raise UserFacingError(f"the task's own kernel raised {first['error']} on case "
-                                      f"{self.info.labels[case]}", "fix the task's kernel first")  # type: ignore[union-attr]
-            return self._ref("expect", key=key, case=case, outputs=first["outputs"],
-                             dir=str(hosted.worker.directory))["expected"]
+        first = answer["calls"][0]
+        if first.get("error"):
+            raise UserFacingError(f"the task's own kernel raised {first['error']} on case {self.info.labels[case]}",
+                                  "fix the task's kernel first (kb run TASK shows the cases)")
+        return first
+
+    def _trusted_dir(self) -> Path:
+        assert self._trusted is not None
+        return self._trusted.directory
 
     def _stage(self, hosted: Hosted, keys: list[str]) -> None:
         staged = self._staged.setdefault(hosted.worker.token, set())

@@ -56,22 +56,23 @@ def import_reason(load: dict[str, Any], allowed_changes: set[str]) -> str | None
     return None
 
 
-def output_reason(refs: list[dict[str, Any]], expected: list[dict[str, Any]] | None, has_exempt: bool) -> str | None:
-    """Count, dtype, shape and device of a call's outputs against the expected ones."""
+def output_reason(refs: list[dict[str, Any]], contract: list[dict[str, Any]] | None, has_exempt: bool) -> str | None:
+    """Count, dtype, shape and device of a call's outputs against the task's own kernel's (the contract:
+    harness.session)."""
     if not refs:
         return ("the entry returned no tensor: return the output(s), or declare `outputs` in the task"
                 if not has_exempt else "the call produced no output")
-    if expected is None:
+    if contract is None:
         return None
-    if len(refs) != len(expected):
-        return f"the kernel returned {len(refs)} output(s), the reference {len(expected)}"
-    for i, (ref, exp) in enumerate(zip(refs, expected)):
+    if len(refs) != len(contract):
+        return f"the kernel returned {len(refs)} output(s), the task's own kernel {len(contract)}"
+    for i, (ref, exp) in enumerate(zip(refs, contract)):
         if ref["dtype"] != exp["dtype"]:
-            return f"output {i} is {ref['dtype']}, the reference's {exp['dtype']}"
+            return f"output {i} is {ref['dtype']}, the task's own kernel's {exp['dtype']}"
         if list(ref["shape"]) != list(exp["shape"]):
-            return f"output {i} has shape {tuple(ref['shape'])}, the reference {tuple(exp['shape'])}"
+            return f"output {i} has shape {tuple(ref['shape'])}, the task's own kernel's {tuple(exp['shape'])}"
         if _device_type(ref["device"]) != _device_type(exp["device"]):
-            return f"output {i} is on {ref['device']}, the reference's on {exp['device']}"
+            return f"output {i} is on {ref['device']}, the task's own kernel's on {exp['device']}"
     return None
 
 

@@ -23,7 +23,7 @@ from typing import Any
 MARK = "@@kernel-kb@@ "
 
 _KERNEL_OPS = {"load", "stage", "unstage", "check", "time", "burn_in", "forget_tunings", "profile", "artifacts"}
-_REFERENCE_OPS = {"task", "make", "share", "release", "expect", "compare", "ceilings"}
+_REFERENCE_OPS = {"task", "make", "share", "release", "expect", "contract", "compare", "ceilings"}
 
 
 def main() -> None:
@@ -139,7 +139,9 @@ class _Service:
         if op == "release":
             return ref.release(r.get("keys"), r.get("worker"))
         if op == "expect":
-            return ref.expect(r["key"], int(r["case"]), r["outputs"], r["dir"])
+            return ref.expect(r["key"], r["outputs"], r["dir"])
+        if op == "contract":
+            return ref.contract(int(r["case"]), r["outputs"])
         if op == "compare":
             return ref.compare(r["keys"], r["calls"], r["dir"], int(r["case"]))
         from harness.roofline import ceilings

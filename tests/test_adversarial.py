@@ -199,13 +199,22 @@ def test_the_judging_process_never_imports_a_kernel_under_judgement(judge, suite
 # --- outputs -------------------------------------------------------------------------------
 
 def test_an_fp16_output_for_an_fp32_operator_is_refused(judge, suite):
-    assert "output 0 is float16, the reference's float32" in judged(judge, suite, "fp16_output.py").rejected
+    assert "output 0 is float16, the task's own kernel's float32" in judged(judge, suite, "fp16_output.py").rejected
 
 
 def test_fewer_outputs_than_the_reference_is_refused(suite):
     with Judge({"path": str(suite / "task_minmax.py")}, BACKEND, timeout_s=60) as minmax:
         report = run_task(minmax.spec, OPTIONS, candidate=str(suite / "fewer_outputs.py"), judge=minmax)
-    assert "the kernel returned 1 output(s), the reference 2" in report.run("candidate").rejected
+    assert "the kernel returned 1 output(s), the task's own kernel 2" in report.run("candidate").rejected
+
+
+def test_what_outputs_must_be_is_the_task_kernels_when_the_reference_widens(suite):
+    with Judge({"path": str(suite / "task_wide_sum.py")}, BACKEND, timeout_s=60) as session:
+        report = run_task(session.spec, OPTIONS, candidate=str(suite / "wide_sum_fp16.py"), judge=session)
+    base, cand = report.run("baseline"), report.run("candidate")
+    assert base.correct and base.cases[0].checks[0].dtype == "float32"  # not the reference's float64
+    assert base.cases[0].checks[0].rtol == pytest.approx(1e-4)  # fp32's tolerance, not float64's
+    assert "output 0 is float16, the task's own kernel's float32" in cand.rejected
 
 
 # --- inputs it could have read in the task file ----------------------------------------------------

@@ -22,3 +22,4 @@ def bytes(m, n, dtype=torch.float16):
 cases = [dict(m=16384, n=1024), dict(m=8192, n=2048), dict(m=8192, n=4096), dict(m=4096, n=8192),
          dict(m=32768, n=768), dict(m=8192, n=3000), dict(m=8192, n=1024, dtype=torch.float32)]
 heldout = [dict(m=5, n=33), dict(m=100, n=1000, dtype=torch.float32), dict(m=3, n=7, dtype=torch.bfloat16)]
+heldout_ranges = {"m": (3, 100), "n": (7, 1000)}  # drawn per run (harness/task.py): the span the held-out cases cover

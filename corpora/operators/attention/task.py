@@ -32,3 +32,4 @@ def bytes(batch, heads, seq, head=64):
 cases = [dict(batch=4, heads=16, seq=512), dict(batch=4, heads=16, seq=1024), dict(batch=2, heads=16, seq=2048),
          dict(batch=1, heads=16, seq=4096), dict(batch=8, heads=8, seq=1024, head=128)]
 heldout = [dict(batch=1, heads=1, seq=1), dict(batch=2, heads=3, seq=77)]
+heldout_ranges = {"batch": (1, 2), "heads": (1, 3), "seq": (1, 77)}  # drawn per run (harness/task.py): the span the held-out cases cover

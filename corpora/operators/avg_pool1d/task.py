@@ -21,3 +21,4 @@ def bytes(m, n, dtype=torch.float32):
 cases = [dict(m=1024, n=4096), dict(m=4096, n=4096), dict(m=512, n=65536), dict(m=8192, n=8192),
          dict(m=4096, n=8192, dtype=torch.float16)]
 heldout = [dict(m=1, n=4), dict(m=7, n=1003)]
+heldout_ranges = {"m": (1, 7), "n": (4, 1003)}  # drawn per run (harness/task.py): the span the held-out cases cover

@@ -21,3 +21,4 @@ def bytes(n, a=1.7, dtype=torch.float32):
 cases = [dict(n=1 << 24), dict(n=1 << 25), dict(n=1 << 26), dict(n=50_000_017, a=-0.3),
          dict(n=1 << 26, dtype=torch.float16), dict(n=1 << 26, dtype=torch.bfloat16)]
 heldout = [dict(n=1), dict(n=17, a=2.5), dict(n=100_003), dict(n=4097, dtype=torch.float16)]
+heldout_ranges = {"n": (1, 100003)}  # drawn per run (harness/task.py): the span the held-out cases cover

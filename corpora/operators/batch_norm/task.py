@@ -24,3 +24,4 @@ cases = [dict(n=32, c=256, length=4096), dict(n=64, c=512, length=1024), dict(n=
          dict(n=16, c=1024, length=3000), dict(n=256, c=2048, length=128),
          dict(n=32, c=256, length=8192, dtype=torch.float16)]
 heldout = [dict(n=1, c=1, length=1), dict(n=3, c=5, length=33), dict(n=2, c=7, length=1500, dtype=torch.float16)]
+heldout_ranges = {"n": (1, 3), "c": (1, 7), "length": (1, 1500)}  # drawn per run (harness/task.py): the span the held-out cases cover

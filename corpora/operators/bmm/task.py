@@ -31,3 +31,4 @@ cases = [dict(batch=32, m=256, n=256, k=256), dict(batch=16, m=512, n=512, k=512
          dict(batch=8, m=1024, n=1024, k=1024), dict(batch=64, m=128, n=128, k=512),
          dict(batch=4, m=2048, n=2048, k=1024)]
 heldout = [dict(batch=1, m=1, n=1, k=1), dict(batch=3, m=65, n=33, k=17)]
+heldout_ranges = {"batch": (1, 3), "m": (1, 65), "n": (1, 33), "k": (1, 17)}  # drawn per run (harness/task.py): the span the held-out cases cover

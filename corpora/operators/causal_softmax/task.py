@@ -30,3 +30,4 @@ def bytes(m, n, dtype=torch.float32):
 cases = [dict(m=32 * 1024, n=1024), dict(m=16 * 2048, n=2048), dict(m=8 * 4096, n=4096), dict(m=64 * 512, n=512),
          dict(m=16 * 1000, n=1000), dict(m=32 * 2048, n=2048, dtype=torch.float16)]
 heldout = [dict(m=3, n=7), dict(m=10, n=3), dict(m=129, n=100), dict(m=64, n=300, dtype=torch.float16)]
+heldout_ranges = {"m": (3, 129), "n": (3, 300)}  # drawn per run (harness/task.py): the span the held-out cases cover

@@ -23,3 +23,4 @@ tolerances = {"atol": 1e-2, "rtol": 1e-4}
 cases = [dict(m=8192, n=4096), dict(m=65536, n=1024), dict(m=1024, n=65536), dict(m=8192, n=8192),
          dict(m=10000, n=5000), dict(m=8192, n=8192, dtype=torch.float16)]
 heldout = [dict(m=1, n=3), dict(m=33, n=5), dict(m=1000, n=77), dict(m=100, n=300, dtype=torch.float16)]
+heldout_ranges = {"m": (1, 1000), "n": (3, 300)}  # drawn per run (harness/task.py): the span the held-out cases cover

@@ -27,3 +27,4 @@ tolerances = {"atol": 1e-4, "rtol": 1e-4}
 cases = [dict(m=4096, n=1024), dict(m=4096, n=4096), dict(m=1024, n=16384), dict(m=512, n=32768),
          dict(m=4096, n=8192, dtype=torch.float16)]
 heldout = [dict(m=3, n=7), dict(m=129, n=1000)]
+heldout_ranges = {"m": (3, 129), "n": (7, 1000)}  # drawn per run (harness/task.py): the span the held-out cases cover

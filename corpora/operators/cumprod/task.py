@@ -22,3 +22,4 @@ def bytes(m, n, dtype=torch.float32):
 cases = [dict(m=65536, n=256), dict(m=32768, n=512), dict(m=16384, n=1024), dict(m=4096, n=4096),
          dict(m=16384, n=1000), dict(m=32768, n=1024, dtype=torch.float16)]
 heldout = [dict(m=3, n=7), dict(m=129, n=1000), dict(m=5, n=33, dtype=torch.float16)]
+heldout_ranges = {"m": (3, 129), "n": (7, 1000)}  # drawn per run (harness/task.py): the span the held-out cases cover

@@ -28,3 +28,4 @@ tolerances = {"float32": {"atol": 1e-3, "rtol": 1e-4}, "float16": {"atol": 5e-1,
 cases = [dict(m=8192, n=256), dict(m=8192, n=512), dict(m=4096, n=1024), dict(m=2048, n=4096),
          dict(m=8192, n=1024, dtype=torch.float16)]
 heldout = [dict(m=3, n=7), dict(m=129, n=1000)]
+heldout_ranges = {"m": (3, 129), "n": (7, 1000)}  # drawn per run (harness/task.py): the span the held-out cases cover

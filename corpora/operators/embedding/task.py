@@ -22,3 +22,4 @@ cases = [dict(tokens=16384, vocab=32000, dim=512), dict(tokens=32768, vocab=3200
          dict(tokens=8192, vocab=128000, dim=4096), dict(tokens=65536, vocab=50000, dim=256),
          dict(tokens=16384, vocab=32000, dim=2048, dtype=torch.float16)]
 heldout = [dict(tokens=1, vocab=3, dim=5), dict(tokens=77, vocab=1000, dim=300)]
+heldout_ranges = {"tokens": (1, 77), "vocab": (3, 1000), "dim": (5, 300)}  # drawn per run (harness/task.py): the span the held-out cases cover

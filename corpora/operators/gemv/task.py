@@ -28,3 +28,4 @@ tolerances = {"float32": {"atol": 1e-3, "rtol": 1e-4}, "float16": {"atol": 1e-2,
 cases = [dict(m=8192, k=8192), dict(m=16384, k=8192), dict(m=32768, k=4096), dict(m=4096, k=16384),
          dict(m=10000, k=5000), dict(m=8192, k=8192, dtype=torch.float32), dict(m=4096, k=14336, dtype=torch.float32)]
 heldout = [dict(m=1, k=1), dict(m=5, k=33), dict(m=129, k=1000, dtype=torch.float32)]
+heldout_ranges = {"m": (1, 129), "k": (1, 1000)}  # drawn per run (harness/task.py): the span the held-out cases cover

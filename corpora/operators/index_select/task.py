@@ -22,3 +22,4 @@ cases = [dict(rows=100000, k=32768, dim=1024), dict(rows=50000, k=65536, dim=512
          dict(rows=1000000, k=262144, dim=128), dict(rows=30000, k=20000, dim=1500),
          dict(rows=100000, k=32768, dim=2048, dtype=torch.float16)]
 heldout = [dict(rows=1, k=1, dim=1), dict(rows=3, k=10, dim=5), dict(rows=1000, k=77, dim=1100, dtype=torch.bfloat16)]
+heldout_ranges = {"rows": (1, 1000), "k": (1, 77), "dim": (1, 1100)}  # drawn per run (harness/task.py): the span the held-out cases cover

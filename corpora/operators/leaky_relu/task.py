@@ -21,3 +21,4 @@ def bytes(n, dtype=torch.float32):
 cases = [dict(n=1 << 24), dict(n=1 << 25), dict(n=1 << 26), dict(n=50_000_017),
          dict(n=1 << 26, dtype=torch.float16), dict(n=1 << 26, dtype=torch.bfloat16)]
 heldout = [dict(n=1), dict(n=17), dict(n=100_003), dict(n=4097, dtype=torch.float16)]
+heldout_ranges = {"n": (1, 100003)}  # drawn per run (harness/task.py): the span the held-out cases cover

@@ -26,3 +26,4 @@ def bytes(m, n, dtype=torch.float32):
 cases = [dict(m=4096, n=512), dict(m=4096, n=2048), dict(m=2048, n=4096), dict(m=1024, n=8192),
          dict(m=8192, n=1024, dtype=torch.float16)]
 heldout = [dict(m=3, n=7), dict(m=129, n=1000)]
+heldout_ranges = {"m": (3, 129), "n": (7, 1000)}  # drawn per run (harness/task.py): the span the held-out cases cover

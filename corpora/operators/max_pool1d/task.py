@@ -24,3 +24,4 @@ cases = [dict(n=32, c=256, length=4096), dict(n=16, c=64, length=65536), dict(n=
          dict(n=64, c=128, length=4099), dict(n=8, c=1024, length=8192),
          dict(n=32, c=256, length=8192, dtype=torch.float16)]
 heldout = [dict(n=1, c=1, length=4), dict(n=3, c=5, length=1003), dict(n=2, c=3, length=77, dtype=torch.bfloat16)]
+heldout_ranges = {"n": (1, 3), "c": (1, 5), "length": (4, 1003)}  # drawn per run (harness/task.py): the span the held-out cases cover

@@ -23,3 +23,4 @@ tolerances = {"atol": 1e-2, "rtol": 1e-4}
 cases = [dict(m=4096, n=4096), dict(m=1024, n=65536), dict(m=65536, n=1024), dict(m=16384, n=8192),
          dict(m=8192, n=8192, dtype=torch.float16)]
 heldout = [dict(m=3, n=1), dict(m=77, n=5000), dict(m=1, n=100000)]
+heldout_ranges = {"m": (1, 77), "n": (1, 100000)}  # drawn per run (harness/task.py): the span the held-out cases cover

@@ -21,3 +21,4 @@ def bytes(n, dtype=torch.float32):
 cases = [dict(n=1 << 20), dict(n=1 << 22), dict(n=1 << 24), dict(n=1 << 26), dict(n=1 << 27),
          dict(n=1 << 26, dtype=torch.float16)]
 heldout = [dict(n=1), dict(n=1000003), dict(n=4097, dtype=torch.float16)]
+heldout_ranges = {"n": (1, 1000003)}  # drawn per run (harness/task.py): the span the held-out cases cover
