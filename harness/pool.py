@@ -14,8 +14,9 @@ __all__ = ["SparePool"]
 
 
 class SparePool:
-    def __init__(self, make: Callable[[], Worker], spares: int = 0) -> None:
+    def __init__(self, make: Callable[[], Worker], spares: int = 0, warm: bool = False) -> None:
         self._make = make
+        self._warm = warm  # spares set up the device while they wait (harness.worker's `warm`)
         self._spares = max(0, spares)
         self._ready: list[Worker] = []
         self._starting = 0
@@ -37,6 +38,8 @@ class SparePool:
         worker = self._make()
         try:
             worker.start()
+            if self._warm and not worker.submit({"op": "warm"}, 300).get("ok"):
+                raise UserFacingError("a spare worker could not set up the device", "run `kb run TASK` to see why")
         except UserFacingError as exc:
             worker.close()
             with self._lock:

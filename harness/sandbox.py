@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,7 @@ class Worker:
         self.backend = backend
         self.restart = restart  # False: a worker that failed stays gone (what it held is lost with it)
         self._started = False
+        self._starting = threading.Lock()
         self._wrap = wrap
         self._env = env or {}
         self._own_dir = directory is None
@@ -82,6 +84,10 @@ class Worker:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
+        with self._starting:  # a background start and a first request may race
+            self._start()
+
+    def _start(self) -> None:
         if self.alive:
             return
         self.close(keep_dir=True)
@@ -110,7 +116,6 @@ class Worker:
             except OSError as exc:
                 raise UserFacingError(f"cannot start a worker ({cmd[0]}: {exc.strerror})",
                                       "check that the profiler or Python named is installed") from exc
-        self._started = True
         hello = {"secret": self._secret, "dir": str(self.directory), "backend": self.backend}
         self._write(hello)
         ready = self._read(_START_TIMEOUT_S)
@@ -118,6 +123,7 @@ class Worker:
             reason = self._failure(ready, _START_TIMEOUT_S)
             raise UserFacingError(f"the {self.backend} worker did not start: {reason}",
                                   "run `python -m harness.worker` to see why (torch/triton importable?)")
+        self._started = True  # from here on, with restart off, a worker that dies stays gone
 
     def submit(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Run one job; always returns a dict: {"ok": True, "answer": ...} or {"ok": False, ...}."""

@@ -72,7 +72,10 @@ class Session:
         self._trusted: Worker | None = None
         self._trusted_loaded: dict[str, Hosted] = {}
         self._hosted: dict[tuple[str, str, str], Hosted] = {}
-        self._pool = SparePool(lambda: self._new_worker(None), spares)
+        self._pool = SparePool(lambda: self._new_worker(None), spares, warm=backend in ("cuda", "npu"))
+        # The reference worker starts now, in the background (it forks from the zygote, which starts
+        # first): a caller that loads its task or plans meanwhile does not wait for it later.
+        threading.Thread(target=self._start_quietly, args=(self._reference,), daemon=True).start()
         self._protected: dict[str, bytes] = {}
         self._made: dict[str, dict[str, Any]] = {}
         self._staged: dict[str, set[str]] = {}  # per worker token: the input sets it holds
@@ -98,6 +101,13 @@ class Session:
     def _new_worker(self, name: str | None) -> Worker:
         directory = Path(os.path.join(self.root, name or f"w{os.urandom(4).hex()}"))
         return Worker(self.backend, directory=directory, restart=False)
+
+    @staticmethod
+    def _start_quietly(worker: Worker) -> None:
+        try:
+            worker.start()
+        except UserFacingError:
+            pass  # the first request starts it again, and reports why it cannot
 
     def _ask(self, worker: Worker, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """A request's answer; a worker failure raises `WorkerFailed`, bad input `UserFacingError`."""

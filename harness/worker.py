@@ -77,6 +77,8 @@ class _Service:
         op = request.get("op")
         if op == "ping":
             return {"pid": os.getpid()}
+        if op == "warm":
+            return self._warm()
         if op == "capture":
             return _capture(request)
         if op in _REFERENCE_OPS:
@@ -84,6 +86,19 @@ class _Service:
         if op in _KERNEL_OPS:
             return self._kernel_op(op, request)
         raise ValueError(f"unknown request {op!r}")
+
+    def _warm(self) -> dict[str, Any]:
+        """A spare worker, idle until a kernel comes: set up the device now (the CUDA context, Triton's
+        driver), so the kernel's first call does not pay for it. Before any kernel is imported, so the
+        state a kernel is judged against includes it."""
+        device = self._device()
+        if device != "cpu":
+            import torch
+            from triton.runtime.driver import driver
+
+            torch.empty(1, device=device)
+            driver.active.get_current_device()
+        return {"device": device}
 
     def _device(self) -> str:
         from harness.backends import select_backend
