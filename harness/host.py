@@ -178,6 +178,8 @@ class KernelHost:
         inputs_after.update({f"kwargs[{k!r}]": send(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
         spans = [_span(o) for o in outputs]
         record.update(
+            torch_outputs=[{"output": i, "op": log.copied[span[0]]} for i, span in enumerate(spans)
+                           if span[0] in log.copied],
             log=asdict(log), returned=type(value).__name__,
             outputs=[send(o) for o in outputs],
             output_spans=spans,
@@ -194,7 +196,7 @@ class KernelHost:
     # --- timing ----------------------------------------------------------------------------
 
     def time(self, name: str, keys: list[str], probe: dict[str, Any], warmup_ms: int, rep_ms: int, warm_cache: bool,
-             exempt: list[int], expect_kernels: list[str]) -> dict[str, Any]:
+             exempt: list[int], expect_kernels: list[str], allow_copies: list[str]) -> dict[str, Any]:
         """Raw timing samples of the entry cycling through the staged sets `keys`, under the same watch
         as its checks. At one repetition (`probe["at"]`, a fraction of the run) the values of the staged
         set `probe["key"]` are first written into that repetition's argument tensors, and that call's
@@ -209,7 +211,7 @@ class KernelHost:
         probe_args, probe_kwargs = self.staged[probe["key"]][0]
         expected = set(expect_kernels)
         merged = CallLog()
-        counts = {"calls": 0, "no_launch": 0, "other_kernels": 0}
+        counts = {"calls": 0, "no_launch": 0, "other_kernels": 0, "torch_outputs": 0}
         pending: list[Any] = []
         kept: list[Any] = []
         saved: list[Any] = []
@@ -230,6 +232,9 @@ class KernelHost:
             counts["calls"] += 1
             counts["no_launch"] += log.launches == 0
             counts["other_kernels"] += bool(expected and log.launches and not expected & set(log.kernels))
+            if log.copied:
+                made = [log.copied.get(o.untyped_storage().data_ptr()) for o in outputs_of(value, args, exempt)]
+                counts["torch_outputs"] += any(op and op not in allow_copies for op in made)
             _merge_log(merged, log)
             if pending:
                 pending.clear()
@@ -372,6 +377,7 @@ def _merge_log(total: CallLog, one: CallLog) -> None:
     for name in ("kernels", "foreign_streams", "torch_ops", "host_copies", "escapes"):
         have = getattr(total, name)
         have += [x for x in getattr(one, name) if x not in have]
+    total.copied = {}  # addresses mean nothing once the call is over
 
 
 def _sync() -> None:

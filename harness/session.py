@@ -82,6 +82,7 @@ class Session:
         self._ceilings: dict[str, Any] | None = None
         self._trusted_import: set[str] | None = None
         self._contracts: dict[str, list[dict[str, Any]]] = {}  # case label -> the task kernel's outputs
+        self._own_copies: set[str] = set()  # torch copies the task's own wrapper makes its outputs with
         self._contract_meta: dict[int, list[dict[str, Any]]] = {}  # this run's, with tolerances
         self._kernels_seen: dict[tuple[str, int], set[str]] = {}  # (worker, case) -> kernels its checks launched
         self._loading: dict[tuple[str, str, str], threading.Lock] = {}
@@ -283,6 +284,7 @@ class Session:
         if first.get("error"):
             raise UserFacingError(f"the task's own kernel raised {first['error']} on case {self.info.labels[case]}",
                                   "fix the task's kernel first (kb run TASK shows the cases)")
+        self._own_copies.update(t["op"] for c in answer["calls"] for t in c.get("torch_outputs", []))
         return first
 
     def _trusted_dir(self) -> Path:

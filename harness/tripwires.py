@@ -51,10 +51,18 @@ ALLOWED_OPS = frozenset({
 HOST_COPY_LIMIT = 64
 
 
+# Copies whose result could be an output made by torch rather than by a kernel (a transpose as
+# `x.t().contiguous()`, a remembered result `.clone()`d out).
+_COPIES = frozenset({"clone", "_to_copy", "copy_", "_copy_from", "_copy_from_and_resize", "contiguous"})
+
+
 def op_base(func: Any) -> str:
     """`aten::_softmax` -> "_softmax" (the overload packet's name)."""
-    packet = getattr(func, "overloadpacket", None)
-    return getattr(packet, "__name__", None) or str(func).split(".")[1] if "." in str(func) else str(func)
+    name = getattr(getattr(func, "overloadpacket", None), "__name__", None)
+    if name:
+        return name
+    text = str(func)  # "aten._softmax.default"
+    return text.split(".")[1] if "." in text else text
 
 
 def allowed_op(name: str, allow_torch: frozenset[str]) -> bool:
@@ -85,6 +93,7 @@ class CallLog:
     escapes: list[str] = field(default_factory=list)  # guard switches used
     threads: int = 0  # threads started
     forks: int = 0
+    copied: dict[int, str] = field(default_factory=dict)  # storage address -> the torch copy that wrote it
 
 
 class Watch:
@@ -167,15 +176,22 @@ class Watch:
 
     def _saw(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         log = self.log
-        if log is None or getattr(self._ours, "tuning", 0):
-            return
+        if log is None or getattr(self._ours, "tuning", 0) or getattr(self._ours, "launching", 0):
+            return  # the autotuner's benchmarking and Triton's own launch (the interpreter copies back)
         name = op_base(func)
         if not allowed_op(name, self.allow):
             label = f"aten::{name}"
             if label not in log.torch_ops:
                 log.torch_ops.append(label)
-        elif name in ("_to_copy", "copy_", "to", "_copy_from") and self.device != "cpu":
+            return
+        if name in ("_to_copy", "copy_", "to", "_copy_from") and self.device != "cpu":
             self._host_copy(name, args, out, log)
+        if name in _COPIES and "copy" not in self.allow:
+            import torch
+
+            target = args[0] if name.endswith("_") and args else out
+            if isinstance(target, torch.Tensor) and target.numel() > HOST_COPY_LIMIT:
+                log.copied[target.untyped_storage().data_ptr()] = f"aten::{name}"
 
     def _host_copy(self, name: str, args: Any, out: Any, log: CallLog) -> None:
         import torch
@@ -206,7 +222,11 @@ class Watch:
 
                         if torch.cuda.current_stream() != watch.stream and name not in log.foreign_streams:
                             log.foreign_streams.append(name)
-                return _original(self, *args, **kwargs)
+                watch._ours.launching = getattr(watch._ours, "launching", 0) + 1
+                try:
+                    return _original(self, *args, **kwargs)
+                finally:
+                    watch._ours.launching -= 1
 
             run.__wrapped__ = original  # type: ignore[attr-defined]
             cls.run = run

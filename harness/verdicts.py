@@ -30,13 +30,18 @@ def _log_reason(log: dict[str, Any], allow_state: set[str], state: list[str], ta
     return None
 
 
-def call_reason(record: dict[str, Any], index: int, allow_state: set[str]) -> str | None:
-    """Why one call of a check cannot be trusted, from what the worker saw during it."""
+def call_reason(record: dict[str, Any], index: int, allow_state: set[str],
+                allow_copies: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+    """Why one call of a check cannot be trusted, from what the worker saw during it. `allow_copies`:
+    the torch copies the task's own kernel makes its outputs with (a rewrite may keep them)."""
     log = record.get("log") or {}
     where = f" {CALLS[index]}" if index < len(CALLS) and CALLS[index] else ""
     reason = _log_reason(log, allow_state, record.get("state", []), record.get("tampered", []))
     if reason:
         return reason + where
+    made = [t for t in record.get("torch_outputs", []) if t["op"] not in allow_copies]
+    if made:
+        return f"torch fallback at runtime: output {made[0]['output']} was written by {made[0]['op']}, not by a kernel{where}"
     if log.get("forks"):
         return f"the kernel forked a process{where}"
     if not log.get("launches"):
@@ -100,6 +105,9 @@ def timed_reason(answer: dict[str, Any], wall_s: float, allow_state: set[str]) -
     if answer.get("no_launch"):
         return (f"{answer['no_launch']} of {answer['calls']} timed calls launched no Triton kernel "
                 "(a cached result, or work done elsewhere)")
+    if answer.get("torch_outputs"):
+        return (f"torch fallback at runtime: {answer['torch_outputs']} of {answer['calls']} timed calls returned "
+                "an output a torch copy wrote, not a kernel")
     if answer.get("other_kernels"):
         return (f"{answer['other_kernels']} of {answer['calls']} timed calls launched none of the kernels its checked "
                 "calls launched (a stand-in kernel while timed)")

@@ -125,7 +125,8 @@ class _Service:
             return answer
         if op == "time":
             return host.time(r["name"], list(r["keys"]), dict(r["probe"]), int(r["warmup_ms"]), int(r["rep_ms"]),
-                             bool(r.get("warm_cache")), list(r.get("exempt", [])), list(r.get("expect_kernels", [])))
+                             bool(r.get("warm_cache")), list(r.get("exempt", [])), list(r.get("expect_kernels", [])),
+                             list(r.get("allow_copies", [])))
         if op == "burn_in":
             return host.burn_in(r["names"], r["key"], float(r["seconds"]))
         if op == "forget_tunings":
