@@ -94,8 +94,9 @@ def sample_calls(call: Callable[[int, Callable[[], None], Callable[[], None]], A
         host_s.append(_perf_counter() - t)
     # The host's time from the flush to the kernel's launch must not show in the timing: a spin on the
     # device after the flush, as long as the host's slowest tenth of calls, keeps it busy meanwhile.
-    cover_us = 1.25e6 * sorted(host_s)[int(0.9 * (len(host_s) - 1))] + 10.0
-    repeats = max(1, int(rep_ms / estimate))
+    cover_us = 1.25e6 * sorted(host_s)[int(0.9 * (len(host_s) - 1))] + 10.0 if clock.device is not None else 0.0
+    # The spin is device time each repetition spends: the window stays `rep_ms` (fewer repetitions).
+    repeats = max(1, int(rep_ms / (estimate + min(cover_us, 5000.0) / 1000.0)))
     probe_at = int(probe[0] * repeats) if probe is not None else -1
     starts = [clock.event() for _ in range(repeats)]
     ends = [clock.event() for _ in range(repeats)]
