@@ -50,6 +50,8 @@ class KernelSpec:
 
 @dataclass
 class Hosted:
+    """A kernel loaded in a worker: what its import reported (`load`), and under which name it runs there."""
+
     worker: Worker
     name: str
     load: dict[str, Any]
