@@ -71,6 +71,7 @@ def _home(ctx: click.Context, create: bool = False, build_hint: str | None = Non
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kernel-kb", prog_name="kb")
 @click.option("--home", type=click.Path(file_okay=False), default=None,
               help="KB home directory (default: $KB_HOME, else the per-user data directory).")
 @click.pass_context
@@ -1426,9 +1427,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
         store.close()
     import os
 
+    unreachable = None
+    if os.environ.get("KB_CHROMA_URL"):  # a shared server: say whether it answers, not only where it is
+        from kb.vectors import chroma_client
+
+        try:
+            chroma_client(home).heartbeat()
+        except UserFacingError as exc:
+            unreachable = exc.problem
+        except Exception as exc:  # noqa: BLE001 - any failure to answer means the same here
+            unreachable = f"the chroma server at {os.environ['KB_CHROMA_URL']} does not answer ({type(exc).__name__})"
     info = {
         "home": str(home.root),
         "vector_store": os.environ.get("KB_CHROMA_URL") or str(home.chroma_dir),
+        **({"vector_store_unreachable": unreachable} if unreachable else {}),
         "installed_triton": installed_triton_release(),
         "indexes": [{"corpus": m.corpus, "release": m.release, "chunks": m.count, "collection": m.collection,
                      **({"interrupted": unfinished[m.key]} if m.key in unfinished else {})} for m in manifests],
@@ -1436,9 +1448,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
     }
     if as_json:
         click.echo(json.dumps(info, indent=2))
+        if unreachable:
+            sys.exit(1)
         return
-    click.echo(f"KB home: {info['home']}\nvector store: {info['vector_store']}\n"
-               f"installed triton: {info['installed_triton']}")
+    store = info["vector_store"] + (f" (unreachable: {unreachable})" if unreachable else "")
+    click.echo(f"KB home: {info['home']}\nvector store: {store}\ninstalled triton: {info['installed_triton']}")
     for m in info["indexes"]:
         click.echo(f"  {m['corpus']}@{m['release']}: {m['chunks']} chunks"
                    + (f" (stopped before its symbols; finish it: {m['interrupted']})" if "interrupted" in m else ""))
@@ -1446,6 +1460,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"  symbols@{release}: {c['symbols']} symbols, {c['passes']} passes, {c['links']} links")
     if not manifests:
         click.echo("  (empty: run `kb index patterns` and `kb index compiler --installed`)")
+    if unreachable:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

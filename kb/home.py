@@ -122,10 +122,14 @@ class KBHome:
                 "pass an empty or new directory with --home / $KB_HOME; kernel-kb will not write into it",
             )
         if not marker.exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = marker.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"kind": "kernel-kb", "schema_version": HOME_SCHEMA_VERSION}))
-            os.replace(tmp, marker)
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                tmp = marker.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"kind": "kernel-kb", "schema_version": HOME_SCHEMA_VERSION}))
+                os.replace(tmp, marker)
+            except OSError as exc:  # a file on the way (KB_HOME=some/file/home), no permission, a full disk
+                raise UserFacingError(f"cannot create the KB home {self.root}: {exc.strerror or type(exc).__name__}",
+                                      "pass a directory you can write with --home or $KB_HOME") from None
         self.validate()
         return self
 

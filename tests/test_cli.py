@@ -62,6 +62,23 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     (foreign / "notes.txt").write_text("mine")
     assert "not a kernel-kb home" in _one_line_error(["--home", str(foreign), "index", "patterns"])
     assert "no knowledge base" in _one_line_error([*home, "status"])
+    below_a_file = ["--home", str(foreign / "notes.txt" / "home"), "index", "patterns"]
+    assert "cannot create the KB home" in _one_line_error(below_a_file)  # not a NotADirectoryError traceback
+
+
+def test_version_and_a_shared_store_that_does_not_answer(built_home, monkeypatch):
+    import socket
+
+    version = CliRunner().invoke(main, ["--version"])
+    assert version.exit_code == 0 and version.output.startswith("kb, version ")
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("KB_CHROMA_URL", f"http://127.0.0.1:{port}")
+    shown = CliRunner().invoke(main, ["--home", str(built_home.root), "status"])
+    assert shown.exit_code == 1 and "(unreachable: cannot reach the chroma server" in shown.output
+    info = CliRunner().invoke(main, ["--home", str(built_home.root), "status", "--json"])
+    assert info.exit_code == 1 and "cannot reach" in json.loads(info.stdout)["vector_store_unreachable"]
 
 
 def test_status_and_search(built_home):
