@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from harness.errors import UserFacingError
 
-__all__ = ["BACKENDS", "Backend", "backend_env", "detect_backend", "select_backend"]
+__all__ = ["BACKENDS", "TIMED", "Backend", "backend_env", "detect_backend", "select_backend"]
 
 BACKENDS = ("cuda", "interpreter", "npu")
+TIMED = ("cuda", "npu")  # the interpreter's seconds say nothing about a kernel
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def select_backend(name: str) -> Backend:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise UserFacingError("the interpreter backend needs TRITON_INTERPRET=1 before triton is imported",
                                   "run it through harness.sandbox.Worker (kb run does), not in-process")
-        return Backend("interpreter", "cpu", times=False)
+        return Backend("interpreter", "cpu", times="interpreter" in TIMED)
     import torch
 
     if name == "npu":
@@ -74,8 +75,8 @@ def select_backend(name: str) -> Backend:
             ) from exc
         if not torch.npu.is_available():  # type: ignore[attr-defined]
             raise UserFacingError("torch_npu sees no Ascend device", "check npu-smi info and ASCEND_RT_VISIBLE_DEVICES")
-        return Backend("npu", "npu", times=True)
+        return Backend("npu", "npu", times="npu" in TIMED)
     if not torch.cuda.is_available():
         raise UserFacingError("the cuda backend needs an NVIDIA GPU and this machine has none",
                               "use --backend interpreter for correctness on the CPU, or run on a GPU host")
-    return Backend("cuda", "cuda", times=True)
+    return Backend("cuda", "cuda", times="cuda" in TIMED)

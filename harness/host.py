@@ -36,9 +36,6 @@ __all__ = ["KernelHost", "POISON_A", "POISON_B", "WorkerPoisoned", "autotuners",
 
 POISON_A = float("nan")
 POISON_B = 1234.5
-# What Triton's autotuner catches while benchmarking a config and then passes over (3.6 and 3.9): a
-# config that does not fit the device or fails a compile-time assertion is never picked.
-TUNER_SKIPS = ("OutOfResources", "CompileTimeAssertionFailure", "PTXASError")
 _FATAL = ("illegal memory access", "unspecified launch failure", "CUDA error", "device-side assert",
           "misaligned address", "an illegal instruction")
 
@@ -58,9 +55,8 @@ class KernelHost:
         self.directory = directory
         self.entries: dict[str, Any] = {}
         self.watch: Watch | None = None
-        self.staged: dict[str, list[Staged]] = {}
+        self.staged: dict[str, Staged] = {}
         self.held: list[Any] = []  # what the last answer handed over by reference: alive until the next request
-        self.baseline_state: dict[str, str] | None = None
 
     # --- loading ---------------------------------------------------------------------------
 
@@ -95,15 +91,12 @@ class KernelHost:
 
     # --- inputs ----------------------------------------------------------------------------
 
-    def stage(self, key: str, sets: list[Any]) -> dict[str, Any]:
-        """Hold input sets (each `{"args": .., "kwargs": ..}` encoded) under `key` as tensors of our own."""
-        staged = []
-        for encoded in sets:
-            args = exchange.decode(encoded["args"], self._load)
-            kwargs = exchange.decode(encoded["kwargs"], self._load)
-            staged.append((tuple(args), dict(kwargs)))
-        self.staged[key] = staged
-        return {"staged": len(staged)}
+    def stage(self, key: str, encoded: dict[str, Any]) -> dict[str, Any]:
+        """Hold an input set (`{"args": .., "kwargs": ..}` encoded) under `key` as tensors of our own."""
+        args = exchange.decode(encoded["args"], self._load)
+        kwargs = exchange.decode(encoded["kwargs"], self._load)
+        self.staged[key] = (tuple(args), dict(kwargs))
+        return {}
 
     def unstage(self, keys: list[str]) -> dict[str, Any]:
         for key in keys:
@@ -121,8 +114,8 @@ class KernelHost:
 
         self.held = []
         entry = self.entries[name]
-        (args_a, kwargs_a), = self.staged[a][:1]
-        (args_b, kwargs_b), = self.staged[b][:1]
+        args_a, kwargs_a = self.staged[a]
+        args_b, kwargs_b = self.staged[b]
         out_spans: list[list[list[int]]] = []
         calls: list[dict[str, Any]] = []
         tuners = autotuners(entry)
@@ -207,8 +200,8 @@ class KernelHost:
         assert self.watch is not None
         self.held = []
         entry = self.entries[name]
-        sets = [self.staged[key][0] for key in keys]
-        probe_args, probe_kwargs = self.staged[probe["key"]][0]
+        sets = [self.staged[key] for key in keys]
+        probe_args, probe_kwargs = self.staged[probe["key"]]
         expected = set(expect_kernels)
         merged = CallLog()
         counts = {"calls": 0, "no_launch": 0, "other_kernels": 0, "torch_outputs": 0}
@@ -259,7 +252,7 @@ class KernelHost:
         """The entries run back to back for `seconds` (clocks up before the first timing)."""
         rounds = 0
         end = time.perf_counter() + seconds
-        args, kwargs = self.staged[key][0]
+        args, kwargs = self.staged[key]
         while time.perf_counter() < end:
             for name in names:
                 with self.watch.call(), self._untuned(self.entries[name]):  # type: ignore[union-attr]
@@ -282,7 +275,7 @@ class KernelHost:
 
     def profile(self, name: str, key: str, repeat: int) -> dict[str, Any]:
         """Launch the entry a few times on the staged set for a profiler wrapping this worker."""
-        args, kwargs = self.staged[key][0]
+        args, kwargs = self.staged[key]
         for _ in range(repeat):  # the first compiles and warms up; the profiler keeps the last
             self.entries[name](*args, **kwargs)
         _sync()

@@ -15,7 +15,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["MARKER", "become_subreaper", "carrying_marker", "describe", "descendants", "kill"]
+__all__ = ["MARKER", "become_subreaper", "carrying_marker", "children", "describe", "descendants", "kill", "reap"]
 
 MARKER = "KB_WORKER_ID"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -47,19 +47,44 @@ def _pids() -> list[int]:
         return []
 
 
-def descendants(pid: int) -> list[int]:
-    """Live (not zombie) processes below `pid`, in no particular order."""
+def _children_by_parent() -> dict[int, list[int]]:
+    """Live (not zombie) processes, by parent pid."""
     children: dict[int, list[int]] = {}
     for p in _pids():
         info = _stat(p)
         if info is not None and info[2] != "Z":
             children.setdefault(info[1], []).append(p)
+    return children
+
+
+def children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `pid`."""
+    return _children_by_parent().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """Live (not zombie) processes below `pid`, in no particular order."""
+    children = _children_by_parent()
     found, todo = [], list(children.get(pid, []))
     while todo:
         p = todo.pop()
         found.append(p)
         todo += children.get(p, [])
     return found
+
+
+def reap(statuses: dict[int, int | None] | None = None) -> None:
+    """Collect every exited child (ours, and the orphans a subreaper adopted), so none lingers as a
+    zombie; the exit status of those in `statuses` is kept there (-signal, or the exit code)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if statuses is not None and pid in statuses:
+            statuses[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def carrying_marker(token: str) -> list[int]:

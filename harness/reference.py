@@ -269,7 +269,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _tensors(value: Any) -> list[Any]:
-    """Every tensor in a value, in the order `exchange.encode` meets them, each object once."""
+    """Every tensor in a value, each object once (an input set's size is theirs)."""
     import torch
 
     found: list[Any] = []

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.backends import TIMED
 from harness.judge import Checked, Judge, KernelSpec, TimedCases, check_in_parallel
 from harness.measurement import CaseResult, KernelRun, RunReport
 from harness.timing import REP_MS, WARMUP_MS
 
 __all__ = ["RunOptions", "capture_kernel", "run_candidates", "run_task", "time_again"]
 
-_UNTIMED = ("interpreter",)
 
 
 @dataclass
@@ -72,7 +72,7 @@ def run_task(spec: dict[str, Any], options: RunOptions, candidate: str | None = 
             _add(report, judge.check(kernel, options.cases, options.seeds))
         _notes(report, judge, options, bool(candidate))
         passed = [k for k, run in zip(kernels, report.runs) if run.correct]
-        if options.time and options.backend not in _UNTIMED and passed:
+        if options.time and options.backend in TIMED and passed:
             stand_ins = [KernelSpec(r, stand_in=r) for r in options.references if info.has_reference]
             _merge(report, judge.time(passed + stand_ins, options.cases, warmup_ms=options.warmup_ms,
                                       rep_ms=options.rep_ms, roofline=options.roofline), judge)
@@ -106,7 +106,7 @@ def run_candidates(spec: dict[str, Any], options: RunOptions, baseline: str, can
             _notes(report, judge, options, True)
             reports.append(report)
         passing = [i for i, c in enumerate(checked) if c.run.correct]
-        if options.time and options.backend not in _UNTIMED and passing:
+        if options.time and options.backend in TIMED and passing:
             kernels = [KernelSpec("baseline", file=baseline, entry=entry)]
             kernels += [KernelSpec(f"candidate.{i}", file=candidates[i], entry=entry) for i in passing]
             timed = judge.time(kernels, options.cases, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms,
@@ -128,7 +128,7 @@ def time_again(spec: dict[str, Any], options: RunOptions, baseline: str, candida
     """Two kernels that passed their checks, timed against each other once more, in a run of their own
     (a new seed; roles baseline and candidate; the timed calls' outputs still compared). None when
     `options.time` is off."""
-    if not options.time or options.backend in _UNTIMED:
+    if not options.time or options.backend not in TIMED:
         return None
     try:
         judge.begin(options.seed, 0)
@@ -171,7 +171,7 @@ def _add(report: RunReport, checked: Checked) -> None:
 def _notes(report: RunReport, judge: Judge, options: RunOptions, candidate: bool) -> None:
     info = judge.info
     assert info is not None
-    if options.time and options.backend in _UNTIMED:
+    if options.time and options.backend not in TIMED:
         _note(report, f"the {options.backend} backend is never timed: its seconds say nothing about a kernel")
     if not info.has_reference:
         _note(report, "the task has no reference: the task's own kernel passed the guards only (its outputs were "

@@ -57,6 +57,9 @@ class Worker:
         self.restart = restart  # False: a worker that failed stays gone (what it held is lost with it)
         self._started = False
         self._starting = threading.Lock()
+        # One request in flight: the channel pairs a request with the next answer line, so two threads
+        # writing at once would each read the other's answer.
+        self._exchanging = threading.Lock()
         self._wrap = wrap
         self._env = env or {}
         self._own_dir = directory is None
@@ -127,6 +130,10 @@ class Worker:
 
     def submit(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Run one job; always returns a dict: {"ok": True, "answer": ...} or {"ok": False, ...}."""
+        with self._exchanging:
+            return self._submit(job, timeout)
+
+    def _submit(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self._started and not self.restart and not self.alive:
             return {"ok": False, "failure": "its worker failed earlier and is gone"}
         self.start()
@@ -161,16 +168,7 @@ class Worker:
         subreaper), and what escaped it to its zygote."""
         if not self.alive or self._proc is None:
             return []
-        return processes.descendants(self._proc.pid) + self._escapees()
-
-    def _escapees(self) -> list[int]:
-        zygote = getattr(self._proc, "zygote", None)
-        if zygote is None:
-            return []
-        try:
-            return [int(p) for p in zygote.ask({"op": "escapees"})["pids"]]
-        except OSError:
-            return []
+        return processes.descendants(self._proc.pid) + _escapees(self._proc)
 
     def close(self, keep_dir: bool = False) -> None:
         proc, self._proc = self._proc, None
@@ -183,9 +181,7 @@ class Worker:
                     proc.kill()
             processes.kill(stray)
             proc.wait()
-            self._proc = proc
-            processes.kill(self._escapees() + processes.carrying_marker(self.token))  # whatever escaped the tree
-            self._proc = None
+            processes.kill(_escapees(proc) + processes.carrying_marker(self.token))  # whatever escaped the tree
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     try:
@@ -257,3 +253,15 @@ class Worker:
                     "SIGKILL": "killed (out of memory?)", "SIGFPE": "an arithmetic fault"}.get(name, "a signal")
             return f"the worker died with {name}: {what}" + (f"; last output: {tail}" if tail else "")
         return f"the worker exited with status {code}" + (f"; last output: {tail}" if tail else "")
+
+
+def _escapees(proc: Any) -> list[int]:
+    """What escaped a forked worker's tree to its zygote (the zygote is a subreaper too); none for a
+    plain subprocess."""
+    zygote = getattr(proc, "zygote", None)
+    if zygote is None:
+        return []
+    try:
+        return [int(p) for p in zygote.ask({"op": "escapees"})["pids"]]
+    except OSError:
+        return []

@@ -70,6 +70,7 @@ class Session:
         self.root = exchange_root()
         self._lock = threading.RLock()  # one request at a time to the reference worker
         self._hosting = threading.RLock()  # the maps of hosted kernels and protected files
+        self._trusted_loading = threading.RLock()  # one load of each trusted stand-in, one trusted worker
         self._reference = self._new_worker("reference")
         self._trusted: Worker | None = None
         self._trusted_loaded: dict[str, Hosted] = {}
@@ -133,17 +134,8 @@ class Session:
         """The worker hosting `kernel`, started and loaded on first use."""
         assert self.info is not None
         if kernel.trusted:
-            name = kernel.stand_in or "entry"
-            if name not in self._trusted_loaded:
-                if self._trusted is None or not self._trusted.alive:
-                    self._trusted, self._trusted_loaded = self._pool.take(), {}
-                load = self._ask(self._trusted, {"op": "load", "name": name, "task": self.spec, "trusted": True,
-                                                 "attr": "entry" if name == "entry" else "eager",
-                                                 "compiled": name == "compiled", "allow_torch": self.info.allow_torch})
-                self._trusted_loaded[name] = Hosted(self._trusted, name, load, kernel)
-                if name == "entry":
-                    self._trusted_import = set(load.get("import_changes", []))
-            return self._trusted_loaded[name]
+            with self._trusted_loading:
+                return self._host_trusted(kernel, kernel.stand_in or "entry")
         file = str(Path(kernel.file).resolve())  # type: ignore[arg-type]
         entry = kernel.entry or self.info.entry
         key = (hashlib.sha256(Path(file).read_bytes()).hexdigest(), entry, str(Path(file).parent))
@@ -151,6 +143,17 @@ class Session:
             loading = self._loading.setdefault(key, threading.Lock())
         with loading:  # one load per source, however many threads ask for it at once
             return self._host_file(kernel, file, entry, key)
+
+    def _host_trusted(self, kernel: KernelSpec, name: str) -> Hosted:
+        """The trusted worker (the task's own code) with stand-in `name` loaded."""
+        if name not in self._trusted_loaded:
+            if self._trusted is None or not self._trusted.alive:
+                self._trusted, self._trusted_loaded = self._pool.take(), {}
+            load = self._ask(self._trusted, self._load_request(kernel, name))
+            self._trusted_loaded[name] = Hosted(self._trusted, name, load, kernel)
+            if name == "entry":
+                self._trusted_import = set(load.get("import_changes", []))
+        return self._trusted_loaded[name]
 
     def _host_file(self, kernel: KernelSpec, file: str, entry: str, key: tuple[str, str, str]) -> Hosted:
         assert self.info is not None
@@ -160,10 +163,9 @@ class Session:
             return replace(hosted, spec=kernel)
         self._protect([file])
         worker = self._pool.take()
-        cache = candidate_cache(key[0])
         try:
-            load = self._ask(worker, {"op": "load", "name": "entry", "file": file, "entry": entry,
-                                      "allow_torch": self.info.allow_torch, "cache_dir": str(cache)})
+            load = self._ask(worker, {**self._load_request(kernel, "entry"), "file": file, "entry": entry,
+                                      "cache_dir": str(candidate_cache(key[0]))})
         except UserFacingError as exc:
             worker.close()
             raise KernelUnusable(exc.problem) from None
@@ -174,6 +176,17 @@ class Session:
         with self._hosting:
             self._hosted[key] = hosted
         return hosted
+
+    def _load_request(self, kernel: KernelSpec, name: str) -> dict[str, Any]:
+        """What a worker is asked to import for `kernel`, under `name`."""
+        assert self.info is not None
+        request: dict[str, Any] = {"op": "load", "name": name, "allow_torch": self.info.allow_torch}
+        if kernel.trusted:
+            request.update(task=self.spec, trusted=True, attr="entry" if name == "entry" else "eager",
+                           compiled=name == "compiled")
+        else:
+            request.update(file=str(Path(kernel.file).resolve()), entry=kernel.entry or self.info.entry)  # type: ignore[arg-type]
+        return request
 
     def retire(self, keep: Sequence[str] = ()) -> None:
         """Close kernel workers, but those hosting one of the files in `keep` (by content)."""
@@ -275,7 +288,7 @@ class Session:
         assert self.info is not None
         hosted = self._host(KernelSpec("task kernel"))
         with self._busy_lock(hosted.worker):
-            self._stage(hosted, [key])
+            self._stage(hosted.worker, [key])
             try:
                 answer = self._ask(hosted.worker, {"op": "check", "name": hosted.name, "a": key, "b": key, "pin": None,
                                                    "exempt": self.info.exempt})
@@ -293,14 +306,15 @@ class Session:
         assert self._trusted is not None
         return self._trusted.directory
 
-    def _stage(self, hosted: Hosted, keys: list[str]) -> None:
-        staged = self._staged.setdefault(hosted.worker.token, set())
+    def _stage(self, worker: Worker, keys: list[str]) -> None:
+        """The input sets `keys` handed to `worker` (a copy of its own), those it does not hold yet."""
+        staged = self._staged.setdefault(worker.token, set())
         missing = [k for k in keys if k not in staged]
         if not missing:
             return
-        sets = self._ref("share", keys=missing, worker=hosted.worker.token, dir=str(hosted.worker.directory))["sets"]
+        sets = self._ref("share", keys=missing, worker=worker.token, dir=str(worker.directory))["sets"]
         for key, one in zip(missing, sets):
-            self._ask(hosted.worker, {"op": "stage", "key": key, "sets": [one]})
+            self._ask(worker, {"op": "stage", "key": key, "set": one})
             staged.add(key)
 
     def _busy_lock(self, worker: Worker) -> threading.RLock:
@@ -335,21 +349,16 @@ class Session:
         assert self.info is not None
         worker = Worker(self.backend, wrap=wrap, directory=Path(self.root) / f"p{os.urandom(4).hex()}", restart=False)
         try:
-            request: dict[str, Any] = {"op": "load", "name": "entry", "allow_torch": self.info.allow_torch}
-            if kernel.trusted:
-                request.update(task=self.spec, trusted=True, attr="entry")
-            else:
-                request.update(file=str(kernel.file), entry=kernel.entry or self.info.entry)
-            self._ask(worker, request)
+            self._ask(worker, self._load_request(kernel, "entry"))
             key, _ = self._set(case, 0, kind="p", expected=False)
-            sets = self._ref("share", keys=[key], worker=worker.token, dir=str(worker.directory))["sets"]
-            self._ask(worker, {"op": "stage", "key": key, "sets": sets})
+            self._stage(worker, [key])
             self._ask(worker, {"op": "profile", "name": "entry", "key": key, "repeat": repeat})
             return None, worker.finish(self.timeout_s)
         except (WorkerFailed, UserFacingError) as exc:
             return str(exc), ""
         finally:
             worker.close()
+            self._staged.pop(worker.token, None)
             with self._lock:
                 try:
                     self._ask(self._reference, {"op": "release", "worker": worker.token, "keys": []})

@@ -105,7 +105,9 @@ class Watch:
         self.allow = frozenset(allow_torch)
         self.device = device
         self.log: CallLog | None = None  # the call in progress
-        self._ours = threading.local()  # depth > 0 while this module switches its own modes on or off
+        # Per thread, how deep we are in each zone: "ours" (this module switching its own modes on or
+        # off), "tuning" (an autotuner benchmarking its configs), "launching" (Triton's own launch code).
+        self._zones = threading.local()
         self._guard_class = self._make_guard_class()
         self._main_guard = self._guard_class()  # the calling thread's; a thread the kernel starts gets its own
         self.stream = torch.cuda.current_stream() if device == "cuda" else None
@@ -137,13 +139,20 @@ class Watch:
             self.log = None
 
     @contextlib.contextmanager
-    def ours(self) -> Iterator[None]:
-        """The block is this module switching its own modes: no tripwire fires for it (this thread only)."""
-        self._ours.depth = getattr(self._ours, "depth", 0) + 1
+    def zone(self, name: str) -> Iterator[None]:
+        """The block, on this thread, is in zone `name` (see `_zones`)."""
+        setattr(self._zones, name, self.in_zone(name) + 1)
         try:
             yield
         finally:
-            self._ours.depth -= 1
+            setattr(self._zones, name, self.in_zone(name) - 1)
+
+    def in_zone(self, name: str) -> int:
+        return getattr(self._zones, name, 0)
+
+    def ours(self) -> Any:
+        """The block is this module switching its own modes: no tripwire fires for it."""
+        return self.zone("ours")
 
     def state_changes(self, baseline: dict[str, str] | None = None) -> list[str]:
         """Global state that differs from the snapshot (or from `baseline`)."""
@@ -176,7 +185,7 @@ class Watch:
 
     def _saw(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         log = self.log
-        if log is None or getattr(self._ours, "tuning", 0) or getattr(self._ours, "launching", 0):
+        if log is None or self.in_zone("tuning") or self.in_zone("launching"):
             return  # the autotuner's benchmarking and Triton's own launch (the interpreter copies back)
         name = op_base(func)
         if not allowed_op(name, self.allow):
@@ -222,11 +231,8 @@ class Watch:
 
                         if torch.cuda.current_stream() != watch.stream and name not in log.foreign_streams:
                             log.foreign_streams.append(name)
-                watch._ours.launching = getattr(watch._ours, "launching", 0) + 1
-                try:
+                with watch.zone("launching"):
                     return _original(self, *args, **kwargs)
-                finally:
-                    watch._ours.launching -= 1
 
             run.__wrapped__ = original  # type: ignore[attr-defined]
             cls.run = run
@@ -243,11 +249,8 @@ class Watch:
         watch = self
 
         def bench(self: Any, *args: Any, **kwargs: Any) -> Any:
-            watch._ours.tuning = getattr(watch._ours, "tuning", 0) + 1
-            try:
+            with watch.zone("tuning"):
                 return original(self, *args, **kwargs)
-            finally:
-                watch._ours.tuning -= 1
 
         bench.__wrapped__ = original  # type: ignore[attr-defined]
         Autotuner._bench = bench
@@ -266,7 +269,7 @@ class Watch:
 
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 log = watch.log
-                if log is not None and not getattr(watch._ours, "depth", 0) and name not in log.escapes:
+                if log is not None and not watch.in_zone("ours") and name not in log.escapes:
                     log.escapes.append(name)
                 return original(*args, **kwargs)
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.exchange import device_kind
+
 __all__ = ["call_reason", "import_reason", "output_reason", "overlap_reason", "timed_reason", "CALLS"]
 
 # How each call of a check is named in a reason (harness.host's module docstring says what each does).
 CALLS = ("", "on its second call", "on its third call (the same argument buffers, new values written in them)")
 
 
-def _log_reason(log: dict[str, Any], allow_state: set[str], state: list[str], tampered: list[str]) -> str | None:
+def _log_reason(log: dict[str, Any], state: list[str], tampered: list[str]) -> str | None:
     if tampered:
         return f"the kernel replaced {', '.join(tampered[:3])}: the harness's timer, launch counter or guards"
     if log.get("escapes"):
@@ -24,19 +26,17 @@ def _log_reason(log: dict[str, Any], allow_state: set[str], state: list[str], ta
         return f"torch fallback at runtime: {', '.join(log['torch_ops'][:3])}"
     if log.get("host_copies"):
         return f"torch fallback at runtime: {log['host_copies'][0]}, work done outside the kernel"
-    changed = [c for c in state if c.split(":")[0] not in allow_state]
-    if changed:
-        return f"the kernel changed process-wide state: {'; '.join(changed[:3])}"
+    if state:
+        return f"the kernel changed process-wide state: {'; '.join(state[:3])}"
     return None
 
 
-def call_reason(record: dict[str, Any], index: int, allow_state: set[str],
-                allow_copies: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+def call_reason(record: dict[str, Any], index: int, allow_copies: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
     """Why one call of a check cannot be trusted, from what the worker saw during it. `allow_copies`:
     the torch copies the task's own kernel makes its outputs with (a rewrite may keep them)."""
     log = record.get("log") or {}
     where = f" {CALLS[index]}" if index < len(CALLS) and CALLS[index] else ""
-    reason = _log_reason(log, allow_state, record.get("state", []), record.get("tampered", []))
+    reason = _log_reason(log, record.get("state", []), record.get("tampered", []))
     if reason:
         return reason + where
     made = [t for t in record.get("torch_outputs", []) if t["op"] not in allow_copies]
@@ -76,7 +76,7 @@ def output_reason(refs: list[dict[str, Any]], contract: list[dict[str, Any]] | N
             return f"output {i} is {ref['dtype']}, the task's own kernel's {exp['dtype']}"
         if list(ref["shape"]) != list(exp["shape"]):
             return f"output {i} has shape {tuple(ref['shape'])}, the task's own kernel's {tuple(exp['shape'])}"
-        if _device_type(ref["device"]) != _device_type(exp["device"]):
+        if device_kind(ref["device"]) != device_kind(exp["device"]):
             return f"output {i} is on {ref['device']}, the task's own kernel's on {exp['device']}"
     return None
 
@@ -96,10 +96,10 @@ def overlap_reason(record: dict[str, Any]) -> str | None:
     return None
 
 
-def timed_reason(answer: dict[str, Any], wall_s: float, allow_state: set[str]) -> str | None:
+def timed_reason(answer: dict[str, Any], wall_s: float) -> str | None:
     """Why a timing job's figures cannot be trusted."""
     log = answer.get("log") or {}
-    reason = _log_reason(log, allow_state, answer.get("state", []), answer.get("tampered", []))
+    reason = _log_reason(log, answer.get("state", []), answer.get("tampered", []))
     if reason:
         return reason + " while being timed"
     if answer.get("no_launch"):
@@ -124,7 +124,3 @@ def timed_reason(answer: dict[str, Any], wall_s: float, allow_state: set[str]) -
 
 def _overlaps(a: list[int], b: list[int]) -> bool:
     return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
-
-
-def _device_type(device: str) -> str:
-    return str(device).split(":")[0]

@@ -35,7 +35,7 @@ def main() -> None:
     backend_name = str(hello.get("backend", "cuda"))
     del hello
 
-    from harness.processes import become_subreaper
+    from harness.processes import become_subreaper, reap
 
     become_subreaper()  # before any kernel is imported: whatever it forks stays in our tree
 
@@ -63,7 +63,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
             send({"ok": False, "failure": f"{type(exc).__name__}: {first_line(exc)}",
                   "traceback": traceback.format_exc(limit=8)})
-        _reap()
+        reap()  # what exited of ours and of the orphans we adopted as subreaper: no zombie lingers
 
 
 class _Service:
@@ -116,7 +116,7 @@ class _Service:
         if op == "load":
             return host.load(r)
         if op == "stage":
-            return host.stage(r["key"], r["sets"])
+            return host.stage(r["key"], r["set"])
         if op == "unstage":
             return host.unstage(r["keys"])
         if op == "check":
@@ -183,17 +183,6 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
     artifacts = capture_callable(call, vars(module), r.get("target"), r.get("cache_dir"),
                                  what=f"{Path(r['file']).name} case {case}")
     return {"artifacts": [a.to_json() for a in artifacts]}
-
-
-def _reap() -> None:
-    """Collect exited children (ours and the orphans we adopted as subreaper), so none lingers as a zombie."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 if __name__ == "__main__":

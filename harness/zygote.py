@@ -40,7 +40,7 @@ _PRELOAD = ("torch", "triton", "triton.language", "torch._dynamo", "triton.runti
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     parent = os.getppid()
-    from harness.processes import become_subreaper
+    from harness.processes import become_subreaper, children, reap
 
     become_subreaper()
     for name in _PRELOAD:
@@ -50,7 +50,7 @@ def main() -> None:
     _send(sock, {"ready": True, "pid": os.getpid()})
     buffer = b""
     while True:
-        _reap(workers)
+        reap(workers)
         if os.getppid() != parent:
             break  # the caller is gone
         ready, _, _ = select.select([sock], [], [], 0.2)
@@ -69,14 +69,14 @@ def main() -> None:
                 workers[pid] = None
                 _send(sock, {"pid": pid})
             elif request["op"] == "status":
-                _reap(workers)
+                reap(workers)
                 _send(sock, {"status": workers.get(int(request["pid"]), "unknown")})
             elif request["op"] == "escapees":
-                _send(sock, {"pids": [p for p in _children() if p not in workers]})
+                _send(sock, {"pids": [p for p in children(os.getpid()) if p not in workers]})
             elif request["op"] == "forget":
                 workers.pop(int(request["pid"]), None)
                 _send(sock, {})
-    for pid in [*workers, *_children()]:
+    for pid in [*workers, *children(os.getpid())]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -133,32 +133,6 @@ def _spawn(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _reap(workers: dict[int, int | None]) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid in workers:
-            workers[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
-def _children() -> list[int]:
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                fields = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                found.append(int(name))
-    return found
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:

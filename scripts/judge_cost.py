@@ -69,7 +69,7 @@ def hand_over(backend: str) -> list[dict[str, Any]]:
             hosted = judge._host(KernelSpec("candidate", file=str(task.parent / "copy_kernel.py")))
             key, made = judge._set(case, 0)
             t = time.monotonic()
-            judge._stage(hosted, [key])
+            judge._stage(hosted.worker, [key])
             stage_s = time.monotonic() - t
             t = time.monotonic()
             answer = judge._ask(hosted.worker, {"op": "check", "name": hosted.name, "a": key, "b": key, "pin": None,

@@ -457,3 +457,17 @@ def test_time_again_is_nothing_to_do_where_nothing_is_timed(judge):
 
     assert time_again(TASK, RunOptions(backend="cuda", time=False), "a", "b", "e", judge) is None
     assert time_again(TASK, RunOptions(backend="interpreter"), "a", "b", "e", judge) is None
+
+
+def test_a_worker_shared_by_threads_answers_each_request_with_its_own_answer():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.sandbox import Worker
+
+    with Worker("interpreter") as worker:
+        def ask(i: int) -> bool:
+            if i % 2:
+                return worker.submit({"op": "ping"}, 60)["answer"]["pid"] == worker.pid
+            return "unknown request 'nope'" in worker.submit({"op": "nope"}, 60)["failure"]
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(ask, range(200)))
