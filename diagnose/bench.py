@@ -42,7 +42,6 @@ __all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs"
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SUITE = REPO / "corpora" / "operators"
-STRATEGIES = ("progressive", "profile-only", "always-deep")
 # After the deadline a running job is asked to stop (SIGINT: its round is left resumable), then killed.
 _GRACE_S = 60.0
 
@@ -74,7 +73,7 @@ class BenchSpec:
     rep_ms: int | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BenchSpec":
+    def from_dict(cls, d: dict[str, Any]) -> BenchSpec:
         # A bench written before `references_once` timed the stand-ins in every condition: it goes on so.
         return cls(**{"references_once": False, **d, "conditions": [Condition(**c) for c in d["conditions"]]})
 
@@ -213,7 +212,7 @@ def bench_runs(bench_dir: Path) -> list[Path]:
 
 def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> list[str]:
     """The `kb optimize` command line that starts or resumes `job`."""
-    cmd = [sys.executable, "-m", "kb.cli"]
+    cmd = [sys.executable, "-m", "cli"]
     if job.condition.home:
         cmd += ["--home", job.condition.home]
     cmd += ["optimize"]

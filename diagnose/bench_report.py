@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from diagnose.bench import jobs, load_bench
+from diagnose.records import LEVELS
 from harness.measurement import geomean
 
 __all__ = ["PUBLISHED", "bench_report", "write_report"]
 
 # The reference result (evaluation.md): 37 operators x 5 cases on Ascend, initial -> optimized kernel.
 PUBLISHED = {"operators": 37, "geomean": 4.35, "median": 2.73, "above_2x": 22, "above_5x": 13, "median_best_round": 10}
-LEVELS = ("L1", "L2", "L3", "L4")
 
 
 def _rooflines(report: dict[str, Any] | None, role: str) -> list[dict[str, Any]]:

@@ -16,24 +16,28 @@ same engine on the topics a question asks about, always deep.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from diagnose.analyzers import TOPICS, run_analyzers
 from diagnose.l4 import escalate
-from diagnose.rank import ranked_defects
-from diagnose.records import Answer, Escalation, EvidenceLog, Finding, Recommendation
+from diagnose.records import (
+    LEVELS,
+    STRATEGIES,
+    Answer,
+    Escalation,
+    EvidenceLog,
+    Finding,
+    Recommendation,
+    ranked_defects,
+)
+from diagnose.request import DEFAULT_TARGET, DiagnosisRequest
 from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
-from harness.measurement import RunReport
 from kb.home import KBHome
 from kb.patterns import Pattern, catalog_for
 
-__all__ = ["CONFIDENT", "LEVELS", "STRATEGIES", "DiagnosisRequest", "diagnose", "question_topics", "why"]
+__all__ = ["CONFIDENT", "diagnose", "question_topics", "why"]
 
-LEVELS = ("L1", "L2", "L3", "L4")
-STRATEGIES = ("progressive", "profile-only", "always-deep")
 CONFIDENT = 0.8
 _RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
 # The riskiest rewrite each level may stop on; L4 is the last level and stops on anything
@@ -42,29 +46,6 @@ _STOP_RISK = {"L1": "low", "L2": "low", "L3": "low"}
 _GENERIC = ("slow", "fast", "perf", "optimi", "speed", "bottleneck", "improve", "wrong with")
 _MAX_KINDS = 3  # recommendations and compiler reasons for the top defects only
 _MEMORY_FAMILIES = ("vectorization", "memory", "pipelining", "index")
-
-
-@dataclass
-class DiagnosisRequest:
-    """What there is to diagnose. Artifacts are produced lazily: compiling is what L3 costs.
-
-    Attributes:
-        kernel_file: the kernel's Python source (L1); None when only IR is at hand.
-        artifacts: a callable that compiles (or reads) the kernel's Artifacts, called at most once.
-        report: measurements of the kernel (L2), e.g. from `kb run --json --profile`.
-        target: "cuda:90", "npu", ...; chooses the patterns' backend.
-    """
-
-    kernel_file: str | None
-    artifacts: Callable[[], list[Artifacts]] | None
-    report: RunReport | None = None
-    target: str = "cuda:90"
-    _compiled: list[Artifacts] | None = field(default=None, repr=False)
-
-    def compiled(self) -> list[Artifacts]:
-        if self._compiled is None:
-            self._compiled = self.artifacts() if self.artifacts else []
-        return self._compiled
 
 
 def question_topics(question: str) -> list[str]:
@@ -119,12 +100,15 @@ def diagnose(
     return state.answer(strategy)
 
 
-def why(question: str, artifacts: list[Artifacts], home: KBHome | None, release: str | None = None,
-        report: RunReport | None = None) -> Answer:
-    """Answer a question about compiled kernels: every level, restricted to the question's topics."""
+def why(question: str, kernel: DiagnosisRequest | list[Artifacts], home: KBHome | None,
+        release: str | None = None) -> Answer:
+    """Answer a question about a compiled kernel (its artifacts, or a request that compiles it): every
+    level, restricted to the question's topics. What was compiled says which source and target it is."""
     topics = question_topics(question)
+    artifacts = kernel.compiled() if isinstance(kernel, DiagnosisRequest) else kernel
+    report = kernel.report if isinstance(kernel, DiagnosisRequest) else None
     source = artifacts[0].source_file if artifacts and artifacts[0].source_file else None
-    request = DiagnosisRequest(source, lambda: artifacts, report, artifacts[0].target if artifacts else "cuda:90")
+    request = DiagnosisRequest(source, lambda: artifacts, report, artifacts[0].target if artifacts else DEFAULT_TARGET)
     answer = diagnose(request, home, release, "always-deep", "L4", question, topics)
     if not answer.findings:
         asked = " / ".join(topics)
@@ -302,7 +286,7 @@ class _State:
                     out.append((p, "retrieved"))
         return out
 
-    def _kb_view(self) -> "_KBView":
+    def _kb_view(self) -> _KBView:
         if self._kb is None:
             self._kb = _KBView.open(self.home, self.release, self.notes)
         return self._kb
@@ -351,7 +335,7 @@ class _KBView:
         self._compilers: list[Any] = []
 
     @classmethod
-    def open(cls, home: KBHome | None, release: str | None, notes: list[str]) -> "_KBView":
+    def open(cls, home: KBHome | None, release: str | None, notes: list[str]) -> _KBView:
         """`release` may name several, comma-separated (a compiler spread over repositories)."""
         view = cls()
         if home is None:

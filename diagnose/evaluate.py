@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from diagnose.engine import DiagnosisRequest, diagnose
-from diagnose.records import Answer
-from harness.artifacts import Artifacts
+from diagnose.engine import diagnose
+from diagnose.records import LEVELS, Answer
+from diagnose.request import DiagnosisRequest, KernelInput, request_from
 from harness.errors import UserFacingError
 from harness.measurement import RunReport
 from kb.home import KBHome
@@ -30,7 +30,6 @@ from kb.home import KBHome
 __all__ = ["DEFAULT_CASES", "GoldCase", "evaluate_diagnosis", "load_cases", "request_for"]
 
 DEFAULT_CASES = Path(__file__).resolve().parent.parent / "corpora" / "diagnosis" / "cases.yaml"
-_LEVELS = ("L1", "L2", "L3", "L4")
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,8 @@ def load_cases(path: Path | None = None) -> list[GoldCase]:
         where = f"{path}: case {i + 1} ({e.get('id', '?') if isinstance(e, dict) else '?'})"
         if not isinstance(e, dict) or not {"id", "kernel", "root_cause", "level"} <= set(e):
             raise UserFacingError(f"{where}: needs id, kernel, root_cause and level", "fix the entry")
-        if e["level"] not in _LEVELS:
-            raise UserFacingError(f"{where}: level must be one of {', '.join(_LEVELS)}", "fix the entry")
+        if e["level"] not in LEVELS:
+            raise UserFacingError(f"{where}: level must be one of {', '.join(LEVELS)}", "fix the entry")
         if not e.get("call") and not e.get("dump"):
             raise UserFacingError(f"{where}: give a `call` (compiled here) or a `dump` directory", "fix the entry")
         if e["id"] in seen:
@@ -84,17 +83,10 @@ def load_cases(path: Path | None = None) -> list[GoldCase]:
 
 
 def request_for(case: GoldCase, cache_dir: Path | None = None) -> DiagnosisRequest:
-    def compile_case() -> list[Artifacts]:
-        if case.dump is not None:
-            from harness.npu import collect_debug_dumps
-
-            return collect_debug_dumps(case.dump, write=False, source_file=str(case.kernel))
-        from harness.capture import capture_call
-
-        return capture_call(case.kernel, case.call, target=case.target, cache_dir=cache_dir)
-
     report = RunReport.from_dict(json.loads(case.measurements.read_text())) if case.measurements else None
-    return DiagnosisRequest(str(case.kernel), compile_case, report, case.target)
+    if case.dump is not None:  # the kernel is the dump's source
+        return request_from(KernelInput(kernel=str(case.kernel), dump=str(case.dump)), case.target, cache_dir, report)
+    return request_from(KernelInput(kernel=str(case.kernel), call=case.call), case.target, cache_dir, report)
 
 
 @dataclass

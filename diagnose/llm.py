@@ -36,7 +36,7 @@ class LLMConfig:
     max_retries: int = 2
 
     @classmethod
-    def from_env(cls) -> "LLMConfig | None":
+    def from_env(cls) -> LLMConfig | None:
         base_url = os.environ.get("KB_LLM_BASE_URL", "").strip()
         if not base_url:
             return None

@@ -343,16 +343,13 @@ def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | N
 
 
 def _diagnose(store: RoundsStore, task: Any, parent: Path, entry: str, options: OptimizeOptions, home: Any) -> Answer:
-    from diagnose.engine import DiagnosisRequest, diagnose
+    from diagnose.engine import diagnose
+    from diagnose.request import KernelInput, request_from
 
-    def compile_parent() -> list[Any]:
-        # In a worker of its own: the parent is a rewrite, and this process holds the loop's verdicts.
-        from harness.run import capture_kernel
-
-        return capture_kernel({"path": task.path}, str(parent), entry, cache_dir=str(store.dir / "compile-cache"))
-
-    report = _last_report(store)
-    request = DiagnosisRequest(str(parent), compile_parent, report, "cuda:90")
+    # On the loop's own backend: an npu run is diagnosed against the Ascend patterns.
+    target = "npu" if options.backend == "npu" else None
+    request = request_from(KernelInput(task=task.path, rewrite=str(parent), entry=entry), target,
+                           store.dir / "compile-cache", _last_report(store))
     return diagnose(request, home, options.release, options.strategy)
 
 

@@ -40,7 +40,7 @@ def _load(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {"patterns": {}, "counted": []}
     except ValueError as exc:
-        raise UserFacingError(f"{path} is not valid JSON ({exc})", "restore it from a backup or delete it to recount")
+        raise UserFacingError(f"{path} is not valid JSON ({exc})", "restore it from a backup or delete it to recount") from exc
     data.setdefault("patterns", {})
     data.setdefault("counted", [])
     return data

@@ -107,7 +107,7 @@ class Artifacts:
         return json.dumps(asdict(self), indent=1, sort_keys=True, default=repr)
 
     @classmethod
-    def from_json(cls, text: str) -> "Artifacts":
+    def from_json(cls, text: str) -> Artifacts:
         data = json.loads(text)
         if data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"artifacts schema {data.get('schema_version')} != {SCHEMA_VERSION}")

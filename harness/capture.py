@@ -140,7 +140,6 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     from triton import knobs
     from triton.runtime import autotuner
     from triton.runtime.driver import driver
-
     from triton.runtime.jit import JITFunction
 
     launches: list[Launch] = []

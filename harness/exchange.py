@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-
 __all__ = ["Arena", "ExchangeError", "TensorRef", "decode", "encode", "exchange_root", "load_tensor", "release_arenas"]
 
 

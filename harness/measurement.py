@@ -156,7 +156,7 @@ class RunReport:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunReport":
+    def from_dict(cls, d: dict[str, Any]) -> RunReport:
         runs = []
         for rd in d.get("runs", []):
             cases = []

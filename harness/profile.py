@@ -12,8 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.measurement import RunReport
-from harness.profilers import (KernelProfile, find_msprof, find_ncu, msprof_op_command, ncu_command, parse_msprof_op,
-                               parse_ncu_csv, summarize)
+from harness.profilers import (
+    KernelProfile,
+    find_msprof,
+    find_ncu,
+    msprof_op_command,
+    ncu_command,
+    parse_msprof_op,
+    parse_ncu_csv,
+    summarize,
+)
 
 __all__ = ["MSPROF", "NCU", "PROFILERS", "Profiler", "profile_cases"]
 

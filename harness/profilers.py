@@ -363,7 +363,7 @@ def parse_ncu_csv(text: str, *, source: str = "ncu output") -> list[KernelProfil
 
 def _ncu_records(text: str, source: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     lines = text.splitlines()
-    for index, line in enumerate(lines):
+    for index, line in enumerate(lines):  # noqa: B007 - where the header is: read after the loop
         if line.startswith('"') and "Kernel Name" in _csv_line(line):
             header = _csv_line(line)
             break

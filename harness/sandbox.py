@@ -72,7 +72,7 @@ class Worker:
         self._buffer = ""
         self._other: list[str] = []  # stdout lines that are not protocol: a wrapping profiler's output
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -94,7 +94,7 @@ class Session:
         self.device = "?"
         self._rng = random.Random()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -125,7 +125,7 @@ class _HostEvent:
     def record(self) -> None:
         self.t = _perf_counter()
 
-    def elapsed_time(self, end: "_HostEvent") -> float:
+    def elapsed_time(self, end: _HostEvent) -> float:
         return (end.t - self.t) * 1000.0
 
 

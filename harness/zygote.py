@@ -164,7 +164,7 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def spawn(self, env: dict[str, str], stderr: str) -> "Forked":
+    def spawn(self, env: dict[str, str], stderr: str) -> Forked:
         in_read, in_write = os.pipe()
         out_read, out_write = os.pipe()
         try:

@@ -90,7 +90,7 @@ def resolve_links(files: list[tuple[str, ParsedFile]], passes: list[PassDef], sy
         op_by_class[record.name] = op
         op_by_class.setdefault(record.name.split("_", 1)[-1], op)  # TT_LoadOp is C++ class LoadOp
 
-    for rel, parsed in files:
+    for _rel, parsed in files:
         for fact in parsed.facts:
             if fact.kind == "rewrites-op" and fact.b in op_by_class:
                 links.append(Link(release, "rewrite-pattern", fact.a, "rewrites", "op", op_by_class[fact.b],

@@ -106,7 +106,7 @@ class ParsedFile:
         return zlib.compress(json.dumps(data, separators=(",", ":")).encode(), 3)
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "ParsedFile":
+    def from_bytes(cls, blob: bytes) -> ParsedFile:
         data = json.loads(zlib.decompress(blob))
         return cls(
             lang=data["lang"],

@@ -194,7 +194,7 @@ def active_model(home: Any) -> EmbeddingModel:
     return model
 
 
-def embedder_for(home: Any, model_id: str | None = None) -> "OfflineEmbedding":
+def embedder_for(home: Any, model_id: str | None = None) -> OfflineEmbedding:
     """An embedder for `home`: with the model that built an index (`model_id`), else the active one."""
     if model_id is None:
         model = active_model(home)

@@ -49,7 +49,7 @@ class KBHome:
     root: Path
 
     @classmethod
-    def resolve(cls, home: str | os.PathLike[str] | None = None) -> "KBHome":
+    def resolve(cls, home: str | os.PathLike[str] | None = None) -> KBHome:
         if home is None:
             home = os.environ.get("KB_HOME")
         if home is None:
@@ -111,7 +111,7 @@ class KBHome:
         return self.root / "compile-cache"
 
     # -- identity ------------------------------------------------------------------------------
-    def ensure(self) -> "KBHome":
+    def ensure(self) -> KBHome:
         """Create the home if needed; refuse a directory that is not a kernel-kb home."""
         marker = self.root / MARKER
         if self.root.exists() and not self.root.is_dir():

@@ -86,7 +86,7 @@ class LexicalIndex:
         self.ids = ids
 
     @classmethod
-    def build(cls, ids: list[str], texts: list[str]) -> "LexicalIndex":
+    def build(cls, ids: list[str], texts: list[str]) -> LexicalIndex:
         retriever = bm25s.BM25()
         retriever.index([code_tokens(t) or ["<empty>"] for t in texts], show_progress=False)
         return cls(retriever, ids)
@@ -97,7 +97,7 @@ class LexicalIndex:
         (directory / "ids.json").write_text(json.dumps(self.ids))
 
     @classmethod
-    def load(cls, directory: Path) -> "LexicalIndex":
+    def load(cls, directory: Path) -> LexicalIndex:
         retriever = bm25s.BM25.load(str(directory), mmap=False)
         ids = json.loads((directory / "ids.json").read_text())
         return cls(retriever, ids)

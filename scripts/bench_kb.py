@@ -13,7 +13,7 @@ Steps:
     search               p50/p95 of warm in-process `kb search` queries, and a cold `kb search` command
     eval                 kb eval retrieval --json over corpora/queries
 
-`kb` runs as `python -m kb.cli` from this checkout (not an installed `kb` script, which may point at
+`kb` runs as `python -m cli` from this checkout (not an installed `kb` script, which may point at
 another checkout). --home names the KB home under --work that the full, search and eval steps use
 (default `home`); --prefix names the two homes of the incremental step (`incremental`, `cold`).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # This checkout's code, whatever `kb` script is installed in the environment.
-KB = [sys.executable, "-m", "kb.cli"]
+KB = [sys.executable, "-m", "cli"]
 _ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 

@@ -21,10 +21,10 @@ start=$(date +%s)
 vs=(); for ref in ${VS:-eager compiled}; do vs+=(--vs "$ref"); done
 windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
 if [ -f "$STATE/bench.json" ]; then
-  python3 -m kb.cli bench --resume "$STATE" "${windows[@]}" ${RETIME:+--retime "$RETIME"} --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
+  python3 -m cli bench --resume "$STATE" "${windows[@]}" ${RETIME:+--retime "$RETIME"} --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" \
     > "$FINAL/report.md" 2>> "$FINAL/log.txt"
 else
-  python3 -m kb.cli bench --bench-dir "$STATE" --strategy "${STRATEGIES:-progressive,profile-only,always-deep}" \
+  python3 -m cli bench --bench-dir "$STATE" --strategy "${STRATEGIES:-progressive,profile-only,always-deep}" \
     --rounds "${ROUNDS:-3}" "${vs[@]}" "${windows[@]}" --workers "${WORKERS:-2}" --stop-after "${STOP_AFTER:-450}" ${OPS:+--ops "$OPS"} \
     > "$FINAL/report.md" 2>> "$FINAL/log.txt"
 fi

@@ -10,7 +10,7 @@ BUDGET_S=${BUDGET_S:-500}
 mkdir -p "$FINAL"
 export KB_CACHE_DIR="$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
-kb() { python3 -m kb.cli "$@"; }
+kb() { python3 -m cli "$@"; }
 left() { [ $(( $(date +%s) - start )) -lt "$BUDGET_S" ]; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt"
 for t in ${TASKS:-tiny_add masked_add streaming_rowsum pipelined_rowsum}; do

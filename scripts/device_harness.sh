@@ -11,7 +11,7 @@ BUDGET_S=${BUDGET_S:-480}
 mkdir -p "$FINAL"
 export KB_CACHE_DIR="$OUT/cache" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
-kb() { python3 -m kb.cli "$@"; }
+kb() { python3 -m cli "$@"; }
 left() { [ $(( $(date +%s) - start )) -lt "$BUDGET_S" ]; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$OUT/gpu.txt"
 for round in 1 2; do

@@ -28,7 +28,7 @@ else
   for op in ${RUN_OPS:-}; do  # the same kernel timed by `kb run` before and after: its medians should agree
     for side in old new; do
       root=$([ $side = old ] && echo "${OLD:-build/old}" || echo "$PWD")
-      (cd "$root" && PYTHONPATH="$SITE:$root" python3 -m kb.cli run "corpora/operators/$op/task.py" --backend cuda         --seeds 1 --json > "$RUNS/$side/run-$op.json" 2>> "$FINAL/log.txt")
+      (cd "$root" && PYTHONPATH="$SITE:$root" python3 -m cli run "corpora/operators/$op/task.py" --backend cuda         --seeds 1 --json > "$RUNS/$side/run-$op.json" 2>> "$FINAL/log.txt")
       echo "$side kb run $op rc=$? $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
     done
   done
@@ -39,7 +39,7 @@ else
       rm -rf ~/.triton/cache "$KB_CACHE_DIR/triton-kernels"
       mkdir -p "$RUNS/$side"
       t0=$(date +%s.%N)
-      (cd "$root" && PYTHONPATH="$SITE:$root" python3 -m kb.cli --home "$RUNS/home-$side" optimize \
+      (cd "$root" && PYTHONPATH="$SITE:$root" python3 -m cli --home "$RUNS/home-$side" optimize \
         "corpora/operators/$op/task.py" --backend cuda --rounds "${ROUNDS:-1}" --run-dir "$RUNS/$side/$op" --json \
         > "$RUNS/$side/$op.json" 2>> "$FINAL/log.txt")
       rc=$?

@@ -12,7 +12,7 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 export KB_CACHE_DIR="$OUT/cache" PYTHONPATH="$OUT/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
-kb() { python3 -m kb.cli "$@"; }
+kb() { python3 -m cli "$@"; }
 for op in ${OPS:-vector_add softmax layer_norm row_sum matmul}; do
   [ $(( $(date +%s) - start )) -lt "${DEADLINE_S:-420}" ] || break
   t0=$(date +%s)

@@ -33,13 +33,14 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from kb.tune import fit  # noqa: E402 - the repo travels to the device; kb.tune imports no heavy layer at module level
+
 HELD_OUT = 700  # mined pairs kept out of training, for the proxy score
 PART_BYTES = "15M"  # files back from the device are capped at 16 MiB each
 

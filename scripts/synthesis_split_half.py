@@ -32,8 +32,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from diagnose.bench import (DEFAULT_SUITE, BenchSpec, Condition, bench_runs, create_bench, jobs, load_bench,  # noqa: E402
-                            load_suite, run_bench)
+from diagnose.bench import (  # noqa: E402
+    DEFAULT_SUITE,
+    BenchSpec,
+    Condition,
+    bench_runs,
+    create_bench,
+    jobs,
+    load_bench,
+    load_suite,
+    run_bench,
+)
 from diagnose.bench_report import write_report  # noqa: E402
 
 

@@ -19,8 +19,9 @@ import math
 import sqlite3
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 # Expected |a - b| of two independent normal estimates with standard error s: s * sqrt(2) * sqrt(2/pi).
 _MEAN_ABS_DIFF = math.sqrt(2) * math.sqrt(2 / math.pi)

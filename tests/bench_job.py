@@ -13,9 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from test_optimize import TimedJudge  # noqa: E402
+
 from diagnose.optimize import OptimizeOptions, optimize  # noqa: E402
 from kb.home import KBHome  # noqa: E402
-from test_optimize import TimedJudge  # noqa: E402
 
 
 def main() -> None:

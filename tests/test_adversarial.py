@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
 from harness.judge import Judge, KernelSpec
 from harness.run import RunOptions, run_candidates, run_task
 
@@ -280,7 +280,7 @@ def test_honest_kernels_pass_every_guard(suite, task, kernel):
 
 
 def test_the_cli_names_the_cheat_in_one_line(suite):
-    result = CliRunner().invoke(__import__("kb.cli", fromlist=["main"]).main, [
+    result = CliRunner().invoke(__import__("cli", fromlist=["main"]).main, [
         "run", str(suite / "task_softmax.py"), "--candidate", str(suite / "alias_fallback.py"), "--backend",
         BACKEND, "--seeds", "1", "--json", "--no-time"])
     assert result.exit_code == 1
@@ -295,9 +295,10 @@ def test_an_optimize_round_records_the_cheat_that_rejected_its_rewrite(tmp_path,
     import threading
     from http.server import HTTPServer
 
-    from diagnose.optimize import OptimizeOptions, optimize
     from test_engine import _ChatHandler
     from test_optimize import KERNEL, SPEC, TimedJudge
+
+    from diagnose.optimize import OptimizeOptions, optimize
 
     cheat = KERNEL.read_text().replace("    return out\n", "    return getattr(torch, 'su' + 'm')(x, -1)\n")
 

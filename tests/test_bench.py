@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
+from cli import main
 from diagnose.bench import BenchSpec, Condition, create_bench, jobs, load_bench, run_bench
 from diagnose.bench_report import write_report
-from kb.cli import main
 
 JOB = Path(__file__).resolve().parent / "bench_job.py"
 
@@ -207,7 +207,8 @@ def test_stand_ins_are_timed_once_per_operator_and_windows_reach_every_job(tmp_p
     cmd = optimize_command(first, spec, None)
     assert [cmd[i + 1] for i, x in enumerate(cmd) if x == "--vs"] == ["eager", "compiled"]
     # The same stand-ins are timed in condition a only; b's command must switch off kb optimize's default.
-    from kb.cli import _stand_ins, optimize
+    from cli.optimize import optimize
+    from cli.options import stand_ins as _stand_ins
 
     other = optimize_command(second, spec, None)
     parsed = optimize.make_context("optimize", other[other.index("optimize") + 1:]).params

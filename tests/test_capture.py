@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import EXAMPLES, FIXTURES
+
 from harness import ir
 from harness.capture import capture_call
 from harness.errors import UserFacingError

@@ -9,16 +9,16 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
-
 from conftest import EXAMPLES, FIXTURES
-from kb.cli import main
+
+from cli import main
 
 WHY = ["why", "why isn't this load vectorized?", "--kernel", str(EXAMPLES / "scale.py"),
        "--call", "scale(torch.randn(1000003), 2.0)"]
 
 
 def test_help_does_not_import_heavy_layers():
-    code = ("import sys; from kb.cli import main; "
+    code = ("import sys; from cli import main; "
             "heavy = [m for m in ('torch', 'triton', 'chromadb', 'llama_index') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import EXAMPLES, FIXTURES, REPO
+
 from diagnose.engine import question_topics, why
 from harness import ir
 from harness.capture import capture_call

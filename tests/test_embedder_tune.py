@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
 from harness.errors import UserFacingError
 from kb.tune import _code_pairs
 
@@ -86,7 +86,7 @@ def _commented_tree(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory, _model_cache: Path):
     """A home with the commented tree indexed, then a model tuned on it (a few steps) and used."""
-    from kb.cli import main
+    from cli import main
 
     root = tmp_path_factory.mktemp("tune")
     tree, home = _commented_tree(root), root / "home"
@@ -103,7 +103,6 @@ def tuned(tmp_path_factory: pytest.TempPathFactory, _model_cache: Path):
 def test_tune_mines_the_tree_and_keeps_a_complete_model_that_new_indexes_use(tuned):
     from kb.embed import active_model, tuned_models
     from kb.home import KBHome
-
     from kb.tune import mine_pairs
 
     home, _, tune = tuned
@@ -141,7 +140,7 @@ def test_the_tuned_model_embeds_differently_and_the_old_index_keeps_its_own_mode
 
 def test_reindexing_builds_with_the_tuned_model_and_drop_is_refused_while_an_index_uses_it(tuned, _model_cache,
                                                                                            monkeypatch):
-    from kb.cli import main
+    from cli import main
     from kb.embed import active_model
     from kb.home import KBHome
     from kb.retrieve import Searcher

@@ -9,10 +9,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import REPO
+
+from cli import main
 from diagnose.bottleneck import classify
-from diagnose.engine import DiagnosisRequest, diagnose
+from diagnose.engine import diagnose
+from diagnose.request import DiagnosisRequest
 from diagnose.evaluate import GoldCase, _check_citations, load_cases
 from diagnose.features import kernel_features
 from diagnose.records import Answer, Evidence, EvidenceLog
@@ -20,7 +22,6 @@ from diagnose.triage import triage
 from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
 from harness.measurement import CaseResult, KernelRun, Roofline, RunReport, Timing
-from kb.cli import main
 
 GOLD = REPO / "corpora" / "diagnosis"
 H200 = REPO / "docs" / "device" / "2026-11-29-h200"

@@ -6,8 +6,8 @@ import os
 import shutil
 
 import pytest
-
 from conftest import FIXTURES
+
 from harness.errors import UserFacingError
 from harness.ir import parse_remarks, read_ir_dump
 from indexer.code import parse_code
@@ -192,7 +192,7 @@ def test_a_pass_hit_cites_its_own_class_when_another_class_shares_its_name(tmp_p
 def test_a_pass_view_lists_its_own_links_not_its_neighbours(tmp_path):
     """A lit test that runs two passes, and a class name two passes' classes share: the view of one
     pass shows its test and its class, not the other pass's links reached through them."""
-    from kb.symbol_view import describe
+    from cli.views.symbols import describe
 
     tree = tmp_path / "tree"
     (tree / "include").mkdir(parents=True)

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES
+
 from harness.errors import UserFacingError
 from indexer.tablegen import parse_passes
 from kb.home import KBHome

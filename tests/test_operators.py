@@ -4,8 +4,8 @@ shapes, and bytes or FLOPs for the roofline (evaluation.md)."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO
+
 from harness.task import load_task
 
 OPERATORS = sorted(p.parent.name for p in (REPO / "corpora" / "operators").glob("*/task.py"))

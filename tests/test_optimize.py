@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
+from cli import main
 from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize, report
 from diagnose.rewrite import rewrite
 from diagnose.rounds import RoundsStore
 from harness.errors import UserFacingError
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
-from kb.cli import main
 
 TASK = FIXTURES / "optimize" / "task.py"
 KERNEL = FIXTURES / "optimize" / "rowsum.py"

@@ -8,13 +8,14 @@ import subprocess
 import sys
 
 from conftest import REPO
+
 from kb.retrieve import Hit, Searcher, _dist_fusion
 from kb.symbols import SymbolStore
 
 # Runs `kb search` in this interpreter, then reports what got imported.
 _SEARCH_AND_LIST_MODULES = """
 import json, sys
-from kb.cli import main
+from cli import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 finally:
@@ -159,6 +160,7 @@ def test_a_lowering_question_about_an_op_leads_with_the_patterns_that_rewrite_it
     import shutil
 
     from conftest import FIXTURES
+
     from indexer.compiler import index_compiler_tree
     from kb.embed import OfflineEmbedding
     from kb.home import KBHome

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
+from cli import main
 from harness.errors import UserFacingError
 from harness.guards import static_guards
 from harness.judge import Judge, KernelSpec, TimedCases
-from harness.timing import interleaved_timings, merge_pair
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
 from harness.roofline import place
 from harness.run import RunOptions, run_candidates, run_task
-from harness.timing import ROTATE_BELOW_BYTES, rotation_count
-from kb.cli import main
+from harness.timing import ROTATE_BELOW_BYTES, interleaved_timings, merge_pair, rotation_count
 
 HARNESS = FIXTURES / "harness"
 TASK = {"path": str(HARNESS / "task_add.py")}
@@ -410,6 +409,7 @@ def test_cli_table_names_the_problem_of_a_rejected_candidate():
 
 def test_the_stand_in_timed_is_the_tasks_eager_version_when_it_has_one():
     from conftest import REPO
+
     from harness.host import _entry_from_task
     from harness.task import load_task
 

@@ -7,9 +7,9 @@ import json
 import yaml
 from click.testing import CliRunner
 
+from cli import main
 from diagnose.rounds import Round, RoundsStore
 from diagnose.synthesis import synthesize
-from kb.cli import main
 from kb.home import KBHome
 from kb.patterns import catalog_for
 
@@ -86,8 +86,9 @@ def test_cli_synthesize_and_patterns(tmp_path):
 def test_statistics_reorder_the_optimize_loop(tmp_path):
     """A record learned on other operators changes what the loop tries first: the pipelining pattern
     that kept failing for `pipelining.none` goes behind the launch search that kept winning."""
-    from diagnose.optimize import OptimizeOptions, optimize
     from test_optimize import SPEC, TimedJudge
+
+    from diagnose.optimize import OptimizeOptions, optimize
 
     def first_round(home: KBHome | None, name: str) -> dict:
         judge = TimedJudge()

@@ -1,4 +1,4 @@
-"""Diagnosis records: every claim printed traces to an Evidence entry.
+"""Evidence and what is concluded from it: every claim printed traces to an Evidence entry.
 
 Evidence is collected in an `EvidenceLog`, which hands out stable ids (E1, E2, ...); findings,
 recommendations and compiler reasons refer to evidence by id only.
@@ -6,11 +6,34 @@ recommendations and compiler reasons refer to evidence by id only.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from enum import Enum
 
-__all__ = ["Answer", "CompilerReason", "Escalation", "Evidence", "EvidenceLog", "Finding", "Recommendation",
-           "REPORT_CONFIDENCE"]
+__all__ = ["LEVELS", "REPORT_CONFIDENCE", "STRATEGIES", "CompilerReason", "Escalation", "Evidence", "EvidenceLog",
+           "Finding", "Level", "Recommendation", "Strategy"]
+
+
+class Level(str, Enum):
+    """How deep a diagnosis went: pattern triage, profile, IR, compiler source."""
+
+    L1 = "L1"
+    L2 = "L2"
+    L3 = "L3"
+    L4 = "L4"
+
+
+class Strategy(str, Enum):
+    """How far a diagnosis escalates: until it is confident, to the profile alone, or every level."""
+
+    PROGRESSIVE = "progressive"
+    PROFILE_ONLY = "profile-only"
+    ALWAYS_DEEP = "always-deep"
+
+
+# The names as they are written in answers, options and rounds (records keep the plain strings, so
+# their JSON is what it always was).
+LEVELS: tuple[str, ...] = tuple(level.value for level in Level)
+STRATEGIES: tuple[str, ...] = tuple(strategy.value for strategy in Strategy)
 
 # Below this confidence a finding is an opportunity (worth a try), not a diagnosed defect.
 REPORT_CONFIDENCE = 0.5
@@ -123,29 +146,3 @@ class Escalation:
     reason: str
 
 
-@dataclass
-class Answer:
-    question: str
-    kernel: str
-    target: str
-    release: str
-    findings: list[Finding]
-    recommendations: list[Recommendation]
-    reasons: list[CompilerReason]
-    evidence: list[Evidence]
-    levels: list[str]
-    notes: list[str] = field(default_factory=list)
-    strategy: str = "always-deep"
-    stopped_at: str = ""
-    escalations: list[Escalation] = field(default_factory=list)
-    narrative: str = ""
-    timings: dict[str, float] = field(default_factory=dict)  # seconds spent per level
-
-    def ranked(self) -> list[Finding]:
-        """Defects only, best-supported first; the order root-cause accuracy is scored on."""
-        from diagnose.rank import ranked_defects
-
-        return ranked_defects(self.findings)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

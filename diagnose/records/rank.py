@@ -9,7 +9,7 @@ evidence.
 
 from __future__ import annotations
 
-from diagnose.records import Finding
+from diagnose.records.evidence import Finding
 
 __all__ = ["IMPACT", "finding_score", "ranked_defects"]
 

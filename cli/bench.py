@@ -1,0 +1,137 @@
+"""`kb bench`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.app import main
+from cli.options import backend_option, open_home, progress_bar, timing_window_options, user_errors
+from harness.errors import UserFacingError
+
+
+@main.command()
+@click.option("--suite", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Operator folders, each with task.py (default: corpora/operators).")
+@click.option("--ops", default=None, help="Comma-separated operators (default: the whole suite).")
+@click.option("--rounds", default=5, show_default=True, help="Rounds per operator.")
+@click.option("--time-budget", "time_budget", type=float, default=None, help="Seconds per operator run.")
+@click.option("--strategy", default="progressive", show_default=True,
+              help="Diagnosis strategies, comma-separated; each one is a condition run over the whole suite.")
+@click.option("--workers", default=1, show_default=True, help="Jobs at once, one per GPU (CUDA_VISIBLE_DEVICES).")
+@click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True)
+@backend_option()
+@click.option("--bench-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the bench lives (default: bench/<time> under the KB home).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Continue a bench: finished runs are kept, paused ones resumed, the rest started.")
+@click.option("--stop-after", "stop_after", type=float, default=None,
+              help="Seconds from now after which no job or round starts (a GPU machine lent for minutes).")
+@click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True, default=("eager",),
+              show_default=True, help="PyTorch stand-ins each operator's initial and best kernels are timed against.")
+@click.option("--ray", "ray_address", default=None,
+              help="Run the jobs on a Ray cluster, one GPU each: auto (the running cluster), ray://HOST:PORT, or "
+                   "local (start one here). Every node needs this checkout at the same path and the bench dir shared.")
+@click.option("--retime", "retime_ops", default=None,
+              help="With --resume: comma-separated operators whose finished runs take their end-of-run measurement "
+                   "again (after their task's stand-in or initial kernel changed).")
+@timing_window_options
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+@user_errors
+def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
+          strategy: str, workers: int, llm: str, backend: str, bench_dir: Path | None, resume_dir: Path | None,
+          stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, retime_ops: str | None,
+          warmup_ms: int | None, rep_ms: int | None, as_json: bool) -> None:
+    """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
+    import datetime
+
+    from diagnose.bench import (
+        DEFAULT_SUITE,
+        BenchSpec,
+        Condition,
+        create_bench,
+        load_suite,
+        retime,
+        run_bench,
+        set_timing_windows,
+    )
+    from diagnose.bench_report import write_report
+    from diagnose.records import STRATEGIES
+
+    if resume_dir is not None:
+        directory = resume_dir
+        if retime_ops:  # first: an unknown operator stops the command before anything is changed
+            again = retime(directory, [x.strip() for x in retime_ops.split(",") if x.strip()])
+            click.echo(f"{len(again)} finished run(s) will take their end-of-run measurement again", err=True)
+        set_timing_windows(directory, warmup_ms, rep_ms)  # the jobs still to run take the new windows
+    elif retime_ops:
+        raise UserFacingError("--retime works on an existing bench", "use it with --resume DIR")
+    else:
+        strategies = [x.strip() for x in strategy.split(",") if x.strip()]
+        bad = [x for x in strategies if x not in STRATEGIES]
+        if bad or not strategies:
+            raise UserFacingError(f"unknown strategy {', '.join(bad) or strategy!r}", f"use {', '.join(STRATEGIES)}")
+        chosen = backend
+        if chosen == "interpreter":
+            raise UserFacingError("kb bench times kernels on a device (cuda or npu)", "run it on the GPU machine")
+        suite_dir = suite or DEFAULT_SUITE
+        names = [x.strip() for x in ops.split(",") if x.strip()] if ops else list(load_suite(suite_dir))
+        # Each job resolves the home as this command does (--home, else $KB_HOME, else the default).
+        home = str(Path(ctx.obj["home"]).resolve()) if ctx.obj.get("home") else None
+        spec = BenchSpec(str(suite_dir.resolve()), names, [Condition(x, x, home) for x in strategies], rounds,
+                         time_budget, llm, chosen, references=list(dict.fromkeys(versus)), warmup_ms=warmup_ms,
+                         rep_ms=rep_ms)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        directory = bench_dir or open_home(ctx, create=True).root / "bench" / stamp
+        create_bench(directory, spec)
+    click.echo(f"bench: {directory}", err=True)
+    bar = progress_bar("bench")
+
+    def event(what: str, job: Any) -> None:
+        if what == "done":
+            bar.advance(task)
+            bar.console.print(f"{job.condition.name}/{job.operator}: {job.state} in {job.seconds:.0f} s "
+                              f"(log {job.log})")
+
+    from diagnose.bench import jobs, load_bench
+
+    todo = [j for j in jobs(directory, load_bench(directory)) if j.state in ("new", "partial")]
+    with bar:
+        task = bar.add_task("jobs", total=len(todo))
+        try:
+            result = run_bench(directory, workers, stop_after, event, ray_address=ray_address)
+        except KeyboardInterrupt:
+            click.echo(f"interrupted: continue with `kb bench --resume {directory}`", err=True)
+            sys.exit(130)
+    data = write_report(directory)
+    left = [j for j in result if j.state in ("new", "partial")]
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+    else:
+        click.echo((directory / "report.md").read_text())
+    if left:
+        click.echo(f"{len(left)} job(s) not finished: continue with `kb bench --resume {directory}`", err=True)
+
+
+@main.command("bench-report")
+@click.argument("bench_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--into", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write report.json/.md/.png here (default: the bench directory).")
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def bench_report_cmd(bench_dir: Path, into: Path | None, as_json: bool) -> None:
+    """Re-render a bench's report from its runs (a bench cut short reports what finished)."""
+    from diagnose.bench_report import write_report
+
+    data = write_report(bench_dir, into)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    click.echo(((into or bench_dir) / "report.md").read_text())
+
+

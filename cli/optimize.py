@@ -1,0 +1,253 @@
+"""`kb optimize`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.app import main
+from cli.options import (
+    backend_option,
+    cite_releases,
+    diagnosis_home,
+    open_home,
+    stand_ins,
+    strategy_option,
+    timing_window_options,
+    user_errors,
+)
+from harness.errors import UserFacingError
+
+
+def _runs_root(ctx: click.Context) -> Path:
+    from kb.home import KBHome
+
+    return KBHome.resolve(ctx.obj.get("home")).runs_dir
+
+
+def _runs_in(root: Path) -> list[Path]:
+    """Optimize run directories directly under `root` (each holds a rounds.sqlite)."""
+    return sorted(p.parent for p in root.glob("*/rounds.sqlite")) if root.is_dir() else []
+
+
+def _runs_of(ctx: click.Context, run: str) -> list[Path]:
+    """A run (directory or id), or every run of a bench directory (`kb bench`)."""
+    if (Path(run) / "bench.json").is_file():
+        from diagnose.bench import bench_runs
+
+        return bench_runs(Path(run))
+    return [_run_dir(ctx, run)]
+
+
+def _run_dir(ctx: click.Context, run: str) -> Path:
+    """A run given as a directory, or as a run id under the KB home's runs/."""
+    path = Path(run)
+    if (path / "rounds.sqlite").is_file():
+        return path
+    named = _runs_root(ctx) / run
+    if (named / "rounds.sqlite").is_file():
+        return named
+    raise UserFacingError(f"no optimize run {run!r} (neither a run directory nor an id under {_runs_root(ctx)})",
+                          "see `kb rounds list`")
+
+
+@main.command()
+@click.argument("task_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--rounds", default=5, show_default=True, help="Rounds to run (a resumed run keeps its own).")
+@click.option("--time-budget", "time_budget", type=float, default=None, help="Seconds after which no round starts.")
+@click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True,
+              help="openai: also ask an OpenAI-compatible endpoint (KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY).")
+@strategy_option("How far each round's diagnosis escalates.")
+@backend_option()
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the run lives (default: runs/<task>-<time> under the KB home).")
+@click.option("--resume", "resume_run", default=None, help="Continue a run (its directory or id).")
+@cite_releases
+@click.option("--stop-after", "stop_after", type=float, default=None,
+              help="Seconds from now after which no round starts; the run is left paused, to --resume later.")
+@click.option("--vs", "versus", type=click.Choice(["eager", "compiled", "none"]), multiple=True, default=("eager",),
+              show_default=True, help="PyTorch stand-ins timed beside the initial and best kernels at the end "
+                                      "(none: no stand-in).")
+@timing_window_options
+@click.option("--check-workers", "check_workers", type=click.IntRange(min=1), default=None,
+              help="Processes that check a round's variants side by side (default: a quarter of the cores, at most 4).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON.")
+@click.pass_context
+@user_errors
+def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
+             strategy: str, backend: str, run_dir: Path | None, resume_run: str | None, release: str | None,
+             stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
+             check_workers: int | None, as_json: bool) -> None:
+    """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""
+    import datetime
+
+    from diagnose.optimize import OptimizeOptions, report
+    from diagnose.optimize import optimize as run_loop
+    from harness.task import task_name
+
+    if (task_file is None) == (resume_run is None):
+        raise UserFacingError("give a TASK file to start a run, or --resume RUN to continue one",
+                              "e.g. kb optimize corpora/operators/softmax/task.py --rounds 5")
+    if llm == "openai":
+        from diagnose.llm import LLMConfig
+
+        if LLMConfig.from_env() is None:
+            raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
+    options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
+                              backend=backend, release=release,
+                              references=stand_ins(versus), warmup_ms=warmup_ms, rep_ms=rep_ms,
+                              check_workers=check_workers)
+    if options.backend == "interpreter":
+        raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
+                              "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
+    if resume_run is not None:
+        directory = _run_dir(ctx, resume_run)
+        spec = None
+    else:
+        if not Path(task_file).is_file():
+            raise UserFacingError(f"{task_file} does not exist", "pass the path of a task .py file")
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        # The default place is the KB home's runs/, so the home must be one (created if new).
+        directory = run_dir or open_home(ctx, create=True).runs_dir / f"{task_name(task_file)}-{stamp}"
+        spec = {"path": str(Path(task_file).resolve())}
+    kb_home = diagnosis_home(ctx)
+    if spec is None:
+        from diagnose.rounds import RoundsStore
+
+        store = RoundsStore(directory)
+        spec = store.run().spec
+        store.close()
+
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
+    say(f"run: {directory}")
+    try:
+        store = run_loop(spec, options, directory, kb_home, log=say, resume=resume_run is not None,
+                         stop_at=time.time() + stop_after if stop_after is not None else None)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: continue with `kb optimize --resume {directory}`", err=True)
+        sys.exit(130)
+    summary = report(store)
+    store.close()
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    _echo_rounds(summary)
+
+
+def _echo_rounds(summary: dict[str, Any]) -> None:
+    click.echo(f"run {summary['run']} ({summary['task']}): {summary['status']}, {summary['rounds']} rounds, best round "
+               f"{summary['best_round']} (diagnosed at {summary['best_level'] or '-'}), speedup over the initial "
+               f"kernel {summary['speedup_vs_initial']:.3f}x "
+               + ("(measured)" if summary.get("speedup_vs_initial_measured") else "(chained over rounds)"))
+    click.echo(f"{'round':>5} {'parent':>6} {'level':>5} {'finding':<30} {'pattern':<26} {'outcome':<9} {'speedup':>8}")
+    for h in summary["history"]:
+        speed = f"{h['speedup']:.3f}x" if h["speedup"] else "-"
+        click.echo(f"{h['round']:>5} {h['parent'] or 0:>6} {h['level'] or '-':>5} {(h['finding'] or 'search'):<30} "
+                   f"{h['pattern']:<26} {h['outcome'] or h['state']:<9} {speed:>8}")
+        if h["outcome"] in ("rejected", "failed"):
+            click.echo(f"{'':>13}why: {h['reason']}")
+    if summary.get("per_case_vs_initial"):
+        click.echo("best vs initial per case: " + ", ".join(f"{k} {v:.3f}x"
+                                                             for k, v in summary["per_case_vs_initial"].items()))
+    elif summary.get("per_case_best"):
+        click.echo("best round per case: " + ", ".join(f"{k} {v:.3f}x" for k, v in summary["per_case_best"].items()))
+    if summary.get("note"):
+        click.echo(f"note: {summary['note']}")
+    click.echo(f"best kernel: {summary['dir']}/best.py" if summary["best_round"] else "no round beat the initial kernel")
+
+
+@main.group()
+def rounds() -> None:
+    """Optimize runs and their rounds."""
+
+
+@rounds.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@user_errors
+def rounds_list(ctx: click.Context, as_json: bool) -> None:
+    """Runs under the KB home's runs/ directory."""
+    from diagnose.optimize import report
+    from diagnose.rounds import RoundsStore
+
+    root = _runs_root(ctx)
+    rows = []
+    for d in _runs_in(root):
+        store = RoundsStore(d)
+        rows.append(report(store))
+        store.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        click.echo(f"no runs under {root}")
+    for r in rows:
+        click.echo(f"{r['run']:<40} {r['task']:<20} {r['status']:<12} {r['rounds']:>3} rounds  best {r['best_round']}  "
+                   f"{r['speedup_vs_initial']:.3f}x")
+
+
+@rounds.command("show")
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@user_errors
+def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
+    """One run's rounds: hypothesis, level, rewrite, outcome and why."""
+    from diagnose.optimize import report
+    from diagnose.rounds import RoundsStore
+
+    store = RoundsStore(_run_dir(ctx, run))
+    summary = report(store)
+    store.close()
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    _echo_rounds(summary)
+
+
+# ---------------------------------------------------------------------------------------------- synthesis
+@main.command()
+@click.argument("runs", nargs=-1)
+@click.option("--into", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write learned patterns here (e.g. corpora/patterns/learned) instead of the KB home.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@user_errors
+def synthesize(ctx: click.Context, runs: tuple[str, ...], into: Path | None, as_json: bool) -> None:
+    """Fold finished optimize runs (run dirs, ids or bench dirs; default: all in the KB home) into pattern
+    statistics and learned patterns."""
+    from diagnose.synthesis import synthesize as fold
+
+    home = open_home(ctx, create=True)
+    dirs = [d for r in runs for d in _runs_of(ctx, r)] or _runs_in(home.runs_dir)
+    if not dirs:
+        raise UserFacingError(f"no optimize runs under {home.runs_dir}", "run `kb optimize TASK` first, or name RUN dirs")
+    with home.lock(write=True):
+        summary = fold(home, dirs, into)
+        from kb.index import load_manifest
+
+        if summary["learned"] and load_manifest(home, "patterns", "catalog") is not None:
+            from indexer.patterns import index_patterns
+            from kb.embed import embedder_for
+
+            index_patterns(home, embedder_for(home))
+            summary["reindexed"] = True
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    click.echo(f"{summary['rounds']} new rounds from {len(dirs)} runs")
+    for pid, s in summary["stats"].items():
+        click.echo(f"  {pid:<32} {s['wins']}/{s['tries']} won" + (f"  ({s['status']})" if s.get("status") else ""))
+    for pid in summary["learned"]:
+        click.echo(f"  learned: {pid}")
+    for pid in summary["demoted"]:
+        click.echo(f"  demoted to high risk (its wins do not hold up): {pid}")
+
+

@@ -1,0 +1,157 @@
+"""What every command shares: the one-line error contract, the KB home, progress bars, and the options
+that mean the same everywhere (spelled once here, so their choices and help cannot drift apart)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from harness.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from kb.home import KBHome
+
+__all__ = ["backend_option", "cite_releases", "diagnosis_home", "open_home", "json_option", "level_max_option",
+           "progress_bar", "stage_progress", "stand_ins", "strategy_option", "timing_window_options", "user_errors"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The engine's names, spelled here for click without importing the engine (`kb --help` stays instant);
+# tests/test_layering.py checks they match diagnose.records.Strategy and Level.
+STRATEGIES = ("progressive", "profile-only", "always-deep")
+LEVELS = ("L1", "L2", "L3", "L4")
+BACKENDS = ("auto", "cuda", "interpreter", "npu")
+
+
+def user_errors(fn: F) -> F:
+    """Bad input becomes one line on stderr and exit status 2, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserFacingError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted: what was already published stays live, and work done is cached; "
+                       "run the same command again to resume", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def json_option(help: str = "Print JSON.") -> Callable[[F], F]:  # noqa: A002 - click's own word
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def strategy_option(help: str | None = None) -> Callable[[F], F]:  # noqa: A002
+    return click.option("--strategy", type=click.Choice(STRATEGIES), default="progressive", show_default=True,
+                        help=help)
+
+
+def level_max_option(fn: F) -> F:
+    return click.option("--level-max", type=click.Choice(LEVELS), default="L4", show_default=True,
+                        help="The deepest level the diagnosis may reach.")(fn)
+
+
+def cite_releases(fn: F) -> F:
+    """--release where it means the compiler releases a diagnosis cites (L4)."""
+    return click.option("--release", default=None,
+                        help="Compiler release(s) to cite at L4, comma-separated (default: the installed triton's).")(fn)
+
+
+def _resolve_backend(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from harness.backends import detect_backend
+
+    return detect_backend() if value == "auto" else value
+
+
+def backend_option(help: str | None = None) -> Callable[[F], F]:  # noqa: A002
+    """--backend, with "auto" resolved once here: commands see cuda, npu or interpreter."""
+    return click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+                        callback=_resolve_backend,
+                        help=help or "auto: cuda with an NVIDIA GPU, npu with an Ascend device, else the CPU "
+                                     "interpreter.")
+
+
+def timing_window_options(fn: F) -> F:
+    """--warmup-ms / --rep-ms: the do_bench windows of every kernel-case timing (default: the harness's)."""
+    window = click.IntRange(min=1)
+    fn = click.option("--rep-ms", "rep_ms", type=window, default=None,
+                      help="Measured window of each timing in ms (harness default 300).")(fn)
+    return click.option("--warmup-ms", "warmup_ms", type=window, default=None,
+                        help="Warm-up of each timing in ms (harness default 200).")(fn)
+
+
+def stand_ins(versus: tuple[str, ...]) -> tuple[str, ...]:
+    """`--vs` values as the loop takes them: `none` alone means no stand-in."""
+    if "none" in versus:
+        if len(set(versus)) > 1:
+            raise UserFacingError(f"--vs none cannot go with --vs {' --vs '.join(v for v in versus if v != 'none')}",
+                                  "give --vs none alone, or only the stand-ins to time")
+        return ()
+    return tuple(dict.fromkeys(versus))
+
+
+def open_home(ctx: click.Context, create: bool = False, build_hint: str | None = None) -> KBHome:
+    """The KB home this command works on (--home, else $KB_HOME, else the default): created when asked,
+    else it must already be a sound one."""
+    from kb.home import KBHome
+
+    found = KBHome.resolve(ctx.obj.get("home"))
+    if create:
+        return found.ensure()
+    found.validate(*([build_hint] if build_hint else []))
+    return found
+
+
+def diagnosis_home(ctx: click.Context) -> KBHome | None:
+    """The KB home if one exists (it must then be sound); None means "answer from the kernel and IR only"."""
+    from kb.home import KBHome
+
+    found = KBHome.resolve(ctx.obj.get("home"))
+    if not found.root.exists():
+        return None
+    found.validate()
+    return found
+
+
+def progress_bar(description: str) -> Progress:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    # Progress goes to stderr: stdout carries results (`--json` must stay parseable).
+    return Progress(TextColumn(description + " {task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), transient=False, console=Console(stderr=True))
+
+
+def stage_progress(bar: Progress) -> Callable[[str, int, int], None]:
+    """A `progress(stage, done, total)` callback drawing one bar per stage (parse, embed, ...).
+
+    Written to a log or a CI job (not a terminal), a rich bar shows only once it is done: there,
+    each stage also prints a line at every tenth of its work."""
+    tasks: dict[str, Any] = {}
+    tenths: dict[str, int] = {}
+    started: dict[str, float] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total)
+            started[stage] = time.monotonic()
+        bar.update(tasks[stage], completed=done)
+        if not bar.console.is_terminal and total > 0:
+            tenth = done * 10 // total
+            if tenth > tenths.get(stage, 0):
+                tenths[stage] = tenth
+                bar.console.print(f"{stage}: {done}/{total} ({time.monotonic() - started[stage]:.0f} s)",
+                                  highlight=False)
+
+    return progress

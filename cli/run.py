@@ -1,0 +1,81 @@
+"""`kb run`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cli.app import main
+from cli.options import backend_option, user_errors
+from harness.errors import UserFacingError
+
+
+@main.command("run")
+@click.argument("task_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
+              help="A kernel file from the wild (instead of a task file).")
+@click.option("--call", default=None, help='With --kernel: an example call, e.g. "add(torch.randn(4096), torch.randn(4096))".')
+@click.option("--reference", default=None, help="With --kernel: a PyTorch callable to check against, e.g. torch.add.")
+@click.option("--candidate", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A rewritten kernel file to check and time against the task's own kernel.")
+@click.option("--candidate-entry", default=None, help="Its launch wrapper (default: the task entry's name).")
+@backend_option()
+@click.option("--cases", default=None, help="Comma-separated case indices (default: all).")
+@click.option("--seeds", default=3, show_default=True, help="Fresh random inputs per case.")
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Seconds a kernel may take per job.")
+@click.option("--no-time", is_flag=True, help="Check correctness only.")
+@click.option("--profile", is_flag=True,
+              help="Profiler metrics per case: Nsight Compute on cuda (needs ncu), msprof op on npu (needs msprof).")
+@click.option("--vs", "versus", type=click.Choice(["eager", "compiled"]), multiple=True,
+              help="Also time the task's PyTorch version (its `eager`, else its reference) as written (eager) or "
+                   "through torch.compile (compiled).")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="The run's seed, to replay a report (it records its seed); default: a fresh one from os.urandom.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
+            candidate: str | None, candidate_entry: str | None, backend: str, cases: str | None, seeds: int,
+            timeout_s: float, no_time: bool, profile: bool, versus: tuple[str, ...], seed: int | None,
+            as_json: bool) -> None:
+    """Check a task's kernel (and a candidate) for correctness, then time it: sandboxed, guarded.
+
+    Exit status 0 when every kernel judged passed, 1 when one was rejected (the baseline included)."""
+    from harness.run import RunOptions, run_task
+
+    if (task_file is None) == (kernel_file is None):
+        raise UserFacingError("give a TASK file, or --kernel FILE with --call EXPR",
+                              'e.g. kb run --kernel add.py --call "add(torch.randn(4096), torch.randn(4096))"')
+    if kernel_file is not None and call is None:
+        raise UserFacingError("--kernel needs --call EXPR, an example call of its launch wrapper",
+                              'e.g. --call "add(torch.randn(4096), torch.randn(4096))"')
+    for path in (task_file, kernel_file):
+        if path is not None and not Path(path).is_file():
+            raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
+    spec: dict[str, Any] = ({"path": str(Path(task_file).resolve())} if task_file else
+                            {"kernel": str(Path(kernel_file).resolve()), "call": call, "reference": reference})
+    try:
+        indices = [int(c) for c in cases.split(",")] if cases else None
+    except ValueError as exc:
+        raise UserFacingError(f"--cases {cases!r} is not a list of indices", "e.g. --cases 0,2") from exc
+    options = RunOptions(backend=backend, cases=indices,
+                         seeds=max(1, seeds), time=not no_time, timeout_s=timeout_s, profile=profile,
+                         references=tuple(dict.fromkeys(versus)), seed=seed)
+    report = run_task(spec, options, candidate=str(Path(candidate).resolve()) if candidate else None,
+                      candidate_entry=candidate_entry)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        from rich.console import Console
+
+        from cli.views.run import render_run
+
+        render_run(report, Console())
+    judged = [run for run in (report.run("baseline"), report.run("candidate")) if run is not None]
+    if report.failure or not judged or not all(run.correct for run in judged):
+        sys.exit(1)
+
+

@@ -1,0 +1,1 @@
+"""How results look on a terminal: the renderers the commands share."""

@@ -1,0 +1,121 @@
+"""What there is to diagnose, from any kernel input: `request_from` is the one place a task file, a kernel
+file with a call, a triton-ascend dump, or a rewritten kernel of the optimize loop becomes a request
+(`kb why`, `kb diagnose`, the gold-set evaluation and the loop all come through here)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.artifacts import Artifacts
+from harness.errors import UserFacingError
+from harness.measurement import RunReport
+
+__all__ = ["DEFAULT_TARGET", "DiagnosisRequest", "KernelInput", "request_from"]
+
+DEFAULT_TARGET = "cuda:90"  # what is compiled for without a GPU present, and what the patterns assume then
+
+
+@dataclass
+class DiagnosisRequest:
+    """What there is to diagnose. Artifacts are produced lazily: compiling is what L3 costs.
+
+    Attributes:
+        kernel_file: the kernel's Python source (L1); None when only IR is at hand.
+        artifacts: a callable that compiles (or reads) the kernel's Artifacts, called at most once.
+        report: measurements of the kernel (L2), e.g. from `kb run --json --profile`.
+        target: "cuda:90", "npu", ...; chooses the patterns' backend.
+    """
+
+    kernel_file: str | None
+    artifacts: Callable[[], list[Artifacts]] | None
+    report: RunReport | None = None
+    target: str = DEFAULT_TARGET
+    _compiled: list[Artifacts] | None = field(default=None, repr=False)
+
+    def compiled(self) -> list[Artifacts]:
+        if self._compiled is None:
+            self._compiled = self.artifacts() if self.artifacts else []
+        return self._compiled
+
+
+@dataclass(frozen=True)
+class KernelInput:
+    """A kernel as a user (or the loop) names it; one of:
+
+    - `task` (case `case` of a task file: its kernel, compiled on that case's inputs);
+    - `kernel` with `call` (a kernel file from the wild and an expression that launches it);
+    - `dump` (a triton-ascend TRITON_DEBUG dump directory), with `kernel` for its source if known;
+    - `task` with `rewrite` (and its `entry`): a rewrite standing in for the task's kernel, compiled in
+      a worker of its own, since the process asking may hold verdicts a rewrite must not reach.
+    """
+
+    task: str | None = None
+    kernel: str | None = None
+    call: str | None = None
+    dump: str | None = None
+    case: int = 0
+    rewrite: str | None = None
+    entry: str | None = None
+
+    def check_given(self) -> None:
+        """One line when the input names no kernel, or several."""
+        given = [x for x in (self.task, self.dump, self.kernel and self.call and "call") if x]
+        if len(given) != 1:
+            raise UserFacingError("give one of: a TASK file, --kernel FILE --call EXPR, or --dump DIR [--kernel FILE]",
+                                  "e.g. kb diagnose corpora/operators/softmax/task.py")
+        if self.rewrite is not None and self.task is None:
+            raise UserFacingError("a rewrite is diagnosed as its task's kernel: give the task too",
+                                  "pass the task file the rewrite stands in for")
+
+    def check(self) -> None:
+        """One line naming what is missing or wrong, before anything is compiled."""
+        self.check_given()
+        for path in (self.task, self.kernel, self.rewrite):
+            if path is not None and not Path(path).is_file():
+                raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
+        if self.dump is not None and not Path(self.dump).is_dir():
+            raise UserFacingError(f"{self.dump} is not a directory", "pass the TRITON_DUMP_DIR of a TRITON_DEBUG=1 run")
+
+
+def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str | Path | None = None,
+                 report: RunReport | None = None) -> DiagnosisRequest:
+    """The request for `kernel`, compiled for `target` (None: the GPU present, else cuda:90; a dump is
+    what the NPU compiler made) on first use, into `cache_dir`."""
+    kernel.check()
+    if kernel.dump is not None:
+        dump, source = kernel.dump, str(Path(kernel.kernel).resolve()) if kernel.kernel else ""
+        return DiagnosisRequest(kernel.kernel, lambda: _ascend_dumps(dump, source), report, "npu")
+    if kernel.task is not None and kernel.rewrite is not None:
+        task, rewrite, entry = kernel.task, kernel.rewrite, kernel.entry
+
+        def compile_rewrite() -> list[Artifacts]:
+            from harness.run import capture_kernel
+
+            return capture_kernel({"path": task}, rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None)
+
+        return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET)
+    if kernel.task is not None:
+        from harness.task import capture_task, load_task
+
+        task_file, case = kernel.task, kernel.case
+        return DiagnosisRequest(load_task(task_file).source_file,
+                                lambda: capture_task(task_file, case, target=target, cache_dir=cache_dir), report,
+                                target or DEFAULT_TARGET)
+    from harness.capture import capture_call
+
+    kernel_file, call = str(kernel.kernel), str(kernel.call)
+    return DiagnosisRequest(kernel_file, lambda: capture_call(kernel_file, call, target=target, cache_dir=cache_dir),
+                            report, target or DEFAULT_TARGET)
+
+
+def _ascend_dumps(dump_dir: str, source_file: str) -> list[Artifacts]:
+    """The Artifacts of a triton-ascend TRITON_DEBUG dump directory, mapped to the kernel source's lines."""
+    from harness.npu import collect_debug_dumps
+
+    arts = collect_debug_dumps(dump_dir, write=False, source_file=source_file)
+    if not arts:
+        raise UserFacingError(f"{dump_dir} holds no triton-ascend dumps (kernel.ttir.mlir, kernel.ttadapter.mlir)",
+                              "run with TRITON_DEBUG=1 and pass TRITON_DUMP_DIR")
+    return arts

@@ -1,0 +1,151 @@
+"""The house's shape, checked on its import graph (every import, those inside functions too):
+
+- no circle between files, nor between folders (a folder is a room: its files' imports of another
+  folder are the room's);
+- the packages stack as docs/architecture.md draws them: harness <- kb <- indexer, diagnose <- cli;
+- the harness (it runs inside GPU workers) needs nothing but the standard library, numpy, torch, triton.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("harness", "kb", "indexer", "diagnose", "cli")
+# What each package may import, besides itself. The bench and the optimize loop are diagnose's.
+MAY_IMPORT = {
+    "harness": set(),
+    "kb": {"harness"},
+    "indexer": {"harness", "kb"},
+    "diagnose": {"harness", "kb"},
+    "cli": {"harness", "kb", "indexer", "diagnose"},
+}
+HARNESS_THIRD_PARTY = {"numpy", "torch", "triton", "torch_npu"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imported(path: Path, module: str) -> Iterable[str]:
+    """Every module name `path` imports, relative imports resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        for name in _imported(path, module):
+            if name in modules and name != module:
+                edges[module].add(name)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    nodes = sorted(set(edges) | {b for bs in edges.values() for b in bs})
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        component.append(top)
+                        if top == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def _folder(module: str, modules: dict[str, Path]) -> str:
+    path = modules[module]
+    return ".".join(path.parent.relative_to(ROOT).parts)
+
+
+def test_no_file_imports_itself_through_others():
+    assert _cycles(_graph()) == []
+
+
+def test_no_folder_imports_itself_through_others():
+    modules = _modules()
+    rooms: dict[str, set[str]] = defaultdict(set)
+    for a, bs in _graph().items():
+        for b in bs:
+            if _folder(a, modules) != _folder(b, modules):
+                rooms[_folder(a, modules)].add(_folder(b, modules))
+    assert _cycles(rooms) == []
+
+
+def test_packages_import_only_the_layers_below_them():
+    wrong = sorted(f"{a} -> {b}" for a, bs in _graph().items() for b in bs
+                   if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in MAY_IMPORT[a.split(".")[0]])
+    assert wrong == []
+
+
+def test_the_harness_needs_only_the_standard_library_numpy_torch_and_triton():
+    outside = set()
+    for module, path in _modules().items():
+        if module.startswith("harness"):
+            for name in _imported(path, module):
+                top = name.split(".")[0]
+                if top and top not in sys.stdlib_module_names and top not in PACKAGES and top != "__future__":
+                    outside.add(f"{module}: {top}")
+    assert {o for o in outside if o.split(": ")[1] not in HARNESS_THIRD_PARTY} == set()
+
+
+def test_the_checker_sees_a_circle_when_there_is_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_cli_spells_the_engines_names_as_the_engine_does():
+    from cli import options
+    from diagnose.records import LEVELS, STRATEGIES
+
+    assert options.LEVELS == LEVELS and options.STRATEGIES == STRATEGIES
