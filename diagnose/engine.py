@@ -31,8 +31,8 @@ from diagnose.records import (
     ranked_defects,
 )
 from diagnose.request import DEFAULT_TARGET, DiagnosisRequest
-from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
+from harness.ir.artifacts import Artifacts
 from kb.home import KBHome
 from kb.patterns import Pattern, catalog_for
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
+from harness.ir.artifacts import Artifacts
 from harness.measurement import RunReport
 
 __all__ = ["DEFAULT_TARGET", "DiagnosisRequest", "KernelInput", "request_from"]

@@ -4,7 +4,7 @@ The bottom layer of kernel-kb: imports only the standard library, numpy, torch a
 runs on GPU/NPU workers whose image lacks the knowledge-base stack. Every other package may import it.
 """
 
-from harness.artifacts import Artifacts, PtxasReport, Remark
 from harness.errors import UserFacingError
+from harness.ir.artifacts import Artifacts, PtxasReport, Remark
 
 __all__ = ["Artifacts", "PtxasReport", "Remark", "UserFacingError"]

@@ -29,8 +29,8 @@ from types import ModuleType
 from typing import Any
 
 from harness import ir
-from harness.artifacts import SCHEMA_VERSION, Artifacts
 from harness.errors import UserFacingError, first_line
+from harness.ir.artifacts import SCHEMA_VERSION, Artifacts
 
 __all__ = ["Launch", "capture_call", "compile_launch", "intercept_launches", "load_kernel_module", "parse_target"]
 

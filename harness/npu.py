@@ -8,16 +8,14 @@ the npu backend gets a fresh TRITON_DUMP_DIR, so each job's dumps are its own.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from pathlib import Path
 
-from harness.artifacts import Artifacts
-from harness.ir import read_ir_dump
+from harness.ir import function_name, read_ir_dump
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["collect_debug_dumps"]
 
-_FUNC = re.compile(r"(?:tt|func)\.func\s+(?:public\s+)?@([A-Za-z_][\w$.]*)")
 
 
 _OUTPUT_SUFFIXES = (".log", ".txt", ".err", ".stderr")
@@ -48,11 +46,11 @@ def collect_debug_dumps(dump_dir: str | Path, triton_version: str = "", write: b
     records = []
     for kernel_dir, stages in sorted(by_kernel.items()):
         ttir = stages.get("ttir", "") or next(iter(stages.values()))
-        match = _FUNC.search(ttir)
+        kernel = next((name for line in ttir.splitlines() if (name := function_name(line))), None)
         output = "\n".join(p.read_text(errors="replace")[:_OUTPUT_LIMIT] for p in sorted((root / kernel_dir).glob("*"))
                            if p.suffix in _OUTPUT_SUFFIXES and p.is_file())
         where = (root / kernel_dir).resolve()
-        record = Artifacts(kernel=match.group(1) if match else where.name, source_file=source_file, target="npu",
+        record = Artifacts(kernel=kernel or where.name, source_file=source_file, target="npu",
                            triton_version=triton_version, signature={}, constants={}, arg_attrs={}, options={},
                            stages=stages, metadata={"hash": where.name, "dump_dir": str(where),
                                                     "problems": dump.problems, "compiler_output": output},

@@ -146,8 +146,8 @@ def capture_kernel(spec: dict[str, Any], file: str, entry: str, cache_dir: str |
                    target: str | None = None, timeout_s: float = 600.0) -> list[Any]:
     """Compile one case of a kernel file's entry, as its launch specializes it, in a worker of its own:
     a rewritten kernel is imported there, never in the caller's process."""
-    from harness.artifacts import Artifacts
     from harness.errors import UserFacingError
+    from harness.ir.artifacts import Artifacts
     from harness.sandbox import Worker
 
     with Worker("cuda") as worker:  # compiled, never interpreted, whatever the backend

@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.artifacts import Artifacts
 from harness.capture import capture_callable, load_kernel_module
 from harness.errors import UserFacingError
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "defining_file", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.files import entries_under, os_reason
+from harness.ir.files import entries_under, os_reason
 from indexer.code import DEFAULT_MAX_CHARS, grammar_versions, parse_code
 from indexer.links import resolve_links
 from indexer.mlir import parse_lit_test

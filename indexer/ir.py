@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserFacingError
-from harness.ir import IRDump, IRStage, op_source_lines, read_ir_dump, stage_op_counts
+from harness.ir import (
+    IRDump,
+    IRStage,
+    alias_resolver,
+    attribute_kinds,
+    op_source_lines,
+    read_ir_dump,
+    stage_op_counts,
+    without_names,
+)
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish, texts_to_embed
 from kb.releases import IR_CORPUS, check_release_name
@@ -31,8 +40,6 @@ __all__ = ["IR_CORPUS", "StepChange", "Timeline", "describe_config", "index_ir_d
            "summarize_dump"]
 
 _DIFF_LINES = 40
-_LOC_SUFFIX = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)\s*$")
-_SSA = re.compile(r"%[\w.#-]+")
 
 
 @dataclass
@@ -89,7 +96,7 @@ def _normalized_ops(text: str) -> list[str]:
         stripped = line.strip()
         if not stripped or stripped.startswith(("#loc", "//")):
             continue
-        out.append(_SSA.sub("%_", _LOC_SUFFIX.sub("", stripped)))
+        out.append(without_names(stripped))
     return out
 
 
@@ -104,38 +111,22 @@ class _Measured:
     layouts: frozenset[str] = frozenset()  # attribute kinds named anywhere in the module (MLIR only)
 
 
-# #blocked1 = #ttg.blocked<{sizePerThread = [4], ...}>   #mma = #ttg.nvidia_mma<{versionMajor = 3, ...}>
-_ALIAS_DEF = re.compile(r"^(?P<name>#(?!loc)[A-Za-z_][\w.]*)\s*=\s*(?P<value>.+?)\s*$", re.MULTILINE)
-_ALIAS_REF = re.compile(r"#(?!loc)[A-Za-z_][\w.]*")
-# `#ttg.nvidia_mma<{...}>`, `#ttg.shared_memory`, `#hivm.address_space<gm>`: a dialect attribute's kind.
-_ATTRIBUTE_KIND = re.compile(r"#[A-Za-z_]\w*\.([A-Za-z_]\w*)")
-
-
-def _alias_resolver(text: str) -> Callable[[str], str]:
-    """Replaces layout aliases by what they stand for. The printer numbers aliases anew in every
-    dump (#blocked1 in one is #blocked2 in the next), so only spelled-out lines compare across passes."""
-    aliases = {m["name"]: m["value"] for m in _ALIAS_DEF.finditer(text)}
-    for name, value in aliases.items():  # one level of nesting: #ttg.dot_op<{parent = #mma}>
-        aliases[name] = _ALIAS_REF.sub(lambda m: aliases.get(m[0], m[0]) if m[0] != name else m[0], value)
-    return lambda line: _ALIAS_REF.sub(lambda m: aliases.get(m[0], m[0]), line) if aliases else line
-
-
 def _measure(stage: IRStage) -> _Measured:
     if stage.lang != "mlir":
         return _Measured(dict(stage_op_counts(stage.text, stage.lang)), {}, _normalized_ops(stage.text))
     lines = op_source_lines(stage.text)  # one pass over the module serves counts, locations and lines
     counts = dict(Counter(op.key for op in lines))
     locations: dict[str, list[str]] = {}
-    spelled_out = _alias_resolver(stage.text)
+    spelled_out = alias_resolver(stage.text)
     by_op: dict[str, Counter[str]] = {}
     for op in lines:
-        by_op.setdefault(op.key, Counter())[spelled_out(_SSA.sub("%_", _LOC_SUFFIX.sub("", op.text)))] += 1
+        by_op.setdefault(op.key, Counter())[spelled_out(without_names(op.text))] += 1
         if op.loc is not None:
             where = f"{Path(op.loc.file).name}:{op.loc.line}"
             if where not in locations.setdefault(op.key, []):
                 locations[op.key].append(where)
     return _Measured(counts, locations, _normalized_ops(stage.text), by_op,
-                     frozenset(_ATTRIBUTE_KIND.findall(stage.text)))
+                     frozenset(attribute_kinds(stage.text)))
 
 
 def _churn(before: _Measured, after: _Measured) -> dict[str, list[int]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from harness.ir import op_source_lines
+from harness.ir import function_name, op_source_lines
 from indexer.code import Piece, pack_line_ranges
 from indexer.parsed import Fact, ParsedFile, SourceSymbol, Unit, source_lines
 
@@ -32,7 +32,6 @@ _TOOL_FLAGS = {"split-input-file", "verify-diagnostics", "allow-unregistered-dia
                "check-prefix", "implicit-check-not", "dump-input", "mlir-print-debuginfo", "mlir-print-ir-after-all",
                "mlir-print-ir-before-all", "mlir-disable-threading", "o", "input-file", "match-full-lines",
                "strict-whitespace", "pass-pipeline", "mlir-print-local-scope", "debug", "debug-only", "enable-var-scope"}
-_FUNC = re.compile(r"^\s*(?:tt\.func|func\.func|llvm\.func|func)\s+(?:public\s+|private\s+)?@(?P<name>[\w$.]+)")
 
 
 def _run_passes(lines: list[str]) -> list[tuple[str, int]]:
@@ -94,7 +93,7 @@ def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
             body = "\n".join(lines[start : end + 1])
             if not body.strip():
                 continue
-            funcs = [m["name"] for r in range(start, end + 1) if (m := _FUNC.match(lines[r]))]
+            funcs = [name for r in range(start, end + 1) if (name := function_name(lines[r]))]
             op_lines = op_source_lines(body)
             ops = Counter(o.op for o in op_lines)  # the op itself: `kb symbols llvm.call` finds every call
             first_use = {}
@@ -105,7 +104,7 @@ def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
             unit_index = len(parsed.units)
             parsed.units.append(Unit(body, start + 1, end + 1, funcs[0] if funcs else "", "lit-test"))
             for name in funcs:
-                row = next(r for r in range(start, end + 1) if (m := _FUNC.match(lines[r])) and m["name"] == name)
+                row = next(r for r in range(start, end + 1) if function_name(lines[r]) == name)
                 parsed.symbols.append(SourceSymbol(name, "lit-test-func", row + 1, row + 1, "def", "", unit_index))
             for op in ops:
                 # cited at the op's first use in the case, where an engineer wants to land

@@ -14,13 +14,13 @@ from conftest import REPO
 from cli import main
 from diagnose.bottleneck import classify
 from diagnose.engine import diagnose
-from diagnose.request import DiagnosisRequest
 from diagnose.evaluate import GoldCase, _check_citations, load_cases
 from diagnose.features import kernel_features
 from diagnose.records import Answer, Evidence, EvidenceLog
+from diagnose.request import DiagnosisRequest
 from diagnose.triage import triage
-from harness.artifacts import Artifacts
 from harness.errors import UserFacingError
+from harness.ir.artifacts import Artifacts
 from harness.measurement import CaseResult, KernelRun, Roofline, RunReport, Timing
 
 GOLD = REPO / "corpora" / "diagnosis"
@@ -210,7 +210,7 @@ def test_remark_only_and_block_pointer_modes():
     """Two modes this triton cannot produce from a gold kernel: the pipeliner's register-pipelining
     remark (Triton 3.5-3.9 print it only for some loads) and block pointers (3.9 rejects them)."""
     from diagnose.analyzers import pipelining
-    from harness.artifacts import Remark
+    from harness.ir.artifacts import Remark
 
     ttgir = ("module {\n  tt.func @k() {\n    %r = scf.for %i = %c0 to %n step %c1 iter_args(%a = %z) -> (f32) {\n"
              "      %d = tt.dot %x, %y, %a : tensor<64x64xf16> * tensor<64x64xf16> -> tensor<64x64xf32> loc(#loc1)\n"

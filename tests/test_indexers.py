@@ -480,7 +480,7 @@ def test_huge_non_utf8_and_truncated_dump_files(tmp_path, monkeypatch):
     ttgir.write_text("\n".join(ttgir.read_text().splitlines()[:4]))  # the module opened at line 2 never closes
     (tmp_path / "d" / "big.txt").write_text("// -----// IR Dump Before X: x ('builtin.module' operation) //----- //\n"
                                           + "module {\n}\n" * 100)
-    monkeypatch.setattr(harness.ir, "MAX_DUMP_BYTES", 1000)
+    monkeypatch.setattr(harness.ir.dumps, "MAX_DUMP_BYTES", 1000)
     dump = read_ir_dump(tmp_path / "d")
     assert [s.name for s in dump.stages] == ["copy_kernel.ttir", "copy_kernel.llir", "copy_kernel.ptx"]
     assert dump.notes == ["h1/copy_kernel.ptx:1: 1 byte(s) that are not UTF-8 replaced by U+FFFD"]

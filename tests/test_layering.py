@@ -149,3 +149,23 @@ def test_the_cli_spells_the_engines_names_as_the_engine_does():
     from diagnose.records import LEVELS, STRATEGIES
 
     assert options.LEVELS == LEVELS and options.STRATEGIES == STRATEGIES
+
+
+# Pieces of IR syntax a regex only needs when it parses IR: types, locations, SSA values, aliases,
+# functions, regions. harness/ir owns them; elsewhere a regex may name an op or a message, not syntax.
+_IR_SYNTAX = ("tensor<", "memref<", "loc\\(", "%[", "#loc", "\\.func", "scf\\.", "= #", "#ttg", "#mma")
+
+
+def test_ir_syntax_is_parsed_only_in_harness_ir():
+    readers = {"compile", "search", "match", "fullmatch", "findall", "finditer", "sub", "split"}
+    found = []
+    for module, path in _modules().items():
+        if module.startswith("harness.ir"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in readers
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                    and any(token in node.args[0].value for token in _IR_SYNTAX)):
+                found.append(f"{module}:{node.lineno}: {node.args[0].value}")
+    assert found == [], "parse it through harness.ir (add the reader there):\n" + "\n".join(found)

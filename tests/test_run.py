@@ -382,8 +382,8 @@ def test_npu_debug_dumps_become_artifacts(tmp_path):
     """A TRITON_DUMP_DIR as triton-ascend leaves it with TRITON_DEBUG=1: one directory per kernel hash."""
     import shutil
 
-    from harness.artifacts import Artifacts
     from harness.backends import backend_env
+    from harness.ir.artifacts import Artifacts
     from harness.npu import collect_debug_dumps
 
     shutil.copytree(FIXTURES / "ir" / "ascend_debug", tmp_path / "3f9a0c")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from diagnose.analyzers import ascend, dot, index, layout, pipelining, resources, spills, vectorization
 from diagnose.records import EvidenceLog, Finding
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["ANALYZERS", "TOPICS", "run_analyzers"]
 

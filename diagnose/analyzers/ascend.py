@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import at, in_loops, log_op, short
+from diagnose.analyzers.common import at, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze", "DEFAULT_VECTOR_CORES"]
 
 # 910B-class (Atlas A2) devices: 48 vector cores (triton-ascend docs/en/debug_guide/profiling.md).
 DEFAULT_VECTOR_CORES = 48
 _UB_OVERFLOW = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits? available", re.IGNORECASE)
-_INT_TENSOR_OP = re.compile(r"=\s*arith\.(?P<op>cmpi|addi|subi|muli|divsi|remsi|maxsi|minsi)\b.*tensor<[\dx?]+x(?P<t>i64|i32)>")
+_INT_OPS = ("cmpi", "addi", "subi", "muli", "divsi", "remsi", "maxsi", "minsi")
 
 
 def _hivm(art: Artifacts) -> str:
@@ -46,7 +46,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             confidence=0.95))
     if not adapter:
         return findings
-    loop_lines = in_loops(adapter)
+    loop_lines = ir.in_loops(adapter)
     discrete = [op for op in ir.op_source_lines(adapter) if "DiscreteMemAccess" in op.text]
     # Untagged scalar loads in a loop are the same symptom without the pass's own tag: weaker evidence.
     scalar = [op for op in ir.op_source_lines(adapter, {"memref.load", "tensor.extract"}) if op.ir_line in loop_lines]
@@ -62,16 +62,16 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             "(offsets from loaded indices, modulo, or an inner extent that is not a 32 B multiple), so it became a "
             "loop of scalar loads instead of one DMA.", chain, sorted({o.loc.line for o in discrete + scalar if o.loc}),
             "triton-to-unstructure", confidence=0.9 if discrete else 0.6))
-    int_ops = [(op, m) for op in ir.op_source_lines(adapter) if (m := _INT_TENSOR_OP.search(op.text))
-               and (m.group("t") == "i64" or m.group("op") == "cmpi")]
+    int_ops = [(op, kind) for op in ir.op_source_lines(adapter) if (kind := _int_tensor_op(op))
+               and (kind[1] == "i64" or kind[0] == "cmpi")]
     if int_ops:
-        op, m = int_ops[0]
+        op, (name, elt) = int_ops[0]
         line = op.loc.line if op.loc else 0
-        chain = [log_op(log, "ttadapter", op, f"`arith.{m.group('op')}` on a {m.group('t')} tensor at {at(src, line)} "
+        chain = [log_op(log, "ttadapter", op, f"`arith.{name}` on a {elt} tensor at {at(src, line)} "
                         "survives into ttadapter")]
         findings.append(Finding(
-            "ascend.int-vector-op", "ascend-compute", f"integer vector op on {m.group('t')} at {at(src, line)}",
-            f"The Vector unit has no {m.group('t')} {m.group('op')} (triton-ascend performance guidelines, "
+            "ascend.int-vector-op", "ascend-compute", f"integer vector op on {elt} at {at(src, line)}",
+            f"The Vector unit has no {elt} {name} (triton-ascend performance guidelines, "
             "'Optimizing Data Types'), so HIVM lowers it to a scalar loop (hivm-lower-to-loops).",
             chain, sorted({o.loc.line for o, _ in int_ops if o.loc}), "hivm-lower-to-loops", confidence=0.85))
     grid = art.metadata.get("grid")
@@ -140,7 +140,6 @@ def _mask_padding(adapter: str, src: str, log: EvidenceLog) -> list[Finding]:
     return []
 
 
-_ALLOC = re.compile(r"memref\.alloc\(\)\s*:\s*memref<(?P<shape>\d+(?:x\d+)*)x(?P<t>f32|f16|bf16|i8|i16|i32|i64)\b")
 _BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
 UB_ALIGN_BYTES = 32  # the last axis of a UB buffer is laid out in 32-byte units (AscendNPU-IR best_practice.md)
 
@@ -150,11 +149,11 @@ def _alignment_padding(adapter: str, src: str, log: EvidenceLog) -> list[Finding
     by hivm-align-alloc-size / hivm-enable-stride-align: UB holds (and DMAs move) the padding too."""
     worst: tuple[float, ir.OpLine, list[int], int, int] | None = None
     for op in ir.op_source_lines(adapter, {"memref.alloc"}):
-        m = _ALLOC.search(op.text)
-        if not m or "x" not in m.group("shape"):
+        buffer = next(iter(ir.shaped_types(op.text, "memref")), None)
+        if buffer is None or not buffer.static or buffer.element not in _BYTES or len(buffer.shape) < 2:
             continue  # 1-D buffers are one contiguous run: only the total is rounded
-        dims = [int(d) for d in m.group("shape").split("x")]
-        last = dims[-1] * _BYTES[m.group("t")]
+        dims = list(buffer.shape)
+        last = dims[-1] * _BYTES[buffer.element]
         if last % UB_ALIGN_BYTES == 0:
             continue
         padded = -(-last // UB_ALIGN_BYTES) * UB_ALIGN_BYTES
@@ -209,7 +208,7 @@ def _cube_vector_sync(adapter: str, hivm: str, log: EvidenceLog) -> list[Finding
     the loop: every iteration waits for the other core type."""
     if 'mix_mode = "mix"' not in adapter or not _SYNC.search(hivm):
         return []
-    loops = in_loops(hivm)
+    loops = ir.in_loops(hivm)
     syncs = [(i, ln) for i, ln in enumerate(hivm.splitlines(), start=1) if _SYNC.search(ln)]
     looped = [(i, ln) for i, ln in syncs if i in loops]
     if not looped:
@@ -223,3 +222,13 @@ def _cube_vector_sync(adapter: str, hivm: str, log: EvidenceLog) -> list[Finding
         "tiles over through the workspace; with the hand-over inside the loop, each core idles while the other "
         "works unless cv-pipelining and the mix tiling (tile_mix_cube_loop / tile_mix_vector_loop) overlap them.",
         [ev], [], "hivm-split-mix-kernel", confidence=0.6)]
+
+
+def _int_tensor_op(op: ir.OpLine) -> tuple[str, str] | None:
+    """(op, element) of an integer arith op on an i32/i64 tensor (`arith.cmpi` on `tensor<64xi64>` ->
+    ("cmpi", "i64")): the last such tensor type of the line, as the result's type is printed last."""
+    name = op.op.removeprefix("arith.")
+    if not op.op.startswith("arith.") or name not in _INT_OPS or "=" not in op.text.split(op.op)[0]:
+        return None
+    ints = [t.element for t in ir.shaped_types(op.text) if t.element in ("i64", "i32") and not t.encoding]
+    return (name, ints[-1]) if ints else None

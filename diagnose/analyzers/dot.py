@@ -6,18 +6,14 @@ with its pass, and (for FMA on fp32) the dot's input precision in TTIR.
 
 from __future__ import annotations
 
-import re
-
 from diagnose.analyzers.common import short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze"]
 
 # TTIR prints inputPrecision only when it is not the default (IEEE; TritonOps.td DotOp).
-_PRECISION = re.compile(r"inputPrecision\s*=\s*(\w+)")
-_OPERAND_TYPE = re.compile(r":\s*tensor<[\dx]+x(?P<elt>\w+)")
 
 
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
@@ -51,7 +47,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             findings.append(Finding("dot.ok", "tensor-cores", f"the dot at {src}:{line} runs on wgmma (MMA v3)",
                                     "The dot was converted to a Hopper warp-group MMA.", chain, [line], deciding))
             continue
-        if re.search(r"->\s*tensor<[^>]*#mma", op.text) and "versionMajor = 2" in _mma_encoding(ttgir):
+        if _result_on_mma(op) and "versionMajor = 2" in _mma_encoding(ttgir):
             findings.append(Finding(
                 "dot.mma-v2", "tensor-cores", f"the dot at {src}:{line} uses mma.sync (MMA v2), not wgmma",
                 "supportMMA(dot, 3) failed for this dot's shape, warps or element type, so the v2 path was taken.",
@@ -63,14 +59,13 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         precision = "ieee"
         elt = ""
         if ttir_op is not None:
-            pm = _PRECISION.search(ttir_op.text)
-            precision = pm.group(1) if pm else "ieee"
-            em = _OPERAND_TYPE.search(ttir_op.text)
-            elt = em.group("elt") if em else ""
+            written = ir.attribute(ttir_op.text, "inputPrecision")
+            precision = written or "ieee"
+            elt = next((t.element for t in ir.shaped_types(ttir_op.text) if t.static), "")
             chain.append(log.add(
                 "L3", "ttir",
                 f"in TTIR the dot's operands are {elt or '?'} with input precision {precision}"
-                + (" (not printed: IEEE is the default of tt.dot's inputPrecision)" if not pm else ""),
+                + (" (not printed: IEEE is the default of tt.dot's inputPrecision)" if not written else ""),
                 f"ttir:{ttir_op.ir_line}", ttir_op.text,
             ))
         if elt == "f32" and precision == "ieee":
@@ -87,5 +82,11 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
 
 
 def _mma_encoding(ttgir: str) -> str:
-    m = re.search(r"^#mma\w* = (#ttg\.nvidia_mma<\{.*\}>)", ttgir, re.MULTILINE)
-    return m.group(1) if m else ""
+    return next((value for alias, value in ir.attribute_aliases(ttgir).items()
+                 if alias.startswith("#mma") and value.startswith("#ttg.nvidia_mma<{") and value.endswith("}>")), "")
+
+
+def _result_on_mma(op: ir.OpLine) -> bool:
+    """Whether the op's result (the type after `->`) is laid out in an #mma encoding."""
+    result = ir.shaped_types(op.text.rpartition("->")[2]) if "->" in op.text else []
+    return bool(result) and result[0].encoding.startswith("#mma")

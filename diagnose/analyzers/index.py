@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 from diagnose.analyzers.common import at, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze"]
 
-_CONST = re.compile(r"^\s*(%[\w.$-]+)\s*=\s*arith\.constant")
 
 
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
@@ -21,7 +18,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     src = short(art.source_file)
     ptx = art.stages.get("ptx", "")
     findings: list[Finding] = []
-    wide = [op for op in ir.op_source_lines(ttir, {"tt.addptr"}) if re.search(r"tensor<[\dx]+xi64>", op.text)]
+    wide = [op for op in ir.op_source_lines(ttir, {"tt.addptr"}) if any(t.static and t.element == "i64" and not t.encoding for t in ir.shaped_types(op.text))]
     if wide:
         op = wide[0]
         line = op.loc.line if op.loc else 0
@@ -39,10 +36,10 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             "Every per-element offset, compare and address add is a 64-bit operation (two registers and extra "
             "instructions per element); only the base needs 64 bits when a program addresses fewer than 2^31 "
             "elements.", chain, sorted({o.loc.line for o in wide if o.loc}), "", confidence=0.8))
-    consts = {m.group(1) for line in ttir.splitlines() if (m := _CONST.match(line))}
+    consts = {name for name, defined in ir.ssa_defs(ttir).items() if defined.startswith("arith.constant")}
     divs = []
     for op in ir.op_source_lines(ttir, {"arith.divsi", "arith.remsi", "arith.divui", "arith.remui"}):
-        operands = re.findall(r"%[\w.$-]+", op.text.split("=", 1)[-1].split(":")[0])
+        operands = ir.ssa_names(op.text.split("=", 1)[-1].split(":")[0])
         if len(operands) >= 2 and operands[1] not in consts and "tensor<" in op.text:
             divs.append(op)
     if divs:

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import re
-
-from diagnose.analyzers.common import at, in_loops, log_op, short
+from diagnose.analyzers.common import at, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze"]
 
-_BLOCKED = re.compile(r"^(#\w+) = #ttg\.blocked<\{(?P<body>.*)\}>", re.MULTILINE)
-_FIELD = r"{}\s*=\s*\[([\d, ]+)\]"
-_REDUCE_AXIS = re.compile(r"axis\s*=\s*(\d+)")
-_OPERAND_LAYOUT = re.compile(r"tensor<(?P<shape>[\dx]+)x\w+,\s*(?P<enc>#\w+)>")
 # One warp holding the whole reduced row at <= 16 values per lane is the cheap alternative.
 _ONE_WARP_EXTENT = 32 * 16
-
-
-def _fields(body: str, name: str) -> list[int]:
-    m = re.search(_FIELD.format(name), body)
-    return [int(v) for v in m.group(1).split(",")] if m else []
 
 
 def _reduce_signature(lines: list[str], ir_line: int) -> str:
@@ -41,7 +30,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     if not ttgir:
         return []
     src = short(art.source_file)
-    loop_lines = in_loops(ttgir)
+    loop_lines = ir.in_loops(ttgir)
     lines = ttgir.splitlines()
     has_loop = "scf.for" in ttgir or "scf.while" in ttgir
     findings: list[Finding] = []
@@ -62,22 +51,24 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             "iteration re-lays the tile out" + (", and this kernel's PTX does so through shared memory and barriers."
                                                 if through_smem else " (in registers or with warp shuffles)."),
             chain, sorted({c.loc.line for c in converts if c.loc}), "tritongpu-remove-layout-conversions"))
-    layouts = {alias: m.group("body") for m in _BLOCKED.finditer(ttgir) for alias in [m.group(1)]}
+    layouts = ir.blocked_layouts(ttgir)
     for op in ir.op_source_lines(ttgir, {"tt.reduce"}):
         if has_loop and op.ir_line not in loop_lines:
             continue  # a final reduction after a streaming loop is amortized over the loop
-        axis_m = _REDUCE_AXIS.search(op.text)
-        lay_m = _OPERAND_LAYOUT.search(_reduce_signature(lines, op.ir_line))
-        if not axis_m or not lay_m or lay_m.group("enc") not in layouts:
+        axis_text = ir.attribute(op.text, "axis")
+        # The reduced operand: a tile of values laid out by an alias (an inline layout is not a blocked one).
+        operand = next((t for t in ir.shaped_types(_reduce_signature(lines, op.ir_line)) if t.static
+                        and t.encoding and "." not in t.encoding and not t.element.startswith("!")), None)
+        if not axis_text or not axis_text.isdigit() or operand is None or operand.encoding not in layouts:
             continue
-        axis = int(axis_m.group(1))
-        shape = [int(d) for d in lay_m.group("shape").split("x")]
-        body = layouts[lay_m.group("enc")]
-        warps = _fields(body, "warpsPerCTA")
+        axis = int(axis_text)
+        shape = list(operand.shape)
+        body = layouts[operand.encoding]
+        warps = ir.int_list_attribute(body, "warpsPerCTA")
         if axis >= len(shape) or axis >= len(warps) or warps[axis] <= 1 or shape[axis] > _ONE_WARP_EXTENT:
             continue
         line = op.loc.line if op.loc else 0
-        per_thread = (_fields(body, "sizePerThread") or [1] * len(shape))[axis]
+        per_thread = (ir.int_list_attribute(body, "sizePerThread") or [1] * len(shape))[axis]
         chain = [log_op(log, "ttgir", op, f"the reduction at {at(src, line)} runs over axis {axis} of {shape[axis]} "
                                           f"elements laid out with warpsPerCTA[{axis}] = {warps[axis]}, "
                                           f"sizePerThread[{axis}] = {per_thread}")]

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import at, in_loops, log_op, short
+from diagnose.analyzers.common import at, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze"]
 
 _ASYNC = ("ttg.async_copy_global_to_local", "ttng.async_tma_copy_global_to_local", "tt.descriptor_load")
-_PENDINGS = re.compile(r"pendings\s*=\s*(\d+)")
 
 
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
@@ -32,7 +31,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     if not ttgir:
         return []
     src = short(art.source_file)
-    loop_lines = in_loops(ttgir)
+    loop_lines = ir.in_loops(ttgir)
     findings: list[Finding] = []
     for r in art.remarks:
         if "Pipelining load that cannot use vectorized copy" in r.message:
@@ -71,8 +70,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                                 [log_op(log, "ttgir", async_op, "the loop's loads are async copies into shared memory")]))
     findings += _no_tma(art, ttgir, loop_lines, src, log)
     for op in ir.op_source_lines(ttgir, {"ttng.warp_group_dot_wait"}):
-        m = _PENDINGS.search(op.text)
-        if op.ir_line in loop_lines and m and int(m.group(1)) == 0:
+        if op.ir_line in loop_lines and ir.attribute(op.text, "pendings") == "0":
             line = op.loc.line if op.loc else 0
             dot = next((d for d in ir.op_source_lines(ttgir, {"ttng.warp_group_dot"}) if d.ir_line in loop_lines), None)
             chain = [log_op(log, "ttgir", op, f"inside the K-loop the wgmma at {at(src, line)} is followed by "

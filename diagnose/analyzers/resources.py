@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from diagnose.analyzers.common import at, log_op, short, ssa_defs
+from diagnose.analyzers.common import at, log_op, short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze", "SHARED_LIMIT"]
 
@@ -98,8 +98,8 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
 
 def _splat_pointer(ttir: str, op: ir.OpLine) -> bool:
     """Whether the atomic's pointer operand is a splat of one scalar pointer plus a constant-zero offset."""
-    defs = ssa_defs(ttir)
-    operands = re.findall(r"%[\w.$-]+", op.text.split("=", 1)[-1])
+    defs = ir.ssa_defs(ttir)
+    operands = ir.ssa_names(op.text.split("=", 1)[-1])
     ptr = operands[0] if operands else ""
     seen = 0
     while ptr in defs and seen < 6:
@@ -108,7 +108,7 @@ def _splat_pointer(ttir: str, op: ir.OpLine) -> bool:
         if body.startswith("tt.splat"):
             return True
         if body.startswith("tt.addptr"):
-            base, off = (re.findall(r"%[\w.$-]+", body) + ["", ""])[:2]
+            base, off = (ir.ssa_names(body) + ["", ""])[:2]
             off_def = defs.get(off, "")
             if "arith.constant dense<0>" in off_def or "dense<0>" in off_def:
                 ptr = base

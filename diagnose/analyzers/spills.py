@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from diagnose.records import EvidenceLog, Finding
-from harness.artifacts import Artifacts
+from harness import ir
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze"]
 
-_TENSOR = re.compile(r"tensor<(?P<shape>\d+(?:x\d+)*)x(?P<elt>[a-z]\w*)")
 
 
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
@@ -52,10 +50,9 @@ def _largest_tensor(ttgir: str) -> tuple[int, str, int, str] | None:
     for lineno, line in enumerate(ttgir.splitlines(), 1):
         if line.lstrip().startswith("#"):
             continue
-        for m in _TENSOR.finditer(line):
-            elems = 1
-            for d in m["shape"].split("x"):
-                elems *= int(d)
-            if best is None or elems > best[0]:
-                best = (elems, f"{m['shape']}x{m['elt']}", lineno, line.strip())
+        for t in ir.shaped_types(line):
+            if not t.static or not t.element[:1].islower():  # a tile of values, not of pointers
+                continue
+            if best is None or t.elements > best[0]:
+                best = (t.elements, "x".join(map(str, (*t.shape, t.element))), lineno, line.strip())
     return best

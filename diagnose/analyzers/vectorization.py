@@ -7,30 +7,30 @@ TTIR specialization of the arguments (tt.divisibility) and the mask that bounds 
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 
-from diagnose.analyzers.common import short, ssa_defs
+from diagnose.analyzers.common import short
 from diagnose.records import EvidenceLog, Finding
 from harness import ir
-from harness.artifacts import Artifacts
+from harness.ir.artifacts import Artifacts
 
 __all__ = ["analyze"]
 
 # Warning: vectorization fails vec = 1 origin vec = 4 numElems = 8 mask is 1
 _VEC_REMARK = re.compile(r"vectorization fails vec = (?P<vec>\d+) origin vec = (?P<origin>\d+).*?mask is (?P<mask>\d+)")
-_SIZE_PER_THREAD = re.compile(r"sizePerThread = \[(?P<spt>[\d, ]+)\]")
 
 
 def _mask_bound_args(ttir: str, kernel_line: int) -> list[str]:
     """Kernel arguments that bound the mask of the load/store written at `kernel_line`."""
-    defs = ssa_defs(ttir)
+    defs = ir.ssa_defs(ttir)
     args = {a.name for a in ir.func_args(ttir)}
     found: list[str] = []
     for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"}):
         if op.loc is None or op.loc.line != kernel_line:
             continue
-        operands = re.findall(r"%[\w.$-]+", op.text.split(":")[0].split("=", 1)[-1])
+        operands = ir.ssa_names(op.text.split(":")[0].split("=", 1)[-1])
         mask = operands[1] if op.op == "tt.load" and len(operands) > 1 else (operands[2] if len(operands) > 2 else None)
         frontier, seen = [mask] if mask else [], set()
         while frontier:
@@ -42,7 +42,7 @@ def _mask_bound_args(ttir: str, kernel_line: int) -> list[str]:
             if name in args and name not in found:
                 found.append(name)
                 continue
-            frontier.extend(re.findall(r"%[\w.$-]+", defs.get(value, "").split(":")[0]))
+            frontier.extend(ir.ssa_names(defs.get(value, "").split(":")[0]))
     return found
 
 
@@ -54,13 +54,13 @@ def _address_terms(ttir: str, kernel_line: int) -> tuple[set[str], set[str], boo
     stride: they decide contiguity), and whether a division or remainder by a runtime value is on
     the way.
     """
-    defs = ssa_defs(ttir)
+    defs = ir.ssa_defs(ttir)
     int_args = {a.name for a in ir.func_args(ttir) if not a.is_pointer}
     base, element, divmod = set(), set(), False
     for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"}):
         if op.loc is None or op.loc.line != kernel_line:
             continue
-        operands = re.findall(r"%[\w.$-]+", op.text.split(":")[0].split("=", 1)[-1])
+        operands = ir.ssa_names(op.text.split(":")[0].split("=", 1)[-1])
         frontier, seen = operands[:1], set()
         while frontier:
             value = frontier.pop()
@@ -68,7 +68,7 @@ def _address_terms(ttir: str, kernel_line: int) -> tuple[set[str], set[str], boo
                 continue
             seen.add(value)
             body = defs[value]
-            uses = re.findall(r"%[\w.$-]+", body.split(":")[0])
+            uses = ir.ssa_names(body.split(":")[0])
             if re.match(r"arith\.(div|rem)[su]i", body) and len(uses) > 1 and not defs.get(uses[1], "").startswith("arith.constant"):
                 divmod = True
             scalar_op = "tensor<" not in body.split(":", 1)[-1]
@@ -217,11 +217,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
 
 
 def _elements_per_thread(description: str) -> int:
-    m = _SIZE_PER_THREAD.search(description)
-    n = 1
-    for v in (m.group("spt").split(",") if m else []):
-        n *= int(v)
-    return n
+    return math.prod(ir.int_list_attribute(description, "sizePerThread"))
 
 
 def _line(text: str, lineno: int) -> str:
@@ -232,13 +228,14 @@ def _line(text: str, lineno: int) -> str:
 def _load_layout(art: Artifacts, kernel_line: int) -> tuple[str, str, str] | None:
     """(sizePerThread description, ttgir:line, the op line) for the load/store at `kernel_line`."""
     ttgir = art.stages.get("ttgir", "")
-    aliases = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{.*\}>)", ttgir, re.MULTILINE))
+    aliases = ir.blocked_layouts(ttgir)
     for op in ir.op_source_lines(ttgir, {"tt.load", "tt.store"}):
         if op.loc is None or op.loc.line != kernel_line:
             continue
         for alias, body in aliases.items():
-            if re.search(rf"{alias}\b", op.text) and (m := _SIZE_PER_THREAD.search(body)):
-                return f"sizePerThread = [{m['spt']}] ({alias})", f"ttgir:{op.ir_line}", op.text
+            spt = ir.int_list_attribute(body, "sizePerThread")
+            if alias in ir.ALIAS_REF.findall(op.text) and spt:
+                return f"sizePerThread = [{', '.join(map(str, spt))}] ({alias})", f"ttgir:{op.ir_line}", op.text
     return None
 
 
