@@ -88,7 +88,7 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
 
     from diagnose.optimize import OptimizeOptions, report
     from diagnose.optimize import optimize as run_loop
-    from harness.task import task_name
+    from harness.task import TaskSpec, task_name
 
     if (task_file is None) == (resume_run is None):
         raise UserFacingError("give a TASK file to start a run, or --resume RUN to continue one",
@@ -114,7 +114,7 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         # The default place is the KB home's runs/, so the home must be one (created if new).
         directory = run_dir or open_home(ctx, create=True).runs_dir / f"{task_name(task_file)}-{stamp}"
-        spec = {"path": str(Path(task_file).resolve())}
+        spec = TaskSpec.of_file(task_file)
     kb_home = diagnosis_home(ctx)
     if spec is None:
         from diagnose.rounds import RoundsStore

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -45,6 +44,7 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
 
     Exit status 0 when every kernel judged passed, 1 when one was rejected (the baseline included)."""
     from harness.run import RunOptions, run_task
+    from harness.task import TaskSpec
 
     if (task_file is None) == (kernel_file is None):
         raise UserFacingError("give a TASK file, or --kernel FILE with --call EXPR",
@@ -55,8 +55,8 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
     for path in (task_file, kernel_file):
         if path is not None and not Path(path).is_file():
             raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
-    spec: dict[str, Any] = ({"path": str(Path(task_file).resolve())} if task_file else
-                            {"kernel": str(Path(kernel_file).resolve()), "call": call, "reference": reference})
+    spec = (TaskSpec.of_file(task_file) if task_file else
+            TaskSpec(kernel=str(Path(kernel_file).resolve()), call=call, reference=reference))
     try:
         indices = [int(c) for c in cases.split(",")] if cases else None
     except ValueError as exc:

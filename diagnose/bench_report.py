@@ -69,7 +69,7 @@ def _operator_row(job: Any) -> dict[str, Any]:
     final_report = final.get("report")
     best_role = "candidate" if summary["best_round"] else "baseline"
     row.update({
-        "family": info.spec.get("family", ""),
+        "family": info.spec.family or "",
         "status": info.status,
         "rounds": summary["rounds"],
         "accepted": sum(1 for r in rounds if r.outcome == "accepted"),

@@ -23,7 +23,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from diagnose.rewrite import Variant, rewrite, unified_diff
 from diagnose.rounds import Round, RoundsStore
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
+from harness.task import TaskSpec
 
 __all__ = ["HarnessJudge", "Judge", "OptimizeOptions", "optimize", "report"]
 
@@ -87,24 +88,24 @@ class HarnessJudge:
         self.references = tuple(options.references)
         self._judges: dict[str, Any] = {}
 
-    def judge_for(self, spec: dict[str, Any]) -> Any:
+    def judge_for(self, spec: TaskSpec) -> Any:
         import json
 
         from harness.judge import Judge
 
-        key = json.dumps(spec, sort_keys=True)
+        key = json.dumps(spec.to_json(), sort_keys=True)
         if key not in self._judges:
             self._judges[key] = Judge(spec, self.options.backend, timeout_s=self.options.timeout_s,
                                       spares=self.check_workers)
         return self._judges[key]
 
-    def __call__(self, spec: dict[str, Any], baseline: str | None, candidate: str | None, entry: str) -> RunReport:
+    def __call__(self, spec: TaskSpec, baseline: str | None, candidate: str | None, entry: str) -> RunReport:
         from harness.run import run_task
 
         return run_task(spec, self.options, candidate=candidate, candidate_entry=entry, judge=self.judge_for(spec),
                         baseline=baseline)
 
-    def final(self, spec: dict[str, Any], best: str | None, entry: str) -> RunReport:
+    def final(self, spec: TaskSpec, best: str | None, entry: str) -> RunReport:
         """The end-of-run measurement: the best kernel (None: the initial one alone) against the task's
         own, with the PyTorch stand-ins the options name."""
         from dataclasses import replace
@@ -114,7 +115,7 @@ class HarnessJudge:
         return run_task(spec, replace(self.options, references=self.references), candidate=best,
                         candidate_entry=entry, judge=self.judge_for(spec))
 
-    def judge_all(self, spec: dict[str, Any], baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
+    def judge_all(self, spec: TaskSpec, baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
         """A round's variants against their (already validated) parent: each variant checked in a fresh
         worker, the parent timed once per case with all of them, not once per variant."""
         from harness.run import run_candidates
@@ -123,7 +124,7 @@ class HarnessJudge:
         judge.retire(keep=[baseline])  # the last round's variants are done; the parent stays warm
         return run_candidates(spec, self.options, baseline, candidates, entry, judge)
 
-    def confirm(self, spec: dict[str, Any], baseline: str, candidate: str, entry: str) -> RunReport | None:
+    def confirm(self, spec: TaskSpec, baseline: str, candidate: str, entry: str) -> RunReport | None:
         """A round's pick timed against its parent again, alone (see `_confirmed`)."""
         from harness.run import time_again
 
@@ -149,7 +150,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home: Any = None,
+def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any = None,
              judge: Judge | None = None, log: Callable[[str], None] | None = None, resume: bool = False,
              stop_at: float | None = None) -> RoundsStore:
     """Run (or, with `resume`, continue) the loop in `run_dir`; returns the store for reporting.
@@ -167,15 +168,15 @@ def optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home
         return _optimize(spec, options, run_dir, home, judge, log, resume, stop_at)
 
 
-def _optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, home: Any, judge: Judge | None,
+def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any, judge: Judge | None,
               log: Callable[[str], None] | None, resume: bool, stop_at: float | None) -> RoundsStore:
     from harness.task import load_task
 
     say = log or (lambda _msg: None)
-    if "path" not in spec:
+    if spec.path is None:
         raise UserFacingError("kb optimize needs a task file (entry, inputs, cases, reference)",
                               "write a task module for the kernel (see docs/harness.md) and pass its path")
-    task = load_task(spec["path"])
+    task = load_task(spec.path)
     entry = getattr(task.entry, "__name__", "")
     if resume:
         store = RoundsStore(run_dir)
@@ -191,7 +192,7 @@ def _optimize(spec: dict[str, Any], options: OptimizeOptions, run_dir: Path, hom
         original = run_dir / "round-000.py"
         shutil.copyfile(task.source_file, original)
         # The family travels in the spec so that synthesis can file the rounds without loading the task.
-        store.create_run(run_dir.name, task.name, {**spec, "family": task.family}, asdict(options))
+        store.create_run(run_dir.name, task.name, replace(spec, family=task.family), asdict(options))
     own_judge = judge is None
     judge = judge or HarnessJudge(options)
     started = time.monotonic()
@@ -262,7 +263,7 @@ def _best_path(store: RoundsStore) -> tuple[int, Path]:
     return int(info.best_round or 0), Path(info.best_path or store.dir / "round-000.py")
 
 
-def _plan(store: RoundsStore, spec: dict[str, Any], task: Any, entry: str, options: OptimizeOptions, home: Any,
+def _plan(store: RoundsStore, spec: TaskSpec, task: Any, entry: str, options: OptimizeOptions, home: Any,
           idx: int, say: Callable[[str], None]) -> Round | None:
     parent_idx, parent = _best_path(store)
     source = parent.read_text()
@@ -384,7 +385,7 @@ def _markdown(answer: Answer) -> str:
 
 
 # ------------------------------------------------------------------------------------ rewrite + validate
-def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry: str, judge: Judge,
+def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Any, entry: str, judge: Judge,
             options: OptimizeOptions, home: Any, say: Callable[[str], None]) -> None:
     parent = store.dir / f"round-{r.parent or 0:03d}.py"
     source = parent.read_text()
@@ -460,7 +461,7 @@ def _finish(store: RoundsStore, r: Round, spec: dict[str, Any], task: Any, entry
         say(f"round {r.idx}: rejected ({geomean:.3f}x)")
 
 
-def _confirmed(judge: Judge, spec: dict[str, Any], parent: Path, chosen: Path, entry: str,
+def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: str,
                options: OptimizeOptions) -> tuple[RunReport, tuple[float | None, float, str]] | None:
     """The round's pick timed against its parent once more, in a job of its own, tried twice if the
     job fails; None when the judge cannot (no `confirm`, or a judge that does not time). The pick is

@@ -92,8 +92,9 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
 
         def compile_rewrite() -> list[Artifacts]:
             from harness.run import capture_kernel
+            from harness.task import TaskSpec
 
-            return capture_kernel({"path": task}, rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None)
+            return capture_kernel(TaskSpec.of_file(task), rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None)
 
         return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET)
     if kernel.task is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserFacingError
+from harness.task import TaskSpec
 
 __all__ = ["Round", "RoundsStore", "RunInfo"]
 
@@ -42,7 +43,7 @@ CREATE TABLE IF NOT EXISTS rounds (
 class RunInfo:
     id: str
     task: str
-    spec: dict[str, Any]
+    spec: TaskSpec
     options: dict[str, Any]
     created: float
     status: str  # "running" | "finished" | "interrupted"
@@ -107,16 +108,16 @@ class RoundsStore:
             store.close()
 
     # ---------------------------------------------------------------- run
-    def create_run(self, run_id: str, task: str, spec: dict[str, Any], options: dict[str, Any]) -> None:
+    def create_run(self, run_id: str, task: str, spec: TaskSpec, options: dict[str, Any]) -> None:
         self._db.execute("INSERT INTO run (id, task, spec, options, created, status) VALUES (?, ?, ?, ?, ?, 'running')",
-                         (run_id, task, json.dumps(spec), json.dumps(options), time.time()))
+                         (run_id, task, json.dumps(spec.to_json()), json.dumps(options), time.time()))
 
     def run(self) -> RunInfo:
         row = self._db.execute("SELECT id, task, spec, options, created, status, baseline, best_round, best_path, note, "
                                "final FROM run").fetchone()
         if row is None:
             raise UserFacingError(f"{self.dir} holds no run record", "start a new run with `kb optimize TASK`")
-        return RunInfo(row[0], row[1], json.loads(row[2]), json.loads(row[3]), row[4], row[5],
+        return RunInfo(row[0], row[1], TaskSpec.from_json(json.loads(row[2])), json.loads(row[3]), row[4], row[5],
                        json.loads(row[6]) if row[6] else None, row[7], row[8], row[9],
                        json.loads(row[10]) if row[10] else None)
 

@@ -73,7 +73,7 @@ def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dic
                 # condition): the creation time tells runs apart. Runs from before this key (their spec
                 # carries no family) may have been counted under the id alone.
                 key = f"{info.id}@{info.created:.6f}:{r.idx}"
-                legacy = f"{info.id}:{r.idx}" if "family" not in info.spec else None
+                legacy = f"{info.id}:{r.idx}" if info.spec.family is None else None
                 if r.state != "done" or key in counted or (legacy and legacy in counted):
                     continue
                 counted.add(key)
@@ -83,7 +83,7 @@ def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dic
                     continue
                 _count(data["patterns"].setdefault(pid, {"tries": 0, "wins": 0, "speedups": [], "applied": [],
                                                           "failed": []}), r, info.id, info.task,
-                       info.spec.get("family", ""))
+                       info.spec.family or "")
                 summary["updated"].add(pid)
         finally:
             store.close()

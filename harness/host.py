@@ -308,9 +308,10 @@ def _entry_from_file(file: str, name: str) -> Any:
 
 
 def _entry_from_task(spec: dict[str, Any], attr: str, compiled: bool) -> Any:
-    from harness.task import load_job_task
+    """The task's entry or stand-in; `spec` is a TaskSpec as JSON, as it crossed from the caller."""
+    from harness.task import TaskSpec, load_job_task
 
-    task = load_job_task(spec)
+    task = load_job_task(TaskSpec.from_json(spec))
     if attr == "entry":
         return task.entry
     stand_in = task.eager or task.reference if attr == "eager" else task.reference

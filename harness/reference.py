@@ -73,10 +73,11 @@ class ReferenceHost:
     # --- the task --------------------------------------------------------------------------
 
     def load(self, spec: dict[str, Any], seed: int, generated: int) -> dict[str, Any]:
-        from harness.task import load_job_task, task_files
+        """`spec`: a TaskSpec as JSON, as it crossed from the caller."""
+        from harness.task import TaskSpec, load_job_task, task_files
 
         if self.task is None:
-            self.task = load_job_task(spec)
+            self.task = load_job_task(TaskSpec.from_json(spec))
         task = self.task
         generated_cases = task.generated_cases(random.Random(seed), generated)
         cases = list(task.cases) + list(task.heldout) + generated_cases

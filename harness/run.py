@@ -15,6 +15,7 @@ from typing import Any
 from harness.backends import TIMED
 from harness.judge import Checked, Judge, KernelSpec, TimedCases, check_in_parallel
 from harness.measurement import CaseResult, KernelRun, RunReport
+from harness.task import TaskSpec
 from harness.timing import REP_MS, WARMUP_MS
 
 __all__ = ["RunOptions", "capture_kernel", "run_candidates", "run_task", "time_again"]
@@ -41,7 +42,7 @@ class RunOptions:
     check_workers: int = 1  # candidates checked side by side (each in its own worker)
 
 
-def _judge(spec: dict[str, Any], options: RunOptions, judge: Judge | None) -> tuple[Judge, bool]:
+def _judge(spec: TaskSpec, options: RunOptions, judge: Judge | None) -> tuple[Judge, bool]:
     if judge is not None:
         return judge, False
     return Judge(spec, options.backend, timeout_s=options.timeout_s, spares=1), True
@@ -53,10 +54,10 @@ def _report(judge: Judge) -> RunReport:
     return RunReport(task=info.name, backend=judge.backend, device=judge.device, seed=info.seed)
 
 
-def run_task(spec: dict[str, Any], options: RunOptions, candidate: str | None = None,
+def run_task(spec: TaskSpec, options: RunOptions, candidate: str | None = None,
              candidate_entry: str | None = None, judge: Judge | None = None,
              baseline: str | None = None) -> RunReport:
-    """`spec` is {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None}.
+    """Check (and time) the task `spec` names, and `candidate` against it.
 
     `baseline`: a file whose entry stands in for the task's own kernel as the baseline (the optimize
     loop times each candidate against the current best)."""
@@ -87,7 +88,7 @@ def run_task(spec: dict[str, Any], options: RunOptions, candidate: str | None = 
             judge.close()
 
 
-def run_candidates(spec: dict[str, Any], options: RunOptions, baseline: str, candidates: list[str], entry: str,
+def run_candidates(spec: TaskSpec, options: RunOptions, baseline: str, candidates: list[str], entry: str,
                    judge: Judge) -> list[RunReport]:
     """Several candidates against one baseline that was validated before (the optimize loop's parent):
     each candidate is checked alone in a fresh worker (up to `options.check_workers` at a time), then
@@ -123,7 +124,7 @@ def run_candidates(spec: dict[str, Any], options: RunOptions, baseline: str, can
         judge.end()
 
 
-def time_again(spec: dict[str, Any], options: RunOptions, baseline: str, candidate: str, entry: str,
+def time_again(spec: TaskSpec, options: RunOptions, baseline: str, candidate: str, entry: str,
                judge: Judge) -> RunReport | None:
     """Two kernels that passed their checks, timed against each other once more, in a run of their own
     (a new seed; roles baseline and candidate; the timed calls' outputs still compared). None when
@@ -142,7 +143,7 @@ def time_again(spec: dict[str, Any], options: RunOptions, baseline: str, candida
         judge.end()
 
 
-def capture_kernel(spec: dict[str, Any], file: str, entry: str, cache_dir: str | None = None, case: int = 0,
+def capture_kernel(spec: TaskSpec, file: str, entry: str, cache_dir: str | None = None, case: int = 0,
                    target: str | None = None, timeout_s: float = 600.0) -> list[Any]:
     """Compile one case of a kernel file's entry, as its launch specializes it, in a worker of its own:
     a rewritten kernel is imported there, never in the caller's process."""
@@ -151,7 +152,7 @@ def capture_kernel(spec: dict[str, Any], file: str, entry: str, cache_dir: str |
     from harness.sandbox import Worker
 
     with Worker("cuda") as worker:  # compiled, never interpreted, whatever the backend
-        answer = worker.submit({"op": "capture", "task": spec, "file": file, "entry": entry, "case": case,
+        answer = worker.submit({"op": "capture", "task": spec.to_json(), "file": file, "entry": entry, "case": case,
                                 "target": target, "cache_dir": cache_dir}, timeout_s)
     if answer.get("ok"):
         return [Artifacts.from_json(text) for text in answer["answer"]["artifacts"]]

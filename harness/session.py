@@ -29,6 +29,7 @@ from harness.exchange import exchange_root
 from harness.pool import SparePool
 from harness.reference import TaskInfo
 from harness.sandbox import Worker
+from harness.task import TaskSpec
 
 __all__ = ["Hosted", "KernelSpec", "KernelUnusable", "Session", "WorkerFailed", "candidate_cache"]
 
@@ -63,7 +64,7 @@ class Session:
     inputs; workers outlive runs: the reference and the task's own code for the session, a kernel
     file's worker until `retire`."""
 
-    def __init__(self, spec: dict[str, Any], backend: str, *, timeout_s: float = 300.0, spares: int = 0) -> None:
+    def __init__(self, spec: TaskSpec, backend: str, *, timeout_s: float = 300.0, spares: int = 0) -> None:
         self.spec = spec
         self.backend = backend
         self.timeout_s = timeout_s
@@ -182,7 +183,7 @@ class Session:
         assert self.info is not None
         request: dict[str, Any] = {"op": "load", "name": name, "allow_torch": self.info.allow_torch}
         if kernel.trusted:
-            request.update(task=self.spec, trusted=True, attr="entry" if name == "entry" else "eager",
+            request.update(task=self.spec.to_json(), trusted=True, attr="entry" if name == "entry" else "eager",
                            compiled=name == "compiled")
         else:
             request.update(file=str(Path(kernel.file).resolve()), entry=kernel.entry or self.info.entry)  # type: ignore[arg-type]
@@ -221,7 +222,7 @@ class Session:
     def begin(self, seed: int | None = None, generated: int = 2) -> TaskInfo:
         """A new run: its seed, and the task's cases for it (listed, held out, generated)."""
         seed = seed if seed is not None else int.from_bytes(os.urandom(6), "big")
-        answer = self._ref("task", spec=self.spec, seed=seed, generated=generated)
+        answer = self._ref("task", spec=self.spec.to_json(), seed=seed, generated=generated)
         self.device = answer.pop("device", self.device)
         self.info = TaskInfo(**answer)
         self._rng = random.Random(seed)

@@ -54,7 +54,7 @@ from harness.capture import capture_callable, load_kernel_module
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "capture_task", "defining_file", "load_job_task", "load_task", "task_files",
+__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "capture_task", "defining_file", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
@@ -158,14 +158,54 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     )
 
 
-def load_job_task(spec: dict[str, Any]) -> Task:
-    """A task from its spec: {"path": FILE} or {"kernel": FILE, "call": EXPR, "reference": EXPR | None,
-    "tolerances": {...}}."""
-    if "path" in spec:
-        return load_task(spec["path"])
-    task = task_from_call(spec["kernel"], spec["call"], spec.get("reference"))
-    if spec.get("tolerances"):
-        task.tolerances = dict(spec["tolerances"])
+@dataclass(frozen=True)
+class TaskSpec:
+    """How a task is named wherever it travels (to a worker, into a run's record): a task file, or a
+    kernel file from the wild with an example call (and what it must equal). As JSON it is the fields
+    that are set, which is what runs recorded before this class existed hold too.
+
+    Attributes:
+        path: a task module (entry, inputs, cases, reference).
+        kernel, call, reference: a kernel file, an expression that launches it, and (optionally) a
+            PyTorch expression its outputs must equal; `tolerances` overrides the task's.
+        family: the task's family (softmax, matmul, ...), recorded with a run so that synthesis files
+            its rounds without loading the task; None on runs recorded before it was.
+    """
+
+    path: str | None = None
+    kernel: str | None = None
+    call: str | None = None
+    reference: str | None = None
+    tolerances: dict[str, float] | None = None
+    family: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.kernel is None):
+            raise UserFacingError("a task is a task file, or a kernel file with a call; not both, not neither",
+                                  "give a TASK file, or --kernel FILE --call EXPR")
+
+    @classmethod
+    def of_file(cls, path: str | os.PathLike[str]) -> TaskSpec:
+        return cls(path=str(Path(path).resolve()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in (("path", self.path), ("kernel", self.kernel), ("call", self.call),
+                                  ("reference", self.reference), ("tolerances", self.tolerances),
+                                  ("family", self.family)) if v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskSpec:
+        known = ("path", "kernel", "call", "reference", "tolerances", "family")
+        return cls(**{k: data[k] for k in known if k in data})
+
+
+def load_job_task(spec: TaskSpec) -> Task:
+    """The task `spec` names: its file loaded, or the kernel and call made into one."""
+    if spec.path is not None:
+        return load_task(spec.path)
+    task = task_from_call(str(spec.kernel), str(spec.call), spec.reference)
+    if spec.tolerances:
+        task.tolerances = dict(spec.tolerances)
     return task
 
 

@@ -169,9 +169,9 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
     """Compile one case of a kernel file's entry as its launch specializes it (the diagnosis of a
     rewritten kernel imports it here, not in the optimize loop's own process)."""
     from harness.capture import capture_callable, load_kernel_module
-    from harness.task import load_job_task
+    from harness.task import TaskSpec, load_job_task
 
-    task = load_job_task(r["task"])
+    task = load_job_task(TaskSpec.from_json(r["task"]))
     module = load_kernel_module(r["file"])
     fn = getattr(module, r["entry"])
     case = task.cases[int(r.get("case", 0))]

@@ -28,12 +28,19 @@ def main() -> None:
     sys.path.insert(0, str(args.root.resolve()))
     from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize
 
+    try:
+        from harness.task import TaskSpec
+
+        spec: object = TaskSpec(path=str(TASK))
+    except ImportError:  # a tree from before 2026-12-01 names its task with a dict
+        spec = {"path": str(TASK)}
+
     options = OptimizeOptions(rounds=args.rounds, backend="interpreter", seeds=2, references=())
     judge = HarnessJudge(options, time=False)
     run = Path(tempfile.mkdtemp()) / "run"
     started = time.time()
     try:
-        optimize({"path": str(TASK)}, options, run, judge=judge)
+        optimize(spec, options, run, judge=judge)
     finally:
         judge.close()
     total = time.time() - started

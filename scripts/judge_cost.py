@@ -57,13 +57,14 @@ def hand_over(backend: str) -> list[dict[str, Any]]:
     import tempfile
 
     from harness.judge import Judge, KernelSpec
+    from harness.task import TaskSpec
 
     rows = []
     task = Path(tempfile.mkdtemp()) / "copy_task.py"
     sizes = (18, 24, 28) if backend == "cuda" else (10, 14, 18)
     task.write_text(_COPY_TASK.replace("CASES", repr([{"n": 1 << k} for k in sizes])))
     (task.parent / "copy_kernel.py").write_text(_COPY_KERNEL)
-    with Judge({"path": str(task)}, backend, timeout_s=300) as judge:
+    with Judge(TaskSpec(path=str(task)), backend, timeout_s=300) as judge:
         info = judge.begin(seed=1)
         for case, label in enumerate(info.labels[:info.timed]):
             hosted = judge._host(KernelSpec("candidate", file=str(task.parent / "copy_kernel.py")))
@@ -128,7 +129,7 @@ def candidates(backend: str, tasks: list[str], time_kernels: bool) -> list[dict[
     import harness.session as session_module
     from harness.judge import Judge
     from harness.run import RunOptions, run_task
-    from harness.task import load_task
+    from harness.task import TaskSpec, load_task
 
     rows = []
     for task_path in tasks:
@@ -148,8 +149,8 @@ def candidates(backend: str, tasks: list[str], time_kernels: bool) -> list[dict[
         try:
             task = load_task(task_path)
             started = time.monotonic()
-            with Judge({"path": task_path}, backend, timeout_s=600, spares=1) as judge:
-                report = run_task({"path": task_path}, RunOptions(backend=backend, seeds=2, time=time_kernels),
+            with Judge(TaskSpec(path=task_path), backend, timeout_s=600, spares=1) as judge:
+                report = run_task(TaskSpec(path=task_path), RunOptions(backend=backend, seeds=2, time=time_kernels),
                                   candidate=task.source_file, judge=judge)
             wall = time.monotonic() - started
         finally:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_optimize import TimedJudge  # noqa: E402
 
 from diagnose.optimize import OptimizeOptions, optimize  # noqa: E402
+from harness.task import TaskSpec
 from kb.home import KBHome  # noqa: E402
 
 
@@ -26,7 +27,7 @@ def main() -> None:
     (run.parent / f"{run.name}.device").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     judge = TimedJudge(die_on_call=None if die == "-" else int(die))
     try:
-        optimize({"path": task}, OptimizeOptions(rounds=2, backend="interpreter", seeds=1), run,
+        optimize(TaskSpec(path=task), OptimizeOptions(rounds=2, backend="interpreter", seeds=1), run,
                  home=None if home == "-" else KBHome(Path(home)), judge=judge,
                  resume=(run / "rounds.sqlite").is_file(),
                  stop_at=None if stop_after == "-" else time.time() + float(stop_after))

@@ -24,6 +24,7 @@ from conftest import FIXTURES
 
 from harness.judge import Judge, KernelSpec
 from harness.run import RunOptions, run_candidates, run_task
+from harness.task import TaskSpec
 
 ADVERSARIAL = FIXTURES / "adversarial"
 BACKEND = os.environ.get("KB_TEST_BACKEND", "interpreter")
@@ -38,7 +39,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def judge(suite: Path):
-    session = Judge({"path": str(suite / "task_softmax.py")}, BACKEND, timeout_s=60, spares=2)
+    session = Judge(TaskSpec(path=str(suite / "task_softmax.py")), BACKEND, timeout_s=60, spares=2)
     yield session
     session.close()
 
@@ -86,12 +87,12 @@ def test_a_fallback_the_source_shows_is_named_early_and_caught_at_runtime_too(ju
 def test_an_output_made_by_torch_copies_is_torch_doing_the_work(suite):
     """A transpose is data movement: `x.t().contiguous()` does it with ops a wrapper may use. What
     gives it away is where the output came from."""
-    with Judge({"path": str(suite / "task_transpose.py")}, BACKEND, timeout_s=60) as session:
+    with Judge(TaskSpec(path=str(suite / "task_transpose.py")), BACKEND, timeout_s=60) as session:
         report = run_task(session.spec, OPTIONS, candidate=str(suite / "transpose_copy.py"), judge=session)
     assert report.run("baseline").correct
     assert "torch fallback at runtime: output 0 was written by aten::clone, not by a kernel" in \
         report.run("candidate").rejected
-    with Judge({"path": str(suite / "task_cast.py")}, BACKEND, timeout_s=60) as session:
+    with Judge(TaskSpec(path=str(suite / "task_cast.py")), BACKEND, timeout_s=60) as session:
         kept = run_task(session.spec, OPTIONS, candidate=str(suite / "cast_rewrite.py"), judge=session)
     assert [r.verdict for r in kept.runs] == ["correct", "correct"]  # the task's own wrapper casts too
 
@@ -216,13 +217,13 @@ def test_an_fp16_output_for_an_fp32_operator_is_refused(judge, suite):
 
 
 def test_fewer_outputs_than_the_reference_is_refused(suite):
-    with Judge({"path": str(suite / "task_minmax.py")}, BACKEND, timeout_s=60) as minmax:
+    with Judge(TaskSpec(path=str(suite / "task_minmax.py")), BACKEND, timeout_s=60) as minmax:
         report = run_task(minmax.spec, OPTIONS, candidate=str(suite / "fewer_outputs.py"), judge=minmax)
     assert "the kernel returned 1 output(s), the task's own kernel 2" in report.run("candidate").rejected
 
 
 def test_what_outputs_must_be_is_the_task_kernels_when_the_reference_widens(suite):
-    with Judge({"path": str(suite / "task_wide_sum.py")}, BACKEND, timeout_s=60) as session:
+    with Judge(TaskSpec(path=str(suite / "task_wide_sum.py")), BACKEND, timeout_s=60) as session:
         report = run_task(session.spec, OPTIONS, candidate=str(suite / "wide_sum_fp16.py"), judge=session)
     base, cand = report.run("baseline"), report.run("candidate")
     assert base.correct and base.cases[0].checks[0].dtype == "float32"  # not the reference's float64
@@ -264,7 +265,7 @@ def test_inputs_from_a_fixed_seed_cannot_be_recognised(judge, suite):
     ("task_log.py", "log_kernel.py"),
 ])
 def test_honest_kernels_pass_every_guard(suite, task, kernel):
-    with Judge({"path": str(suite / task)}, BACKEND, timeout_s=60) as session:
+    with Judge(TaskSpec(path=str(suite / task)), BACKEND, timeout_s=60) as session:
         report = run_task(session.spec, replace(OPTIONS, seeds=2), candidate=str(suite / kernel), judge=session)
         for run in report.runs:
             assert run.verdict == "correct" and run.compared_with == "the reference", (run.role, run.rejected)

@@ -23,10 +23,11 @@ from diagnose.rewrite import rewrite
 from diagnose.rounds import RoundsStore
 from harness.errors import UserFacingError
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
+from harness.task import TaskSpec
 
 TASK = FIXTURES / "optimize" / "task.py"
 KERNEL = FIXTURES / "optimize" / "rowsum.py"
-SPEC = {"path": str(TASK)}
+SPEC = TaskSpec(path=str(TASK))
 
 
 def cost_us(source: str, pipelining_pays: bool = True) -> float:
@@ -176,7 +177,7 @@ def test_a_confirmation_that_cannot_be_timed_fails_the_round_instead_of_rejectin
 
 def _killed_run(run_dir: str) -> None:
     judge = TimedJudge(die_on_call=4)  # baseline, round 1 (3 variants): dies validating round 1's last variant
-    optimize({"path": str(TASK)}, OptimizeOptions(rounds=2, backend="interpreter", seeds=1), Path(run_dir),
+    optimize(TaskSpec(path=str(TASK)), OptimizeOptions(rounds=2, backend="interpreter", seeds=1), Path(run_dir),
              judge=judge)
 
 
@@ -283,7 +284,7 @@ def test_masked_tail_split_is_correct_and_vectorizes_full_blocks(tmp_path):
     assert "if (tl.program_id(0) * BLOCK) + BLOCK <= n:" in variant.source
     split = tmp_path / "vector_add_split.py"
     split.write_text(variant.source)
-    spec = {"kernel": str(original), "call": "add(torch.randn(3001), torch.randn(3001))", "reference": "torch.add"}
+    spec = TaskSpec(**{"kernel": str(original), "call": "add(torch.randn(3001), torch.randn(3001))", "reference": "torch.add"})
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(split),
                       candidate_entry="add")
     assert report.run("candidate").correct, report.to_dict()
@@ -303,8 +304,8 @@ def test_persistent_launch_is_correct(tmp_path):
                                          "matmul.py").read_text(), {}) == []  # a 2-D grid: not this rewrite
     persistent = tmp_path / "gelu_persistent.py"
     persistent.write_text(variants[1].source)
-    spec = {"kernel": str(original), "call": "gelu(torch.randn(5000))",
-            "reference": "torch.nn.functional.gelu"}
+    spec = TaskSpec(**{"kernel": str(original), "call": "gelu(torch.randn(5000))",
+            "reference": "torch.nn.functional.gelu"})
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(persistent),
                       candidate_entry="gelu")
     assert report.run("candidate").correct, report.to_dict()
@@ -326,7 +327,7 @@ def test_tensor_descriptor_rewrite_dispatches_on_tma_rules(tmp_path):
     # takes the original: both must match the reference.
     for call in ("matmul(torch.randn(128, 64).half(), torch.randn(64, 128).half())",
                  "matmul(torch.randn(65, 65).half(), torch.randn(65, 33).half())"):
-        spec = {"kernel": str(original), "call": call, "reference": "torch.matmul"}
+        spec = TaskSpec(**{"kernel": str(original), "call": call, "reference": "torch.matmul"})
         report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(tma),
                           candidate_entry="matmul")
         assert report.run("candidate").correct, (call, report.to_dict())
@@ -434,8 +435,8 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
     assert "BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8)" in wide.source
     narrow = tmp_path / "bmm_tiles.py"
     narrow.write_text(variants[5].source)  # 128 x 32 tiles: a grid left at 64 would skip half the rows
-    spec = {"kernel": str(original), "reference": "lambda a, b: torch.bmm(a.float(), b.float()).half()",
-            "call": "bmm(torch.randn(2, 130, 65).half(), torch.randn(2, 65, 70).half())"}
+    spec = TaskSpec(**{"kernel": str(original), "reference": "lambda a, b: torch.bmm(a.float(), b.float()).half()",
+            "call": "bmm(torch.randn(2, 130, 65).half(), torch.randn(2, 65, 70).half())"})
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(narrow),
                       candidate_entry="bmm")
     assert report.run("candidate").correct, report.to_dict()
@@ -469,8 +470,8 @@ def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
     # The grid follows the config the tuner picks; the launch no longer names the tile.
     assert 'grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))' in tuned.source
     assert "BLOCK_M=" not in tuned.source.split("def matmul(")[1]
-    spec = {"kernel": str(original), "reference": "lambda a, b: (a.float() @ b.float()).half()",
-            "call": "matmul(torch.randn(130, 65).half(), torch.randn(65, 70).half())"}
+    spec = TaskSpec(**{"kernel": str(original), "reference": "lambda a, b: (a.float() @ b.float()).half()",
+            "call": "matmul(torch.randn(130, 65).half(), torch.randn(65, 70).half())"})
     good, bad = tmp_path / "tuned.py", tmp_path / "tuned_fixed_grid.py"
     good.write_text(tuned.source)
     # A grid fixed at 128 rows per program is right for the 128-row configs only.
@@ -537,7 +538,7 @@ def test_a_config_the_tuner_would_pass_over_is_passed_over_by_the_check(tmp_path
     for limit in (1024, 16):  # the 4096 config does not fit; then neither does the 64 one
         kernel = tmp_path / f"double_{limit}.py"
         kernel.write_text(_DOUBLE.replace("{LIMIT}", str(limit)))
-        spec = {"kernel": str(kernel), "reference": "lambda x: x * 2", "call": "double(torch.randn(1000))"}
+        spec = TaskSpec(**{"kernel": str(kernel), "reference": "lambda x: x * 2", "call": "double(torch.randn(1000))"})
         reports[limit] = run_task(spec, options).run("baseline")
     assert reports[1024].correct and reports[1024].rejected is None
     assert not reports[16].correct and "no config of the autotuned kernel can run" in reports[16].rejected
@@ -585,10 +586,10 @@ def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tm
     assert "grid = (triton.cdiv(seq, 128), batch * heads)" in variants[0].source  # axis 0 steps by BLOCK_M
     wide = tmp_path / "attention_tiles.py"
     wide.write_text(variants[0].source)  # 128-row tiles over 77 rows: masked rows and a grid at 128
-    spec = {"kernel": str(original), "reference": "lambda q, k, v: torch.nn.functional.scaled_dot_product_attention("
+    spec = TaskSpec(**{"kernel": str(original), "reference": "lambda q, k, v: torch.nn.functional.scaled_dot_product_attention("
             "q.float(), k.float(), v.float()).half()",
             "call": "attention(" + ", ".join(["torch.randn(1, 2, 77, 16).half()"] * 3) + ")",
-            "tolerances": {"atol": 1e-2, "rtol": 1e-2}}
+            "tolerances": {"atol": 1e-2, "rtol": 1e-2}})
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(wide),
                       candidate_entry="attention")
     assert report.run("candidate").correct, report.to_dict()

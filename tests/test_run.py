@@ -21,10 +21,11 @@ from harness.judge import Judge, KernelSpec, TimedCases
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
 from harness.roofline import place
 from harness.run import RunOptions, run_candidates, run_task
+from harness.task import TaskSpec
 from harness.timing import ROTATE_BELOW_BYTES, interleaved_timings, merge_pair, rotation_count
 
 HARNESS = FIXTURES / "harness"
-TASK = {"path": str(HARNESS / "task_add.py")}
+TASK = TaskSpec(path=str(HARNESS / "task_add.py"))
 OPTIONS = RunOptions(backend="interpreter", seeds=2, timeout_s=60)
 
 

@@ -10,13 +10,14 @@ from click.testing import CliRunner
 from cli import main
 from diagnose.rounds import Round, RoundsStore
 from diagnose.synthesis import synthesize
+from harness.task import TaskSpec
 from kb.home import KBHome
 from kb.patterns import catalog_for
 
 
 def _run(home: KBHome, name: str, rounds: list[Round], task: str = "softmax") -> None:
     store = RoundsStore(home.runs_dir / name, create=True)
-    store.create_run(name, task, {"path": "t.py"}, {})
+    store.create_run(name, task, TaskSpec(path="t.py"), {})
     for r in rounds:
         store.plan(r)
         store.rewritten(r.idx, f"round-{r.idx:03d}.py", r.diff or "")
@@ -115,7 +116,7 @@ def test_an_old_key_of_the_same_id_does_not_hide_a_new_run(tmp_path):
     (home.patterns_dir).mkdir(parents=True, exist_ok=True)
     (home.patterns_dir / "stats.json").write_text(json.dumps({"patterns": {}, "counted": ["softmax:1"]}))
     store = RoundsStore(home.runs_dir / "softmax", create=True)
-    store.create_run("softmax", "softmax", {"path": "t.py", "family": "softmax"}, {})  # a run from after the change
+    store.create_run("softmax", "softmax", TaskSpec(path="t.py", family="softmax"), {})  # a run from after the change
     r = _round(1, "warp-local-reduction", "accepted", 1.2)
     store.plan(r)
     store.done(1, "accepted", "", None, 1.2)
