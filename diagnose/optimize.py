@@ -8,7 +8,7 @@ kernels, at least `noise_floor`), and again when the pick is timed against its p
 alone; that second figure is the round's speedup. A hypothesis (finding, pattern, rewriter) already
 tried on the same parent kernel is not tried again.
 
-Rewriters: the deterministic pattern rewriters (diagnose/rewrite.py), and with `llm="openai"` an
+Rewriters: the deterministic pattern rewriters (diagnose/rewriters/), and with `llm="openai"` an
 LLM through any OpenAI-compatible endpoint (diagnose/llm.py) when no deterministic rewrite is left.
 Timing goes through a `Judge`, by default the sandboxed harness (`HarnessJudge`); tests inject one
 that checks correctness through the same harness and times deterministically.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnose.records import Answer
-from diagnose.rewrite import Variant, rewrite, unified_diff
+from diagnose.rewriters import Variant, rewrite, unified_diff
 from diagnose.rounds import Round, RoundsStore
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean

@@ -1,5 +1,5 @@
 """Which runs of a bench does a rewriter change touch? Rewrites every kernel the bench stored (each
-run's initial kernel and the kernels its accepted rounds made) with `diagnose/rewrite.py` as it was at
+run's initial kernel and the kernels its accepted rounds made) with the rewriters (diagnose/rewriters/, before 2026-12-01 diagnose/rewrite.py) as they were at
 REV and as it is now, under every pattern of either and the contexts that steer the rewriters, and
 lists the runs whose variants differ. Those runs would not repeat under the new code and must run
 again. The others get the same variants from their stored kernels; whether they would repeat also
@@ -30,10 +30,24 @@ _CONTEXTS = ({}, {"features": "loop"}, {"finding": "resources.shared-memory-over
 
 
 def _rewriter_at(rev: str) -> ModuleType:
-    source = subprocess.run(["git", "show", f"{rev}:diagnose/rewrite.py"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "rewrite_at_rev.py"
-    path.write_text(source)
+    """The rewriters as they were at `rev`: the package diagnose/rewriters/ (from 2026-12-01), else the
+    single module diagnose/rewrite.py before it, imported under a name of their own."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=REPO, check=True, capture_output=True, text=True).stdout
+
+    root = Path(tempfile.mkdtemp())
+    files = git("ls-tree", "--name-only", f"{rev}:diagnose/rewriters").split() if \
+        subprocess.run(["git", "cat-file", "-e", f"{rev}:diagnose/rewriters"], cwd=REPO,
+                       capture_output=True).returncode == 0 else []
+    if files:  # a package: its modules import each other by their absolute name, renamed here too
+        (root / "rewriters_at_rev").mkdir()
+        for name in files:
+            text = git("show", f"{rev}:diagnose/rewriters/{name}").replace("diagnose.rewriters", "rewriters_at_rev")
+            (root / "rewriters_at_rev" / name).write_text(text)
+        sys.path.insert(0, str(root))
+        return importlib.import_module("rewriters_at_rev")
+    path = root / "rewrite_at_rev.py"
+    path.write_text(git("show", f"{rev}:diagnose/rewrite.py"))
     spec = importlib.util.spec_from_file_location("rewrite_at_rev", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
@@ -64,7 +78,7 @@ def main() -> int:
     parser.add_argument("bench_dir", type=Path)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from diagnose import rewrite as now
+    from diagnose import rewriters as now
 
     before = _rewriter_at(args.rev)
     runs = _stored_kernels(args.bench_dir)

@@ -63,7 +63,7 @@ def test_register_spills_are_found_with_their_cause(tmp_path):
 
 def test_per_element_acq_rel_atomics_are_found_in_the_ptx_and_relaxing_them_clears_it(tmp_path):
     # The suite's index_add: Triton writes `atom.global.gpu.acq_rel.add`, scope before ordering.
-    from diagnose.rewrite import rewrite
+    from diagnose.rewriters import rewrite
 
     kernel = REPO / "corpora" / "operators" / "index_add" / "index_add.py"
     call = "index_add(torch.randn(64, 4096), torch.randint(0, 16, (64,)), 16)"

@@ -19,7 +19,7 @@ from conftest import FIXTURES
 
 from cli import main
 from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize, report
-from diagnose.rewrite import rewrite
+from diagnose.rewriters import rewrite
 from diagnose.rounds import RoundsStore
 from harness.errors import UserFacingError
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
@@ -422,7 +422,7 @@ def test_a_rounds_variants_are_checked_by_several_workers(tmp_path):
 
 
 def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
-    from diagnose.rewrite import dot_tile_configs
+    from diagnose.rewriters import dot_tile_configs
     from harness.run import RunOptions, run_task
 
     original = FIXTURES.parent.parent / "corpora" / "operators" / "bmm" / "bmm.py"
@@ -455,7 +455,7 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
 
 
 def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
-    from diagnose.rewrite import dot_tile_autotune, dot_tile_configs
+    from diagnose.rewriters import dot_tile_autotune, dot_tile_configs
     from harness.run import RunOptions, run_task
 
     original = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"

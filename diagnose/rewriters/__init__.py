@@ -1,0 +1,43 @@
+"""Deterministic rewriters: source transformations a catalog pattern justifies, on the syntax tree.
+
+One module per family of rewrite; each registers its rewriter for the pattern ids it serves
+(`base.register`), and importing this package imports them all.
+
+Each rewriter takes a kernel module's source and returns variants (a parameter description and the
+new source); an empty list means the pattern does not apply to this source. They
+work on libcst's concrete syntax tree, so comments and formatting outside the changed nodes
+survive and the result reads like the input.
+
+| pattern id                  | module | rewrite |
+|-----------------------------|--------|---------|
+| block-size-num-warps, autotune-configs (other kernels), warp-local-reduction, reduce-register-pressure, num-stages | launch | launch configuration: a small search, one knob per variant |
+| autotune-configs (tl.dot kernels), wgmma-friendly-tiles | tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps) from Triton's matmul tutorial, or from its fused-attention tutorial for an M x N tile without a K block; the grid's divisors moved with them |
+| autotune-configs (tl.dot kernels) | tiles | also those six under `@triton.autotune` keyed on the kernel's sizes, the grid a function of the picked config (pure kernels only) |
+| tl-range-pipelining         | pipelining | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
+| masked-tail-split           | tail | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
+| divisibility-hints          | hints | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
+| persistent-kernel           | persistent | a 1-D grid `(G,)` -> a loop over the G tiles on at most 1, 2 or 4 programs per SM |
+| tensor-descriptors-tma      | tma | dot-loop tile loads -> `tl.make_tensor_descriptor(...).load`, dispatched where TMA's rules hold |
+| dot-input-precision-tf32    | keywords | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
+| int32-offsets               | keywords | drop per-element `.to(tl.int64)` casts |
+| relaxed-atomics             | keywords | `sem="relaxed"` on atomics that give none |
+| exp2-fast-math              | keywords | `tl.exp(x)` -> `tl.exp2(x * log2(e))` |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnose.rewriters import hints, keywords, launch, persistent, pipelining, tail, tiles, tma  # noqa: F401 - register
+from diagnose.rewriters.base import REWRITERS, Rewriter, Variant, unified_diff
+from diagnose.rewriters.tiles import dot_tile_autotune, dot_tile_configs
+
+__all__ = ["REWRITERS", "Rewriter", "Variant", "dot_tile_autotune", "dot_tile_configs", "rewrite", "unified_diff"]
+
+
+def rewrite(pattern_id: str, source: str, context: dict[str, Any]) -> list[Variant]:
+    """Variants of `source` under the pattern's rewrite; [] when it has no rewriter or does not apply."""
+    rewriter = REWRITERS.get(pattern_id)
+    if rewriter is None:
+        return []
+    return [v for v in rewriter(source, context) if v.source != source]

@@ -1,0 +1,103 @@
+"""What every rewriter shares: the Variant record, the registry, and the libcst helpers that keep a rewrite
+inside @triton.jit functions and read the index expressions kernels are written with."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+__all__ = ["REWRITERS", "InJit", "Rewriter", "Variant", "dotted", "is_jit", "one", "register", "simple_assign",
+           "start_plus_arange", "unified_diff"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    params: dict[str, Any]  # what changed, e.g. {"num_warps": 4}
+    source: str
+
+
+# A rewriter takes a kernel module's source and the round's context (the finding, the task's
+# tolerances, a direction) and returns its variants; [] when the pattern does not apply to the source.
+Rewriter = Callable[[str, dict[str, Any]], list[Variant]]
+
+# pattern id -> its rewriter; filled by the family modules as they are imported (diagnose/rewriters/__init__.py)
+REWRITERS: dict[str, Rewriter] = {}
+
+
+def register(*pattern_ids: str) -> Callable[[Rewriter], Rewriter]:
+    """Registers the decorated rewriter for each catalog pattern id; a pattern has one rewriter."""
+    def decorate(rewriter: Rewriter) -> Rewriter:
+        for pattern_id in pattern_ids:
+            if pattern_id in REWRITERS:
+                raise ValueError(f"pattern {pattern_id!r} already has a rewriter: {REWRITERS[pattern_id]}")
+            REWRITERS[pattern_id] = rewriter
+        return rewriter
+    return decorate
+
+
+def unified_diff(before: str, after: str, name: str = "kernel.py") -> str:
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{name}", f"b/{name}"))
+
+
+def is_jit(fn: cst.FunctionDef) -> bool:
+    return any(m.matches(d.decorator, m.Attribute(attr=m.Name("jit")) | m.Name("jit")
+                         | m.Call(func=m.Attribute(attr=m.Name("jit")))) for d in fn.decorators)
+
+
+def dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{dotted(node.value)}.{node.attr.value}"
+    return ""
+
+
+class InJit(cst.CSTTransformer):
+    """Base: only nodes inside @triton.jit functions are rewritten."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.changed = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if is_jit(node):
+            self.depth += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if is_jit(original):
+            self.depth -= 1
+        return updated
+
+
+def start_plus_arange(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(START, BLOCK) of `START + tl.arange(0, BLOCK)` (either order)."""
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add)):
+        return None
+    for arange, start in ((value.right, value.left), (value.left, value.right)):
+        if (isinstance(arange, cst.Call) and dotted(arange.func) == "tl.arange" and len(arange.args) == 2
+                and m.matches(arange.args[0].value, m.Integer("0"))):
+            start = start.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
+                if isinstance(start, cst.BinaryOperation) else start
+            return start, arange.args[1].value
+    return None
+
+
+def simple_assign(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    if (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)
+            and len(stmt.body[0].targets) == 1 and isinstance(stmt.body[0].targets[0].target, cst.Name)):
+        return stmt.body[0].targets[0].target.value, stmt.body[0].value
+    return None
+
+
+def one(transformer: Callable[[], InJit], params: dict[str, Any]) -> Rewriter:
+    """The rewriter of a transformer that changes every site it matches: one variant, with its site count."""
+    def rewriter(source: str, context: dict[str, Any]) -> list[Variant]:
+        t = transformer()
+        new = cst.parse_module(source).visit(t)
+        return [Variant({**params, "sites": t.changed}, new.code)] if t.changed else []
+    return rewriter

@@ -1,0 +1,91 @@
+"""Keyword rewrites: one argument changed at every site (dot input precision, int64 casts, atomics' memory
+semantics, exp -> exp2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import InJit, Variant, dotted, one, register
+
+_LOG2E = "1.4426950408889634"
+
+
+class _DotPrecision(InJit):
+    def __init__(self, precision: str) -> None:
+        super().__init__()
+        self.precision = precision
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.depth or dotted(updated.func) != "tl.dot":
+            return updated
+        args = []
+        for arg in updated.args:
+            if arg.keyword is not None and arg.keyword.value == "input_precision" and m.matches(
+                    arg.value, m.SimpleString('"ieee"') | m.SimpleString("'ieee'")):
+                arg = arg.with_changes(value=cst.SimpleString(f'"{self.precision}"'))
+                self.changed += 1
+            elif arg.keyword is not None and arg.keyword.value == "allow_tf32" and m.matches(arg.value, m.Name("False")):
+                arg = arg.with_changes(keyword=cst.Name("input_precision"),
+                                       value=cst.SimpleString(f'"{self.precision}"'))
+                self.changed += 1
+            args.append(arg)
+        return updated.with_changes(args=args)
+
+
+def dot_input_precision(source: str, context: dict[str, Any]) -> list[Variant]:
+    # tf32 keeps 10 mantissa bits (about 1e-3 relative); tf32x3 recovers about fp32 accuracy.
+    rtol = float(context.get("fp32_rtol", 1e-4))
+    out = []
+    for precision in (("tf32", "tf32x3") if rtol >= 1e-3 else ("tf32x3",)):
+        t = _DotPrecision(precision)
+        new = cst.parse_module(source).visit(t)
+        if t.changed:
+            out.append(Variant({"input_precision": precision}, new.code))
+    return out
+
+
+class _DropInt64(InJit):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if (self.depth and isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "to"
+                and len(updated.args) == 1 and dotted(updated.args[0].value) in ("tl.int64", "tl.uint64")):
+            self.changed += 1
+            return updated.func.value
+        return updated
+
+
+class _RelaxAtomics(InJit):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        name = dotted(updated.func)
+        if not self.depth or not name.startswith("tl.atomic_") or name == "tl.atomic_cas":
+            return updated
+        if any(a.keyword is not None and a.keyword.value == "sem" for a in updated.args):
+            return updated
+        args = list(updated.args)
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(cst.Arg(keyword=cst.Name("sem"), value=cst.SimpleString('"relaxed"'),
+                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        self.changed += 1
+        return updated.with_changes(args=args)
+
+
+class _Exp2(InJit):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.depth or dotted(updated.func) != "tl.exp" or len(updated.args) != 1:
+            return updated
+        self.changed += 1
+        scaled = cst.BinaryOperation(left=cst.ensure_type(updated.args[0].value, cst.BaseExpression),
+                                     operator=cst.Multiply(), right=cst.Float(_LOG2E))
+        if isinstance(updated.args[0].value, cst.BinaryOperation):
+            scaled = scaled.with_changes(left=updated.args[0].value.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
+        return updated.with_changes(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("exp2")),
+                                    args=[cst.Arg(scaled)])
+
+
+register("dot-input-precision-tf32")(dot_input_precision)
+register("int32-offsets")(one(_DropInt64, {"cast": "removed int64"}))
+register("relaxed-atomics")(one(_RelaxAtomics, {"sem": "relaxed"}))
+register("exp2-fast-math")(one(_Exp2, {"exp": "exp2"}))

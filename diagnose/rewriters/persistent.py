@@ -1,0 +1,96 @@
+"""Persistent launch: a 1-D grid becomes a loop over its tiles on at most 1, 2 or 4 programs per SM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.launch import jit_names
+
+
+class _ProgramIdToTile(cst.CSTTransformer):
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if dotted(updated.func) == "tl.program_id" and len(updated.args) == 1 and m.matches(
+                updated.args[0].value, m.Integer("0")):
+            return cst.Name("tile")
+        return updated
+
+
+class _Persistent(cst.CSTTransformer):
+    """A kernel launched on a 1-D grid `(G,)` becomes a loop over its G tiles, `tl.num_programs(0)`
+    apart, launched on at most `PROGRAMS_PER_SM` programs per SM: one wave, no tail, no relaunch."""
+
+    def __init__(self, per_sm: int) -> None:
+        self.per_sm = per_sm
+        self.kernel: str | None = None
+        self.changed = 0
+
+    def visit_Module(self, node: cst.Module) -> None:
+        # The kernel to convert: launched on a literal 1-tuple grid, using only program_id(0).
+        jit = jit_names(node)
+        for call in m.findall(node, m.Call(func=m.Subscript())):
+            name = dotted(call.func.value)  # type: ignore[union-attr]
+            index = call.func.slice[0].slice if len(call.func.slice) == 1 else None  # type: ignore[union-attr]
+            if name in jit and isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) \
+                    and len(index.value.elements) == 1:
+                self.kernel = name
+                return
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if self.kernel is None:
+            return updated
+        if is_jit(original) and original.name.value == self.kernel:
+            if m.findall(original, m.Call(func=m.Attribute(attr=m.Name("program_id")),
+                                          args=[m.Arg(value=~m.Integer("0"))])) or m.findall(original, m.Return()):
+                self.kernel = None  # a 2-D or early-returning kernel: not this rewrite
+                return updated
+            body = [st.visit(_ProgramIdToTile()) for st in updated.body.body]
+            loop = cst.For(target=cst.Name("tile"), iter=cst.parse_expression(
+                "tl.range(tl.program_id(0), n_tiles, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),
+                leading_lines=[cst.EmptyLine(comment=cst.Comment(
+                    "# persistent: each program walks the tiles num_programs apart"))])
+            params = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name("n_tiles"))])
+            self.changed += 1
+            return updated.with_changes(params=params, body=updated.body.with_changes(body=[loop]))
+        return updated.with_changes(body=updated.body.visit(_PersistentLaunch(self.kernel, self.per_sm)))
+
+
+class _PersistentLaunch(cst.CSTTransformer):
+    def __init__(self, kernel: str, per_sm: int) -> None:
+        self.kernel, self.per_sm = kernel, per_sm
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        calls = m.findall(updated, m.Call(func=m.Subscript(value=m.Name(self.kernel))))
+        if not calls:
+            return updated
+        call = calls[0]
+        grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[union-attr]
+        tiles = cst.parse_statement("n_tiles = 0").with_changes(
+            body=[cst.Assign([cst.AssignTarget(cst.Name("n_tiles"))], grid)])
+        sms = cst.parse_statement(
+            "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
+            "            if torch.cuda.is_available() else n_tiles)\n")
+        programs = cst.parse_expression(f"(min(n_tiles, {self.per_sm} * sm_count),)")
+        new_call = call.with_changes(
+            func=call.func.with_changes(slice=[cst.SubscriptElement(cst.Index(programs))]),  # type: ignore[union-attr]
+            args=[*call.args[:-1], call.args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                  cst.Arg(keyword=cst.Name("n_tiles"), value=cst.Name("n_tiles"),
+                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+        return cst.FlattenSentinel([tiles, sms, updated.deep_replace(call, new_call)])
+
+
+def persistent_launch(source: str, context: dict[str, Any]) -> list[Variant]:
+    out = []
+    for per_sm in (1, 2, 4):
+        t = _Persistent(per_sm)
+        new = cst.parse_module(source).visit(t)
+        if t.changed:
+            out.append(Variant({"programs_per_sm": per_sm}, new.code))
+    return out
+
+
+register("persistent-kernel")(persistent_launch)

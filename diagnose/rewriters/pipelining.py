@@ -1,0 +1,47 @@
+"""Loop pipelining: a loop over loads without a dot becomes `tl.range(..., num_stages=3)`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import InJit, Variant, dotted, register
+
+
+class _Pipeline(InJit):
+    def __init__(self, stages: int) -> None:
+        super().__init__()
+        self.stages = stages
+
+    def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
+        if not self.depth or not isinstance(updated.iter, cst.Call):
+            return updated
+        name = dotted(updated.iter.func)
+        calls = {dotted(c.func).split(".")[-1] for c in m.findall(original.body, m.Call())}  # type: ignore[union-attr]
+        if "load" not in calls or "dot" in calls or name not in ("range", "tl.range"):
+            return updated
+        args = list(updated.iter.args)
+        if any(a.keyword is not None and a.keyword.value == "num_stages" for a in args):
+            return updated
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        args[-1] = args[-1].with_changes(comma=comma)
+        args.append(cst.Arg(keyword=cst.Name("num_stages"), value=cst.Integer(str(self.stages)),
+                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        self.changed += 1
+        func = cst.Attribute(value=cst.Name("tl"), attr=cst.Name("range"))
+        return updated.with_changes(iter=updated.iter.with_changes(func=func, args=args))
+
+
+def tl_range_pipelining(source: str, context: dict[str, Any]) -> list[Variant]:
+    out = []
+    for stages in (3, 2, 4):
+        t = _Pipeline(stages)
+        new = cst.parse_module(source).visit(t)
+        if t.changed:
+            out.append(Variant({"num_stages": stages, "loops": t.changed}, new.code))
+    return out
+
+
+register("tl-range-pipelining")(tl_range_pipelining)

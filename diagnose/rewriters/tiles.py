@@ -1,0 +1,293 @@
+"""Dot tiles: whole tile shapes (BLOCK_M/N/K, stages, warps) for tl.dot kernels, as configurations or under
+@triton.autotune, the launch grid's divisors moved with them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+
+from diagnose.rewriters.base import InJit, Variant, dotted, register
+from diagnose.rewriters.launch import (
+    TRITON_DEFAULT_KNOBS,
+    SetKnob,
+    cdiv_divisor,
+    current_knobs,
+    jit_names,
+    launch_config,
+    launch_knobs,
+    with_divisor,
+)
+
+# Hopper tile shapes for 16-bit tl.dot kernels, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): the
+# first six configurations Triton's matmul tutorial (03-matrix-multiplication) autotunes over on CUDA.
+# Each sets every knob at once: one-knob steps from a 64x64x32 start need several rounds to get there.
+_DOT_TILES = ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+              (64, 128, 32, 4, 4), (128, 32, 32, 4, 4))
+# A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
+# (BLOCK_M, BLOCK_N, num_stages, num_warps): six points of the space Triton's fused-attention tutorial
+# (06) autotunes over, BLOCK_M 64/128 x BLOCK_N 32/64/128 x stages x 4/8 warps, 8 warps only with
+# 128 x 128 as its Hopper filter keeps. Two stages at 128 x 128 so a 128-wide head's K and V tiles fit.
+_DOT_TILES_NO_K = ((128, 64, 3, 4), (128, 64, 4, 4), (128, 128, 2, 8), (128, 32, 3, 4), (64, 128, 3, 4),
+                   (64, 32, 4, 4))
+class _AxisBlocks(cst.CSTVisitor):
+    """In the jit kernels, the block size each program-id axis steps by: `pid_m = tl.program_id(0)` and
+    `pid_m * BLOCK_M` (or `tl.program_id(0) * BLOCK_M`) make axis 0 BLOCK_M."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int] = {}
+        self.axis_block: dict[int, str] = {}
+
+    @staticmethod
+    def _axis(node: cst.BaseExpression) -> int | None:
+        if isinstance(node, cst.Call) and dotted(node.func) == "tl.program_id" and node.args \
+                and isinstance(node.args[0].value, cst.Integer):
+            return int(node.args[0].value.value)
+        return None
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        axis = self._axis(node.value)
+        if axis is not None and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            self.pids[node.targets[0].target.value] = axis
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if not isinstance(node.operator, cst.Multiply):
+            return
+        for pid, block in ((node.left, node.right), (node.right, node.left)):
+            axis = self.pids.get(pid.value) if isinstance(pid, cst.Name) else self._axis(pid)
+            if axis is not None and isinstance(block, cst.Name) and block.value.isupper():
+                self.axis_block.setdefault(axis, block.value)
+
+
+class _LaunchGrids(cst.CSTVisitor):
+    """Outside the kernels: the tuples that are launch grids (`kernel[(..)]`, or `grid = (..)` with
+    `kernel[grid]`), and every `triton.cdiv(x, <literal>)` call, wherever it is."""
+
+    def __init__(self, kernels: set[str]) -> None:
+        self.kernels = kernels
+        # (enclosing function, name): a `grid = (..)` counts only in the function that launches with it.
+        self.grid_names: set[tuple[str, str]] = set()
+        self.tuples: list[cst.Tuple] = []
+        self.assigned: dict[tuple[str, str], list[cst.Tuple]] = {}
+        self.literal_cdivs = 0
+        self.launched: set[str] = set()  # the jit functions launched with a grid (not helpers they call)
+        self.scopes: list[str] = [""]
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node.name.value in self.kernels:
+            return False
+        self.scopes.append(node.name.value)
+        return True
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        if original_node.name.value not in self.kernels:
+            self.scopes.pop()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Tuple):
+            self.assigned.setdefault((self.scopes[-1], node.targets[0].target.value), []).append(node.value)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if dotted(node.value) in self.kernels and len(node.slice) == 1:
+            self.launched.add(dotted(node.value))
+            index = node.slice[0].slice
+            if isinstance(index, cst.Index):
+                if isinstance(index.value, cst.Name):
+                    self.grid_names.add((self.scopes[-1], index.value.value))
+                elif isinstance(index.value, cst.Tuple):
+                    self.tuples.append(index.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if cdiv_divisor(node) is not None:
+            self.literal_cdivs += 1
+
+    def grids(self) -> list[cst.Tuple]:
+        return self.tuples + [t for key in self.grid_names for t in self.assigned.get(key, [])]
+
+
+class _GridDivisors(cst.CSTTransformer):
+    """In the launch grids only, `(triton.cdiv(m, 64), triton.cdiv(n, 64), ...)`: each axis's literal
+    divisor becomes its block's new size, or an expression (`meta["BLOCK_M"]`, with `as_lambda` making
+    the grid `lambda meta: (...)` for an autotuned kernel). `changed` counts the divisors set."""
+
+    def __init__(self, grids: list[cst.Tuple], axis_value: dict[int, int | cst.BaseExpression],
+                 as_lambda: bool = False) -> None:
+        self.grids, self.axis_value, self.as_lambda = grids, axis_value, as_lambda
+        self.changed = 0
+
+    def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.BaseExpression:
+        if not any(original is g for g in self.grids):
+            return updated
+        elements = list(updated.elements)
+        for axis, element in enumerate(elements):
+            if axis in self.axis_value and cdiv_divisor(element.value) is not None:
+                elements[axis] = element.with_changes(value=with_divisor(element.value, self.axis_value[axis]))
+                self.changed += 1
+        if not self.as_lambda:
+            return updated.with_changes(elements=elements)
+        return cst.Lambda(params=cst.Parameters(params=[cst.Param(cst.Name("meta"))]),
+                          body=updated.with_changes(elements=elements, lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
+
+
+@dataclass
+class _TilePlan:
+    """What the tile search of a dot kernel needs: the module, its kernels and launch knobs, the
+    block name of each axis (M, N and maybe K), the tile shapes to try, and the grid axes tied to a block."""
+    module: cst.Module
+    kernels: set[str]
+    current: dict[str, tuple[int, str | None]]
+    named: set[str]  # every keyword the launches pass, known value or not
+    shapes: list[dict[str, int]]
+    grids: _LaunchGrids
+    axes: dict[int, str]  # grid axis -> the block name its program id steps by
+
+
+def _tile_plan(source: str) -> _TilePlan | None:
+    if "dot(" not in source:
+        return None
+    module = cst.parse_module(source)
+    kernels = jit_names(module)
+    launched = launch_knobs(module, kernels)
+    current = current_knobs(module, kernels, launched)
+    names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
+    if names["M"] is None or names["N"] is None:
+        return None
+    if names["K"] is None:
+        del names["K"]
+        shapes = [dict(zip((names["M"], names["N"], "num_stages", "num_warps"), t)) for t in _DOT_TILES_NO_K]
+    else:
+        shapes = [dict(zip((names["M"], names["N"], names["K"], "num_stages", "num_warps"), t)) for t in _DOT_TILES]
+    blocks = _AxisBlocks()
+    for node in module.body:
+        if isinstance(node, cst.FunctionDef) and node.name.value in kernels:
+            node.visit(blocks)
+    found = _LaunchGrids(kernels)
+    module.visit(found)
+    axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
+    # Each grid must count its tile axes as `triton.cdiv(.., B)`: `(m + 63) // 64` would keep the old size.
+    for grid in found.grids():
+        if any(a < len(grid.elements) and cdiv_divisor(grid.elements[a].value) is None for a in axes):
+            return None
+    return _TilePlan(module, kernels, current, launched.named, shapes, found, axes)
+
+
+def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
+    """For a kernel with `tl.dot` and BLOCK_M / BLOCK_N / BLOCK_K launch knobs (or BLOCK_M / BLOCK_N
+    alone): the tile shapes above, every knob of one shape set together, and the grid's literal
+    `triton.cdiv(.., B)` divisors moved with the block of their axis (found from the kernel's
+    `tl.program_id(axis) * BLOCK`). [] when the kernel is not of that form or a grid divisor cannot be
+    tied to a block."""
+    plan = _tile_plan(source)
+    if plan is None:
+        return []
+    variants = []
+    for values in plan.shapes:
+        grid = _GridDivisors(plan.grids.grids(), {a: values[b] for a, b in plan.axes.items()})
+        new = plan.module.visit(grid)  # the grids first, while their nodes are the ones `found` saw
+        # Every literal `triton.cdiv` outside the kernels must be a grid divisor of an axis whose block
+        # is one of the tile's; one elsewhere (a tile count, a grouped 1-D grid) would keep the old size.
+        if grid.changed != plan.grids.literal_cdivs:
+            return []
+        for key, value in values.items():
+            new = new.visit(SetKnob(plan.kernels, key, value, plan.current.get(key, (None, None))[1]))
+        variants.append(Variant(values, new.code))
+    return variants
+
+
+class _PointerRoots(InJit):
+    """Kernel parameters written through tl.store and read through tl.load, and whether any atomic is
+    issued: an autotuned kernel runs several times on the same buffers while it is tuned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.atomics = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self.depth or not node.args:
+            return
+        name = dotted(node.func)
+        root = node.args[0].value
+        while isinstance(root, cst.BinaryOperation):
+            root = root.left
+        target = {"tl.load": self.loaded, "tl.store": self.stored}.get(name)
+        if target is not None:
+            # The root name of the pointer; one built elsewhere (`ptrs = x_ptr + offs`) is a local name,
+            # which the caller's "only parameters" test rejects, as it does "?" for anything else.
+            target.add(root.value if isinstance(root, cst.Name) else "?")
+        elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("load", "store") \
+                and not name.startswith("tl."):
+            self.stored.add("?")  # a tensor descriptor or block pointer: what it reads and writes is unknown
+        self.atomics = self.atomics or name.startswith("tl.atomic_")
+
+
+class _Autotuned(cst.CSTTransformer):
+    """The launch without the tile knobs, and the kernel under @triton.autotune over the tile shapes
+    keyed on its size parameters (the grid is `_GridDivisors`' work)."""
+
+    def __init__(self, kernels: set[str], kernel: str, knobs: list[str], decorator: cst.Decorator) -> None:
+        self.kernels, self.kernel, self.knobs, self.decorator = kernels, kernel, knobs, decorator
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if original.name.value == self.kernel:
+            return updated.with_changes(decorators=[self.decorator, *updated.decorators])
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not (isinstance(original.func, cst.Subscript) and dotted(original.func.value) in self.kernels):
+            return updated
+        args = [a for a in updated.args if a.keyword is None or a.keyword.value not in self.knobs]
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(args=args)
+
+
+def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
+    """The same tile shapes as `dot_tile_configs`, chosen per problem size by @triton.autotune on the
+    one launched kernel, keyed on its parameters other than tensors, strides and the tile knobs (sizes,
+    and constexprs such as a head dimension): one tile cannot suit 512^2 and 4096^2 at once. Only for
+    kernels that neither issue atomics nor read a buffer they write, since tuning runs the kernel several
+    times; [] where the tile search would give up, or the knobs are bound to wrapper parameters."""
+    plan = _tile_plan(source)
+    if plan is None or len(plan.grids.launched) != 1:
+        return []
+    knobs = list(plan.shapes[0])
+    if any(plan.current.get(k, (None, None))[1] for k in knobs):
+        return []
+    name = next(iter(plan.grids.launched))
+    kernel = next(n for n in plan.module.body if isinstance(n, cst.FunctionDef) and n.name.value == name)
+    params = [p.name.value for p in kernel.params.params]
+    roots = _PointerRoots()
+    plan.module.visit(roots)
+    if roots.atomics or roots.loaded & roots.stored or not (roots.loaded | roots.stored) <= set(params):
+        return []
+    # Not the tensors (whatever their names): a key holds values, and a tensor would make every call a new
+    # key. Triton adds the tensors' dtypes to the key itself.
+    tensors = roots.loaded | roots.stored
+    key = [p for p in params if not (p in tensors or p.endswith("_ptr") or p.startswith("stride") or p in knobs)]
+    blocks = [k for k in knobs if k.startswith("BLOCK")]
+    # The kernel's own launch first, so the tuner can keep it: on the H200 attention's 64 x 64 tile beat
+    # all six tutorial tiles, and a tuner without it measured 0.92x of the parent.
+    # A knob passed as an expression (`num_warps=nw`) has no value here: then the launch is not known.
+    own = {k: plan.current.get(k, (None if k in plan.named else TRITON_DEFAULT_KNOBS.get(k), None))[0]
+           for k in knobs}
+    shapes = ([own] if None not in own.values() and own not in plan.shapes else []) + list(plan.shapes)
+    configs = ",\n".join(
+        "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "
+        f"num_stages={shape['num_stages']}, num_warps={shape['num_warps']})" for shape in shapes)
+    decorator = cst.Decorator(cst.parse_expression(f"triton.autotune(configs=[\n{configs},\n], key={key!r})"))
+    grid = _GridDivisors(plan.grids.grids(), {a: cst.parse_expression(f'meta["{b}"]') for a, b in plan.axes.items()},
+                         as_lambda=True)
+    new = plan.module.visit(grid)  # the grids first, while their nodes are the ones the plan saw
+    # As in the tile search: every literal `triton.cdiv` must be a grid divisor tied to a tile block.
+    if grid.changed != plan.grids.literal_cdivs:
+        return []
+    new = new.visit(_Autotuned(plan.kernels, name, knobs, decorator))
+    return [Variant({"autotune": [dict(s) for s in shapes], "key": key}, new.code)]
+
+
+register("wgmma-friendly-tiles")(dot_tile_configs)
+# A dot kernel's search starts from whole tile shapes; anything else steps one knob at a time.
+register("autotune-configs")(lambda s, c: dot_tile_configs(s, c) + dot_tile_autotune(s, c) or launch_config(s, c))

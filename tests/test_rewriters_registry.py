@@ -1,0 +1,28 @@
+"""The rewriters' registry: every catalog pattern that names a deterministic rewrite has one, and one only."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagnose.rewriters import REWRITERS, rewrite
+from diagnose.rewriters.base import register
+from kb.patterns import load_catalog
+
+
+def test_every_family_registered_its_patterns():
+    assert {"block-size-num-warps", "autotune-configs", "wgmma-friendly-tiles", "tl-range-pipelining",
+            "masked-tail-split", "divisibility-hints", "persistent-kernel", "tensor-descriptors-tma",
+            "dot-input-precision-tf32", "int32-offsets", "relaxed-atomics", "exp2-fast-math"} <= set(REWRITERS)
+
+
+def test_every_registered_pattern_is_in_the_catalog():
+    assert set(REWRITERS) <= {p.id for p in load_catalog()}
+
+
+def test_a_pattern_cannot_get_a_second_rewriter():
+    with pytest.raises(ValueError, match="already has a rewriter"):
+        register("masked-tail-split")(lambda source, context: [])
+
+
+def test_a_pattern_without_a_rewriter_rewrites_nothing():
+    assert rewrite("no-such-pattern", "x = 1\n", {}) == []
