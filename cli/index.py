@@ -65,6 +65,7 @@ def index_compiler_cmd(ctx: click.Context, installed: bool, source: Path | None,
         if installed:
             manifest, report = index_installed_triton(home, embedder, progress, publish_lock=publish_lock)
         else:
+            assert source is not None and release is not None  # checked above
             manifest, report = index_compiler_tree(home, embedder, source, release, corpus=corpus, progress=progress,
                                                    source={"kind": "checkout", "path": str(source.resolve())},
                                                    publish_lock=publish_lock)

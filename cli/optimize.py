@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -22,6 +22,9 @@ from cli.options import (
     user_errors,
 )
 from harness.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from diagnose.optimize import RunSummary
 
 
 def _runs_root(ctx: click.Context) -> Path:
@@ -109,6 +112,7 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
         directory = _run_dir(ctx, resume_run)
         spec = None
     else:
+        assert task_file is not None  # one of TASK and --resume, checked above
         if not Path(task_file).is_file():
             raise UserFacingError(f"{task_file} does not exist", "pass the path of a task .py file")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -136,31 +140,30 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
     summary = report(store)
     store.close()
     if as_json:
-        click.echo(json.dumps(summary, indent=1))
+        click.echo(json.dumps(summary.to_dict(), indent=1))
         return
     _echo_rounds(summary)
 
 
-def _echo_rounds(summary: dict[str, Any]) -> None:
-    click.echo(f"run {summary['run']} ({summary['task']}): {summary['status']}, {summary['rounds']} rounds, best round "
-               f"{summary['best_round']} (diagnosed at {summary['best_level'] or '-'}), speedup over the initial "
-               f"kernel {summary['speedup_vs_initial']:.3f}x "
-               + ("(measured)" if summary.get("speedup_vs_initial_measured") else "(chained over rounds)"))
+def _echo_rounds(summary: RunSummary) -> None:
+    s = summary
+    click.echo(f"run {s.run} ({s.task}): {s.status}, {s.rounds} rounds, best round {s.best_round} (diagnosed at "
+               f"{s.best_level or '-'}), speedup over the initial kernel {s.speedup_vs_initial:.3f}x "
+               + ("(measured)" if s.speedup_vs_initial_measured else "(chained over rounds)"))
     click.echo(f"{'round':>5} {'parent':>6} {'level':>5} {'finding':<30} {'pattern':<26} {'outcome':<9} {'speedup':>8}")
-    for h in summary["history"]:
-        speed = f"{h['speedup']:.3f}x" if h["speedup"] else "-"
-        click.echo(f"{h['round']:>5} {h['parent'] or 0:>6} {h['level'] or '-':>5} {(h['finding'] or 'search'):<30} "
-                   f"{h['pattern']:<26} {h['outcome'] or h['state']:<9} {speed:>8}")
-        if h["outcome"] in ("rejected", "failed"):
-            click.echo(f"{'':>13}why: {h['reason']}")
-    if summary.get("per_case_vs_initial"):
-        click.echo("best vs initial per case: " + ", ".join(f"{k} {v:.3f}x"
-                                                             for k, v in summary["per_case_vs_initial"].items()))
-    elif summary.get("per_case_best"):
-        click.echo("best round per case: " + ", ".join(f"{k} {v:.3f}x" for k, v in summary["per_case_best"].items()))
-    if summary.get("note"):
-        click.echo(f"note: {summary['note']}")
-    click.echo(f"best kernel: {summary['dir']}/best.py" if summary["best_round"] else "no round beat the initial kernel")
+    for h in s.history:
+        speed = f"{h.speedup:.3f}x" if h.speedup else "-"
+        click.echo(f"{h.round:>5} {h.parent or 0:>6} {h.level or '-':>5} {(h.finding or 'search'):<30} "
+                   f"{h.pattern:<26} {h.outcome or h.state:<9} {speed:>8}")
+        if h.outcome in ("rejected", "failed"):
+            click.echo(f"{'':>13}why: {h.reason}")
+    if s.per_case_vs_initial:
+        click.echo("best vs initial per case: " + ", ".join(f"{k} {v:.3f}x" for k, v in s.per_case_vs_initial.items()))
+    elif s.per_case_best:
+        click.echo("best round per case: " + ", ".join(f"{k} {v:.3f}x" for k, v in s.per_case_best.items()))
+    if s.note:
+        click.echo(f"note: {s.note}")
+    click.echo(f"best kernel: {s.dir}/best.py" if s.best_round else "no round beat the initial kernel")
 
 
 @main.group()
@@ -184,13 +187,13 @@ def rounds_list(ctx: click.Context, as_json: bool) -> None:
         rows.append(report(store))
         store.close()
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=1))
         return
     if not rows:
         click.echo(f"no runs under {root}")
     for r in rows:
-        click.echo(f"{r['run']:<40} {r['task']:<20} {r['status']:<12} {r['rounds']:>3} rounds  best {r['best_round']}  "
-                   f"{r['speedup_vs_initial']:.3f}x")
+        click.echo(f"{r.run:<40} {r.task:<20} {r.status:<12} {r.rounds:>3} rounds  best {r.best_round}  "
+                   f"{r.speedup_vs_initial:.3f}x")
 
 
 @rounds.command("show")
@@ -207,7 +210,7 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
     summary = report(store)
     store.close()
     if as_json:
-        click.echo(json.dumps(summary, indent=1))
+        click.echo(json.dumps(summary.to_dict(), indent=1))
         return
     _echo_rounds(summary)
 

@@ -101,8 +101,8 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
                     "see `kb releases list`")
             view = describe(store, name, release, max_refs)
             if not release:  # only a release the answer draws on is refused when half-published
-                answering = {x.release for x in [*view.passes, *view.definitions, *view.diagnostics,
-                                                 *view.references, *view.links]}
+                answering = {x.release for xs in (view.passes, view.definitions, view.diagnostics, view.references,
+                                                  view.links) for x in xs}
                 check_published(store, [m for m in manifests if m.release in answering])
         finally:
             store.close()
@@ -235,13 +235,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
             unreachable = exc.problem
         except Exception as exc:  # noqa: BLE001 - any failure to answer means the same here
             unreachable = f"the chroma server at {os.environ['KB_CHROMA_URL']} does not answer ({type(exc).__name__})"
+    indexes = [{"corpus": m.corpus, "release": m.release, "chunks": m.count, "collection": m.collection,
+                 **({"interrupted": unfinished[m.key]} if m.key in unfinished else {})} for m in manifests]
     info = {
         "home": str(home.root),
         "vector_store": os.environ.get("KB_CHROMA_URL") or str(home.chroma_dir),
         **({"vector_store_unreachable": unreachable} if unreachable else {}),
         "installed_triton": installed_triton_release(),
-        "indexes": [{"corpus": m.corpus, "release": m.release, "chunks": m.count, "collection": m.collection,
-                     **({"interrupted": unfinished[m.key]} if m.key in unfinished else {})} for m in manifests],
+        "indexes": indexes,
         "symbols": counts,
     }
     if as_json:
@@ -249,9 +250,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         if unreachable:
             sys.exit(1)
         return
-    store = info["vector_store"] + (f" (unreachable: {unreachable})" if unreachable else "")
-    click.echo(f"KB home: {info['home']}\nvector store: {store}\ninstalled triton: {info['installed_triton']}")
-    for m in info["indexes"]:
+    where = str(info["vector_store"]) + (f" (unreachable: {unreachable})" if unreachable else "")
+    click.echo(f"KB home: {info['home']}\nvector store: {where}\ninstalled triton: {info['installed_triton']}")
+    for m in indexes:
         click.echo(f"  {m['corpus']}@{m['release']}: {m['chunks']} chunks"
                    + (f" (stopped before its symbols; finish it: {m['interrupted']})" if "interrupted" in m else ""))
     for release, c in counts.items():

@@ -56,7 +56,7 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
         if path is not None and not Path(path).is_file():
             raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
     spec = (TaskSpec.of_file(task_file) if task_file else
-            TaskSpec(kernel=str(Path(kernel_file).resolve()), call=call, reference=reference))
+            TaskSpec(kernel=str(Path(str(kernel_file)).resolve()), call=call, reference=reference))
     try:
         indices = [int(c) for c in cases.split(",")] if cases else None
     except ValueError as exc:

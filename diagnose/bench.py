@@ -116,7 +116,7 @@ def create_bench(bench_dir: Path, spec: BenchSpec) -> BenchSpec:
     if len(set(names)) != len(names) or not names:
         raise UserFacingError(f"condition names must be unique and non-empty: {names}", "name each condition once")
     load_suite(Path(spec.suite), spec.operators)  # fail now, not in the middle of the bench
-    spec.created = spec.created or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    spec.created = spec.created or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     bench_dir.mkdir(parents=True, exist_ok=True)
     _write_spec(bench_dir, spec)
     return spec
@@ -130,7 +130,7 @@ def set_timing_windows(bench_dir: Path, warmup_ms: int | None, rep_ms: int | Non
     if not changed:
         return spec
     finished = sum(1 for j in jobs(bench_dir, spec) if j.state == "finished")
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     for key, value in changed.items():
         setattr(spec, key, value)
     said = ", ".join(f"{k} {v}" for k, v in changed.items())

@@ -24,6 +24,10 @@ __all__ = ["PUBLISHED", "bench_report", "write_report"]
 PUBLISHED = {"operators": 37, "geomean": 4.35, "median": 2.73, "above_2x": 22, "above_5x": 13, "median_best_round": 10}
 
 
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
 def _rooflines(report: dict[str, Any] | None, role: str) -> list[dict[str, Any]]:
     """The roofline placements of the timed cases of one kernel (`role`) in a run report."""
     run = next((r for r in (report or {}).get("runs", []) if r.get("role") == role), None)
@@ -46,7 +50,7 @@ def _speedup_bound(report: dict[str, Any] | None, role: str) -> float | None:
     achieved (1 / roofline fraction), 1.0 for a case already at or past its ceiling. The roofline has no
     launch-latency term, so for small cases the true bound is lower still."""
     fractions = [r["fraction"] for r in _rooflines(report, role) if r.get("fraction")]
-    return round(geomean([max(1.0, 1.0 / f) for f in fractions]), 4) if fractions else None
+    return _rounded(geomean([max(1.0, 1.0 / f) for f in fractions]))
 
 
 def _operator_row(job: Any) -> dict[str, Any]:
@@ -63,23 +67,23 @@ def _operator_row(job: Any) -> dict[str, Any]:
         rounds = store.rounds()
     finally:
         store.close()
-    best = next((r for r in rounds if r.idx == summary["best_round"]), None)
+    best = next((r for r in rounds if r.idx == summary.best_round), None)
     levels = [r.level for r in rounds if r.level in LEVELS]
-    final = info.final if info.final and info.final.get("best_round") == summary["best_round"] else {}
+    final = info.final if info.final and info.final.get("best_round") == summary.best_round else {}
     final_report = final.get("report")
-    best_role = "candidate" if summary["best_round"] else "baseline"
+    best_role = "candidate" if summary.best_round else "baseline"
     row.update({
         "family": info.spec.family or "",
         "status": info.status,
-        "rounds": summary["rounds"],
+        "rounds": summary.rounds,
         "accepted": sum(1 for r in rounds if r.outcome == "accepted"),
-        "best_round": summary["best_round"],
-        "best_level": summary["best_level"],
-        "best_pattern": best.hypothesis.get("pattern") if best else None,
+        "best_round": summary.best_round,
+        "best_level": summary.best_level,
+        "best_pattern": best.hypothesis.pattern if best else None,
         "deepest_level": max(levels, key=LEVELS.index) if levels else None,
-        "speedup": summary["speedup_vs_initial"],
-        "speedup_measured": summary["speedup_vs_initial_measured"],
-        "per_case": summary["per_case_vs_initial"] or summary["per_case_best"],
+        "speedup": summary.speedup_vs_initial,
+        "speedup_measured": summary.speedup_vs_initial_measured,
+        "per_case": summary.per_case_vs_initial or summary.per_case_best,
         # Round time only, so a run paused between machines does not count the hours it waited.
         "seconds_to_best": _round_seconds(r for r in rounds if best and r.idx <= best.idx),
         "seconds": _round_seconds(rounds),
@@ -92,7 +96,7 @@ def _operator_row(job: Any) -> dict[str, Any]:
         "memory_bound_fractions": _memory_fractions(final_report, best_role),
         "device": (info.baseline or {}).get("device"),
         "ceilings": (info.baseline or {}).get("ceilings"),
-        "patterns_tried": [r.hypothesis.get("pattern") for r in rounds],
+        "patterns_tried": [r.hypothesis.pattern for r in rounds],
     })
     return row
 
@@ -126,14 +130,14 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "at_least_eager": sum(1 for r in done if (r.get("vs_eager") or {}).get("best") and r["vs_eager"]["best"] >= 1.0),
         "memory_bound_cases": len(memory),
         "memory_bound_median_fraction": round(statistics.median(memory), 4) if memory else None,
-        "geomean": round(geomean(speedups), 4) if speedups else None,
+        "geomean": _rounded(geomean(speedups)),
         "median": round(statistics.median(speedups), 4) if speedups else None,
         "above_2x": sum(1 for s in speedups if s > 2),
         "above_5x": sum(1 for s in speedups if s > 5),
         "improved": sum(1 for r in done if r["best_round"]),
         # What every kernel at its roofline would give, over the operators with roofline data (every
         # operator with bytes or FLOPs per case, timed on a device with measured ceilings).
-        "bound_geomean": round(geomean(bounds), 4) if bounds else None,
+        "bound_geomean": _rounded(geomean(bounds)),
         "bound_median": round(statistics.median(bounds), 4) if bounds else None,
         "bound_above_2x": sum(1 for b in bounds if b > 2),
         "bound_above_5x": sum(1 for b in bounds if b > 5),

@@ -16,11 +16,12 @@ msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' sympt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
 
 from diagnose.analyzers.ascend import DEFAULT_VECTOR_CORES
 from diagnose.records import EvidenceLog, Finding
-from harness.measurement import CaseResult, RunReport
+from harness.measurement import Roofline, RunReport, Timing
 
 __all__ = ["classify"]
 
@@ -28,9 +29,20 @@ LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
 FAR_FROM_ROOF = 0.6
 
 
-def _timed(report: RunReport) -> list[CaseResult]:
+@dataclass(frozen=True)
+class _Timed:
+    """A listed case of the baseline that was timed: what L2 reads."""
+
+    label: str
+    timing: Timing
+    roofline: Roofline | None
+    profile: dict | None
+
+
+def _timed(report: RunReport) -> list[_Timed]:
     run = report.run("baseline")
-    return [c for c in (run.cases if run else []) if c.timing is not None and not c.heldout]
+    return [_Timed(c.label, c.timing, c.roofline, c.profile) for c in (run.cases if run else [])
+            if c.timing is not None and not c.heldout]
 
 
 def _numeric(profile: dict) -> dict:
@@ -56,15 +68,15 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
         findings.append(Finding("profile.launch-bound", "launch", "launch-bound: each call is a few microseconds",
                                 "At this size the launch and the grid's tail dominate; more work per program or a "
                                 "persistent grid amortizes them.", [ev], [], "", "L2", 0.8))
-    memory = [c for c in cases if c.roofline and c.roofline.bound == "memory" and c.timing.median_us >= LAUNCH_US]
+    memory = [(c.label, r) for c in cases if (r := c.roofline) and r.bound == "memory" and c.timing.median_us >= LAUNCH_US]
     if memory:
-        fractions = [c.roofline.fraction for c in memory]
+        fractions = [r.fraction for _, r in memory]
         mid = median(fractions)
         copy = (report.ceilings or {}).get("copy_gbps")
         ev = log.add("L2", "roofline", f"{len(memory)} memory-bound case(s) reach a median {mid:.0%} of the measured "
                      f"copy bandwidth ({f'{copy:.0f}' if copy else '?'} GB/s)", where,
-                     ", ".join(f"{c.label}: {c.roofline.achieved_gbps:.0f} GB/s ({c.roofline.fraction:.0%})"
-                               for c in memory if c.roofline.achieved_gbps))
+                     ", ".join(f"{label}: {r.achieved_gbps:.0f} GB/s ({r.fraction:.0%})"
+                               for label, r in memory if r.achieved_gbps))
         if mid < FAR_FROM_ROOF:
             findings.append(Finding("profile.memory-bound", "memory", f"memory-bound at {mid:.0%} of the copy roofline",
                                     "The kernel moves little data per unit time for a memory-bound operation: "
@@ -73,14 +85,15 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
         elif mid >= 0.8:
             findings.append(Finding("profile.ok", "memory", f"memory-bound at {mid:.0%} of the copy roofline",
                                     "Within 20% of the measured copy bandwidth: little left to gain.", [ev], [], "", "L2"))
-    compute = [c for c in cases if c.roofline and c.roofline.bound == "compute" and c.roofline.achieved_tflops]
+    compute = [(c.label, tflops) for c in cases
+               if (r := c.roofline) and r.bound == "compute" and (tflops := r.achieved_tflops)]
     fp32_ceiling = (report.ceilings or {}).get("matmul_fp32_tflops")
     if compute and fp32_ceiling:
-        best = max(c.roofline.achieved_tflops for c in compute)
+        best = max(tflops for _, tflops in compute)
         if best < fp32_ceiling:
             ev = log.add("L2", "roofline", f"compute-bound cases reach at most {best:.1f} TFLOP/s, below the measured fp32 "
                          f"CUDA-core ceiling of {fp32_ceiling:.0f} TFLOP/s", where,
-                         ", ".join(f"{c.label}: {c.roofline.achieved_tflops:.1f} TFLOP/s" for c in compute))
+                         ", ".join(f"{label}: {tflops:.1f} TFLOP/s" for label, tflops in compute))
             findings.append(Finding("profile.compute-bound", "tensor-cores", "compute-bound below the CUDA-core rate",
                                     "A tensor-core matmul runs an order of magnitude above the fp32 CUDA-core rate; "
                                     "this one does not, so its dots are on FMA or its tensor cores starve.",

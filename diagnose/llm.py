@@ -61,7 +61,8 @@ def chat(config: LLMConfig, messages: list[dict[str, Any]], temperature: float =
 
     client = OpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s,
                     max_retries=config.max_retries)
-    reply = client.chat.completions.create(model=config.model, messages=messages, temperature=temperature)
+    reply = client.chat.completions.create(model=config.model, messages=messages,  # type: ignore[arg-type]
+                                           temperature=temperature)
     content = reply.choices[0].message.content if reply.choices else None
     if not content:
         raise ValueError("the endpoint returned an empty reply")

@@ -23,21 +23,21 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from diagnose.records import Answer
 from diagnose.rewriters import Variant, rewrite, unified_diff
-from diagnose.rounds import Round, RoundsStore
+from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
 from harness.task import TaskSpec
 
-__all__ = ["HarnessJudge", "Judge", "OptimizeOptions", "optimize", "report"]
+__all__ = ["HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "RunSummary", "optimize", "report"]
 
 # judge(task_spec, baseline_file_or_None, candidate_file_or_None, entry_name) -> RunReport
-Judge = Callable[[dict[str, Any], str | None, str | None, str], RunReport]
+Judge = Callable[[TaskSpec, str | None, str | None, str], RunReport]
 # The generic search every kernel can try when its diagnosis offers nothing untried.
 _FALLBACK = ("autotune-configs", "launch configuration search")
 
@@ -62,17 +62,6 @@ class OptimizeOptions:
     check_workers: int | None = None
 
 
-@dataclass
-class Hypothesis:
-    finding: str  # finding kind ("" for the generic launch search)
-    title: str
-    pattern: str
-    rewriter: str  # "pattern" | "llm"
-    level: str
-    evidence: list[str] = field(default_factory=list)
-    record: float = 0.5  # the pattern's smoothed win rate for this finding when planned (0.5: no record)
-
-
 class HarnessJudge:
     """Checks and times through the harness's judge (harness.judge): one judging session per task for
     the whole run, so the task's reference and the current parent keep their workers between rounds,
@@ -81,7 +70,7 @@ class HarnessJudge:
     def __init__(self, options: OptimizeOptions, time: bool = True) -> None:
         from harness.run import RunOptions
 
-        windows = {k: v for k, v in (("warmup_ms", options.warmup_ms), ("rep_ms", options.rep_ms)) if v}
+        windows: dict[str, Any] = {k: v for k, v in (("warmup_ms", options.warmup_ms), ("rep_ms", options.rep_ms)) if v}
         self.check_workers = options.check_workers or default_check_workers()
         self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time,
                                   check_workers=self.check_workers, **windows)
@@ -183,8 +172,8 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any
         info = store.run()
         options = OptimizeOptions(**{**asdict(options), **{k: v for k, v in info.options.items()
                                                            if k in ("rounds", "llm", "strategy", "backend")}})
-        if info.status in ("paused", "interrupted"):
-            store.update_run(status="running", note=None)
+        if info.status in (RunStatus.PAUSED, RunStatus.INTERRUPTED):
+            store.update_run(status=RunStatus.RUNNING, note=None)
     else:
         if RoundsStore.status_of(run_dir) is not None:
             raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
@@ -193,8 +182,9 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any
         shutil.copyfile(task.source_file, original)
         # The family travels in the spec so that synthesis can file the rounds without loading the task.
         store.create_run(run_dir.name, task.name, replace(spec, family=task.family), asdict(options))
-    own_judge = judge is None
-    judge = judge or HarnessJudge(options)
+    own_judge = None
+    if judge is None:
+        judge = own_judge = HarnessJudge(options)
     started = time.monotonic()
     try:
         if store.run().baseline is None:
@@ -203,9 +193,10 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any
             if base.failure:  # the worker crashed or timed out: say so, and leave the run to resume
                 raise UserFacingError(f"measuring the task's own kernel failed: {base.failure}",
                                       f"check the device, then `kb optimize --resume {run_dir}`")
-            if not (base.run("baseline") and base.run("baseline").correct):
+            baseline_run = base.run("baseline")
+            if not (baseline_run and baseline_run.correct):
                 why = _why_rejected(base, "baseline")
-                store.update_run(status="failed", note=f"the task's own kernel is not correct: {why}")
+                store.update_run(status=RunStatus.FAILED, note=f"the task's own kernel is not correct: {why}")
                 raise UserFacingError(f"the task's own kernel fails its checks: {why}",
                                       "fix the task or its kernel first (kb run TASK shows the cases)")
             store.update_run(baseline=base.to_dict(), best_round=0, best_path=str(run_dir / "round-000.py"))
@@ -215,7 +206,7 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any
             if pending is None and len(rounds) >= options.rounds:
                 break
             if stop_at is not None and time.time() >= stop_at:
-                store.update_run(status="paused", note=f"paused after {len(rounds)} rounds: resume to go on")
+                store.update_run(status=RunStatus.PAUSED, note=f"paused after {len(rounds)} rounds: resume to go on")
                 say(f"paused after {len(rounds)} rounds (deadline); resume with `kb optimize --resume {run_dir}`")
                 return store
             if options.time_budget_s is not None and time.monotonic() - started > options.time_budget_s:
@@ -247,13 +238,13 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any
             elif best:
                 say(f"timing the best kernel (round {best}) against the task's own")
                 store.update_run(final=_final_record(best, judge(spec, None, info.best_path, entry), options))
-        store.update_run(status="finished")
+        store.update_run(status=RunStatus.FINISHED)
     except KeyboardInterrupt:
-        store.update_run(status="interrupted")
+        store.update_run(status=RunStatus.INTERRUPTED)
         raise
     finally:
-        if own_judge:
-            judge.close()  # type: ignore[union-attr]
+        if own_judge is not None:
+            own_judge.close()
     return store
 
 
@@ -270,7 +261,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Any, entry: str, options: Op
     answer = _diagnose(store, task, parent, entry, options, home)
     rounds = store.rounds()
     lineage = _lineage(rounds, parent_idx)
-    rejected_on = {(r.hypothesis.get("finding"), r.hypothesis.get("pattern"), r.rewriter): r.parent or 0
+    rejected_on = {(r.hypothesis.finding, r.hypothesis.pattern, r.rewriter): r.parent or 0
                    for r in rounds if r.outcome in ("rejected", "failed")}
     seen = _measured_sources(store)
     from kb.patterns import catalog_for
@@ -284,7 +275,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Any, entry: str, options: Op
             if not fresh:
                 continue  # no rewrite, or every variant was measured already in this run
         key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
-        r = Round(idx, parent_idx, "planned", asdict(hyp), key, hyp.level, hyp.evidence, hyp.rewriter)
+        r = Round(idx, parent_idx, "planned", hyp, key, hyp.level, hyp.evidence, hyp.rewriter)
         store.plan(r)
         say(f"round {idx}: {hyp.finding or 'search'} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level}, "
             f"record {hyp.record:.2f})")
@@ -389,7 +380,7 @@ def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Any, entry: str,
             options: OptimizeOptions, home: Any, say: Callable[[str], None]) -> None:
     parent = store.dir / f"round-{r.parent or 0:03d}.py"
     source = parent.read_text()
-    hyp = Hypothesis(**r.hypothesis)
+    hyp = r.hypothesis
     if r.state == "planned":
         try:
             variants = _variants(hyp, source, task, store, r, options, parent)
@@ -414,7 +405,7 @@ def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Any, entry: str,
                else [judge(spec, str(parent), str(f), entry) for f in variant_files])
     results = [(file, params[i] if i < len(params) else "", report, _verdict(report, options))
                for i, (file, report) in enumerate(zip(variant_files, reports))]
-    passing = [x for x in results if x[3][0] is not None]
+    passing = [(file, p, report, (g, n, w)) for file, p, report, (g, n, w) in results if g is not None]
     best = max(passing, key=lambda x: x[3][0]) if passing else None
     summary = [{"variant": p, "sha": _sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}
                for f, p, _, v in results]
@@ -470,7 +461,9 @@ def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: 
     read 19.2 µs on 2^20 elements (8.8 µs in the end-of-run measurement, which found the pick 0.995x
     of it). The recorded speedup is this second, unselected figure."""
     confirm = getattr(judge, "confirm", None)
-    report = confirm(spec, str(parent), str(chosen), entry) if confirm else None
+    if confirm is None:
+        return None
+    report = confirm(spec, str(parent), str(chosen), entry)
     if report is not None and report.failure:  # a lost worker or a timeout: once more, in a fresh worker
         report = confirm(spec, str(parent), str(chosen), entry)
     return (report, _verdict(report, options)) if report is not None else None
@@ -499,7 +492,8 @@ def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dic
         record["geomean"] = _verdict(report, options)[0]
     else:
         record["per_case"] = {label: 1.0 for label in report.speedups("baseline", "baseline")}
-        record["geomean"] = 1.0 if report.run("baseline") and report.run("baseline").correct else None
+        baseline_run = report.run("baseline")
+        record["geomean"] = 1.0 if baseline_run and baseline_run.correct else None
     for ref in ("eager", "compiled"):
         if report.run(ref) is None:
             continue
@@ -551,7 +545,55 @@ def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float) -
 
 
 # ------------------------------------------------------------------------------------ report
-def report(store: RoundsStore) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RoundLine:
+    """One round as a run's summary lists it."""
+
+    round: int
+    parent: int | None
+    state: str
+    finding: str
+    pattern: str
+    rewriter: str | None
+    level: str | None
+    outcome: str | None
+    speedup: float | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    round: int
+    pattern: str
+    why: str | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run came to (`kb optimize`, `kb rounds show`, the bench's rows): `to_dict` is its JSON."""
+
+    run: str
+    task: str
+    status: RunStatus
+    note: str | None
+    dir: str
+    rounds: int
+    best_round: int
+    best_level: str | None
+    # Measured best-vs-initial when the run finished; the product of per-round speedups otherwise.
+    speedup_vs_initial: float
+    speedup_vs_initial_measured: bool
+    per_case_vs_initial: dict[str, float] | None
+    levels: dict[int, str | None]
+    rejected: list[Rejection]
+    per_case_best: dict[str, float] | None
+    history: list[RoundLine]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def report(store: RoundsStore) -> RunSummary:
     info = store.run()
     rounds = store.rounds()
     accepted = [r for r in rounds if r.outcome == "accepted"]
@@ -560,19 +602,17 @@ def report(store: RoundsStore) -> dict[str, Any]:
     for r in accepted:
         chain *= r.speedup or 1.0
     final = info.final if info.final and info.final.get("best_round") == info.best_round else None
-    return {
-        "run": info.id, "task": info.task, "status": info.status, "note": info.note, "dir": str(store.dir),
-        "rounds": len(rounds), "best_round": info.best_round or 0,
-        "best_level": (best.level if best else None),
-        # Measured best-vs-initial when the run finished; the product of per-round speedups otherwise.
-        "speedup_vs_initial": round(final["geomean"], 4) if final and final.get("geomean") else round(chain, 4),
-        "speedup_vs_initial_measured": bool(final and final.get("geomean")),
-        "per_case_vs_initial": final["per_case"] if final else None,
-        "levels": {r.idx: r.level for r in rounds},
-        "rejected": [{"round": r.idx, "pattern": r.hypothesis.get("pattern"), "why": r.reason}
-                     for r in rounds if r.outcome in ("rejected", "failed")],
-        "per_case_best": (best.timings or {}).get("per_case") if best else None,
-        "history": [{"round": r.idx, "parent": r.parent, "state": r.state, "finding": r.hypothesis.get("finding"),
-                     "pattern": r.hypothesis.get("pattern"), "rewriter": r.rewriter, "level": r.level,
-                     "outcome": r.outcome, "speedup": r.speedup, "reason": r.reason} for r in rounds],
-    }
+    measured = bool(final and final.get("geomean"))
+    return RunSummary(
+        run=info.id, task=info.task, status=info.status, note=info.note, dir=str(store.dir), rounds=len(rounds),
+        best_round=info.best_round or 0, best_level=best.level if best else None,
+        speedup_vs_initial=round(final["geomean"], 4) if final and measured else round(chain, 4),
+        speedup_vs_initial_measured=measured,
+        per_case_vs_initial=final["per_case"] if final else None,
+        levels={r.idx: r.level for r in rounds},
+        rejected=[Rejection(r.idx, r.hypothesis.pattern, r.reason) for r in rounds
+                  if r.outcome in ("rejected", "failed")],
+        per_case_best=(best.timings or {}).get("per_case") if best else None,
+        history=[RoundLine(r.idx, r.parent, r.state, r.hypothesis.finding, r.hypothesis.pattern, r.rewriter, r.level,
+                           r.outcome, r.speedup, r.reason) for r in rounds],
+    )

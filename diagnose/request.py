@@ -65,9 +65,9 @@ class KernelInput:
         if len(given) != 1:
             raise UserFacingError("give one of: a TASK file, --kernel FILE --call EXPR, or --dump DIR [--kernel FILE]",
                                   "e.g. kb diagnose corpora/operators/softmax/task.py")
-        if self.rewrite is not None and self.task is None:
-            raise UserFacingError("a rewrite is diagnosed as its task's kernel: give the task too",
-                                  "pass the task file the rewrite stands in for")
+        if self.rewrite is not None and (self.task is None or not self.entry):
+            raise UserFacingError("a rewrite is diagnosed as its task's kernel: give the task and its entry too",
+                                  "pass the task file the rewrite stands in for, and the entry's name")
 
     def check(self) -> None:
         """One line naming what is missing or wrong, before anything is compiled."""
@@ -88,7 +88,7 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
         dump, source = kernel.dump, str(Path(kernel.kernel).resolve()) if kernel.kernel else ""
         return DiagnosisRequest(kernel.kernel, lambda: _ascend_dumps(dump, source), report, "npu")
     if kernel.task is not None and kernel.rewrite is not None:
-        task, rewrite, entry = kernel.task, kernel.rewrite, kernel.entry
+        task, rewrite, entry = kernel.task, kernel.rewrite, str(kernel.entry)
 
         def compile_rewrite() -> list[Artifacts]:
             from harness.run import capture_kernel

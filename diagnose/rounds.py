@@ -17,14 +17,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UserFacingError
 from harness.task import TaskSpec
 
-__all__ = ["Round", "RoundsStore", "RunInfo"]
+__all__ = ["Hypothesis", "Round", "RoundsStore", "RunInfo", "RunStatus"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (
@@ -39,6 +40,36 @@ CREATE TABLE IF NOT EXISTS rounds (
 """
 
 
+
+class RunStatus(StrEnum):
+    """Where a run is. `to-retime`: a finished run whose end-of-run measurement a bench asked again."""
+
+    RUNNING = "running"
+    PAUSED = "paused"  # stopped at --stop-after, to --resume
+    INTERRUPTED = "interrupted"  # Ctrl-C or a crash between rounds, to --resume
+    FINISHED = "finished"
+    FAILED = "failed"  # the task's own kernel is not correct: nothing to optimize
+    TO_RETIME = "to-retime"
+
+
+@dataclass
+class Hypothesis:
+    """What a round tries: a finding, the pattern that answers it, and who rewrites (the pattern's
+    deterministic rewriter, or an LLM)."""
+
+    finding: str  # finding kind ("" for the generic launch search)
+    title: str
+    pattern: str
+    rewriter: str  # "pattern" | "llm"
+    level: str
+    evidence: list[str] = field(default_factory=list)
+    record: float = 0.5  # the pattern's smoothed win rate for this finding when planned (0.5: no record)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Hypothesis:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
 @dataclass
 class RunInfo:
     id: str
@@ -46,7 +77,7 @@ class RunInfo:
     spec: TaskSpec
     options: dict[str, Any]
     created: float
-    status: str  # "running" | "finished" | "interrupted"
+    status: RunStatus
     baseline: dict[str, Any] | None
     best_round: int | None
     best_path: str | None
@@ -59,7 +90,7 @@ class Round:
     idx: int
     parent: int | None  # the round whose kernel this one rewrote (None: the task's own kernel)
     state: str  # planned | rewritten | done
-    hypothesis: dict[str, Any]
+    hypothesis: Hypothesis
     key: str  # what was tried, on which parent: never retried blindly
     level: str | None = None
     evidence: list[str] = field(default_factory=list)
@@ -94,7 +125,7 @@ class RoundsStore:
         self._db.close()
 
     @classmethod
-    def status_of(cls, run_dir: str | Path) -> str | None:
+    def status_of(cls, run_dir: str | Path) -> RunStatus | None:
         """The run's status, or None when `run_dir` holds no run (no store, or a store killed before
         its run record was written)."""
         if not (Path(run_dir) / "rounds.sqlite").is_file():
@@ -117,7 +148,7 @@ class RoundsStore:
                                "final FROM run").fetchone()
         if row is None:
             raise UserFacingError(f"{self.dir} holds no run record", "start a new run with `kb optimize TASK`")
-        return RunInfo(row[0], row[1], TaskSpec.from_json(json.loads(row[2])), json.loads(row[3]), row[4], row[5],
+        return RunInfo(row[0], row[1], TaskSpec.from_json(json.loads(row[2])), json.loads(row[3]), row[4], RunStatus(row[5]),
                        json.loads(row[6]) if row[6] else None, row[7], row[8], row[9],
                        json.loads(row[10]) if row[10] else None)
 
@@ -131,7 +162,7 @@ class RoundsStore:
         self._db.execute(
             "INSERT INTO rounds (idx, parent, state, hypothesis, key, level, evidence, rewriter, started) "
             "VALUES (?, ?, 'planned', ?, ?, ?, ?, ?, ?)",
-            (r.idx, r.parent, json.dumps(r.hypothesis), r.key, r.level, json.dumps(r.evidence), r.rewriter, time.time()))
+            (r.idx, r.parent, json.dumps(asdict(r.hypothesis)), r.key, r.level, json.dumps(r.evidence), r.rewriter, time.time()))
 
     def rewritten(self, idx: int, candidate: str, diff: str) -> None:
         self._db.execute("UPDATE rounds SET state = 'rewritten', candidate = ?, diff = ? WHERE idx = ?",
@@ -147,7 +178,7 @@ class RoundsStore:
     def rounds(self) -> list[Round]:
         rows = self._db.execute("SELECT idx, parent, state, hypothesis, key, level, evidence, rewriter, candidate, diff, "
                                 "outcome, reason, timings, speedup, started, finished FROM rounds ORDER BY idx")
-        return [Round(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], json.loads(r[6] or "[]"), r[7], r[8], r[9],
+        return [Round(r[0], r[1], r[2], Hypothesis.from_json(json.loads(r[3])), r[4], r[5], json.loads(r[6] or "[]"), r[7], r[8], r[9],
                       r[10], r[11], json.loads(r[12]) if r[12] else None, r[13], r[14], r[15]) for r in rows]
 
     def tried(self) -> dict[str, str]:

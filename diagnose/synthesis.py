@@ -102,7 +102,7 @@ def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dic
 
 def _count(s: dict[str, Any], r: Round, run: str, task: str, family: str) -> None:
     s["tries"] = s.get("tries", 0) + 1
-    where = {"run": run, "round": r.idx, "task": task, "family": family, "finding": r.hypothesis.get("finding", ""),
+    where = {"run": run, "round": r.idx, "task": task, "family": family, "finding": r.hypothesis.finding,
              "level": r.level}
     if r.outcome == "accepted":
         s["wins"] = s.get("wins", 0) + 1
@@ -117,9 +117,9 @@ def _pattern_of(r: Round, task: str, learned_dir: Path, learned: dict[str, Any],
     """The pattern a round counts for: its catalog pattern, or for an LLM round the learned pattern of
     its signature (written now if the round was accepted and none exists)."""
     if r.rewriter == "pattern":
-        pid = r.hypothesis.get("pattern")
+        pid = r.hypothesis.pattern
         return pid if pid in known else None
-    finding = r.hypothesis.get("finding") or "free-form"
+    finding = r.hypothesis.finding or "free-form"
     pid = f"learned-{re.sub(r'[^a-z0-9]+', '-', finding.lower()).strip('-')}-{(r.level or 'l0').lower()}"
     if pid in learned or pid in known:
         return pid
@@ -132,7 +132,7 @@ def _pattern_of(r: Round, task: str, learned_dir: Path, learned: dict[str, Any],
 
 
 def _write_learned(pid: str, r: Round, task: str, directory: Path, run_dir: Path) -> None:
-    finding = r.hypothesis.get("finding") or ""
+    finding = r.hypothesis.finding or ""
     family = finding.split(".")[0] if finding else "learned"
     diff = "\n".join((r.diff or "").splitlines()[:_MAX_DIFF_LINES])
     diagnosis = run_dir / f"round-{r.idx:03d}.diagnosis.md"

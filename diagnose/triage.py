@@ -101,7 +101,8 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                                0.85 if per_thread <= 1 else 0.6))
     bm, bn, bk = (feats.launch.get(k) for k in ("BM", "BN", "BK"))
     stages = feats.launch.get("num_stages", 3)
-    if cuda and feats.dots and all(isinstance(v, int) for v in (bm, bn, bk, stages)):
+    if cuda and feats.dots and isinstance(bm, int) and isinstance(bn, int) and isinstance(bk, int) \
+            and isinstance(stages, int):
         need = stages * (bm * bk + bk * bn) * 2  # 16-bit operands assumed; fp32 doubles it
         if need > _SHARED_LIMIT_SM90:
             ev = log.add("L1", "kernel", f"BM={bm}, BN={bn}, BK={bk}, num_stages={stages}: {stages} buffers of the A and "

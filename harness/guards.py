@@ -211,9 +211,9 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                dotted = _dotted(target) if isinstance(target, ast.Attribute) else None
-                if dotted and dotted.split(".")[0] in _PATCHABLE_ROOTS and dotted.split(".")[0] in imported | {"torch"}:
-                    found.append(("module patching", f"assigns to {dotted}", "it changes another module for every "
+                assigned = _dotted(target) if isinstance(target, ast.Attribute) else None
+                if assigned and assigned.split(".")[0] in _PATCHABLE_ROOTS and assigned.split(".")[0] in imported | {"torch"}:
+                    found.append(("module patching", f"assigns to {assigned}", "it changes another module for every "
                                   "caller, the harness included", node.lineno))
     return sorted(found, key=lambda f: f[3])
 

@@ -387,6 +387,7 @@ def _poisoned_allocations(poison: float | None) -> Iterator[None]:
     if poison is None:
         yield
         return
+    value: float = poison
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -396,7 +397,7 @@ def _poisoned_allocations(poison: float | None) -> Iterator[None]:
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             if func in factories and isinstance(out, torch.Tensor):
-                fill_poison(out, poison)
+                fill_poison(out, value)
             return out
 
     with Poison():

@@ -46,11 +46,11 @@ def collect_debug_dumps(dump_dir: str | Path, triton_version: str = "", write: b
     records = []
     for kernel_dir, stages in sorted(by_kernel.items()):
         ttir = stages.get("ttir", "") or next(iter(stages.values()))
-        kernel = next((name for line in ttir.splitlines() if (name := function_name(line))), None)
+        function = next((fn for line in ttir.splitlines() if (fn := function_name(line))), None)
         output = "\n".join(p.read_text(errors="replace")[:_OUTPUT_LIMIT] for p in sorted((root / kernel_dir).glob("*"))
                            if p.suffix in _OUTPUT_SUFFIXES and p.is_file())
         where = (root / kernel_dir).resolve()
-        record = Artifacts(kernel=kernel or where.name, source_file=source_file, target="npu",
+        record = Artifacts(kernel=function or where.name, source_file=source_file, target="npu",
                            triton_version=triton_version, signature={}, constants={}, arg_attrs={}, options={},
                            stages=stages, metadata={"hash": where.name, "dump_dir": str(where),
                                                     "problems": dump.problems, "compiler_output": output},

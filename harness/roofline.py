@@ -59,7 +59,7 @@ def measure_ceilings() -> dict[str, Any]:
         "copy_gbps": _copy_gbps(),
         "matmul_bf16_tflops": _matmul_tflops(torch.bfloat16),
         "matmul_fp32_tflops": _matmul_tflops(torch.float32),
-        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "measured": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "how": "copy: 1 GiB fp32 tensor.copy_, read+write bytes; matmul: torch 8192^3, tf32 off; "
                "triton.testing.do_bench median, L2 flushed",
     }
@@ -109,6 +109,6 @@ def place(bytes_moved: float | None, flops: float | None, seconds: float, ceilin
     elif bytes_moved:
         bound, fraction = "memory", (bytes_moved / seconds) / bw
     else:
-        bound, fraction = "compute", (flops / seconds) / peak
+        bound, fraction = "compute", ((flops or 0.0) / seconds) / peak
     return Roofline(bytes=bytes_moved, flops=flops, achieved_gbps=gbps, achieved_tflops=tflops,
                     bound=bound, fraction=fraction)

@@ -113,12 +113,12 @@ def run_candidates(spec: TaskSpec, options: RunOptions, baseline: str, candidate
             timed = judge.time(kernels, options.cases, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms,
                                roofline=options.roofline)
             for i in passing:
-                one = TimedCases(cases={"baseline": timed.cases.get("baseline", []),
+                timed_one = TimedCases(cases={"baseline": timed.cases.get("baseline", []),
                                         "candidate": timed.cases.get(f"candidate.{i}", [])},
                                  rejected={r.split(".")[0]: why for r, why in timed.rejected.items()
                                            if r in ("baseline", f"candidate.{i}")},
                                  notes=timed.notes, ceilings=timed.ceilings, failure=timed.failure)
-                _merge(reports[i], one, judge)
+                _merge(reports[i], timed_one, judge)
         return reports
     finally:
         judge.end()

@@ -31,7 +31,7 @@ from harness import processes
 from harness.backends import backend_env
 from harness.errors import UserFacingError
 from harness.worker import MARK
-from harness.zygote import zygote_for
+from harness.zygote import Forked, zygote_for
 
 __all__ = ["FORGED", "Worker"]
 
@@ -67,7 +67,7 @@ class Worker:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.token = secrets.token_hex(8)
         self._secret = ""
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: subprocess.Popen[str] | Forked | None = None
         self._log: Any = None
         self._buffer = ""
         self._other: list[str] = []  # stdout lines that are not protocol: a wrapping profiler's output

@@ -50,6 +50,7 @@ _FUNCTIONS = {"function_definition"}
 def _parser(lang: str) -> Any:
     from tree_sitter import Language, Parser
 
+    grammar: Any
     if lang == "cpp":
         import tree_sitter_cpp as grammar
     elif lang == "python":

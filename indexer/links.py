@@ -65,21 +65,21 @@ def resolve_links(files: list[tuple[str, ParsedFile]], passes: list[PassDef], sy
         for r in parsed.records:
             records.append((rel, TableGenRecord(**r)))
         for fact in parsed.facts:
-            if fact.kind == "gen-pass-def" and (p := by_upper.get(fact.a)):
-                links.append(Link(release, "pass", p.argument, "implemented-in", "file", f"{rel}:{fact.line}",
+            if fact.kind == "gen-pass-def" and (gen := by_upper.get(fact.a)):
+                links.append(Link(release, "pass", gen.argument, "implemented-in", "file", f"{rel}:{fact.line}",
                                   "GEN_PASS_DEF"))
-            elif fact.kind == "implements-base" and (p := by_def.get(fact.b)):
+            elif fact.kind == "implements-base" and (impl := by_def.get(fact.b)):
                 # Where: two passes' classes may share a name (PlanMemoryPass in two directories).
-                links.append(Link(release, "pass", p.argument, "implemented-by", "class", fact.a,
+                links.append(Link(release, "pass", impl.argument, "implemented-by", "class", fact.a,
                                   f"base-class at {rel}:{fact.line}", dst_file=rel))
             elif fact.kind == "binding":
                 bindings[fact.a].add(fact.b)
             elif fact.kind == "run-pass" and fact.a in by_arg:
                 links.append(Link(release, "lit-test", rel, "tests-pass", "pass", fact.a, "RUN line"))
-        for sym in parsed.symbols:
-            if sym.role == "emit":
-                links.append(Link(release, "diagnostic", sym.name, "emitted-by", "function",
-                                  sym.scope or f"{rel}:{sym.line}", f"{rel}:{sym.line}"))
+        for source_sym in parsed.symbols:
+            if source_sym.role == "emit":
+                links.append(Link(release, "diagnostic", source_sym.name, "emitted-by", "function",
+                                  source_sym.scope or f"{rel}:{source_sym.line}", f"{rel}:{source_sym.line}"))
 
     # Op names from TableGen records, across files (an op's class chain crosses .td includes).
     record_files = {id(r): rel for rel, r in records}

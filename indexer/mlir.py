@@ -96,7 +96,7 @@ def parse_lit_test(source: bytes, max_chars: int = 3000) -> ParsedFile:
             funcs = [name for r in range(start, end + 1) if (name := function_name(lines[r]))]
             op_lines = op_source_lines(body)
             ops = Counter(o.op for o in op_lines)  # the op itself: `kb symbols llvm.call` finds every call
-            first_use = {}
+            first_use: dict[str, int] = {}
             for o in op_lines:
                 first_use.setdefault(o.op, start + o.ir_line)
             file_ops.update(ops)

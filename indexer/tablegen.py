@@ -142,7 +142,7 @@ def _options(body: str) -> list[dict[str, str]]:
     for om in _OPTION.finditer(section[: section.find("];") if "];" in section else len(section)]):
         strings = _STRING.findall(om["args"])
         if len(strings) >= 3:
-            keys = ("cpp_name", "argument", "type", "default", "description")
+            keys: tuple[str, ...] = ("cpp_name", "argument", "type", "default", "description")
             if len(strings) == 4:  # ListOption has no default
                 keys = ("cpp_name", "argument", "type", "description")
             options.append(dict(zip(keys, strings)))

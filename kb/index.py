@@ -172,7 +172,7 @@ def publish(
                      excluded_embed_metadata_keys=list(c.metadata), excluded_llm_metadata_keys=list(c.metadata))
             for c, v in zip(batch, vectors)
         ]
-        store.add(nodes)
+        store.add(list(nodes))  # TextNode is a BaseNode; the list's type is invariant
         if progress:
             progress(min(start + _BATCH, len(chunks)), len(chunks))
     LexicalIndex.build(ids, [c.text for c in chunks]).save(home.lexical_dir / collection_name)

@@ -58,7 +58,7 @@ def _ident_tokens(ident: str) -> tuple[str, ...]:
     low = ident.lower()
     tokens = [low]
     parts = re.split(r"\.|::|_", ident)
-    words = []
+    words: list[str] = []
     if len(parts) > 1 or NAME_WORD.findall(ident) != [ident]:
         for part in parts:
             sub = NAME_WORD.findall(part)

@@ -111,6 +111,10 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
 }
 
 
+def _type_name(typ: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in typ) if isinstance(typ, tuple) else typ.__name__
+
+
 def load_pattern(path: Path) -> Pattern:
     """Parse and validate one pattern file; every problem names the file and the key."""
     where = str(path)
@@ -128,10 +132,10 @@ def load_pattern(path: Path) -> Pattern:
         if key not in data:
             raise fail(f"missing key {key!r}")
         if not isinstance(data[key], typ):
-            raise fail(f"key {key!r} must be a {typ.__name__}")
+            raise fail(f"key {key!r} must be a {_type_name(typ)}")
     for key, typ in _OPTIONAL.items():
         if key in data and not isinstance(data[key], typ):
-            raise fail(f"key {key!r} must be a {typ.__name__}")
+            raise fail(f"key {key!r} must be a {_type_name(typ)}")
     unknown = set(data) - set(_REQUIRED) - set(_OPTIONAL)
     if unknown:
         raise fail(f"unknown keys {sorted(unknown)}")

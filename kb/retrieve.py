@@ -392,7 +392,7 @@ _LAYOUT_NAMED = re.compile(r"#(?:\w+\.)?(\w+)|\b(\w+)[ _-]+(?:(\w+)[ _-]+)?(?:la
 
 
 def _named_layouts(query: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for m in _LAYOUT_NAMED.finditer(query):
         if m[1]:
             out += m[1].lower().split("_")

@@ -90,7 +90,7 @@ def _usable(query: str) -> bool:
 def _code_pairs(text: str, meta: dict[str, Any]) -> list[TrainingPair]:
     """Each comment block with the code that follows it up to the next block; each docstring with its
     function or class body."""
-    lang = meta.get("lang")
+    lang = str(meta.get("lang", ""))
     lines = text.splitlines()[1:]  # the first line is the `// path symbol` header the indexer adds
     lead = _lead(meta)
     pairs = []
@@ -213,7 +213,7 @@ def train(pairs: list[TrainingPair], *, epochs: int = 1, batch_size: int = 32, l
     try:  # sentence-transformers >= 6 moved the losses; the old path warns there
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     except ImportError:
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.losses import MultipleNegativesRankingLoss  # type: ignore[no-redef]
 
     chosen = list(pairs)
     random.Random(seed).shuffle(chosen)

@@ -20,7 +20,7 @@ from conftest import FIXTURES
 from cli import main
 from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize, report
 from diagnose.rewriters import rewrite
-from diagnose.rounds import RoundsStore
+from diagnose.rounds import RoundsStore, RunStatus
 from harness.errors import UserFacingError
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
 from harness.task import TaskSpec
@@ -92,17 +92,17 @@ def test_rounds_accept_then_reject_with_reasons(tmp_path):
     assert [(r.idx, r.outcome) for r in rounds] == [(1, "accepted"), (2, "accepted"), (3, "rejected")]
     first, second, third = rounds
     # Round 1 came from L1 alone: a streaming loop that never asks for pipelining.
-    assert first.hypothesis["finding"] == "pipelining.none" and first.level == "L1"
-    assert first.hypothesis["pattern"] == "tl-range-pipelining" and "tl.range(" in first.diff
+    assert first.hypothesis.finding == "pipelining.none" and first.level == "L1"
+    assert first.hypothesis.pattern == "tl-range-pipelining" and "tl.range(" in first.diff
     assert first.speedup == pytest.approx(1 / 0.7, rel=1e-6)
     # Round 2 is the launch search on round 1's kernel; it finds num_warps=2.
-    assert second.parent == 1 and second.hypothesis["pattern"] == "autotune-configs"
+    assert second.parent == 1 and second.hypothesis.pattern == "autotune-configs"
     assert second.timings["chosen"] == "{'num_warps': 2}"
     # Round 3 searches around num_warps=2 and finds nothing above noise.
     assert third.parent == 2 and "within noise" in third.reason
     summary = report(store)
-    assert summary["best_round"] == 2 and summary["speedup_vs_initial"] == pytest.approx(1.1 / 0.7, abs=1e-3)
-    assert summary["speedup_vs_initial_measured"] and set(summary["per_case_vs_initial"]) == {"m=4,n=256", "m=8,n=128"}
+    assert summary.best_round == 2 and summary.speedup_vs_initial == pytest.approx(1.1 / 0.7, abs=1e-3)
+    assert summary.speedup_vs_initial_measured and set(summary.per_case_vs_initial) == {"m=4,n=256", "m=8,n=128"}
     best = (store.dir / "best.py").read_text()
     assert best.startswith('"""kernel-kb optimize: best kernel of run') and "Round 2 (parent round 1)" in best
     assert "num_stages=3" in best and "num_warps=2" in best
@@ -112,8 +112,8 @@ def test_rounds_accept_then_reject_with_reasons(tmp_path):
 def test_a_rejected_hypothesis_is_not_retried(tmp_path):
     store = _run(tmp_path, rounds=2, judge=TimedJudge(pipelining_pays=False))
     rounds = store.rounds()
-    assert rounds[0].outcome == "rejected" and rounds[0].hypothesis["pattern"] == "tl-range-pipelining"
-    assert rounds[1].hypothesis["pattern"] != "tl-range-pipelining"  # not blindly tried again
+    assert rounds[0].outcome == "rejected" and rounds[0].hypothesis.pattern == "tl-range-pipelining"
+    assert rounds[1].hypothesis.pattern != "tl-range-pipelining"  # not blindly tried again
     assert rounds[1].outcome == "accepted" and rounds[1].parent == 0
     store.close()
 
@@ -151,7 +151,7 @@ def test_a_round_is_accepted_only_if_its_pick_is_faster_when_timed_again(tmp_pat
     # The recorded speedup is the second, unselected figure, not the best of the variants.
     assert first.outcome == "accepted" and first.speedup == pytest.approx(0.9 / 0.7)
     assert first.reason.endswith("1.429x among the variants")
-    assert report(kept)["best_round"] == 1
+    assert report(kept).best_round == 1
     kept.close()
 
 
@@ -198,7 +198,7 @@ def test_a_killed_run_resumes_without_loss(tmp_path):
     assert [(r.idx, r.state, r.outcome) for r in after] == [(1, "done", "accepted"), (2, "done", "accepted")]
     assert after[0].key == before[0].key and after[0].started == before[0].started  # the same round, finished
     assert judge.calls == 3 + 6 + 1  # round 1 again, round 2's search, the final best-vs-initial: no baseline re-run
-    assert store.run().status == "finished"
+    assert store.run().status == RunStatus.FINISHED
     with pytest.raises(UserFacingError, match="already holds a run"):
         optimize(SPEC, OptimizeOptions(rounds=1), run_dir, judge=judge)
     store.close()
@@ -264,9 +264,9 @@ def test_llm_rewrites_through_a_local_chat_server(tmp_path, monkeypatch):
     assert [(r.rewriter, r.outcome) for r in rounds] == [
         ("pattern", "rejected"), ("pattern", "accepted"), ("pattern", "rejected"), ("llm", "failed"),
         ("llm", "accepted")]
-    assert rounds[2].hypothesis["pattern"] == "num-stages"  # tl-range was rejected on the ancestor: skipped
+    assert rounds[2].hypothesis.pattern == "num-stages"  # tl-range was rejected on the ancestor: skipped
     failed, accepted = rounds[3], rounds[4]
-    assert failed.hypothesis["finding"] == "pipelining.none" and "no ```python code block" in failed.reason
+    assert failed.hypothesis.finding == "pipelining.none" and "no ```python code block" in failed.reason
     assert "# rewritten by the model" in accepted.diff and accepted.speedup == pytest.approx(100 / 55)
     prompt = Handler.requests[0]["messages"][-1]["content"]
     assert "rowsum_kernel" in prompt and "## Evidence" in prompt  # the kernel and the cited diagnosis
@@ -365,7 +365,7 @@ def test_one_process_per_run_directory_and_an_empty_store_starts_afresh(tmp_path
     judge.close()
     RoundsStore(run_dir, create=True).close()  # killed before the run record was written
     store = _run(tmp_path, rounds=1)  # the same directory: tmp_path / "run"
-    assert store.run().status == "finished"
+    assert store.run().status == RunStatus.FINISHED
     store.close()
 
 
@@ -384,7 +384,7 @@ def test_nothing_accepted_and_no_stand_ins_leaves_nothing_to_time_at_the_end(tmp
     # The initial kernel is the best one and no stand-in was asked for: no end-of-run job.
     assert judge.finals == 0
     assert info.final["best_round"] == 0 and info.final["geomean"] == 1.0
-    assert report(store)["speedup_vs_initial_measured"] and "vs_eager" not in info.final
+    assert report(store).speedup_vs_initial_measured and "vs_eager" not in info.final
     store.close()
 
 

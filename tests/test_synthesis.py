@@ -8,7 +8,7 @@ import yaml
 from click.testing import CliRunner
 
 from cli import main
-from diagnose.rounds import Round, RoundsStore
+from diagnose.rounds import Hypothesis, Round, RoundsStore
 from diagnose.synthesis import synthesize
 from harness.task import TaskSpec
 from kb.home import KBHome
@@ -27,7 +27,7 @@ def _run(home: KBHome, name: str, rounds: list[Round], task: str = "softmax") ->
 
 def _round(idx: int, pattern: str, outcome: str, speedup: float = 1.0, rewriter: str = "pattern",
            finding: str = "reduction.cross-warp", diff: str = "") -> Round:
-    hyp = {"finding": finding, "title": "", "pattern": pattern, "rewriter": rewriter, "level": "L3", "evidence": ["E2"]}
+    hyp = Hypothesis(finding, "", pattern, rewriter, "L3", ["E2"])
     return Round(idx, 0, "done", hyp, f"k{idx}", "L3", ["E2"], rewriter, diff=diff, outcome=outcome,
                  reason="" if outcome == "accepted" else "within noise", speedup=speedup)
 
@@ -102,13 +102,13 @@ def test_statistics_reorder_the_optimize_loop(tmp_path):
         store.close()
         return hypothesis
 
-    assert first_round(None, "fresh")["pattern"] == "tl-range-pipelining"
+    assert first_round(None, "fresh").pattern == "tl-range-pipelining"
     home = KBHome(tmp_path / "home").ensure()
     _run(home, "earlier", [_round(i, "tl-range-pipelining", "rejected", finding="pipelining.none") for i in (1, 2, 3)]
          + [_round(i, "autotune-configs", "accepted", 1.2, finding="") for i in (4, 5)], task="row_sum")
     synthesize(home, [home.runs_dir / "earlier"])
     learned = first_round(home, "learned")
-    assert learned["pattern"] == "autotune-configs" and learned["record"] == 0.75  # (2 + 1) / (2 + 2)
+    assert learned.pattern == "autotune-configs" and learned.record == 0.75  # (2 + 1) / (2 + 2)
 
 
 def test_an_old_key_of_the_same_id_does_not_hide_a_new_run(tmp_path):

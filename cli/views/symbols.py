@@ -101,7 +101,8 @@ def _walk(store: SymbolStore, seeds: set[str], release: str | None, depth: int =
 
 def render(view: SymbolView) -> str:
     out = [view.name]
-    releases = sorted({x.release for x in [*view.passes, *view.definitions, *view.diagnostics, *view.references]})
+    releases = sorted({x.release for xs in (view.passes, view.definitions, view.diagnostics, view.references)
+                       for x in xs})
     if len(releases) > 1:  # without --release every release answers; say so before the list repeats itself
         out.append(f"  in {len(releases)} releases: {', '.join(releases)} (one of them: --release NAME)")
     for p in view.passes:

@@ -36,9 +36,9 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     findings: list[Finding] = []
     if m := _UB_OVERFLOW.search(output):
         need, have = int(m.group(1)), int(m.group(2))
-        line = next(ln for ln in output.splitlines() if m.group(0) in ln)
+        said = next(ln for ln in output.splitlines() if m.group(0) in ln)
         ev = log.add("L3", "compiler-output", f"bishengir reports UB overflow: the kernel needs {need} bits of the "
-                     f"{have} bits ({have // 8 // 1024} KiB) of Unified Buffer", "compiler-output", line)
+                     f"{have} bits ({have // 8 // 1024} KiB) of Unified Buffer", "compiler-output", said)
         findings.append(Finding(
             "ascend.ub-overflow", "ascend-memory", f"UB overflow: {need // 8 // 1024} KiB needed, {have // 8 // 1024} KiB available",
             "The tiles live in a program's Unified Buffer at once (plus alignment padding and multi-buffer copies) "

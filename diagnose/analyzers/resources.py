@@ -69,7 +69,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         chain.append(log.add("L3", "ptx", f"PTX issues {len(atoms)} `{atoms[0].group(0)}` instructions "
                              f"({sem} ordering, {scope} scope)", "ptx", atoms[0].group(0)))
         same_address = op is not None and _splat_pointer(ttir, op)
-        if same_address:
+        if op is not None and same_address:
             chain.append(log.add("L3", "ttir", "every lane's atomic targets the same address (the pointer tensor is "
                                  "a splat/broadcast of one pointer)", "ttir", op.text[:200]))
         if same_address or sem == "acq_rel":

@@ -56,7 +56,9 @@ def _address_terms(ttir: str, kernel_line: int) -> tuple[set[str], set[str], boo
     """
     defs = ir.ssa_defs(ttir)
     int_args = {a.name for a in ir.func_args(ttir) if not a.is_pointer}
-    base, element, divmod = set(), set(), False
+    base: set[str] = set()
+    element: set[str] = set()
+    divmod = False
     for op in ir.op_source_lines(ttir, {"tt.load", "tt.store"}):
         if op.loc is None or op.loc.line != kernel_line:
             continue
@@ -85,10 +87,10 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
     if not ptx:
         return []
     src = short(art.source_file)
-    accesses = [a for a in ir.ptx_memory_accesses(ptx) if a.kind in ("load", "store") and a.loc is not None]
     by_line: dict[tuple[int, str], list[ir.MemAccess]] = defaultdict(list)
-    for a in accesses:
-        by_line[(a.loc.line, a.kind)].append(a)
+    for a in ir.ptx_memory_accesses(ptx):
+        if a.kind in ("load", "store") and a.loc is not None:
+            by_line[(a.loc.line, a.kind)].append(a)
     if not by_line:
         return []
     remarks = {r.line: r for r in art.remarks if "vectorization fails" in r.message}

@@ -7,13 +7,13 @@ recommendations and compiler reasons refer to evidence by id only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 __all__ = ["LEVELS", "REPORT_CONFIDENCE", "STRATEGIES", "CompilerReason", "Escalation", "Evidence", "EvidenceLog",
            "Finding", "Level", "Recommendation", "Strategy"]
 
 
-class Level(str, Enum):
+class Level(StrEnum):
     """How deep a diagnosis went: pattern triage, profile, IR, compiler source."""
 
     L1 = "L1"
@@ -22,7 +22,7 @@ class Level(str, Enum):
     L4 = "L4"
 
 
-class Strategy(str, Enum):
+class Strategy(StrEnum):
     """How far a diagnosis escalates: until it is confident, to the profile alone, or every level."""
 
     PROGRESSIVE = "progressive"

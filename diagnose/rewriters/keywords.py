@@ -76,7 +76,7 @@ class _Exp2(InJit):
         if not self.depth or dotted(updated.func) != "tl.exp" or len(updated.args) != 1:
             return updated
         self.changed += 1
-        scaled = cst.BinaryOperation(left=cst.ensure_type(updated.args[0].value, cst.BaseExpression),
+        scaled = cst.BinaryOperation(left=cst.ensure_type(updated.args[0].value, cst.BaseExpression),  # type: ignore[type-abstract]
                                      operator=cst.Multiply(), right=cst.Float(_LOG2E))
         if isinstance(updated.args[0].value, cst.BinaryOperation):
             scaled = scaled.with_changes(left=updated.args[0].value.with_changes(

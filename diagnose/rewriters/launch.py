@@ -171,16 +171,16 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
 
     proposals.sort(key=distance)  # nearest first: each variant one step from the parent
     variants = []
-    for keys, value in proposals[:_MAX_VARIANTS]:
+    for joined, value in proposals[:_MAX_VARIANTS]:
         new, done = module, False
-        for key in keys.split("+"):
+        for key in joined.split("+"):
             old, param = current.get(key, (None, None))
             block = key not in ("num_warps", "num_stages")
             setter = SetKnob(kernels, key, value, param, old if block else None)
             new = new.visit(setter)
             done = done or setter.done
         if done:
-            variants.append(Variant({k: value for k in keys.split("+")}, new.code))
+            variants.append(Variant({k: value for k in joined.split("+")}, new.code))
     return variants
 
 

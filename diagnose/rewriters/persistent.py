@@ -32,8 +32,8 @@ class _Persistent(cst.CSTTransformer):
         # The kernel to convert: launched on a literal 1-tuple grid, using only program_id(0).
         jit = jit_names(node)
         for call in m.findall(node, m.Call(func=m.Subscript())):
-            name = dotted(call.func.value)  # type: ignore[union-attr]
-            index = call.func.slice[0].slice if len(call.func.slice) == 1 else None  # type: ignore[union-attr]
+            name = dotted(call.func.value)  # type: ignore[attr-defined]
+            index = call.func.slice[0].slice if len(call.func.slice) == 1 else None  # type: ignore[attr-defined]
             if name in jit and isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) \
                     and len(index.value.elements) == 1:
                 self.kernel = name
@@ -49,7 +49,7 @@ class _Persistent(cst.CSTTransformer):
                 return updated
             body = [st.visit(_ProgramIdToTile()) for st in updated.body.body]
             loop = cst.For(target=cst.Name("tile"), iter=cst.parse_expression(
-                "tl.range(tl.program_id(0), n_tiles, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),
+                "tl.range(tl.program_id(0), n_tiles, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),  # type: ignore[arg-type]
                 leading_lines=[cst.EmptyLine(comment=cst.Comment(
                     "# persistent: each program walks the tiles num_programs apart"))])
             params = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name("n_tiles"))])
@@ -68,7 +68,7 @@ class _PersistentLaunch(cst.CSTTransformer):
         if not calls:
             return updated
         call = calls[0]
-        grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[union-attr]
+        grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[attr-defined]
         tiles = cst.parse_statement("n_tiles = 0").with_changes(
             body=[cst.Assign([cst.AssignTarget(cst.Name("n_tiles"))], grid)])
         sms = cst.parse_statement(
@@ -76,11 +76,11 @@ class _PersistentLaunch(cst.CSTTransformer):
             "            if torch.cuda.is_available() else n_tiles)\n")
         programs = cst.parse_expression(f"(min(n_tiles, {self.per_sm} * sm_count),)")
         new_call = call.with_changes(
-            func=call.func.with_changes(slice=[cst.SubscriptElement(cst.Index(programs))]),  # type: ignore[union-attr]
-            args=[*call.args[:-1], call.args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+            func=call.func.with_changes(slice=[cst.SubscriptElement(cst.Index(programs))]),  # type: ignore[attr-defined]
+            args=[*call.args[:-1], call.args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),  # type: ignore[attr-defined]
                   cst.Arg(keyword=cst.Name("n_tiles"), value=cst.Name("n_tiles"),
                           equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
-        return cst.FlattenSentinel([tiles, sms, updated.deep_replace(call, new_call)])
+        return cst.FlattenSentinel([tiles, sms, updated.deep_replace(call, new_call)])  # type: ignore[arg-type]
 
 
 def persistent_launch(source: str, context: dict[str, Any]) -> list[Variant]:

@@ -19,7 +19,7 @@ class _Pipeline(InJit):
         if not self.depth or not isinstance(updated.iter, cst.Call):
             return updated
         name = dotted(updated.iter.func)
-        calls = {dotted(c.func).split(".")[-1] for c in m.findall(original.body, m.Call())}  # type: ignore[union-attr]
+        calls = {dotted(c.func).split(".")[-1] for c in m.findall(original.body, m.Call())}  # type: ignore[attr-defined]
         if "load" not in calls or "dot" in calls or name not in ("range", "tl.range"):
             return updated
         args = list(updated.iter.args)

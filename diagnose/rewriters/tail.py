@@ -63,7 +63,7 @@ class _TailSplit(cst.CSTTransformer):
                 cond = cst.Comparison(
                     left=cst.BinaryOperation(left=start, operator=cst.Add(), right=block),
                     comparisons=[cst.ComparisonTarget(cst.LessThanEqual(), bound)])
-                branch = cst.If(test=cond, body=cst.IndentedBlock(body=fast),
+                branch = cst.If(test=cond, body=cst.IndentedBlock(body=fast),  # type: ignore[arg-type]
                                 orelse=cst.Else(body=cst.IndentedBlock(body=rest)),
                                 leading_lines=[cst.EmptyLine(comment=cst.Comment(
                                     "# full blocks: no mask, so loads and stores keep their vector width"))])

@@ -122,7 +122,7 @@ class _GridDivisors(cst.CSTTransformer):
         elements = list(updated.elements)
         for axis, element in enumerate(elements):
             if axis in self.axis_value and cdiv_divisor(element.value) is not None:
-                elements[axis] = element.with_changes(value=with_divisor(element.value, self.axis_value[axis]))
+                elements[axis] = element.with_changes(value=with_divisor(element.value, self.axis_value[axis]))  # type: ignore[arg-type]
                 self.changed += 1
         if not self.as_lambda:
             return updated.with_changes(elements=elements)

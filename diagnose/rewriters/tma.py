@@ -74,7 +74,8 @@ class _TmaLoads(cst.CSTTransformer):
             stride = None
             if isinstance(term, cst.BinaryOperation) and isinstance(term.operator, cst.Multiply) \
                     and isinstance(term.left, cst.Subscript):
-                term, stride = term.left, term.right
+                stride = term.right
+                term = term.left
             if isinstance(term, cst.Name) and base is None:
                 base = term.value
             elif isinstance(term, cst.Subscript) and (axis := _axis(term)) is not None and axis not in axes:
@@ -93,12 +94,12 @@ class _TmaLoads(cst.CSTTransformer):
         name = f"{base[:-4] if base.endswith('_ptr') else base}_desc"
         make = cst.parse_expression("tl.make_tensor_descriptor(x, shape=[], strides=[], block_shape=[])").with_changes(
             args=[cst.Arg(cst.Name(base)),
-                  *[cst.Arg(cst.List([cst.Element(e) for e in vals]), keyword=cst.Name(k),
+                  *[cst.Arg(cst.List([cst.Element(e) for e in vals]), keyword=cst.Name(k),  # type: ignore[arg-type]
                             equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
                     for k, vals in (("shape", [bounds[axes[0][0]], bounds[axes[1][0]]]), ("strides", strides),
                                     ("block_shape", [axes[0][1][1], axes[1][1][1]]))]])
         self.descriptors.setdefault(base, cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], make)]))
-        self.strides[base] = tuple(self.module.code_for_node(x) if isinstance(x, cst.Name) else None for x in strides)
+        self.strides[base] = tuple(self.module.code_for_node(x) if isinstance(x, cst.Name) else None for x in strides)  # type: ignore[assignment]
         starts = cst.List([cst.Element(axes[i][1][0].with_changes(lpar=[], rpar=[])) for i in (0, 1)])
         return cst.Call(cst.Attribute(cst.Name(name), cst.Name("load")), [cst.Arg(starts)])
 
@@ -115,7 +116,7 @@ class _TmaLoads(cst.CSTTransformer):
 
 
 def _kernel_ranges(fn: cst.FunctionDef) -> dict[str, tuple[cst.BaseExpression, cst.BaseExpression]]:
-    out = {}
+    out: dict[str, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
     for stmt in fn.body.body:
         assign = simple_assign(stmt)
         if assign is None:
@@ -145,7 +146,7 @@ def tensor_descriptors(source: str, context: dict[str, Any]) -> list[Variant]:
             rewritten = stmt.visit(loads)
             if isinstance(stmt, cst.For) and loads.descriptors:
                 new_body += [d for d in loads.descriptors.values() if d not in new_body]
-            new_body.append(rewritten)
+            new_body.append(rewritten)  # type: ignore[arg-type]
         if not loads.descriptors:
             continue
         name = fn.name.value
@@ -172,8 +173,8 @@ class _TmaDispatch(cst.CSTTransformer):
         if len(updated.body) != 1 or not isinstance(updated.body[0], cst.Expr) or not calls:
             return updated
         call = calls[0]
-        bound = {p: a.value for p, a in zip(self.params, [a for a in call.args if a.keyword is None])}
-        bound.update({a.keyword.value: a.value for a in call.args if a.keyword is not None})
+        bound = {p: a.value for p, a in zip(self.params, [a for a in call.args if a.keyword is None])}  # type: ignore[attr-defined]
+        bound.update({a.keyword.value: a.value for a in call.args if a.keyword is not None})  # type: ignore[attr-defined]
         code = cst.Module([]).code_for_node
         checks = ["(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] >= 9)"]
         tensors = []
@@ -188,7 +189,7 @@ class _TmaDispatch(cst.CSTTransformer):
             if s1 and s1 in bound:
                 check.append(f"{code(bound[s1])} == 1")
             checks.append(" and ".join(check))
-        tma_call = updated.deep_replace(call, call.with_changes(func=call.func.with_changes(  # type: ignore[union-attr]
+        tma_call = updated.deep_replace(call, call.with_changes(func=call.func.with_changes(  # type: ignore[attr-defined]
             value=cst.Name(f"{self.kernel}_tma"))))
         self.changed += 1
         condition = "(\n    " + "\n    and ".join(checks) + "\n)"

@@ -264,8 +264,8 @@ def _kernel_function(ir: str) -> str | None:
     defined = [m for m in _FUNC_DEF.finditer(ir) if m["rest"].rstrip().endswith("{") and (m["vis"] or "").strip()
                != "private"]
     public = [m for m in defined if (m["vis"] or "").strip() == "public" or "nvvm.kernel" in m["rest"]]
-    chosen = (public or defined or [None])[0]
-    return chosen["name"] if chosen else None
+    chosen = (public or defined)[:1]
+    return chosen[0]["name"] if chosen else None
 
 
 def _lowering_level(ir: str) -> int:
