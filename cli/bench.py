@@ -59,8 +59,8 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         retime,
         run_bench,
         set_timing_windows,
+        write_report,
     )
-    from diagnose.bench_report import write_report
     from diagnose.records import STRATEGIES
 
     if resume_dir is not None:
@@ -126,7 +126,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
 @user_errors
 def bench_report_cmd(bench_dir: Path, into: Path | None, as_json: bool) -> None:
     """Re-render a bench's report from its runs (a bench cut short reports what finished)."""
-    from diagnose.bench_report import write_report
+    from diagnose.bench import write_report
 
     data = write_report(bench_dir, into)
     if as_json:

@@ -42,8 +42,8 @@ from diagnose.bench import (  # noqa: E402
     load_bench,
     load_suite,
     run_bench,
+    write_report,  # noqa: E402
 )
-from diagnose.bench_report import write_report  # noqa: E402
 
 
 def family_of(task: Path) -> str:

@@ -5,8 +5,11 @@ judge of test_optimize, on the CPU interpreter."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +17,7 @@ from click.testing import CliRunner
 from conftest import FIXTURES
 
 from cli import main
-from diagnose.bench import BenchSpec, Condition, create_bench, jobs, load_bench, run_bench
-from diagnose.bench_report import write_report
+from diagnose.bench import BenchSpec, Condition, create_bench, jobs, load_bench, run_bench, write_report
 
 JOB = Path(__file__).resolve().parent / "bench_job.py"
 
@@ -101,7 +103,7 @@ def test_jobs_run_as_ray_tasks_one_gpu_each(tmp_path):
     """A local Ray cluster with two logical GPUs stands in for several hosts: each job is a Ray task
     that Ray pins to one GPU (CUDA_VISIBLE_DEVICES), and the bench finishes as with local workers."""
     ray = pytest.importorskip("ray")
-    from diagnose.bench import REPO
+    from diagnose.bench.schedule import REPO
 
     bench_dir = tmp_path / "bench"
     create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_b"], [Condition("fresh")], rounds=1,
@@ -118,6 +120,7 @@ def test_jobs_run_as_ray_tasks_one_gpu_each(tmp_path):
 
 def test_resumed_jobs_keep_the_budget_and_names_are_not_doubled(tmp_path):
     from diagnose.bench import optimize_command
+    from diagnose.bench.job import JobRequest
 
     bench_dir = tmp_path / "bench"
     spec = create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_a"], [Condition("fresh")],
@@ -125,9 +128,9 @@ def test_resumed_jobs_keep_the_budget_and_names_are_not_doubled(tmp_path):
     assert spec.operators == ["rowsum_a"]  # one run directory per operator
     (job,) = jobs(bench_dir, spec)
     job.state = "partial"
-    cmd = optimize_command(job, spec, 300)
-    assert cmd[cmd.index("--resume") + 1] == str(job.run_dir)
-    assert cmd[cmd.index("--time-budget") + 1] == "120" and cmd[cmd.index("--stop-after") + 1] == "300"
+    request = JobRequest.from_json(optimize_command(job, spec, 300)[-1])
+    assert request.resume and request.run_dir == str(job.run_dir)
+    assert request.options.time_budget_s == 120 and request.stop_after == 300
 
 
 _SLOW_JOB = """
@@ -159,7 +162,7 @@ def test_ctrl_c_interrupts_the_running_jobs(tmp_path):
     import subprocess
     import time
 
-    from diagnose.bench import REPO
+    from diagnose.bench.schedule import REPO
 
     bench_dir, marks = tmp_path / "bench", tmp_path / "marks"
     marks.mkdir()
@@ -199,39 +202,32 @@ def test_workers_take_their_devices_from_the_callers_visible_devices(tmp_path, m
 
 def test_stand_ins_are_timed_once_per_operator_and_windows_reach_every_job(tmp_path):
     from diagnose.bench import optimize_command, set_timing_windows
+    from diagnose.bench.job import JobRequest
 
     bench_dir = tmp_path / "bench"
     spec = create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a"], [Condition("a"), Condition("b")],
                                              backend="cuda", references=["eager", "compiled"], rep_ms=100))
     first, second = jobs(bench_dir, spec)
-    cmd = optimize_command(first, spec, None)
-    assert [cmd[i + 1] for i, x in enumerate(cmd) if x == "--vs"] == ["eager", "compiled"]
-    # The same stand-ins are timed in condition a only; b's command must switch off kb optimize's default.
-    from cli.optimize import optimize
-    from cli.options import stand_ins as _stand_ins
-
-    other = optimize_command(second, spec, None)
-    parsed = optimize.make_context("optimize", other[other.index("optimize") + 1:]).params
-    assert _stand_ins(parsed["versus"]) == ()
-    assert _stand_ins(optimize.make_context("optimize", ["t.py"]).params["versus"]) == ("eager",)
-    with pytest.raises(Exception, match="--vs none cannot go with"):
-        _stand_ins(("none", "eager"))
+    request = JobRequest.from_json(optimize_command(first, spec, None)[-1])
+    assert request.options.references == ("eager", "compiled")
+    # The same stand-ins are timed in condition a only: b's job times none.
+    assert JobRequest.from_json(optimize_command(second, spec, None)[-1]).options.references == ()
     # A bench written before the rule times them in every condition, as it did.
     legacy = {k: v for k, v in json.loads((bench_dir / "bench.json").read_text()).items() if k != "references_once"}
     assert BenchSpec.from_dict(legacy).references_once is False
-    assert cmd[cmd.index("--rep-ms") + 1] == "100" and "--warmup-ms" not in cmd
+    assert request.options.rep_ms == 100 and request.options.warmup_ms is None
     # Resuming with new windows changes the jobs still to run and says so in the bench's note.
     out = CliRunner().invoke(main, ["bench", "--resume", str(bench_dir), "--warmup-ms", "50", "--stop-after", "0"])
     assert out.exit_code == 0, out.output
     spec = load_bench(bench_dir)
     assert (spec.warmup_ms, spec.rep_ms) == (50, 100) and "Timing windows set to warmup_ms 50" in spec.note
     assert set_timing_windows(bench_dir, 50, None).note == spec.note  # unchanged windows: no new note
-    again = optimize_command(jobs(bench_dir, spec)[1], spec, None)
-    assert again[again.index("--warmup-ms") + 1] == "50"
+    again = JobRequest.from_json(optimize_command(jobs(bench_dir, spec)[1], spec, None)[-1])
+    assert again.options.warmup_ms == 50
 
 
 def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
-    from diagnose.bench_report import _borrow_references
+    from diagnose.bench.report import _borrow_references
 
     rows = [{"operator": "x", "condition": "a", "speedup": 1.5, "speedup_measured": True,
              "vs_eager": {"initial": 2.0, "best": 3.0}, "vs_compiled": {"initial": None, "best": None}},
@@ -246,7 +242,7 @@ def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
 
 
 def test_the_roofline_bound_is_what_every_case_at_its_ceiling_would_give():
-    from diagnose.bench_report import _speedup_bound, _suite
+    from diagnose.bench.report import _speedup_bound, _suite
 
     def case(fraction):
         return {"roofline": {"fraction": fraction, "bound": "memory"}}
@@ -303,7 +299,7 @@ def test_retime_measures_the_end_again_and_repeats_no_round(tmp_path):
 
 
 def test_jobs_sharing_a_host_keep_torch_compile_to_one_process_each(monkeypatch):
-    from diagnose.bench import _job_env
+    from diagnose.bench.schedule import _job_env
 
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     shared = _job_env("1")
@@ -311,3 +307,24 @@ def test_jobs_sharing_a_host_keep_torch_compile_to_one_process_each(monkeypatch)
     assert "TORCHINDUCTOR_COMPILE_THREADS" not in _job_env()  # one job alone keeps Inductor's pool
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")
     assert _job_env("0")["TORCHINDUCTOR_COMPILE_THREADS"] == "4"  # the user's own setting wins
+
+
+def test_a_job_runs_the_loop_from_the_options_record_in_a_process_of_its_own(tmp_path):
+    """What a bench job runs (diagnose/bench/job.py), end to end: no rounds, so only the baseline is judged."""
+    from diagnose.bench.job import JobRequest
+    from diagnose.optimize import OptimizeOptions
+
+    task = _suite(tmp_path) / "rowsum_a" / "task.py"
+    request = JobRequest(str(task), str(tmp_path / "run"), resume=False, home=str(tmp_path / "no-home"),
+                         options=OptimizeOptions(rounds=0, backend="interpreter", seeds=1, references=()))
+    assert JobRequest.from_json(request.to_json()) == request
+    done = subprocess.run(request.argv(), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "finished" and summary["rounds"] == 0 and summary["run"] == "run"
+    missing = replace(request, task=str(tmp_path / "nope.py"), run_dir=str(tmp_path / "run2"))
+    failed = subprocess.run(missing.argv(), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert failed.returncode == 2 and failed.stderr.splitlines()[-1].startswith("error: ")
+    assert "Traceback" not in failed.stderr

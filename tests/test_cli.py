@@ -370,3 +370,10 @@ def test_eval_retrieval_reports_every_mode(built_home, tmp_path):
     (tmp_path / "gold.yaml").write_text("corpus: compiler\nrelease: fixture-1\nqueries:\n  - {id: q1, kind: x}\n")
     assert "gold.yaml: query 1: missing key 'query'" in _one_line_error(
         ["--home", str(built_home.root), "eval", "retrieval", "--queries", str(tmp_path)])
+
+
+def test_vs_none_goes_alone(tmp_path):
+    task = tmp_path / "t.py"
+    task.write_text("")
+    assert "--vs none cannot go with --vs eager" in _one_line_error(
+        ["--home", str(tmp_path / "h"), "optimize", str(task), "--backend", "cuda", "--vs", "none", "--vs", "eager"])

@@ -12,7 +12,7 @@ split-half is two conditions (learned statistics, a fresh home) over one strateg
 the conditions operator by operator, so with two or more workers an operator's conditions run side
 by side on the same kind of device.
 
-Each job is a `kb optimize` subprocess pinned to one device through CUDA_VISIBLE_DEVICES (one worker
+Each job is the optimize loop in a subprocess of its own (diagnose/bench/job.py), pinned to one device through CUDA_VISIBLE_DEVICES (one worker
 per GPU on a host); its output goes to `logs/<condition>.<operator>.log`. Across hosts, `ray_address`
 hands the same jobs to a Ray cluster as tasks of one GPU each (Ray sets CUDA_VISIBLE_DEVICES); every
 node then needs this checkout at the same path and the bench directory on a shared filesystem.
@@ -27,7 +27,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from harness.errors import UserFacingError
 __all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs", "load_bench", "load_suite",
            "optimize_command", "retime", "run_bench", "set_timing_windows"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = REPO / "corpora" / "operators"
 # After the deadline a running job is asked to stop (SIGINT: its round is left resumable), then killed.
 _GRACE_S = 60.0
@@ -211,29 +210,21 @@ def bench_runs(bench_dir: Path) -> list[Path]:
 
 
 def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> list[str]:
-    """The `kb optimize` command line that starts or resumes `job`."""
-    cmd = [sys.executable, "-m", "cli"]
-    if job.condition.home:
-        cmd += ["--home", job.condition.home]
-    cmd += ["optimize"]
-    if job.state == "partial":
-        cmd += ["--resume", str(job.run_dir)]
-    else:
-        cmd += [str(job.task), "--run-dir", str(job.run_dir), "--rounds", str(spec.rounds),
-                "--strategy", job.condition.strategy, "--llm", spec.llm, "--backend", spec.backend]
-    if spec.time_budget_s is not None:  # per invocation: a resumed run gets the budget again
-        cmd += ["--time-budget", f"{spec.time_budget_s:g}"]
-    if not spec.references_once or job.condition.name == spec.conditions[0].name:
-        for ref in spec.references:  # a resumed run takes them too: they are timed only at its end
-            cmd += ["--vs", ref]
-    else:
-        cmd += ["--vs", "none"]  # kb optimize would time eager by default
-    for flag, value in (("--warmup-ms", spec.warmup_ms), ("--rep-ms", spec.rep_ms)):
-        if value:
-            cmd += [flag, str(value)]
-    if stop_after is not None:
-        cmd += ["--stop-after", f"{max(stop_after, 0.0):.0f}"]
-    return cmd + ["--json"]
+    """The command that starts or resumes `job`: the optimize loop in a process of its own
+    (diagnose/bench/job.py), given the same options record `kb optimize` builds."""
+    from diagnose.bench.job import JobRequest
+    from diagnose.optimize import OptimizeOptions
+
+    # The stand-ins are timed in the first condition only (references_once): the others reuse them.
+    timed = not spec.references_once or job.condition.name == spec.conditions[0].name
+    options = OptimizeOptions(rounds=spec.rounds, time_budget_s=spec.time_budget_s, llm=spec.llm,
+                              strategy=job.condition.strategy, backend=spec.backend,
+                              references=tuple(spec.references) if timed else (), warmup_ms=spec.warmup_ms,
+                              rep_ms=spec.rep_ms)
+    request = JobRequest(task=str(job.task), run_dir=str(job.run_dir), resume=job.state == "partial",
+                         options=options, home=job.condition.home,
+                         stop_after=max(stop_after, 0.0) if stop_after is not None else None)
+    return request.argv()
 
 
 Command = Callable[[Job, BenchSpec, "float | None"], list[str]]

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from diagnose.bench import jobs, load_bench
+from diagnose.bench.schedule import jobs, load_bench
 from diagnose.records import LEVELS
 from harness.measurement import geomean
 
