@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from cli.app import main
 from cli.options import backend_option, open_home, progress_bar, timing_window_options, user_errors
 from harness.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from diagnose.bench import Job
 
 
 @main.command()
@@ -92,7 +95,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
     click.echo(f"bench: {directory}", err=True)
     bar = progress_bar("bench")
 
-    def event(what: str, job: Any) -> None:
+    def event(what: str, job: Job) -> None:
         if what == "done":
             bar.advance(task)
             bar.console.print(f"{job.condition.name}/{job.operator}: {job.state} in {job.seconds:.0f} s "

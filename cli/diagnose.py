@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,8 +14,11 @@ from cli.app import main
 from cli.options import cite_releases, diagnosis_home, level_max_option, strategy_option, user_errors
 from harness.errors import UserFacingError
 
+if TYPE_CHECKING:
+    from diagnose.records import Answer
 
-def _echo_answer(answer: Any, as_json: bool, as_md: bool = False) -> None:
+
+def _echo_answer(answer: Answer, as_json: bool, as_md: bool = False) -> None:
     from diagnose.render import to_json, to_markdown
 
     if as_json:
@@ -29,7 +32,7 @@ def _echo_answer(answer: Any, as_json: bool, as_md: bool = False) -> None:
         Console().print(Markdown(to_markdown(answer)))
 
 
-def _narrate(answer: Any) -> None:
+def _narrate(answer: Answer) -> None:
     """With an LLM endpoint configured, a narrative over the evidence; without one, nothing."""
     from diagnose.llm import LLMConfig, narrate
 

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from diagnose.analyzers import TOPICS, run_analyzers
-from diagnose.l4 import escalate
+from diagnose.compiler_source import escalate
 from diagnose.records import (
     LEVELS,
     STRATEGIES,

@@ -25,14 +25,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diagnose.records import Answer
 from diagnose.rewriters import Variant, rewrite, unified_diff
 from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
-from harness.task import TaskSpec
+from harness.task import Task, TaskSpec
+
+if TYPE_CHECKING:
+    from kb.home import KBHome
 
 __all__ = ["HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "RunSummary", "optimize", "report"]
 
@@ -139,7 +142,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any = None,
+def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHome | None = None,
              judge: Judge | None = None, log: Callable[[str], None] | None = None, resume: bool = False,
              stop_at: float | None = None) -> RoundsStore:
     """Run (or, with `resume`, continue) the loop in `run_dir`; returns the store for reporting.
@@ -157,7 +160,7 @@ def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any 
         return _optimize(spec, options, run_dir, home, judge, log, resume, stop_at)
 
 
-def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: Any, judge: Judge | None,
+def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHome | None, judge: Judge | None,
               log: Callable[[str], None] | None, resume: bool, stop_at: float | None) -> RoundsStore:
     from harness.task import load_task
 
@@ -254,7 +257,7 @@ def _best_path(store: RoundsStore) -> tuple[int, Path]:
     return int(info.best_round or 0), Path(info.best_path or store.dir / "round-000.py")
 
 
-def _plan(store: RoundsStore, spec: TaskSpec, task: Any, entry: str, options: OptimizeOptions, home: Any,
+def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: OptimizeOptions, home: KBHome | None,
           idx: int, say: Callable[[str], None]) -> Round | None:
     parent_idx, parent = _best_path(store)
     source = parent.read_text()
@@ -334,7 +337,7 @@ def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | N
     return sorted(out, key=lambda h: -h.record)
 
 
-def _diagnose(store: RoundsStore, task: Any, parent: Path, entry: str, options: OptimizeOptions, home: Any) -> Answer:
+def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions, home: KBHome | None) -> Answer:
     from diagnose.engine import diagnose
     from diagnose.request import KernelInput, request_from
 
@@ -360,7 +363,7 @@ def _last_report(store: RoundsStore) -> RunReport | None:
     return RunReport.from_dict(info.baseline) if info.baseline else None
 
 
-def _context(task: Any, hyp: Hypothesis, source_file: Path | None = None) -> dict[str, Any]:
+def _context(task: Task, hyp: Hypothesis, source_file: Path | None = None) -> dict[str, Any]:
     from diagnose.features import kernel_features
     from harness.task import tolerance_for
 
@@ -376,8 +379,8 @@ def _markdown(answer: Answer) -> str:
 
 
 # ------------------------------------------------------------------------------------ rewrite + validate
-def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Any, entry: str, judge: Judge,
-            options: OptimizeOptions, home: Any, say: Callable[[str], None]) -> None:
+def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str, judge: Judge,
+            options: OptimizeOptions, home: KBHome | None, say: Callable[[str], None]) -> None:
     parent = store.dir / f"round-{r.parent or 0:03d}.py"
     source = parent.read_text()
     hyp = r.hypothesis
@@ -469,7 +472,7 @@ def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: 
     return (report, _verdict(report, options)) if report is not None else None
 
 
-def _variants(hyp: Hypothesis, source: str, task: Any, store: RoundsStore, r: Round,
+def _variants(hyp: Hypothesis, source: str, task: Task, store: RoundsStore, r: Round,
               options: OptimizeOptions, parent: Path) -> list[Variant]:
     if hyp.rewriter == "pattern":
         return rewrite(hyp.pattern, source, _context(task, hyp, parent))

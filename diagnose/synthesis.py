@@ -20,12 +20,15 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from diagnose.rounds import Round, RoundsStore
 from harness.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from kb.home import KBHome
 
 __all__ = ["DEMOTE_BELOW", "synthesize"]
 
@@ -53,7 +56,7 @@ def _save(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)  # a crash mid-write leaves the old statistics, never half a file
 
 
-def synthesize(home: Any, run_dirs: list[Path], into: Path | None = None) -> dict[str, Any]:
+def synthesize(home: KBHome, run_dirs: list[Path], into: Path | None = None) -> dict[str, Any]:
     """Count the finished rounds of `run_dirs` not counted before; returns what changed."""
     from kb.patterns import catalog_for
 

@@ -16,7 +16,7 @@ __all__ = ["SparePool"]
 class SparePool:
     def __init__(self, make: Callable[[], Worker], spares: int = 0, warm: bool = False) -> None:
         self._make = make
-        self._warm = warm  # spares set up the device while they wait (harness.worker's `warm`)
+        self._warm = warm  # spares set up the device while they wait (harness.worker_main's `warm`)
         self._spares = max(0, spares)
         self._ready: list[Worker] = []
         self._starting = 0

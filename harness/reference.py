@@ -63,7 +63,7 @@ class ReferenceHost:
     def __init__(self, device: str, directory: Path) -> None:
         self.device = device
         self.directory = directory
-        self.task: Any = None
+        self.task: Any = None  # the Task, loaded on the first request (the worker imports nothing before)
         self.info: TaskInfo | None = None
         self.sets: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self.expected: dict[str, list[Any]] = {}

@@ -78,7 +78,7 @@ def run_task(spec: TaskSpec, options: RunOptions, candidate: str | None = None,
             _merge(report, judge.time(passed + stand_ins, options.cases, warmup_ms=options.warmup_ms,
                                       rep_ms=options.rep_ms, roofline=options.roofline), judge)
         if options.profile and passed:
-            from harness.profile import profile_cases
+            from harness.profile_cases import profile_cases
 
             profile_cases(report, judge, options, passed)
         return report

@@ -4,9 +4,9 @@ A hang (time limit), a crash (segfault, abort), an illegal memory access or any 
 job's failure with a clear reason; the caller survives, and the next job gets a healthy worker: a
 worker that timed out, died or saw a device fault is replaced before the next job.
 
-Workers are plain `python -m harness.worker` subprocesses (not multiprocessing), so a profiler can
+Workers are plain `python -m harness.worker_main` subprocesses (not multiprocessing), so a profiler can
 wrap them (`wrap=` a function adding e.g. `ncu ... ` in front of the command). Each gets a secret in
-its first line of input, and only answers carrying it count (harness.worker); a line on the channel
+its first line of input, and only answers carrying it count (harness.worker_main); a line on the channel
 that claims to be an answer without it is reported as forged. Each carries a marker in its environment
 (harness.processes) so that what it leaves behind can be found and killed.
 """
@@ -30,7 +30,7 @@ from typing import Any
 from harness import processes
 from harness.backends import backend_env
 from harness.errors import UserFacingError
-from harness.worker import MARK
+from harness.worker_main import MARK
 from harness.zygote import Forked, zygote_for
 
 __all__ = ["FORGED", "Worker"]
@@ -110,7 +110,7 @@ class Worker:
         if zygote is None:
             env = {**os.environ, **extra}
             env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-            cmd = [sys.executable, "-m", "harness.worker"]
+            cmd = [sys.executable, "-m", "harness.worker_main"]
             if self._wrap is not None:
                 cmd = self._wrap(cmd)
             try:
@@ -125,7 +125,7 @@ class Worker:
         if not isinstance(ready, dict) or not ready.get("ready"):
             reason = self._failure(ready, _START_TIMEOUT_S)
             raise UserFacingError(f"the {self.backend} worker did not start: {reason}",
-                                  "run `python -m harness.worker` to see why (torch/triton importable?)")
+                                  "run `python -m harness.worker_main` to see why (torch/triton importable?)")
         self._started = True  # from here on, with restart off, a worker that dies stays gone
 
     def submit(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 __all__ = ["Forked", "Zygote", "zygote_for"]
 
 _PRELOAD = ("torch", "triton", "triton.language", "torch._dynamo", "triton.runtime.interpreter", "triton.compiler",
-            "harness.worker",
+            "harness.worker_main",
             "harness.host", "harness.reference", "harness.exchange", "harness.tripwires", "harness.timing",
             "harness.task", "harness.capture")
 
@@ -118,8 +118,8 @@ def _spawn(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
             os.close(fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.environ.update(request.get("env", {}))
-        sys.argv = ["harness.worker"]
-        from harness.worker import main as worker_main
+        sys.argv = ["harness.worker_main"]
+        from harness.worker_main import main as worker_main
 
         worker_main()
         code = 0

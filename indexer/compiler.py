@@ -17,7 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.ir.files import entries_under, os_reason
 from indexer.code import DEFAULT_MAX_CHARS, grammar_versions, parse_code
@@ -30,6 +30,10 @@ from kb.index import Chunk, Manifest, publish, texts_to_embed
 from kb.lexical import code_lead, name_words
 from kb.releases import check_corpus, check_name, check_release_name
 from kb.symbols import PassDef, SourceFile, Symbol, SymbolStore
+
+if TYPE_CHECKING:
+    from kb.embed import OfflineEmbedding
+
 
 __all__ = ["COMPILER_CORPUS", "IndexReport", "collect_compiler_files", "index_compiler_tree", "index_installed_triton"]
 
@@ -130,7 +134,7 @@ _WHEEL_PARTS = ("include/", "backends/", "compiler/", "runtime/", "language/", "
 _WHEEL_EXCLUDED = re.compile(r"^backends/[^/]+/(include|lib|bin)/")
 
 
-def index_installed_triton(home: KBHome, embedder: Any, progress: Callable[[str, int, int], None] | None = None,
+def index_installed_triton(home: KBHome, embedder: OfflineEmbedding, progress: Callable[[str, int, int], None] | None = None,
                            publish_lock: Callable[[], AbstractContextManager[None]] | None = None
                            ) -> tuple[Manifest, IndexReport]:
     root, version = installed_triton_root()
@@ -152,7 +156,7 @@ def index_installed_triton(home: KBHome, embedder: Any, progress: Callable[[str,
 
 def index_compiler_tree(
     home: KBHome,
-    embedder: Any,
+    embedder: OfflineEmbedding,
     root: Path,
     release: str,
     *,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from harness.errors import UserFacingError
 from harness.ir import (
@@ -35,6 +35,10 @@ from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish, texts_to_embed
 from kb.releases import IR_CORPUS, check_release_name
 from kb.symbols import Link, SourceFile, Symbol, SymbolStore
+
+if TYPE_CHECKING:
+    from kb.embed import OfflineEmbedding
+
 
 __all__ = ["IR_CORPUS", "StepChange", "Timeline", "describe_config", "index_ir_dump", "load_timeline",
            "summarize_dump"]
@@ -233,7 +237,7 @@ def _chunk_text(step: StepChange, total: int, config: dict[str, object] | None =
     return "\n".join(lines)
 
 
-def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
+def index_ir_dump(home: KBHome, embedder: OfflineEmbedding, path: Path, name: str,
                   progress: Callable[[str, int, int], None] | None = None,
                   publish_lock: Callable[[], AbstractContextManager[None]] | None = None,
                   ) -> tuple[Manifest, IRDump, list[StepChange]]:
@@ -314,7 +318,7 @@ def index_ir_dump(home: KBHome, embedder: Any, path: Path, name: str,
     return manifest, dump, steps
 
 
-def _publish_dump(home: KBHome, embedder: Any, path: Path, name: str, dump: IRDump, steps: list[StepChange],
+def _publish_dump(home: KBHome, embedder: OfflineEmbedding, path: Path, name: str, dump: IRDump, steps: list[StepChange],
                   chunks: list[Chunk], symbols: list[Symbol], links: list[Link],
                   progress: Callable[[int, int], None] | None) -> Manifest:
     # The timeline is written under a fresh build name and named by the manifest, so a kill at any

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kb.home import KBHome
 from kb.index import Chunk, Manifest, publish
 from kb.patterns import CATALOG_DIR, Pattern
+
+if TYPE_CHECKING:
+    from kb.embed import OfflineEmbedding
+
 
 __all__ = ["PATTERNS_CORPUS", "PATTERNS_RELEASE", "index_patterns", "pattern_chunks"]
 
@@ -36,7 +40,7 @@ def pattern_chunks(patterns: list[Pattern]) -> list[Chunk]:
     ]
 
 
-def index_patterns(home: KBHome, embedder: Any, catalog: Path | None = None) -> Manifest:
+def index_patterns(home: KBHome, embedder: OfflineEmbedding, catalog: Path | None = None) -> Manifest:
     """The catalog directory's patterns, plus the home's learned ones (kept by `kb synthesize`)."""
     from kb.patterns import catalog_for
 

@@ -17,9 +17,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kb.home import KBHome
 
 __all__ = ["EMBED_DIM", "EMBED_MODEL_ID", "EmbeddingModel", "OfflineEmbedding", "active_model", "embedder_for",
            "find_model", "tuned_models"]
@@ -154,7 +157,7 @@ BASE_MODEL = EmbeddingModel(EMBED_MODEL_ID, "base")
 MODEL_INFO = "kb-model.json"
 
 
-def tuned_models(home: Any) -> list[EmbeddingModel]:
+def tuned_models(home: KBHome) -> list[EmbeddingModel]:
     """The tuned models kept in `home` (complete ones: a model is renamed into place when written)."""
     out = []
     if home.models_dir.is_dir():
@@ -167,13 +170,13 @@ def tuned_models(home: Any) -> list[EmbeddingModel]:
     return out
 
 
-def find_model(home: Any, model_id: str) -> EmbeddingModel | None:
+def find_model(home: KBHome, model_id: str) -> EmbeddingModel | None:
     if model_id == BASE_MODEL.id:
         return BASE_MODEL
     return next((m for m in tuned_models(home) if m.id == model_id), None)
 
 
-def active_model(home: Any) -> EmbeddingModel:
+def active_model(home: KBHome) -> EmbeddingModel:
     """The model new indexes of `home` are built with (`kb embedder use`); the bundled one by default."""
     from harness.errors import UserFacingError
 
@@ -194,7 +197,7 @@ def active_model(home: Any) -> EmbeddingModel:
     return model
 
 
-def embedder_for(home: Any, model_id: str | None = None) -> OfflineEmbedding:
+def embedder_for(home: KBHome, model_id: str | None = None) -> OfflineEmbedding:
     """An embedder for `home`: with the model that built an index (`model_id`), else the active one."""
     if model_id is None:
         model = active_model(home)

@@ -17,10 +17,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
+
+if TYPE_CHECKING:
+    from kb.embed import OfflineEmbedding
+
 
 __all__ = ["INDEX_SCHEMA_VERSION", "Chunk", "Manifest", "drop_builds", "drop_index", "leftover_builds",
            "list_manifests", "load_manifest", "publish", "texts_to_embed"]
@@ -132,7 +136,7 @@ def publish(
     *,
     chunker: dict[str, Any],
     source: dict[str, Any],
-    embedder: Any,
+    embedder: OfflineEmbedding,
     progress: Callable[[int, int], None] | None = None,
     before_switch: Callable[[str], None] | None = None,
 ) -> Manifest:
@@ -164,7 +168,11 @@ def publish(
         batch = chunks[start : start + _BATCH]
         texts = [c.embedded for c in batch]
         if progress and getattr(embedder, "commit_every", None):  # finer than a batch: embedding is the slow part
-            vectors = embedder.embed_many(texts, on_progress=lambda n, s=start: progress(s + n, len(chunks)))
+            def embedded(n: int, offset: int = start, total: int = len(chunks)) -> None:
+                assert progress is not None
+                progress(offset + n, total)
+
+            vectors = embedder.embed_many(texts, on_progress=embedded)
         else:
             vectors = embedder.embed_many(texts)
         nodes = [

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from harness.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from kb.home import KBHome
 
 __all__ = ["CATALOG_DIR", "Pattern", "catalog_for", "load_catalog", "load_pattern"]
 
@@ -195,7 +198,7 @@ def load_catalog(directory: Path | None = None) -> list[Pattern]:
     return patterns
 
 
-def catalog_for(home: Any = None, directory: Path | None = None) -> list[Pattern]:
+def catalog_for(home: KBHome | None = None, directory: Path | None = None) -> list[Pattern]:
     """The catalog as diagnosis uses it: curated patterns, the home's learned patterns, and the
     statistics `kb synthesize` keeps (tries, wins, speedups) laid over both."""
     import json

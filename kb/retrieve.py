@@ -16,13 +16,18 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
 from kb.index import Manifest, list_manifests, load_manifest
 from kb.lexical import IDENT, LexicalIndex
 from kb.releases import IR_CORPUS
+
+if TYPE_CHECKING:
+    from kb.embed import OfflineEmbedding
+    from kb.symbols import SymbolStore
+
 
 __all__ = ["Hit", "Searcher", "default_release"]
 
@@ -94,7 +99,7 @@ class Searcher:
     file_weight = 0.2
     symbols_first_max_words = 3  # queries this short are names: exact symbol hits lead
 
-    def __init__(self, home: KBHome, corpus: str, release: str | None = None, embedder: Any = None) -> None:
+    def __init__(self, home: KBHome, corpus: str, release: str | None = None, embedder: OfflineEmbedding | None = None) -> None:
         from kb.embed import embedder_for
 
         release = release or default_release(home, corpus)
@@ -199,7 +204,7 @@ class Searcher:
             hits = _one_per_file(hits)
         return hits[:k]
 
-    def answer(self, query: str, k: int = 5, mode: str = "hybrid", store: Any = None) -> list[Hit]:
+    def answer(self, query: str, k: int = 5, mode: str = "hybrid", store: SymbolStore | None = None) -> list[Hit]:
         """What `kb search` returns. In hybrid mode, a query that is a name (a few words at most)
         gets the chunks defining it first (exact, from the symbol store), then the fused ranking;
         in a sentence, identifiers are one clue among others, so their definitions join the
@@ -225,7 +230,7 @@ class Searcher:
             ranked = self._with_pass_implementations(ranked, store, query)
         return _one_per_file(_named_vendor_first(ranked, query))[:k]
 
-    def _with_pass_implementations(self, ranked: list[Hit], store: Any, query: str) -> list[Hit]:
+    def _with_pass_implementations(self, ranked: list[Hit], store: SymbolStore, query: str) -> list[Hit]:
         """Each TableGen pass record in the ranking gives its place to the code it describes.
 
         A record (`def SplitMixKernel : Pass<...>`) matches a question's words well because its
@@ -253,7 +258,7 @@ class Searcher:
                     placed.add(hit.id)
         return out + later + ranked[_RRF_CANDIDATES:]
 
-    def _pass_code(self, def_name: str, store: Any, tests: bool) -> list[Hit]:
+    def _pass_code(self, def_name: str, store: SymbolStore, tests: bool) -> list[Hit]:
         record = store.pass_by_def(def_name, self.release) if def_name else None
         if record is None:
             return []
@@ -296,7 +301,7 @@ class Searcher:
         by_id = {h.id: h for h in self._stored(ids, "id")} if ids else {}
         return [by_id[i] for i in ids if i in by_id]
 
-    def symbol_hits(self, query: str, store: Any) -> list[Hit]:
+    def symbol_hits(self, query: str, store: SymbolStore) -> list[Hit]:
         """Chunks that define an identifier written in the query (exact match): definitions first,
         then at most two uses, so a name used everywhere does not crowd out the ranking.
 
@@ -324,7 +329,7 @@ class Searcher:
             hit.via = "symbol"
         return hits
 
-    def _patterns_rewriting(self, names: list[str], store: Any) -> list[str]:
+    def _patterns_rewriting(self, names: list[str], store: SymbolStore) -> list[str]:
         """Definition chunks of the rewrite patterns that match an op named in the query: asked how
         `tl.dot` is lowered, the answer is a pattern on `tt.dot` (the symbol store's `rewrites`
         links), not the op's own definition."""

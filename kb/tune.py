@@ -24,10 +24,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from harness.errors import UserFacingError
 from kb.home import KBHome
+
+if TYPE_CHECKING:
+    from kb.symbols import SymbolStore
 
 __all__ = ["TrainingPair", "check_model_name", "drop_model", "fit", "mine_pairs", "save_model", "train", "use_model"]
 
@@ -112,7 +115,7 @@ def _code_pairs(text: str, meta: dict[str, Any]) -> list[TrainingPair]:
     return pairs
 
 
-def _pass_pairs(store: Any, release: str, chunk_text: Callable[[list[str]], dict[str, tuple[str, dict[str, Any]]]]
+def _pass_pairs(store: SymbolStore, release: str, chunk_text: Callable[[list[str]], dict[str, tuple[str, dict[str, Any]]]]
                 ) -> list[TrainingPair]:
     """A pass record's summary and description, with the C++ that creates or implements it."""
     wanted: list[tuple[str, str]] = []  # (query, chunk id)

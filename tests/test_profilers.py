@@ -76,7 +76,7 @@ def test_ncu_metrics_cover_every_field_and_stall_reason() -> None:
 
 
 def test_ncu_command_profiles_argv_with_csv_raw_page_and_filters() -> None:
-    argv = ["/usr/bin/python3", "-m", "harness.worker", "--task", "t.json"]
+    argv = ["/usr/bin/python3", "-m", "harness.worker_main", "--task", "t.json"]
     command = ncu_command(argv, kernel_regex="add_kernel|matmul", ncu="/opt/ncu", launch_count=3)
     assert command[0] == "/opt/ncu"
     assert command[-len(argv) :] == argv

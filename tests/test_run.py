@@ -310,7 +310,7 @@ def test_profile_wraps_the_worker_and_parses_what_the_profiler_prints(tmp_path, 
     """))
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:" + __import__("os").environ["PATH"])
-    from harness.profile import NCU, profile_cases
+    from harness.profile_cases import NCU, profile_cases
 
     report = _one_case_report()
     options = RunOptions(backend="interpreter", cases=[0], timeout_s=60)
@@ -345,7 +345,7 @@ def test_npu_profile_runs_the_worker_under_msprof_op(tmp_path, monkeypatch):
     """))
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:" + __import__("os").environ["PATH"])
-    from harness.profile import MSPROF, PROFILERS, profile_cases
+    from harness.profile_cases import MSPROF, PROFILERS, profile_cases
 
     assert PROFILERS["npu"] is MSPROF
     report = _one_case_report()
@@ -361,7 +361,7 @@ def test_npu_profile_runs_the_worker_under_msprof_op(tmp_path, monkeypatch):
 def test_profile_without_the_profiler_says_so(tmp_path):
     from dataclasses import replace
 
-    import harness.profile as prof
+    import harness.profile_cases as prof
 
     report = RunReport(task="t", backend="cuda", device="x", runs=[KernelRun(role="baseline", source="a.py")])
     prof.profile_cases(report, None, RunOptions(), [KernelSpec("baseline")], profiler=replace(prof.NCU, find=lambda: None))

@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diagnose.bench.schedule import jobs, load_bench
 from diagnose.records import LEVELS
 from harness.measurement import geomean
+
+if TYPE_CHECKING:
+    from diagnose.bench.schedule import Job
+
 
 __all__ = ["PUBLISHED", "bench_report", "write_report"]
 
@@ -53,7 +57,7 @@ def _speedup_bound(report: dict[str, Any] | None, role: str) -> float | None:
     return _rounded(geomean([max(1.0, 1.0 / f) for f in fractions]))
 
 
-def _operator_row(job: Any) -> dict[str, Any]:
+def _operator_row(job: Job) -> dict[str, Any]:
     from diagnose.optimize import report
     from diagnose.rounds import RoundsStore
 

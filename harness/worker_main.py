@@ -1,4 +1,4 @@
-"""A sandbox worker: `python -m harness.worker`.
+"""The worker process, `python -m harness.worker_main`; the caller's handle on it is harness.sandbox.Worker.
 
 The first line on stdin is the parent's hello: a secret and the worker's exchange directory. The
 worker answers each later JSON request with one line on its original stdout, `MARK secret JSON`, so

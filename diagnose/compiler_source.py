@@ -1,4 +1,5 @@
-"""L4 v0: from a finding and its pattern, find the deciding code at the matching compiler release.
+"""L4, compiler-source analysis: from a finding and its pattern, find the deciding code at the matching
+compiler release.
 
 Walks the symbol store: the pass named by the remark (or the pattern) -> its TableGen definition ->
 the pipeline call that adds it and the file implementing it; the remark's text -> the function that
