@@ -169,3 +169,11 @@ def test_ir_syntax_is_parsed_only_in_harness_ir():
                     and any(token in node.args[0].value for token in _IR_SYNTAX)):
                 found.append(f"{module}:{node.lineno}: {node.args[0].value}")
     assert found == [], "parse it through harness.ir (add the reader there):\n" + "\n".join(found)
+
+
+def test_the_architecture_doc_draws_the_code_as_it_is():
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_graph.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
