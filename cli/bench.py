@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.app import main
-from cli.options import backend_option, open_home, progress_bar, timing_window_options, user_errors
+from cli.options import backend_option, json_option, open_home, progress_bar, timing_window_options, user_errors
 from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
               help="With --resume: comma-separated operators whose finished runs take their end-of-run measurement "
                    "again (after their task's stand-in or initial kernel changed).")
 @timing_window_options
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("Print the report as JSON.")
 @click.pass_context
 @user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
@@ -125,7 +125,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
 @click.argument("bench_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write report.json/.md/.png here (default: the bench directory).")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @user_errors
 def bench_report_cmd(bench_dir: Path, into: Path | None, as_json: bool) -> None:
     """Re-render a bench's report from its runs (a bench cut short reports what finished)."""

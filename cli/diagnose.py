@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.app import main
-from cli.options import cite_releases, diagnosis_home, level_max_option, strategy_option, user_errors
+from cli.options import cite_releases, diagnosis_home, json_option, level_max_option, strategy_option, user_errors
 from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _narrate(answer: Answer) -> None:
               help="A triton-ascend TRITON_DEBUG dump directory (with --kernel for its source).")
 @click.option("--target", default=None, help="Compile target, e.g. cuda:90 (default: the GPU present, else cuda:90).")
 @cite_releases
-@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@json_option("Print the answer as JSON.")
 @click.pass_context
 @user_errors
 def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | None, task_file: str | None,
@@ -90,7 +90,7 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
 @level_max_option
 @strategy_option()
 @cite_releases
-@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
+@json_option("Print the diagnosis as JSON.")
 @click.option("--md", "as_md", is_flag=True, help="Print plain Markdown (the default on a terminal is rendered).")
 @click.pass_context
 @user_errors

@@ -9,7 +9,7 @@ from collections import Counter
 import click
 
 from cli.app import main
-from cli.options import open_home, progress_bar, user_errors
+from cli.options import json_option, open_home, progress_bar, user_errors
 
 
 @main.group()
@@ -72,7 +72,7 @@ def embedder_tune(ctx: click.Context, releases_: tuple[str, ...], name: str, cor
 
 
 @embedder.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def embedder_list(ctx: click.Context, as_json: bool) -> None:

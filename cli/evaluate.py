@@ -12,6 +12,7 @@ from cli.app import main
 from cli.options import (
     cite_releases,
     diagnosis_home,
+    json_option,
     level_max_option,
     open_home,
     progress_bar,
@@ -31,7 +32,7 @@ def eval_group() -> None:
               help="Directory of gold query files (default: corpora/queries).")
 @click.option("--mode", "modes", type=click.Choice(["bm25", "vector", "hybrid"]), multiple=True,
               help="Modes to measure (default: all three).")
-@click.option("--json", "as_json", is_flag=True, help="Print the full report (with each query's rank) as JSON.")
+@json_option("Print the full report (with each query's rank) as JSON.")
 @click.pass_context
 @user_errors
 def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[str, ...], as_json: bool) -> None:
@@ -79,7 +80,7 @@ def eval_retrieval(ctx: click.Context, queries_dir: Path | None, modes: tuple[st
 @strategy_option()
 @level_max_option
 @cite_releases
-@click.option("--json", "as_json", is_flag=True, help="Print the full report (every case's ranking) as JSON.")
+@json_option("Print the full report (every case's ranking) as JSON.")
 @click.pass_context
 @user_errors
 def eval_diagnosis(ctx: click.Context, cases_file: Path | None, only: str | None, strategy: str, level_max: str,

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from cli.app import main
-from cli.options import open_home, progress_bar, stage_progress, user_errors
+from cli.options import json_option, open_home, progress_bar, stage_progress, user_errors
 from harness.errors import UserFacingError
 
 
@@ -134,7 +134,7 @@ def releases() -> None:
 
 
 @releases.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def releases_list(ctx: click.Context, as_json: bool) -> None:
@@ -168,7 +168,7 @@ def releases_list(ctx: click.Context, as_json: bool) -> None:
 @click.argument("a")
 @click.argument("b")
 @click.option("--limit", default=20, show_default=True, help="Names shown per category (all with --json).")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def releases_diff(ctx: click.Context, a: str, b: str, limit: int, as_json: bool) -> None:

@@ -15,6 +15,7 @@ from cli.options import (
     backend_option,
     cite_releases,
     diagnosis_home,
+    json_option,
     open_home,
     stand_ins,
     strategy_option,
@@ -25,6 +26,7 @@ from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
     from diagnose.optimize import RunSummary
+    from diagnose.rounds import RoundsStore
 
 
 def _runs_root(ctx: click.Context) -> Path:
@@ -79,7 +81,7 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @timing_window_options
 @click.option("--check-workers", "check_workers", type=click.IntRange(min=1), default=None,
               help="Processes that check a round's variants side by side (default: a quarter of the cores, at most 4).")
-@click.option("--json", "as_json", is_flag=True, help="Print the final report as JSON.")
+@json_option("Print the final report as JSON.")
 @click.pass_context
 @user_errors
 def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
@@ -89,7 +91,7 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
     """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""
     import datetime
 
-    from diagnose.optimize import OptimizeOptions, report
+    from diagnose.optimize import OptimizeOptions
     from diagnose.optimize import optimize as run_loop
     from harness.task import TaskSpec, task_name
 
@@ -137,6 +139,13 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
     except KeyboardInterrupt:
         click.echo(f"interrupted: continue with `kb optimize --resume {directory}`", err=True)
         sys.exit(130)
+    _show_run(store, as_json)
+
+
+def _show_run(store: RoundsStore, as_json: bool) -> None:
+    """A run's summary, as JSON or as the table of its rounds; the store is closed after."""
+    from diagnose.optimize import report
+
     summary = report(store)
     store.close()
     if as_json:
@@ -172,7 +181,7 @@ def rounds() -> None:
 
 
 @rounds.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def rounds_list(ctx: click.Context, as_json: bool) -> None:
@@ -198,21 +207,15 @@ def rounds_list(ctx: click.Context, as_json: bool) -> None:
 
 @rounds.command("show")
 @click.argument("run")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
     """One run's rounds: hypothesis, level, rewrite, outcome and why."""
-    from diagnose.optimize import report
     from diagnose.rounds import RoundsStore
 
     store = RoundsStore(_run_dir(ctx, run))
-    summary = report(store)
-    store.close()
-    if as_json:
-        click.echo(json.dumps(summary.to_dict(), indent=1))
-        return
-    _echo_rounds(summary)
+    _show_run(store, as_json)
 
 
 # ---------------------------------------------------------------------------------------------- synthesis
@@ -220,7 +223,7 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
 @click.argument("runs", nargs=-1)
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write learned patterns here (e.g. corpora/patterns/learned) instead of the KB home.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def synthesize(ctx: click.Context, runs: tuple[str, ...], into: Path | None, as_json: bool) -> None:

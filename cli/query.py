@@ -8,7 +8,7 @@ import sys
 import click
 
 from cli.app import main
-from cli.options import open_home, user_errors
+from cli.options import json_option, open_home, user_errors
 from harness.errors import UserFacingError
 
 
@@ -18,7 +18,7 @@ from harness.errors import UserFacingError
 @click.option("--release", default=None, help="Release to search (default: the installed triton's, else newest).")
 @click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1), help="Number of hits.")
 @click.option("--mode", type=click.Choice(["hybrid", "bm25", "vector"]), default="hybrid", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option("Print JSON.")
 @click.pass_context
 @user_errors
 def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: int, mode: str, as_json: bool) -> None:
@@ -74,7 +74,7 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
 @click.option("--release", default=None, help="Only this release (default: all).")
 @click.option("--refs", "max_refs", default=10, show_default=True, type=click.IntRange(0),
               help="References to list per symbol.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, as_json: bool) -> None:
@@ -124,7 +124,7 @@ def ir() -> None:
 @click.argument("op")
 @click.option("--kernel", default=None, help="Only this kernel of the dump.")
 @click.option("--all", "show_all", is_flag=True, help="Show every step, not only those that changed OP.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def ir_trace(ctx: click.Context, name: str, op: str, kernel: str | None, show_all: bool, as_json: bool) -> None:
@@ -151,7 +151,7 @@ def patterns() -> None:
 
 
 @patterns.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def patterns_list(ctx: click.Context, as_json: bool) -> None:
@@ -174,7 +174,7 @@ def patterns_list(ctx: click.Context, as_json: bool) -> None:
 
 @patterns.command("show")
 @click.argument("pattern_id")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def patterns_show(ctx: click.Context, pattern_id: str, as_json: bool) -> None:
@@ -206,7 +206,7 @@ def patterns_show(ctx: click.Context, pattern_id: str, as_json: bool) -> None:
 
 # ---------------------------------------------------------------------------------------------- status
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 @click.pass_context
 @user_errors
 def status(ctx: click.Context, as_json: bool) -> None:

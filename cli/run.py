@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cli.app import main
-from cli.options import backend_option, user_errors
+from cli.options import backend_option, json_option, user_errors
 from harness.errors import UserFacingError
 
 
@@ -34,7 +34,7 @@ from harness.errors import UserFacingError
                    "through torch.compile (compiled).")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="The run's seed, to replay a report (it records its seed); default: a fresh one from os.urandom.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("Print the report as JSON.")
 @user_errors
 def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
             candidate: str | None, candidate_entry: str | None, backend: str, cases: str | None, seeds: int,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +20,8 @@ DOC = ROOT / "docs" / "architecture.md"
 _BEGIN, _END = "```mermaid\n", "```\n"
 
 
-def _modules() -> dict[str, Path]:
+def modules() -> dict[str, Path]:
+    """Every module of the packages, by dotted name."""
     found = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -30,30 +30,38 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _room(path: Path) -> str:
+def imported(path: Path, module: str) -> list[str]:
+    """Every name `path` imports (module and module.attribute), relative imports resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names += [base, *(f"{base}.{a.name}" for a in node.names)]
+    return names
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the modules of the packages it imports."""
+    found = modules()
+    return {module: {n for n in imported(path, module) if n in found and n != module} for module, path in found.items()}
+
+
+def room(path: Path) -> str:
     return "/".join(path.parent.relative_to(ROOT).parts)
 
 
 def rooms() -> dict[str, set[str]]:
     """Folder -> the folders its modules import."""
-    modules = _modules()
-    edges: dict[str, set[str]] = defaultdict(set)
-    for module, path in modules.items():
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        edges[_room(path)]
-        for node in ast.walk(ast.parse(path.read_text())):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-                names = [base, *(f"{base}.{a.name}" for a in node.names)]
-            for name in names:
-                if name in modules and _room(modules[name]) != _room(path):
-                    edges[_room(path)].add(_room(modules[name]))
+    found = modules()
+    edges: dict[str, set[str]] = {room(path): set() for path in found.values()}
+    for module, targets in graph().items():
+        edges[room(found[module])] |= {room(found[t]) for t in targets} - {room(found[module])}
     return edges
 
 

@@ -2,20 +2,22 @@
 
 - no circle between files, nor between folders (a folder is a room: its files' imports of another
   folder are the room's);
-- the packages stack as docs/architecture.md draws them: harness <- kb <- indexer, diagnose <- cli;
-- the harness (it runs inside GPU workers) needs nothing but the standard library, numpy, torch, triton.
+- the packages stack as docs/architecture.md draws them: harness <- kb <- indexer, diagnose <- cli,
+  and that picture is the code's (scripts/import_graph.py, which owns the walk);
+- the harness (it runs inside GPU workers) needs nothing but the standard library, numpy, torch, triton;
+- IR syntax is parsed in harness/ir/ only.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
-from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("harness", "kb", "indexer", "diagnose", "cli")
+sys.path.insert(0, str(ROOT / "scripts"))
+from import_graph import PACKAGES, graph, imported, modules, rooms  # noqa: E402 - the script owns the walk
+
 # What each package may import, besides itself. The bench and the optimize loop are diagnose's.
 MAY_IMPORT = {
     "harness": set(),
@@ -25,40 +27,6 @@ MAY_IMPORT = {
     "cli": {"harness", "kb", "indexer", "diagnose"},
 }
 HARNESS_THIRD_PARTY = {"numpy", "torch", "triton", "torch_npu"}
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-            found[name.removesuffix(".__init__")] = path
-    return found
-
-
-def _imported(path: Path, module: str) -> Iterable[str]:
-    """Every module name `path` imports, relative imports resolved."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
-
-
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    edges: dict[str, set[str]] = defaultdict(set)
-    for module, path in modules.items():
-        for name in _imported(path, module):
-            if name in modules and name != module:
-                edges[module].add(name)
-    return edges
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -103,36 +71,25 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _folder(module: str, modules: dict[str, Path]) -> str:
-    path = modules[module]
-    return ".".join(path.parent.relative_to(ROOT).parts)
-
-
 def test_no_file_imports_itself_through_others():
-    assert _cycles(_graph()) == []
+    assert _cycles(graph()) == []
 
 
 def test_no_folder_imports_itself_through_others():
-    modules = _modules()
-    rooms: dict[str, set[str]] = defaultdict(set)
-    for a, bs in _graph().items():
-        for b in bs:
-            if _folder(a, modules) != _folder(b, modules):
-                rooms[_folder(a, modules)].add(_folder(b, modules))
-    assert _cycles(rooms) == []
+    assert _cycles(rooms()) == []
 
 
 def test_packages_import_only_the_layers_below_them():
-    wrong = sorted(f"{a} -> {b}" for a, bs in _graph().items() for b in bs
+    wrong = sorted(f"{a} -> {b}" for a, bs in graph().items() for b in bs
                    if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in MAY_IMPORT[a.split(".")[0]])
     assert wrong == []
 
 
 def test_the_harness_needs_only_the_standard_library_numpy_torch_and_triton():
     outside = set()
-    for module, path in _modules().items():
+    for module, path in modules().items():
         if module.startswith("harness"):
-            for name in _imported(path, module):
+            for name in imported(path, module):
                 top = name.split(".")[0]
                 if top and top not in sys.stdlib_module_names and top not in PACKAGES and top != "__future__":
                     outside.add(f"{module}: {top}")
@@ -159,7 +116,7 @@ _IR_SYNTAX = ("tensor<", "memref<", "loc\\(", "%[", "#loc", "\\.func", "scf\\.",
 def test_ir_syntax_is_parsed_only_in_harness_ir():
     readers = {"compile", "search", "match", "fullmatch", "findall", "finditer", "sub", "split"}
     found = []
-    for module, path in _modules().items():
+    for module, path in modules().items():
         if module.startswith("harness.ir"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
