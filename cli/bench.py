@@ -15,6 +15,7 @@ from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
     from diagnose.bench import Job
+    from harness.backends import BackendName
 
 
 @main.command()
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 @click.pass_context
 @user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
-          strategy: str, workers: int, llm: str, backend: str, bench_dir: Path | None, resume_dir: Path | None,
+          strategy: str, workers: int, llm: str, backend: BackendName, bench_dir: Path | None, resume_dir: Path | None,
           stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, retime_ops: str | None,
           warmup_ms: int | None, rep_ms: int | None, as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""

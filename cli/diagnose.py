@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.app import main
-from cli.options import cite_releases, diagnosis_home, json_option, level_max_option, strategy_option, user_errors
+from cli.options import (
+    cite_releases,
+    diagnosis_home,
+    json_option,
+    kernel_input,
+    level_max_option,
+    strategy_option,
+    user_errors,
+)
 from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
@@ -43,14 +51,9 @@ def _narrate(answer: Answer) -> None:
 
 @main.command()
 @click.argument("question")
-@click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
-              help="Python file with the @triton.jit kernel and its launch wrapper.")
-@click.option("--call", default=None, help='Expression that launches it, e.g. "scale(torch.randn(1000003), 2.0)".')
+@kernel_input
 @click.option("--task", "task_file", type=click.Path(dir_okay=False), default=None,
               help="A task file (entry, inputs, cases); its first case is compiled.")
-@click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None,
-              help="A triton-ascend TRITON_DEBUG dump directory (with --kernel for its source).")
-@click.option("--target", default=None, help="Compile target, e.g. cuda:90 (default: the GPU present, else cuda:90).")
 @cite_releases
 @json_option("Print the answer as JSON.")
 @click.pass_context
@@ -77,14 +80,8 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
 
 @main.command()
 @click.argument("task_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
-              help="A kernel file from the wild (instead of a task file).")
-@click.option("--call", default=None, help="With --kernel: an example call of its launch wrapper.")
-@click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None,
-              help="A triton-ascend TRITON_DEBUG dump directory to diagnose (with --kernel for its source).")
+@kernel_input
 @click.option("--case", "case_index", default=0, show_default=True, help="Which case of the task to compile.")
-@click.option("--target", default=None,
-              help="cuda:90 (default: the GPU present, else cuda:90), or ascend/npu (needs --dump).")
 @click.option("--measurements", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A RunReport JSON from `kb run --json [--profile]` on the device: enables L2.")
 @level_max_option

@@ -27,6 +27,7 @@ from harness.errors import UserFacingError
 if TYPE_CHECKING:
     from diagnose.optimize import RunSummary
     from diagnose.rounds import RoundsStore
+    from harness.backends import BackendName
 
 
 def _runs_root(ctx: click.Context) -> Path:
@@ -85,7 +86,7 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.pass_context
 @user_errors
 def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
-             strategy: str, backend: str, run_dir: Path | None, resume_run: str | None, release: str | None,
+             strategy: str, backend: BackendName, run_dir: Path | None, resume_run: str | None, release: str | None,
              stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
              check_workers: int | None, as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from kb.home import KBHome
 
-__all__ = ["backend_option", "cite_releases", "diagnosis_home", "open_home", "json_option", "level_max_option",
+__all__ = ["backend_option", "cite_releases", "diagnosis_home", "json_option", "kernel_input", "level_max_option", "open_home",
            "progress_bar", "stage_progress", "stand_ins", "strategy_option", "timing_window_options", "user_errors"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,6 +80,19 @@ def backend_option(help: str | None = None) -> Callable[[F], F]:  # noqa: A002
                         callback=_resolve_backend,
                         help=help or "auto: cuda with an NVIDIA GPU, npu with an Ascend device, else the CPU "
                                      "interpreter.")
+
+
+def kernel_input(fn: F) -> F:
+    """--kernel, --call, --dump, --target: a kernel from the wild or a triton-ascend dump, as
+    `diagnose.request.request_from` takes it (each command adds its own way to name a task file)."""
+    fn = click.option("--target", default=None,
+                      help="Compile target: cuda:90 (default: the GPU present, else cuda:90); npu/ascend needs --dump.")(fn)
+    fn = click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None,
+                      help="A triton-ascend TRITON_DEBUG dump directory (with --kernel for its source).")(fn)
+    fn = click.option("--call", default=None,
+                      help='With --kernel: an expression that launches it, e.g. "scale(torch.randn(1000003), 2.0)".')(fn)
+    return click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
+                        help="A Python file with the @triton.jit kernel and its launch wrapper.")(fn)
 
 
 def timing_window_options(fn: F) -> F:

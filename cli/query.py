@@ -53,16 +53,7 @@ def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: 
     for rank, h in enumerate(hits, 1):
         m = h.metadata
         click.echo(f"{rank}. {h.cite()}  {m.get('symbol') or m.get('pattern_id', '')}  [{h.via}]")
-        text = h.text
-        if m.get("file") and text.startswith((f"// {m['file']}", f"# {m['file']}")):
-            text = text.split("\n", 1)[-1]  # the chunk's own "// path symbol" header repeats the line above
-        first, last = m.get("chunk_start_line"), m.get("chunk_end_line")
-        if isinstance(first, int) and isinstance(last, int) and m.get("start_line", 0) > first:
-            # Cited at a definition inside the chunk (see retrieve._pinned): show that, not the chunk's
-            # first lines. The source is the chunk's last lines (a lit test's summary leads it).
-            lines = text.split("\n")[-(last - first + 1):]
-            text = "\n".join(lines[m["start_line"] - first:])
-        snippet = " ".join(text.split())[:160]
+        snippet = " ".join(h.cited_text().split())[:160]
         click.echo(f"   {snippet}")
     if not hits:
         click.echo("no hits")

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from cli.app import main
 from cli.options import backend_option, json_option, user_errors
 from harness.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from harness.backends import BackendName
 
 
 @main.command("run")
@@ -37,7 +41,7 @@ from harness.errors import UserFacingError
 @json_option("Print the report as JSON.")
 @user_errors
 def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
-            candidate: str | None, candidate_entry: str | None, backend: str, cases: str | None, seeds: int,
+            candidate: str | None, candidate_entry: str | None, backend: BackendName, cases: str | None, seeds: int,
             timeout_s: float, no_time: bool, profile: bool, versus: tuple[str, ...], seed: int | None,
             as_json: bool) -> None:
     """Check a task's kernel (and a candidate) for correctness, then time it: sandboxed, guarded.

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from diagnose.records import Answer
 from diagnose.rewriters import Variant, rewrite, unified_diff
 from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
+from harness.backends import BackendName
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
 from harness.task import Task, TaskSpec
@@ -51,7 +52,7 @@ class OptimizeOptions:
     time_budget_s: float | None = None
     llm: str = "none"  # "none" | "openai"
     strategy: str = "progressive"
-    backend: str = "cuda"
+    backend: BackendName = "cuda"
     seeds: int = 2
     timeout_s: float = 300.0
     # PyTorch stand-ins timed beside the initial and best kernels at the end ("eager", "compiled").

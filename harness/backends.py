@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 from harness.errors import UserFacingError
 
-__all__ = ["BACKENDS", "TIMED", "Backend", "backend_env", "detect_backend", "select_backend"]
+__all__ = ["BACKENDS", "TIMED", "Backend", "BackendName", "backend_env", "detect_backend", "select_backend"]
 
-BACKENDS = ("cuda", "interpreter", "npu")
+# The backends a kernel can be judged on; the options and records that name one are typed with it.
+BackendName = Literal["cuda", "interpreter", "npu"]
+BACKENDS: tuple[BackendName, ...] = ("cuda", "interpreter", "npu")
 TIMED = ("cuda", "npu")  # the interpreter's seconds say nothing about a kernel
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.backends import TIMED
+from harness.backends import TIMED, BackendName
 from harness.judge import Checked, Judge, KernelSpec, TimedCases, check_in_parallel
 from harness.measurement import CaseResult, KernelRun, RunReport
 from harness.task import TaskSpec
@@ -24,7 +24,7 @@ __all__ = ["RunOptions", "capture_kernel", "run_candidates", "run_task", "time_a
 
 @dataclass
 class RunOptions:
-    backend: str = "cuda"
+    backend: BackendName = "cuda"
     cases: list[int] | None = None
     seeds: int = 3
     time: bool = True

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.backends import BackendName
 from harness.errors import UserFacingError
 from harness.exchange import exchange_root
 from harness.pool import SparePool
@@ -64,7 +65,7 @@ class Session:
     inputs; workers outlive runs: the reference and the task's own code for the session, a kernel
     file's worker until `retire`."""
 
-    def __init__(self, spec: TaskSpec, backend: str, *, timeout_s: float = 300.0, spares: int = 0) -> None:
+    def __init__(self, spec: TaskSpec, backend: BackendName, *, timeout_s: float = 300.0, spares: int = 0) -> None:
         self.spec = spec
         self.backend = backend
         self.timeout_s = timeout_s

@@ -64,6 +64,19 @@ class Hit:
             return f"{m['file']}:{m.get('start_line', 0)}@{m.get('release', '?')}"
         return self.id
 
+    def cited_text(self) -> str:
+        """The hit's text from where it cites: without the chunk's own `// path symbol` header (the
+        citation says it), and from the definition it is pinned to when that lies inside the chunk
+        (see `_pinned`; a chunk's source is its last lines, since a lit test's summary leads it)."""
+        m, text = self.metadata, self.text
+        if m.get("file") and text.startswith((f"// {m['file']}", f"# {m['file']}")):
+            text = text.split("\n", 1)[-1]
+        first, last = m.get("chunk_start_line"), m.get("chunk_end_line")
+        if isinstance(first, int) and isinstance(last, int) and m.get("start_line", 0) > first:
+            lines = text.split("\n")[-(last - first + 1):]
+            text = "\n".join(lines[m["start_line"] - first:])
+        return text
+
 
 def installed_triton_release() -> str | None:
     try:

@@ -104,8 +104,10 @@ def test_the_checker_sees_a_circle_when_there_is_one():
 def test_the_cli_spells_the_engines_names_as_the_engine_does():
     from cli import options
     from diagnose.records import LEVELS, STRATEGIES
+    from harness.backends import BACKENDS
 
     assert options.LEVELS == LEVELS and options.STRATEGIES == STRATEGIES
+    assert options.BACKENDS == ("auto", *BACKENDS)
 
 
 # Pieces of IR syntax a regex only needs when it parses IR: types, locations, SSA values, aliases,

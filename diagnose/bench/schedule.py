@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.backends import BackendName
 from harness.errors import UserFacingError
 
 __all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs", "load_bench", "load_suite",
@@ -60,7 +61,7 @@ class BenchSpec:
     rounds: int = 5
     time_budget_s: float | None = None  # per operator run; a resumed run's budget restarts
     llm: str = "none"
-    backend: str = "cuda"
+    backend: BackendName = "cuda"
     created: str = ""
     note: str = ""
     references: list[str] = field(default_factory=lambda: ["eager"])  # PyTorch stand-ins timed at the end
