@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserFacingError
+from harness.guards import is_kernel
 
 __all__ = ["KernelFeatures", "Site", "kernel_features"]
 
@@ -66,10 +67,6 @@ def _name(node: ast.AST) -> str:
     if isinstance(node, ast.Call):
         return _name(node.func)
     return ""
-
-
-def _is_jit(fn: ast.FunctionDef) -> bool:
-    return any(_name(d).split(".")[-1] in ("jit", "autotune", "heuristics") for d in fn.decorator_list)
 
 
 def _kw(call: ast.Call, name: str) -> ast.expr | None:
@@ -166,7 +163,7 @@ def kernel_features(path: str | Path) -> KernelFeatures:
         raise UserFacingError(f"cannot read kernel file {path}: {exc}", "pass a readable .py file") from exc
     except SyntaxError as exc:
         raise UserFacingError(f"{path}:{exc.lineno}: not valid Python ({exc.msg})", "fix the syntax error") from exc
-    kernels = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and _is_jit(n)]
+    kernels = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and is_kernel(n)]
     feats = KernelFeatures(str(path), [k.name for k in kernels])
     for fn in kernels:
         params = _runtime_params(fn)

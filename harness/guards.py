@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-__all__ = ["escape_guards", "escape_kinds", "static_guards", "tensors_in"]
+__all__ = ["KERNEL_DECORATORS", "escape_guards", "escape_kinds", "is_kernel", "static_guards", "tensors_in"]
 
 # Torch calls a launch wrapper legitimately makes: allocation, metadata, dtypes, devices, streams of
 # the caller. Anything else under `torch.` computes, and so is a fallback unless the task allows it.
@@ -52,7 +52,7 @@ def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...
     except (OSError, SyntaxError, UnicodeDecodeError):
         return []  # the runner already loaded the module; an unreadable source just has no static check
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and not _is_jit(n)}
+                 and not is_kernel(n)}
     torch_aliases = _torch_aliases(tree)
     reasons: list[str] = []
     seen: set[str] = set()
@@ -118,13 +118,20 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _is_jit(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    for dec in fn.decorator_list:
-        target = dec.func if isinstance(dec, ast.Call) else dec
-        name = _dotted(target) or ""
-        if name.endswith(("jit", "autotune", "heuristics")):
-            return True
-    return False
+# A Triton kernel is a function decorated (by name or call) with one of these, however imported:
+# `@triton.jit`, `@jit`, `@triton.autotune(...)`, `@triton.heuristics(...)`. The one rule for it: the
+# guards, L1's features and the rewriters all ask it.
+KERNEL_DECORATORS = ("jit", "autotune", "heuristics")
+
+
+def is_kernel(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether `fn` is a Triton kernel (KERNEL_DECORATORS)."""
+    return any(decorator_name(dec).rsplit(".", 1)[-1] in KERNEL_DECORATORS for dec in fn.decorator_list)
+
+
+def decorator_name(dec: ast.expr) -> str:
+    """`triton.autotune` of `@triton.autotune(configs=...)`; "" for a decorator that is no dotted name."""
+    return _dotted(dec.func if isinstance(dec, ast.Call) else dec) or ""
 
 
 def tensors_in(value: Any) -> list[Any]:

@@ -26,3 +26,34 @@ def test_a_pattern_cannot_get_a_second_rewriter():
 
 def test_a_pattern_without_a_rewriter_rewrites_nothing():
     assert rewrite("no-such-pattern", "x = 1\n", {}) == []
+
+
+def test_the_guards_the_features_and_the_rewriters_share_one_rule_for_a_kernel():
+    import ast
+
+    import libcst as cst
+
+    from diagnose.rewriters.base import is_jit
+    from harness.guards import is_kernel
+
+    source = '''
+import functools, triton
+from triton import jit
+@triton.jit
+def a(x): pass
+@jit
+def b(x): pass
+@triton.autotune(configs=[], key=[])
+@triton.jit
+def c(x): pass
+@triton.heuristics({})
+def d(x): pass
+@functools.cache
+def e(x): pass
+def myjit(f): return f
+@myjit
+def f(x): pass
+'''
+    by_ast = {fn.name for fn in ast.parse(source).body if isinstance(fn, ast.FunctionDef) and is_kernel(fn)}
+    by_cst = {fn.name.value for fn in cst.parse_module(source).body if isinstance(fn, cst.FunctionDef) and is_jit(fn)}
+    assert by_ast == by_cst == {"a", "b", "c", "d"}

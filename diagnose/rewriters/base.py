@@ -11,6 +11,8 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from harness.guards import KERNEL_DECORATORS
+
 __all__ = ["REWRITERS", "InJit", "Rewriter", "Variant", "dotted", "is_jit", "one", "register", "simple_assign",
            "start_plus_arange", "unified_diff"]
 
@@ -45,8 +47,9 @@ def unified_diff(before: str, after: str, name: str = "kernel.py") -> str:
 
 
 def is_jit(fn: cst.FunctionDef) -> bool:
-    return any(m.matches(d.decorator, m.Attribute(attr=m.Name("jit")) | m.Name("jit")
-                         | m.Call(func=m.Attribute(attr=m.Name("jit")))) for d in fn.decorators)
+    """Whether `fn` is a Triton kernel: the harness's rule (harness.guards.KERNEL_DECORATORS) on libcst's tree."""
+    return any(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator).rsplit(".", 1)[-1]
+               in KERNEL_DECORATORS for d in fn.decorators)
 
 
 def dotted(node: cst.BaseExpression) -> str:
