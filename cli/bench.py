@@ -1,4 +1,4 @@
-"""`kb bench`."""
+"""`kb bench` (the optimize loop over a suite, resumable) and `kb bench-report`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kb diagnose`."""
+"""`kb why QUESTION` and `kb diagnose`: a kernel, however given, answered from compiler evidence."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kb embedder`."""
+"""`kb embedder tune|list|use|drop`: embedding models of a KB home."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kb evaluate`."""
+"""`kb eval retrieval|diagnosis`: the KB measured on its gold sets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kb index`."""
+"""`kb index patterns|compiler|ir` and `kb releases list|diff|drop`: building the KB and its releases."""
 
 from __future__ import annotations
 

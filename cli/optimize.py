@@ -1,4 +1,4 @@
-"""`kb optimize`."""
+"""`kb optimize`, `kb rounds list|show` and `kb synthesize`: the optimize loop, its runs, what they teach."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kb query`."""
+"""Reading the KB: `kb search`, `kb symbols`, `kb ir trace`, `kb patterns list|show`, `kb status`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kb run`."""
+"""`kb run`: check a task's kernel (and a candidate) in sandboxed workers, then time them."""
 
 from __future__ import annotations
 
