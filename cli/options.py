@@ -130,11 +130,7 @@ def diagnosis_home(ctx: click.Context) -> KBHome | None:
     """The KB home if one exists (it must then be sound); None means "answer from the kernel and IR only"."""
     from kb.home import KBHome
 
-    found = KBHome.resolve(ctx.obj.get("home"))
-    if not found.root.exists():
-        return None
-    found.validate()
-    return found
+    return KBHome.if_present(ctx.obj.get("home"))
 
 
 def progress_bar(description: str) -> Progress:

@@ -144,7 +144,7 @@ class Session:
         with self._hosting:
             loading = self._loading.setdefault(key, threading.Lock())
         with loading:  # one load per source, however many threads ask for it at once
-            return self._host_file(kernel, file, entry, key)
+            return self._host_file(kernel, file, key)
 
     def _host_trusted(self, kernel: KernelSpec, name: str) -> Hosted:
         """The trusted worker (the task's own code) with stand-in `name` loaded."""
@@ -157,7 +157,7 @@ class Session:
                 self._trusted_import = set(load.get("import_changes", []))
         return self._trusted_loaded[name]
 
-    def _host_file(self, kernel: KernelSpec, file: str, entry: str, key: tuple[str, str, str]) -> Hosted:
+    def _host_file(self, kernel: KernelSpec, file: str, key: tuple[str, str, str]) -> Hosted:
         assert self.info is not None
         with self._hosting:
             hosted = self._hosted.get(key)
@@ -166,8 +166,7 @@ class Session:
         self._protect([file])
         worker = self._pool.take()
         try:
-            load = self._ask(worker, {**self._load_request(kernel, "entry"), "file": file, "entry": entry,
-                                      "cache_dir": str(candidate_cache(key[0]))})
+            load = self._ask(worker, {**self._load_request(kernel, "entry"), "cache_dir": str(candidate_cache(key[0]))})
         except UserFacingError as exc:
             worker.close()
             raise KernelUnusable(exc.problem) from None

@@ -58,6 +58,16 @@ class KBHome:
             home = platformdirs.user_data_dir("kernel-kb", appauthor=False)
         return cls(Path(home).expanduser().resolve())
 
+    @classmethod
+    def if_present(cls, home: str | os.PathLike[str] | None = None) -> KBHome | None:
+        """The home `resolve` names if it exists (it must then be sound), else None: a diagnosis then
+        answers from the kernel and its IR alone."""
+        found = cls.resolve(home)
+        if not found.root.exists():
+            return None
+        found.validate()
+        return found
+
     # -- paths ---------------------------------------------------------------------------------
     @property
     def chroma_dir(self) -> Path:

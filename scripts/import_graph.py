@@ -46,9 +46,9 @@ def imported(path: Path, module: str) -> list[str]:
     return names
 
 
-def graph() -> dict[str, set[str]]:
-    """Module -> the modules of the packages it imports."""
-    found = modules()
+def graph(found: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the modules of the packages it imports (of `found`, by default every module)."""
+    found = found if found is not None else modules()
     return {module: {n for n in imported(path, module) if n in found and n != module} for module, path in found.items()}
 
 
@@ -60,7 +60,7 @@ def rooms() -> dict[str, set[str]]:
     """Folder -> the folders its modules import."""
     found = modules()
     edges: dict[str, set[str]] = {room(path): set() for path in found.values()}
-    for module, targets in graph().items():
+    for module, targets in graph(found).items():
         edges[room(found[module])] |= {room(found[t]) for t in targets} - {room(found[module])}
     return edges
 

@@ -55,11 +55,7 @@ def main(argv: list[str]) -> int:
     request = JobRequest.from_json(argv[1])
     stop_at = time.time() + request.stop_after if request.stop_after is not None else None
     try:
-        found = KBHome.resolve(request.home)
-        home = None
-        if found.root.exists():  # the loop answers from the kernel and IR alone without a KB
-            found.validate()
-            home = found
+        home = KBHome.if_present(request.home)
         print(f"run: {request.run_dir}", file=sys.stderr, flush=True)
         store = optimize(TaskSpec.of_file(request.task), request.options, Path(request.run_dir),
                          home, log=lambda message: print(message, file=sys.stderr, flush=True),
