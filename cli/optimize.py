@@ -19,6 +19,8 @@ from cli.options import (
     open_home,
     stand_ins,
     strategy_option,
+    task_input,
+    task_spec,
     timing_window_options,
     user_errors,
 )
@@ -64,6 +66,7 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 
 @main.command()
 @click.argument("task_file", required=False, type=click.Path(dir_okay=False))
+@task_input
 @click.option("--rounds", default=5, show_default=True, help="Rounds to run (a resumed run keeps its own).")
 @click.option("--time-budget", "time_budget", type=float, default=None, help="Seconds after which no round starts.")
 @click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True,
@@ -85,20 +88,24 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @json_option("Print the final report as JSON.")
 @click.pass_context
 @user_errors
-def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget: float | None, llm: str,
+def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
+             reference: str | None, rounds: int, time_budget: float | None, llm: str,
              strategy: str, backend: BackendName, run_dir: Path | None, resume_run: str | None, release: str | None,
              stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
              check_workers: int | None, as_json: bool) -> None:
-    """Rounds of diagnose -> rewrite -> validate on a task; every step persisted, resumable."""
+    """Rounds of diagnose -> rewrite -> validate on a task (a TASK file, or --kernel FILE --call EXPR);
+    every step persisted, resumable."""
     import datetime
 
     from diagnose.optimize import OptimizeOptions
     from diagnose.optimize import optimize as run_loop
-    from harness.task import TaskSpec, task_name
+    from harness.task import task_name
 
-    if (task_file is None) == (resume_run is None):
-        raise UserFacingError("give a TASK file to start a run, or --resume RUN to continue one",
-                              "e.g. kb optimize corpora/operators/softmax/task.py --rounds 5")
+    starting = task_file is not None or kernel_file is not None
+    if starting == (resume_run is not None):
+        raise UserFacingError("give a TASK file (or --kernel FILE --call EXPR) to start a run, or --resume RUN to "
+                              "continue one", "e.g. kb optimize corpora/operators/softmax/task.py --rounds 5")
+    spec = task_spec(task_file, kernel_file, call, reference) if starting else None
     if llm == "openai":
         from diagnose.llm import LLMConfig
 
@@ -113,15 +120,11 @@ def optimize(ctx: click.Context, task_file: str | None, rounds: int, time_budget
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
     if resume_run is not None:
         directory = _run_dir(ctx, resume_run)
-        spec = None
     else:
-        assert task_file is not None  # one of TASK and --resume, checked above
-        if not Path(task_file).is_file():
-            raise UserFacingError(f"{task_file} does not exist", "pass the path of a task .py file")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         # The default place is the KB home's runs/, so the home must be one (created if new).
-        directory = run_dir or open_home(ctx, create=True).runs_dir / f"{task_name(task_file)}-{stamp}"
-        spec = TaskSpec.of_file(task_file)
+        name = task_name(str(task_file)) if task_file else Path(str(kernel_file)).stem
+        directory = run_dir or open_home(ctx, create=True).runs_dir / f"{name}-{stamp}"
     kb_home = diagnosis_home(ctx)
     if spec is None:
         from diagnose.rounds import RoundsStore

@@ -7,6 +7,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -16,10 +17,12 @@ from harness.errors import UserFacingError
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from harness.task import TaskSpec
     from kb.home import KBHome
 
 __all__ = ["backend_option", "cite_releases", "diagnosis_home", "json_option", "kernel_input", "level_max_option", "open_home",
-           "progress_bar", "stage_progress", "stand_ins", "strategy_option", "timing_window_options", "user_errors"]
+           "progress_bar", "stage_progress", "stand_ins", "strategy_option", "task_input", "task_spec", "timing_window_options",
+           "user_errors"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,6 +42,8 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserFacingError as exc:
             click.echo(f"error: {exc}", err=True)
+            if exc.detail:
+                click.echo("".join(f"  | {line}\n" for line in exc.detail.splitlines()), err=True, nl=False)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo("interrupted: what was already published stays live, and work done is cached; "
@@ -93,6 +98,39 @@ def kernel_input(fn: F) -> F:
                       help='With --kernel: an expression that launches it, e.g. "scale(torch.randn(1000003), 2.0)".')(fn)
     return click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
                         help="A Python file with the @triton.jit kernel and its launch wrapper.")(fn)
+
+
+def task_input(fn: F) -> F:
+    """--kernel, --call, --reference: a kernel from the wild judged without a task file (`kb run`,
+    `kb optimize`); `task_spec` makes them, or the TASK argument, into the run's TaskSpec."""
+    fn = click.option("--reference", default=None,
+                      help="With --kernel: a PyTorch callable its outputs must equal, e.g. torch.add "
+                           "(default: the kernel's own outputs at the start).")(fn)
+    fn = click.option("--call", default=None,
+                      help='With --kernel: an example call of its launch wrapper, e.g. '
+                           '"add(torch.randn(4096), torch.randn(4096))".')(fn)
+    return click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
+                        help="A kernel file from the wild (instead of a task file).")(fn)
+
+
+def task_spec(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None) -> TaskSpec:
+    """The TaskSpec of a TASK argument or of --kernel/--call/--reference; one line when neither or both."""
+    from harness.task import TaskSpec
+
+    if (task_file is None) == (kernel_file is None):
+        raise UserFacingError("give a TASK file, or --kernel FILE with --call EXPR",
+                              'e.g. --kernel add.py --call "add(torch.randn(4096), torch.randn(4096))"')
+    if kernel_file is not None and call is None:
+        raise UserFacingError("--kernel needs --call EXPR, an example call of its launch wrapper",
+                              'e.g. --call "add(torch.randn(4096), torch.randn(4096))"')
+    if task_file is not None and (call or reference):
+        raise UserFacingError("--call and --reference go with --kernel, not with a TASK file",
+                              "put the cases and the reference in the task file, or pass --kernel FILE")
+    for path in (task_file, kernel_file):
+        if path is not None and not Path(path).is_file():
+            raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
+    return (TaskSpec.of_file(str(task_file)) if task_file else
+            TaskSpec(kernel=str(Path(str(kernel_file)).resolve()), call=call, reference=reference))
 
 
 def timing_window_options(fn: F) -> F:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.app import main
-from cli.options import backend_option, json_option, user_errors
+from cli.options import backend_option, json_option, task_input, task_spec, user_errors
 from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
@@ -19,10 +19,7 @@ if TYPE_CHECKING:
 
 @main.command("run")
 @click.argument("task_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--kernel", "kernel_file", type=click.Path(dir_okay=False), default=None,
-              help="A kernel file from the wild (instead of a task file).")
-@click.option("--call", default=None, help='With --kernel: an example call, e.g. "add(torch.randn(4096), torch.randn(4096))".')
-@click.option("--reference", default=None, help="With --kernel: a PyTorch callable to check against, e.g. torch.add.")
+@task_input
 @click.option("--candidate", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A rewritten kernel file to check and time against the task's own kernel.")
 @click.option("--candidate-entry", default=None, help="Its launch wrapper (default: the task entry's name).")
@@ -48,19 +45,8 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
 
     Exit status 0 when every kernel judged passed, 1 when one was rejected (the baseline included)."""
     from harness.run import RunOptions, run_task
-    from harness.task import TaskSpec
 
-    if (task_file is None) == (kernel_file is None):
-        raise UserFacingError("give a TASK file, or --kernel FILE with --call EXPR",
-                              'e.g. kb run --kernel add.py --call "add(torch.randn(4096), torch.randn(4096))"')
-    if kernel_file is not None and call is None:
-        raise UserFacingError("--kernel needs --call EXPR, an example call of its launch wrapper",
-                              'e.g. --call "add(torch.randn(4096), torch.randn(4096))"')
-    for path in (task_file, kernel_file):
-        if path is not None and not Path(path).is_file():
-            raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
-    spec = (TaskSpec.of_file(task_file) if task_file else
-            TaskSpec(kernel=str(Path(str(kernel_file)).resolve()), call=call, reference=reference))
+    spec = task_spec(task_file, kernel_file, call, reference)
     try:
         indices = [int(c) for c in cases.split(",")] if cases else None
     except ValueError as exc:

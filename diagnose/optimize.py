@@ -33,7 +33,7 @@ from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
 from harness.backends import BackendName
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
-from harness.task import Task, TaskSpec
+from harness.task import Task, TaskSpec, entry_name
 
 if TYPE_CHECKING:
     from kb.home import KBHome
@@ -163,14 +163,12 @@ def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHo
 
 def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHome | None, judge: Judge | None,
               log: Callable[[str], None] | None, resume: bool, stop_at: float | None) -> RoundsStore:
-    from harness.task import load_task
+    from harness.task import load_job_task
 
     say = log or (lambda _msg: None)
-    if spec.path is None:
-        raise UserFacingError("kb optimize needs a task file (entry, inputs, cases, reference)",
-                              "write a task module for the kernel (see docs/harness.md) and pass its path")
-    task = load_task(spec.path)
-    entry = getattr(task.entry, "__name__", "")
+    task = load_job_task(spec)
+    entry = entry_name(task.entry)
+    _check_rewritable(task, entry)
     if resume:
         store = RoundsStore(run_dir)
         info = store.run()
@@ -250,6 +248,23 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
         if own_judge is not None:
             own_judge.close()
     return store
+
+
+def _check_rewritable(task: Task, entry: str) -> None:
+    """One line, before any round, when the loop could not rewrite the kernel: the file the entry's code
+    lives in (what each round rewrites) defines no Triton kernel, or names the entry differently."""
+    from harness.capture import load_kernel_module
+    from harness.guards import defines_kernel
+    from harness.task import attribute_path
+
+    if not defines_kernel(task.source_file):
+        raise UserFacingError(f"the entry {entry} runs code in {task.source_file}, which defines no @triton.jit kernel: "
+                              "there is nothing there to rewrite",
+                              "make the entry the launch wrapper in the kernel's own file (for an autograd Function, "
+                              "its .apply; for a partial, the function it wraps)")
+    if attribute_path(load_kernel_module(task.source_file), entry) is None:
+        raise UserFacingError(f"{task.source_file} has no attribute path {entry!r} for the entry, so a rewrite of it "
+                              "could not be called", "make the entry a module-level function or Function.apply there")
 
 
 # ------------------------------------------------------------------------------------ planning
@@ -483,7 +498,7 @@ def _variants(hyp: Hypothesis, source: str, task: Task, store: RoundsStore, r: R
     if config is None:
         raise UserFacingError("--llm openai needs KB_LLM_BASE_URL", "set KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY")
     diagnosis = (store.dir / f"round-{r.idx:03d}.diagnosis.md").read_text()
-    new = rewrite_kernel(config, source, diagnosis, getattr(task.entry, "__name__", "entry"))
+    new = rewrite_kernel(config, source, diagnosis, entry_name(task.entry))
     return [Variant({"llm": config.model}, new)]
 
 

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from harness import ir
+from harness.compile_errors import compile_failure
 from harness.errors import UserFacingError, first_line
 from harness.ir.artifacts import SCHEMA_VERSION, Artifacts
 
@@ -72,6 +73,14 @@ def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
     if spec is None or spec.loader is None:
         raise UserFacingError(f"kernel file {path} is not a Python module", "pass a .py file")
     module = importlib.util.module_from_spec(spec)
+    package, root = _package_of(file)
+    if package:
+        # A file inside a package (`from .utils import ...`, `from liger_kernel.ops import ...`): its
+        # relative imports resolve against the package, imported from the folder above it, which stays
+        # on the path for the imports its functions make when called.
+        module.__package__ = package
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
     sys.modules[name] = module  # triton's JIT looks the module up by name for globals
     sys.path.insert(0, str(file.parent))  # kernels often import their siblings
     try:
@@ -80,14 +89,27 @@ def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
         sys.modules.pop(name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
+        needs_gpu = "CUDA" in str(exc) or "NVIDIA driver" in str(exc)
         raise UserFacingError(
             f"kernel file {path} does not import: {type(exc).__name__}: {first_line(exc)}",
-            "fix the error so that `python " + str(path) + "` runs",
+            "it needs a GPU at import: run it on the GPU machine (`kb why` and `kb diagnose` compile it here)"
+            if needs_gpu else "fix the error so that `python " + str(path) + "` runs",
         ) from exc
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(str(file.parent))
     return module
+
+
+def _package_of(file: Path) -> tuple[str, Path]:
+    """The dotted package a file sits in (folders with __init__.py above it) and the folder holding the
+    top package; ("", file's folder) outside a package."""
+    parts: list[str] = []
+    folder = file.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts), folder
 
 
 @dataclass
@@ -98,6 +120,8 @@ class Launch:
     compile: dict[str, Any]  # what JITFunction._call_hook passes as `compile`
     config_note: str = ""
     grid: list[int] | None = None  # the launch grid, resolved against the call's arguments
+    arguments: dict[str, Any] | None = None  # the launch's values by parameter (`launch_arguments`)
+    storages: dict[str, int] | None = None  # tensor parameter -> address of its storage (this process only)
 
     @property
     def key(self) -> str:
@@ -116,6 +140,24 @@ class _SpecializingDriver:
 
     def get_current_target(self) -> Any:
         return self._target
+
+    @property
+    def utils(self) -> Any:
+        """`driver.active.utils.get_device_properties(dev)`: what wrappers size their grids by."""
+        from types import SimpleNamespace
+
+        from harness.cuda_shim import device_model_for
+
+        model = device_model_for(target_name(self._target))
+        props = {"multiprocessor_count": model.sm_count, "max_shared_mem": model.shared_memory_per_block,
+                 "max_num_regs": model.registers_per_sm, "warpSize": 32, "sm_clock_rate": 1980000,
+                 "mem_clock_rate": 2619000, "mem_bus_width": 6144}
+        return SimpleNamespace(get_device_properties=lambda _device=0: dict(props))
+
+    def get_device_interface(self) -> Any:
+        import torch
+
+        return torch.cuda
 
     def get_current_device(self) -> int:
         return 0
@@ -143,10 +185,11 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     from triton.runtime.jit import JITFunction
 
     launches: list[Launch] = []
-    note: dict[str, Any] = {"text": "", "grid": None}
+    note: dict[str, Any] = {"text": "", "grid": None, "args": None, "storages": None}
 
     def hook(**kwargs: Any) -> bool:
-        launches.append(Launch(kwargs["fn"].jit_function, kwargs["compile"], note["text"], note["grid"]))
+        launches.append(Launch(kwargs["fn"].jit_function, kwargs["compile"], note["text"], note["grid"], note["args"],
+                               note["storages"]))
         return True  # tells JITFunction.run to neither compile nor launch
 
     original_jit_run = JITFunction.run
@@ -154,6 +197,8 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     def run_noting_grid(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
         # The cache hook does not see the grid; JITFunction.run does, before it calls the hook.
         note["grid"] = _resolve_grid(self, grid, args, kwargs)
+        note["args"] = launch_arguments(self, args, kwargs)
+        note["storages"] = _storages(self, args, kwargs)
         return original_jit_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     original_autotune_run = autotuner.Autotuner.run
@@ -201,6 +246,35 @@ def _resolve_grid(fn: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, A
         return None
 
 
+def launch_arguments(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The launch's values by kernel parameter, as JSON: numbers as they are; a tensor as its dtype,
+    shape, strides (elements) and the byte alignment of its address. What L1 reads the launch's facts
+    from (trip counts, divisibility, which buffers a kernel writes)."""
+    try:
+        import inspect
+
+        names = set(getattr(fn, "arg_names", []))
+        bound = inspect.signature(fn.fn).bind_partial(*args, **{k: v for k, v in kwargs.items() if k in names})
+    except (TypeError, ValueError):
+        return None
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        if isinstance(value, (bool, int, float)):
+            out[name] = value
+        elif hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+            address = int(value.data_ptr())
+            out[name] = {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(getattr(value, "shape", [])),
+                         "strides": list(value.stride()) if hasattr(value, "stride") else [],
+                         "align": address & -address if address else 0}
+    return out
+
+
+def _storages(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int]:
+    names = list(getattr(fn, "arg_names", []))
+    bound = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
+    return {name: int(v.untyped_storage().data_ptr()) for name, v in bound.items() if hasattr(v, "untyped_storage")}
+
+
 def _gpu_present() -> bool:
     try:
         import torch
@@ -224,8 +298,31 @@ def capture_call(
         target: "cuda:90"-style target; None means the GPU present, else cuda:90.
         cache_dir: where compiled artifacts are cached by content; None disables caching.
     """
-    module = load_kernel_module(kernel_file)
+    with device_for(target):  # a module may ask the device at import (its capability, its SM count)
+        module = load_kernel_module(kernel_file)
     return capture_callable(lambda ns: _eval_call(call, ns), vars(module), target, cache_dir, what=f"`{call}`")
+
+
+def capture_target(target: str | None) -> tuple[Any, bool]:
+    """The GPUTarget a capture specializes for, and whether the device present is that target."""
+    on_device = _gpu_present()
+    tgt = (_active_target() if on_device else parse_target("cuda:90")) if target is None else parse_target(target)
+    return tgt, on_device and target_name(tgt) == target_name(_active_target())
+
+
+@contextlib.contextmanager
+def device_for(target: str | None) -> Iterator[None]:
+    """Where a capture runs user code: as it is with the target's GPU present; on a CPU-only machine
+    (or for another target), under `cuda_on_cpu`, so that wrappers written for a GPU (`assert x.is_cuda`,
+    `device="cuda"`, `torch.cuda.device(...)`) reach their launch."""
+    tgt, on_device = capture_target(target)
+    if on_device or tgt.backend != "cuda":
+        yield
+        return
+    from harness.cuda_shim import cuda_on_cpu, device_model_for
+
+    with cuda_on_cpu(device_model_for(target_name(tgt))):
+        yield
 
 
 def capture_callable(
@@ -240,16 +337,10 @@ def capture_callable(
     import triton
     import triton.language as tl
 
-    on_device = _gpu_present()
-    if target is None:
-        tgt = _active_target() if on_device else parse_target("cuda:90")
-    else:
-        tgt = parse_target(target)
-    if on_device and target_name(tgt) != target_name(_active_target()):
-        on_device = False  # asked for another target than the device's: specialize on the CPU
+    tgt, on_device = capture_target(target)
     ns = {"torch": torch, "triton": triton, "tl": tl, **namespace}
     torch.manual_seed(0)
-    with intercept_launches(None if on_device else tgt) as launches:
+    with intercept_launches(None if on_device else tgt) as launches, device_for(target):
         with _default_device("cuda" if on_device else None):
             try:
                 run(ns)
@@ -258,14 +349,13 @@ def capture_callable(
             except BaseException as exc:  # noqa: BLE001 - user code
                 if isinstance(exc, KeyboardInterrupt):
                     raise
-                hint = "make it run with CPU tensors on a machine without a GPU" if "CUDA" in str(exc) else (
-                    "fix the expression so that it runs against the kernel file"
-                )
-                raise UserFacingError(f"{what} raised {type(exc).__name__}: {first_line(exc)}", hint) from exc
+                raise UserFacingError(f"{what} raised {type(exc).__name__}: {first_line(exc)}",
+                                      "fix the expression so that it runs against the kernel file") from exc
     if not launches:
         raise UserFacingError(
             f"{what} made no Triton launch",
-            "call the launch wrapper that runs kernel[grid](...), not a plain Python function",
+            "call the launch wrapper that runs kernel[grid](...) (for an autograd Function, its .apply), "
+            "not a plain PyTorch function",
         )
     unique: dict[str, Launch] = {}
     for launch in launches:
@@ -340,6 +430,7 @@ def compile_launch(
             cached = Artifacts.from_json(cache_file.read_text())
             # The grid is not part of the specialization: the same compile serves every grid.
             cached.metadata["grid"] = launch.grid
+            cached.metadata["launch_args"] = launch.arguments
             return cached
         # An unreadable cache entry (older schema, torn write) is recompiled and replaced.
 
@@ -356,11 +447,7 @@ def compile_launch(
         try:
             kernel = triton.compile(src, target=target, options=options)
         except Exception as exc:  # noqa: BLE001 - a kernel that does not compile is the user's to fix
-            name = launch.fn.fn.__qualname__
-            raise UserFacingError(
-                f"kernel {name} does not compile for {target_name(target)}: {type(exc).__name__}: {first_line(exc)}",
-                "fix the kernel (run it under TRITON_INTERPRET=1 to debug) or pick another --target",
-            ) from exc
+            raise compile_failure(exc, launch.fn, target_name(target)) from exc
     stderr, stdout = out["stderr"], out["stdout"]
     params = [p.name for p in launch.fn.params]
     metadata = {k: v for k, v in kernel.metadata._asdict().items() if _jsonable(v) and not k.startswith("MLIR_")}
@@ -385,6 +472,7 @@ def compile_launch(
     if launch.config_note:
         artifacts.metadata["note"] = launch.config_note
     artifacts.metadata["grid"] = launch.grid
+    artifacts.metadata["launch_args"] = launch.arguments
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(f".tmp{os.getpid()}")

@@ -11,12 +11,15 @@ class UserFacingError(Exception):
     Args:
         problem: what is wrong, naming the input (file, expression, directory).
         fix: what to do about it.
+        detail: a tool's own full text behind the line (Triton's compile error), printed after it; the
+            line must stand on its own without it.
     """
 
-    def __init__(self, problem: str, fix: str = "") -> None:
+    def __init__(self, problem: str, fix: str = "", detail: str = "") -> None:
         super().__init__(problem)
         self.problem = problem
         self.fix = fix
+        self.detail = detail
 
     def __str__(self) -> str:
         return f"{self.problem} — {self.fix}" if self.fix else self.problem

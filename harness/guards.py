@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KERNEL_DECORATORS", "escape_guards", "escape_kinds", "is_kernel", "static_guards", "tensors_in"]
+__all__ = ["KERNEL_DECORATORS", "defines_kernel", "escape_guards", "escape_kinds", "is_kernel", "static_guards", "tensors_in"]
 
 # Torch calls a launch wrapper legitimately makes: allocation, metadata, dtypes, devices, streams of
 # the caller. Anything else under `torch.` computes, and so is a fallback unless the task allows it.
@@ -44,6 +44,15 @@ _SIDE_STREAM = {"cuda.Stream", "cuda.stream", "cuda.set_stream", "npu.Stream", "
 
 # --- static ----------------------------------------------------------------------------------
 
+def defines_kernel(source_file: str) -> bool:
+    """Whether the file defines a Triton kernel (a @triton.jit or @triton.autotune'd function)."""
+    try:
+        tree = ast.parse(Path(source_file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    return any(isinstance(n, ast.FunctionDef) and is_kernel(n) for n in ast.walk(tree))
+
+
 def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...] = ()) -> list[str]:
     """Reasons to reject found in the wrapper and the module functions it reaches (not @jit ones)."""
     path = Path(source_file)
@@ -51,8 +60,12 @@ def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (OSError, SyntaxError, UnicodeDecodeError):
         return []  # the runner already loaded the module; an unreadable source just has no static check
-    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and not is_kernel(n)}
+    functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {
+        n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not is_kernel(n)}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for method in cls.body:  # an autograd Function's entry is `Cls.apply`, which runs `Cls.forward`
+            if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.name == "forward":
+                functions[f"{cls.name}.apply"] = method
     torch_aliases = _torch_aliases(tree)
     reasons: list[str] = []
     seen: set[str] = set()

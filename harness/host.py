@@ -82,10 +82,10 @@ class KernelHost:
         if request.get("trusted"):
             # The user's own code: what its import set is the state its calls are judged against.
             self.watch.state = global_state()
-        from harness.task import defining_file
+        from harness.task import defining_file, entry_name
 
         tuners = autotuners(entry)
-        return {"entry_file": defining_file(entry, request.get("file") or ""), "name": getattr(entry, "__name__", name),
+        return {"entry_file": defining_file(entry, request.get("file") or ""), "name": entry_name(entry),
                 "pins": max((len(t.configs) for t in tuners), default=0), "import_changes": changes,
                 "import_tampering": tampered}
 
@@ -108,8 +108,10 @@ class KernelHost:
 
     # --- checks ----------------------------------------------------------------------------
 
-    def check(self, name: str, a: str, b: str, pin: int | None, exempt: list[int]) -> dict[str, Any]:
-        """The three calls of one check (module docstring), under autotune pin `pin`."""
+    def check(self, name: str, a: str, b: str, pin: int | None, exempt: list[int],
+              inouts: list[int] | None = None) -> dict[str, Any]:
+        """The three calls of one check (module docstring), under autotune pin `pin`. `exempt` arguments
+        are outputs: poisoned, except the `inouts` among them, which the kernel reads too."""
         import torch
 
         self.held = []
@@ -121,15 +123,16 @@ class KernelHost:
         tuners = autotuners(entry)
         args: tuple[Any, ...] = ()
         kwargs: dict[str, Any] = {}
+        write_only = [i for i in exempt if i not in (inouts or [])]
         with pinned(tuners, pin) as label:
             for step, poison in enumerate((POISON_A, POISON_B, None)):
                 if step < 2:
                     args, kwargs = _clone(args_a), _clone_kwargs(kwargs_a)
-                    for i in exempt:
+                    for i in write_only:
                         if i < len(args) and isinstance(args[i], torch.Tensor):
                             fill_poison(args[i], poison)  # type: ignore[arg-type]
                 else:  # call 2's own tensors (still in args, kwargs), set B's values written in place
-                    _write_in_place(args, args_b, exempt)
+                    _write_in_place(args, args_b, write_only)
                     _write_in_place(tuple(kwargs.values()), tuple(kwargs_b.values()), [])
                 record = self._call(entry, args, kwargs, poison, exempt, out_spans)
                 calls.append(record)
@@ -189,7 +192,8 @@ class KernelHost:
     # --- timing ----------------------------------------------------------------------------
 
     def time(self, name: str, keys: list[str], probe: dict[str, Any], warmup_ms: int, rep_ms: int, warm_cache: bool,
-             exempt: list[int], expect_kernels: list[str], allow_copies: list[str]) -> dict[str, Any]:
+             exempt: list[int], expect_kernels: list[str], allow_copies: list[str],
+             inouts: list[int] | None = None) -> dict[str, Any]:
         """Raw timing samples of the entry cycling through the staged sets `keys`, under the same watch
         as its checks. At one repetition (`probe["at"]`, a fraction of the run) the values of the staged
         set `probe["key"]` are first written into that repetition's argument tensors, and that call's
@@ -212,7 +216,7 @@ class KernelHost:
         def before(index: int) -> None:
             args, kwargs = sets[index]
             saved.append((index, _clone(args), _clone_kwargs(kwargs)))
-            _write_in_place(args, probe_args, exempt)
+            _write_in_place(args, probe_args, [i for i in exempt if i not in (inouts or [])])
             _write_in_place(tuple(kwargs.values()), tuple(probe_kwargs.values()), [])
             pending.append(index)
 
@@ -298,9 +302,10 @@ class KernelHost:
 
 def _entry_from_file(file: str, name: str) -> Any:
     from harness.capture import load_kernel_module
+    from harness.task import attribute_path
 
     module = load_kernel_module(file)
-    entry = getattr(module, name, None)
+    entry = attribute_path(module, name) if name else None
     if not callable(entry):
         raise UserFacingError(f"{file} defines no callable {name!r}",
                               "name the launch wrapper like the task's entry, or pass --candidate-entry NAME")

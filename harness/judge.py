@@ -157,7 +157,8 @@ class Judge(Session):
         skipped: list[str] = []
         for pin in pins:
             answer = self._ask(hosted.worker, {"op": "check", "name": hosted.name, "a": key_a, "b": key_b,
-                                               "pin": pin, "exempt": self.info.exempt})
+                                               "pin": pin, "exempt": self.info.exempt,
+                                               "inouts": self.info.inouts})
             config = answer.get("config", "")
             calls = answer["calls"]
             if calls and not run.kernels:
@@ -307,7 +308,7 @@ class Judge(Session):
         made = self._made[probe]
         request = {"op": "time", "name": hosted.name, "keys": keys, "warmup_ms": warmup_ms, "rep_ms": rep_ms,
                    "probe": {"key": probe, "at": self._rng.uniform(0.2, 0.9)}, "warm_cache": self.info.warm_cache,
-                   "exempt": self.info.exempt, "allow_copies": sorted(self._own_copies),
+                   "exempt": self.info.exempt, "inouts": self.info.inouts, "allow_copies": sorted(self._own_copies),
                    "expect_kernels": sorted(self._kernels_seen.get((hosted.worker.token, case), ()))}
         started = time.monotonic()
         try:

@@ -37,7 +37,7 @@ class TaskInfo:
     labels: list[str]
     timed: int  # cases[:timed] are timed; the rest are checked only
     generated: int  # the last `generated` cases were generated for this seed
-    exempt: list[int]
+    exempt: list[int]  # outputs, then in/out arguments: compared as outputs, not as inputs
     allow_torch: list[str]
     has_reference: bool
     warm_cache: bool
@@ -46,6 +46,7 @@ class TaskInfo:
     bytes: list[float | None] = field(default_factory=list)  # per timed case
     flops: list[float | None] = field(default_factory=list)
     seed: int = 0
+    inouts: list[int] = field(default_factory=list)  # of `exempt`, those read too: never poisoned
 
 
 @dataclass
@@ -74,7 +75,7 @@ class ReferenceHost:
 
     def load(self, spec: dict[str, Any], seed: int, generated: int) -> dict[str, Any]:
         """`spec`: a TaskSpec as JSON, as it crossed from the caller."""
-        from harness.task import TaskSpec, load_job_task, task_files
+        from harness.task import TaskSpec, entry_name, load_job_task, task_files
 
         if self.task is None:
             self.task = load_job_task(TaskSpec.from_json(spec))
@@ -84,16 +85,31 @@ class ReferenceHost:
         self.sets.clear()
         self.expected.clear()
         self.meta.clear()
+        outputs, inouts = list(task.outputs), list(task.inouts)
+        if not outputs and not inouts and cases:
+            roles = self._roles(cases[0], seed)
+            outputs, inouts = list(roles.outputs), list(roles.inouts)
         self.info = TaskInfo(
-            name=task.name, path=task.path, entry=getattr(task.entry, "__name__", "entry"),
+            name=task.name, path=task.path, entry=entry_name(task.entry),
             source_file=task.source_file, cases=[_plain(c) for c in cases],
             labels=[task.case_label(c) for c in cases], timed=len(task.cases), generated=len(generated_cases),
-            exempt=list(task.outputs), allow_torch=list(task.allow_torch), has_reference=task.reference is not None,
+            exempt=outputs + inouts, inouts=inouts, allow_torch=list(task.allow_torch), has_reference=task.reference is not None,
             warm_cache=task.warm_cache, family=task.family, files=task_files(task),
             bytes=[_maybe(task.bytes, c) for c in task.cases], flops=[_maybe(task.flops, c) for c in task.cases],
             seed=seed)
         self._cases = cases
         return asdict(self.info)
+
+    def _roles(self, case: dict[str, Any], seed: int) -> Any:
+        """Which arguments the task's own kernel writes, from one intercepted call (nothing launches)."""
+        import torch
+
+        from harness.roles import argument_roles
+
+        torch.manual_seed(seed)
+        with torch.device(self.device):
+            args, kwargs = self.task.arguments(case)
+            return argument_roles(self.task.entry, args, kwargs)
 
     # --- inputs ----------------------------------------------------------------------------
 

@@ -292,7 +292,7 @@ class Session:
             self._stage(hosted.worker, [key])
             try:
                 answer = self._ask(hosted.worker, {"op": "check", "name": hosted.name, "a": key, "b": key, "pin": None,
-                                                   "exempt": self.info.exempt})
+                                                   "exempt": self.info.exempt, "inouts": self.info.inouts})
             except WorkerFailed as exc:
                 raise UserFacingError(f"the task's own kernel failed on case {self.info.labels[case]}: {exc}",
                                       "run `kb run TASK` on the task alone to see why") from None

@@ -23,6 +23,9 @@ A task file defines (only the first three are required):
                 {"float16": {"atol": .., "rtol": ..}}. Defaults: `DEFAULT_TOLERANCES`.
     outputs     indices of arguments the kernel writes in place (an `out=` style wrapper). They
                 are poisoned before each call and excluded from the mutated-input check.
+    inouts      indices of arguments the kernel reads and writes (it accumulates into them). They
+                are compared as outputs, never poisoned. Without `outputs` and `inouts`, both are
+                inferred from the task's own kernel (`harness.roles`).
     bytes, flops  bytes(**case) / flops(**case): the minimum traffic and work of one call, for the
                 roofline position. Give what the operation needs, not what the kernel does.
     allow_torch names of torch calls the wrapper may make beyond allocation (e.g. ["sum"] for a
@@ -54,7 +57,7 @@ from harness.capture import capture_callable, load_kernel_module
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "capture_task", "defining_file", "load_job_task", "load_task", "task_files",
+__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "capture_task", "attribute_path", "defining_file", "entry_name", "launch_code", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
@@ -80,6 +83,7 @@ class Task:
     namespace: dict[str, Any] = field(default_factory=dict)
     heldout: list[dict[str, Any]] = field(default_factory=list)
     outputs: tuple[int, ...] = ()
+    inouts: tuple[int, ...] = ()
     bytes: Callable[..., float] | None = None
     flops: Callable[..., float] | None = None
     allow_torch: tuple[str, ...] = ()
@@ -147,6 +151,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         namespace=ns,
         heldout=_case_list(ns.get("heldout", []), path, "heldout"),
         outputs=tuple(int(i) for i in ns.get("outputs", ())),
+        inouts=tuple(int(i) for i in ns.get("inouts", ())),
         bytes=ns.get("bytes"),
         flops=ns.get("flops"),
         allow_torch=tuple(ns.get("allow_torch", ())),
@@ -214,7 +219,7 @@ def task_files(task: Task) -> list[str]:
     file defining its entry, and the files its reference and stand-in are defined in."""
     files = {task.path, task.source_file}
     for fn in (task.reference, task.eager, task.entry):
-        code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+        code = launch_code(fn)
         if code is not None and Path(code.co_filename).is_file():
             files.add(str(Path(code.co_filename).resolve()))
     return sorted(f for f in files if f and Path(f).is_file())
@@ -263,7 +268,10 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> list[Artifacts]:
     """Compile the launches of one case of a task (the first by default)."""
-    task = load_task(path)
+    from harness.capture import device_for
+
+    with device_for(target):  # a module may ask the device at import
+        task = load_task(path)
     if not 0 <= case < len(task.cases):
         raise UserFacingError(f"task {task.name} has {len(task.cases)} cases, not {case + 1}", "pick a valid case")
     params = task.cases[case]
@@ -288,9 +296,79 @@ def _case_list(value: Any, path: Any, name: str) -> list[dict[str, Any]]:
 
 
 def defining_file(fn: Any, fallback: Any) -> str:
-    """The file that defines a callable (through functools.wraps), else `fallback`."""
-    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    """The file holding the code a callable runs (`launch_code`), else `fallback`."""
+    code = launch_code(fn)
     return str(Path(code.co_filename).resolve()) if code is not None else str(Path(fallback).resolve())
+
+
+def launch_code(fn: Any) -> Any:
+    """The code object an entry runs, followed through what wraps it: `functools.partial`, decorators
+    that keep `__wrapped__`, bound methods, a `torch.autograd.Function`'s `.apply` (its `forward`), an
+    `nn.Module` (its `forward`) or any callable object (its `__call__`). None for a builtin.
+
+    `.apply` is the one that matters most: its own code is torch's, so an entry of the form
+    `MyFunction.apply` would otherwise name `torch/autograd/function.py` as the kernel's source."""
+    import functools
+
+    seen: set[int] = set()
+    while id(fn) not in seen:
+        seen.add(id(fn))
+        owner = getattr(fn, "__self__", None)
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(owner, type) and getattr(fn, "__name__", "") == "apply" and _is_autograd_function(owner):
+            fn = getattr(owner, "forward", None)
+        elif getattr(fn, "__wrapped__", None) is not None:
+            fn = fn.__wrapped__
+        elif getattr(fn, "__func__", None) is not None:
+            fn = fn.__func__
+        elif getattr(fn, "__code__", None) is not None:
+            return fn.__code__
+        elif _is_module(fn):
+            fn = type(fn).forward
+        elif callable(fn) and not isinstance(fn, type) and hasattr(type(fn).__call__, "__code__"):
+            fn = type(fn).__call__
+        else:
+            return None
+    return None
+
+
+def entry_name(fn: Any) -> str:
+    """How a rewritten copy of the entry's file names the entry: `rms_norm`, or `RMSNorm.apply` for an
+    autograd Function (a dotted path from the module; `attribute_path` follows it back)."""
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, type) and getattr(fn, "__name__", "") == "apply" and _is_autograd_function(owner):
+        return f"{owner.__qualname__}.apply"
+    qualname = str(getattr(fn, "__qualname__", "") or getattr(fn, "__name__", "") or "entry")
+    return getattr(fn, "__name__", "entry") if "<locals>" in qualname else qualname
+
+
+def attribute_path(module: Any, path: str) -> Any:
+    """`module.A.b` for the path "A.b"; None where a step is missing."""
+    value = module
+    for part in path.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value
+
+
+def _is_autograd_function(cls: type) -> bool:
+    try:
+        import torch
+
+        return issubclass(cls, torch.autograd.Function)
+    except ImportError:
+        return False
+
+
+def _is_module(obj: Any) -> bool:
+    try:
+        import torch
+
+        return isinstance(obj, torch.nn.Module)
+    except ImportError:
+        return False
 
 
 def _eval(expr: str, ns: dict[str, Any], flag: str) -> Any:

@@ -120,13 +120,14 @@ class _Service:
         if op == "unstage":
             return host.unstage(r["keys"])
         if op == "check":
-            answer = host.check(r["name"], r["a"], r["b"], r.get("pin"), list(r.get("exempt", [])))
+            answer = host.check(r["name"], r["a"], r["b"], r.get("pin"), list(r.get("exempt", [])),
+                                list(r.get("inouts", [])))
             answer["fatal"] = any(c.get("fatal") for c in answer["calls"])
             return answer
         if op == "time":
             return host.time(r["name"], list(r["keys"]), dict(r["probe"]), int(r["warmup_ms"]), int(r["rep_ms"]),
                              bool(r.get("warm_cache")), list(r.get("exempt", [])), list(r.get("expect_kernels", [])),
-                             list(r.get("allow_copies", [])))
+                             list(r.get("allow_copies", [])), list(r.get("inouts", [])))
         if op == "burn_in":
             return host.burn_in(r["names"], r["key"], float(r["seconds"]))
         if op == "forget_tunings":

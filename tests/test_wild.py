@@ -1,0 +1,138 @@
+"""Kernels as people write them: autograd Functions, wrappers that insist on CUDA, files inside a
+package, kernels written for another Triton, buffers a kernel reads and writes. Each must load on this
+CPU-only machine and be judged as what it is, or be refused in one line that says why."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import FIXTURES
+
+from cli import main
+from harness.capture import capture_call, device_for
+from harness.errors import UserFacingError
+from harness.guards import static_guards
+from harness.roles import argument_roles, kernel_access
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec, defining_file, entry_name, launch_code, load_job_task
+
+WILD = FIXTURES / "wild"
+RMS = WILD / "wildpkg" / "ops" / "rms_norm.py"
+RMS_CALL = "RMSNormFunction.apply(torch.randn(64, 1000), torch.randn(1000))"
+
+
+def test_an_autograd_entry_is_followed_to_its_forward_not_to_torch():
+    with device_for(None):  # the module asks the device at import
+        task = load_job_task(TaskSpec(kernel=str(RMS), call=RMS_CALL))
+    assert task.source_file == str(RMS.resolve())
+    assert defining_file(task.entry, "elsewhere.py") == str(RMS.resolve())  # not torch/autograd/function.py
+    assert entry_name(task.entry) == "RMSNormFunction.apply"
+
+
+def test_partials_methods_and_decorators_lead_to_the_code_that_runs():
+    def launch(x, scale):
+        return x * scale
+
+    @functools.wraps(launch)
+    def logged(*args, **kwargs):
+        return launch(*args, **kwargs)
+
+    class Op:
+        def run(self, x):
+            return x
+
+    assert launch_code(functools.partial(logged, scale=2)) is launch.__code__
+    assert launch_code(Op().run) is Op.run.__code__
+    assert launch_code(torch.nn.Identity()) is torch.nn.Identity.forward.__code__
+    assert launch_code(len) is None
+
+
+def test_a_cuda_only_wrapper_in_a_package_compiles_on_a_cpu_machine():
+    """The wrapper asserts cuda tensors, enters torch.cuda.device, allocates on "cuda", asks the SM count
+    at import and imports its helpers relatively: all of that runs under the device shim."""
+    (art,) = capture_call(RMS, RMS_CALL)
+    assert art.kernel == "_rms_norm_forward" and art.target == "cuda:90"
+    assert art.metadata["grid"] == [64]
+    args = art.metadata["launch_args"]
+    assert args["stride"] == 1000 and args["n_cols"] == 1000
+    assert args["X"]["dtype"] == "float32" and args["X"]["shape"] == [64, 1000]
+    assert not torch.randn(2).is_cuda  # the shim ended with the capture
+
+
+def test_a_kernel_for_an_older_triton_names_the_api_the_version_and_keeps_tritons_text():
+    with pytest.raises(UserFacingError) as caught:
+        capture_call(WILD / "old_api.py", "tanh(torch.randn(4096))")
+    error = caught.value
+    assert "tl.math.tanh at old_api.py:14" in error.problem and "Triton 3.0" in error.problem
+    assert "libdevice" in error.fix and "pip install 'triton<3.0'" in error.fix
+    assert "at 6:8:" in error.detail and "has no attribute 'tanh'" in error.detail  # Triton's own words
+    result = CliRunner().invoke(main, ["why", "why is it slow", "--kernel", str(WILD / "old_api.py"),
+                                       "--call", "tanh(torch.randn(4096))"])
+    assert result.exit_code == 2
+    first, *rest = result.output.splitlines()
+    assert first.startswith("error: kernel tanh_kernel uses tl.math.tanh") and any("^" in line for line in rest)
+
+
+def test_a_call_that_launches_no_triton_kernel_is_refused_in_one_line():
+    with pytest.raises(UserFacingError, match="made no Triton launch"):
+        capture_call(WILD / "torch_only.py", "double(torch.randn(8))")
+
+
+def test_optimize_refuses_an_entry_whose_code_holds_no_kernel(tmp_path):
+    from diagnose.optimize import OptimizeOptions, optimize
+
+    spec = TaskSpec(kernel=str(WILD / "torch_only.py"), call="double(torch.randn(8))")
+    with pytest.raises(UserFacingError, match="defines no @triton.jit kernel"):
+        optimize(spec, OptimizeOptions(rounds=1, backend="cuda"), tmp_path / "run", None)
+    assert not (tmp_path / "run" / "round-000.py").exists()  # refused before anything was written
+
+
+def test_optimize_takes_a_kernel_and_a_call_like_run_and_why():
+    result = CliRunner().invoke(main, ["optimize", "--kernel", str(WILD / "accumulate.py"), "--backend", "interpreter",
+                                       "--call", "scaled_add(torch.randn(8), torch.randn(8))"])
+    assert result.exit_code == 2 and "needs a device to time on" in result.output  # past the input checks
+    result = CliRunner().invoke(main, ["optimize", "--kernel", str(WILD / "accumulate.py")])
+    assert result.exit_code == 2 and "--kernel needs --call" in result.output
+
+
+def test_the_guards_read_an_autograd_entrys_forward(tmp_path):
+    source = tmp_path / "fallback.py"
+    source.write_text("import torch\n\nclass Op(torch.autograd.Function):\n    @staticmethod\n"
+                      "    def forward(ctx, x):\n        return torch.softmax(x, 0)\n")
+    assert any("torch.softmax" in r for r in static_guards(str(source), "Op.apply"))
+
+
+def test_kernel_access_follows_pointer_arithmetic_to_the_parameters():
+    src = ("def k(X, OUT, Y, n, BLOCK: tl.constexpr):\n    offs = tl.arange(0, BLOCK)\n    p = base + offs\n"
+           "    base = OUT + tl.program_id(0) * n\n    acc = tl.load(p)\n    tl.store(p, acc + tl.load(X + offs))\n"
+           "    tl.atomic_add(Y, 1.0)\n")
+    reads, writes = kernel_access(src, ["X", "OUT", "Y", "n", "BLOCK"])
+    assert {"X", "OUT", "Y"} <= reads and {"OUT", "Y"} <= writes and "X" not in writes
+
+
+@pytest.mark.parametrize("add_inputs, roles", [(True, ((), (1,))), (False, ((1,), ()))])
+def test_argument_roles_come_from_the_kernel(add_inputs, roles):
+    from harness.capture import load_kernel_module
+
+    module = load_kernel_module(WILD / "accumulate.py")
+    found = argument_roles(functools.partial(module.scaled_add, add_inputs=add_inputs),
+                           (torch.randn(64), torch.randn(64)), {})
+    assert (found.outputs, found.inouts) == roles
+
+
+@pytest.mark.parametrize("add_inputs", [True, False])
+def test_a_buffer_the_kernel_accumulates_into_is_judged_as_an_in_out_argument(add_inputs):
+    """Poisoned as an out= buffer, the kernel's own baseline would fail; judged as an input, it would be
+    'an input was modified'. Inferred as in/out (or out), the baseline passes against its reference."""
+    reference = ("lambda x, out, add_inputs: out.add_(2 * x)" if add_inputs else
+                 "lambda x, out, add_inputs: out.copy_(2 * x)")
+    spec = TaskSpec(kernel=str(WILD / "accumulate.py"), reference=reference,
+                    call=f"scaled_add(torch.randn(3000), torch.randn(3000), add_inputs={add_inputs})")
+    report = run_task(spec, RunOptions(backend="interpreter", seeds=1, time=False, timeout_s=120))
+    base = report.run("baseline")
+    assert base is not None and base.correct, json.dumps(report.to_dict())[:2000]
+    assert base.compared_with == "the reference"
