@@ -20,6 +20,7 @@ from typing import Any
 
 from diagnose.analyzers import TOPICS, run_analyzers
 from diagnose.compiler_source import escalate
+from diagnose.launch_triage import LAUNCH_KINDS
 from diagnose.records import (
     LEVELS,
     STRATEGIES,
@@ -148,9 +149,12 @@ class _State:
             self.escalations.append(Escalation("L1", "skip", "no kernel source: only IR was given"))
             return False
         from diagnose.features import kernel_features
+        from diagnose.launch_triage import launch_triage
         from diagnose.triage import triage
 
-        found = triage(kernel_features(self.request.kernel_file), self.log, self.request.target)
+        features = kernel_features(self.request.kernel_file)
+        found = triage(features, self.log, self.request.target)
+        found = launch_triage(features, self.request.launches(), found, self.log, self.notes)
         self.findings += [f for f in found if self.topics is None or f.topic in self.topics]
         return True
 
@@ -183,8 +187,8 @@ class _State:
             l3_kinds.setdefault(f.kind, f)
         kept = []
         for f in self.findings:
-            if f.level != "L1":
-                kept.append(f)
+            if f.level != "L1" or f.kind.startswith(LAUNCH_KINDS):
+                kept.append(f)  # the launch's own facts (its grid, its strides): no IR stage shows them
             elif f.kind in l3_kinds:
                 l3_kinds[f.kind].evidence = [*f.evidence, *l3_kinds[f.kind].evidence]
                 self.notes.append(f"L1 suspected {f.kind}; the IR confirms it")
@@ -254,6 +258,14 @@ class _State:
             self.escalations.append(Escalation(level, "escalate", "no hypothesis at this level"))
             return False
         best = ranked[0]
+        if level == "L1" and self.request.report is not None:
+            self.escalations.append(Escalation(level, "escalate", f"measurements are at hand: {best.kind} is weighed "
+                                               "against them at L2 before anything stops on it"))
+            return False
+        if level == "L2" and best.level == "L1" and (contradiction := self._contradicted(best)):
+            self.escalations.append(Escalation(level, "escalate", f"the measurements contradict {best.kind}: "
+                                               f"{contradiction}"))
+            return False
         patterns = self.patterns_for(best)
         if best.confidence < CONFIDENT:
             self.escalations.append(Escalation(level, "escalate", f"best hypothesis {best.kind} has confidence "
@@ -271,6 +283,18 @@ class _State:
         self.escalations.append(Escalation(level, "stop", f"{best.kind} (confidence {best.confidence:.2f}) is "
                                            f"justified by the {pattern.risk}-risk pattern `{pattern.id}`"))
         return True
+
+    def _contradicted(self, finding: Finding) -> str:
+        """Why the measured run contradicts an L1 hypothesis ("" when it does not): a memory-side defect
+        in a kernel measured near the copy roofline, or a latency fix in a kernel whose grid leaves the
+        device idle."""
+        kinds = {f.kind: f for f in self.findings}
+        if "profile.ok" in kinds and finding.kind.split(".")[0] in _MEMORY_FAMILIES:
+            return kinds["profile.ok"].title
+        idle = next((f for f in self.findings if f.kind == "parallelism.grid-underfilled" and f.defect), None)
+        if idle is not None and finding is not idle and finding.kind.split(".")[0] in ("pipelining", "vectorization"):
+            return idle.title
+        return ""
 
     def patterns_for(self, finding: Finding) -> list[tuple[Pattern, str]]:
         """Patterns whose symptoms name the finding kind, ranked by risk, then their record (wins over

@@ -7,10 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
+from harness.launches import LaunchFacts
 from harness.measurement import RunReport
+
+if TYPE_CHECKING:
+    from harness.capture import Interception
 
 __all__ = ["DEFAULT_TARGET", "DiagnosisRequest", "KernelInput", "request_from"]
 
@@ -26,18 +31,28 @@ class DiagnosisRequest:
         artifacts: a callable that compiles (or reads) the kernel's Artifacts, called at most once.
         report: measurements of the kernel (L2), e.g. from `kb run --json --profile`.
         target: "cuda:90", "npu", ...; chooses the patterns' backend.
+        launch_facts: a callable that intercepts the kernel's launches (no compile): the grid and the
+            arguments' values L1 reads; None where there is no call to intercept (a dump, a rewrite).
     """
 
     kernel_file: str | None
     artifacts: Callable[[], list[Artifacts]] | None
     report: RunReport | None = None
     target: str = DEFAULT_TARGET
+    launch_facts: Callable[[], list[LaunchFacts]] | None = None
     _compiled: list[Artifacts] | None = field(default=None, repr=False)
+    _facts: list[LaunchFacts] | None = field(default=None, repr=False)
 
     def compiled(self) -> list[Artifacts]:
         if self._compiled is None:
             self._compiled = self.artifacts() if self.artifacts else []
         return self._compiled
+
+    def launches(self) -> list[LaunchFacts]:
+        """The launches' facts, intercepted at most once ([] when there is no call to intercept)."""
+        if self._facts is None:
+            self._facts = self.launch_facts() if self.launch_facts else []
+        return self._facts
 
 
 @dataclass(frozen=True)
@@ -98,17 +113,32 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
 
         return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET)
     if kernel.task is not None:
-        from harness.task import capture_task, load_task
+        from harness.capture import device_for
+        from harness.task import intercept_task, load_task
 
         task_file, case = kernel.task, kernel.case
-        return DiagnosisRequest(load_task(task_file).source_file,
-                                lambda: capture_task(task_file, case, target=target, cache_dir=cache_dir), report,
-                                target or DEFAULT_TARGET)
-    from harness.capture import capture_call
+        with device_for(target):
+            source = load_task(task_file).source_file
+        intercepted = _once(lambda: intercept_task(task_file, case, target))
+    else:
+        from harness.capture import intercept_call
 
-    kernel_file, call = str(kernel.kernel), str(kernel.call)
-    return DiagnosisRequest(kernel_file, lambda: capture_call(kernel_file, call, target=target, cache_dir=cache_dir),
-                            report, target or DEFAULT_TARGET)
+        source, call = str(kernel.kernel), str(kernel.call)
+        intercepted = _once(lambda: intercept_call(source, call, target))
+    return DiagnosisRequest(source, lambda: intercepted().compile(cache_dir), report, target or DEFAULT_TARGET,
+                            launch_facts=lambda: intercepted().facts())
+
+
+def _once(make: Callable[[], Interception]) -> Callable[[], Interception]:
+    """`make`, run on the first call only: L1's facts and L3's compile share one interception."""
+    made: list[Interception] = []
+
+    def get() -> Interception:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
 
 
 def _ascend_dumps(dump_dir: str, source_file: str) -> list[Artifacts]:

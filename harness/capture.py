@@ -32,8 +32,10 @@ from harness import ir
 from harness.compile_errors import compile_failure
 from harness.errors import UserFacingError, first_line
 from harness.ir.artifacts import SCHEMA_VERSION, Artifacts
+from harness.launches import LaunchFacts
 
-__all__ = ["Launch", "capture_call", "compile_launch", "intercept_launches", "load_kernel_module", "parse_target"]
+__all__ = ["Interception", "Launch", "capture_call", "compile_launch", "intercept_call", "intercept_callable",
+           "intercept_launches", "load_kernel_module", "parse_target"]
 
 # Environment that makes the compiler explain itself. Read by Triton's C++ at pass-manager setup
 # and by knobs at access time, so setting it around one compile is enough.
@@ -298,9 +300,31 @@ def capture_call(
         target: "cuda:90"-style target; None means the GPU present, else cuda:90.
         cache_dir: where compiled artifacts are cached by content; None disables caching.
     """
+    return intercept_call(kernel_file, call, target).compile(cache_dir)
+
+
+def intercept_call(kernel_file: str | os.PathLike[str], call: str, target: str | None = None) -> Interception:
+    """The launches `call` makes against the kernel file, intercepted (nothing compiles yet)."""
     with device_for(target):  # a module may ask the device at import (its capability, its SM count)
         module = load_kernel_module(kernel_file)
-    return capture_callable(lambda ns: _eval_call(call, ns), vars(module), target, cache_dir, what=f"`{call}`")
+    return intercept_callable(lambda ns: _eval_call(call, ns), vars(module), target, what=f"`{call}`")
+
+
+@dataclass
+class Interception:
+    """The distinct launches of one call, intercepted for `target`: their facts (cheap) and, on
+    demand, their compiled artifacts."""
+
+    launches: list[Launch]
+    target: Any  # GPUTarget
+    on_device: bool
+
+    def facts(self) -> list[LaunchFacts]:
+        return [LaunchFacts.of_launch(launch, target_name(self.target)) for launch in self.launches]
+
+    def compile(self, cache_dir: str | os.PathLike[str] | None = None) -> list[Artifacts]:
+        return [compile_launch(launch, self.target, cache_dir, launched_on="device" if self.on_device else "cpu")
+                for launch in self.launches]
 
 
 def capture_target(target: str | None) -> tuple[Any, bool]:
@@ -332,7 +356,12 @@ def capture_callable(
     cache_dir: str | os.PathLike[str] | None,
     what: str,
 ) -> list[Artifacts]:
-    """Shared core of capture: run user code under interception, then compile each launch."""
+    """Run user code under interception, then compile each distinct launch."""
+    return intercept_callable(run, namespace, target, what).compile(cache_dir)
+
+
+def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, what: str) -> Interception:
+    """Run user code with its Triton launches intercepted; one line when it launches none."""
     import torch
     import triton
     import triton.language as tl
@@ -360,10 +389,7 @@ def capture_callable(
     unique: dict[str, Launch] = {}
     for launch in launches:
         unique.setdefault(launch.key, launch)
-    return [
-        compile_launch(launch, tgt, cache_dir, launched_on="device" if on_device else "cpu")
-        for launch in unique.values()
-    ]
+    return Interception(list(unique.values()), tgt, on_device)
 
 
 def _active_target() -> Any:

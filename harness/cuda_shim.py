@@ -37,10 +37,17 @@ class DeviceModel:
     max_blocks_per_sm: int = 32
     total_memory: int = 80 << 30
     l2_bytes: int = 50 << 20
+    # Datasheet rates (dense), for orders of magnitude only: measured ceilings (harness.roofline) win
+    # wherever a run was measured.
+    dram_gbps: float = 2000.0
+    tensor_tflops: float = 300.0  # fp16/bf16 inputs
+    fp32_tflops: float = 19.5  # FMA
 
 
-H200 = DeviceModel("NVIDIA H200", (9, 0), 132, 232448, total_memory=141 << 30, l2_bytes=60 << 20)
-A100 = DeviceModel("NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912, total_memory=80 << 30, l2_bytes=40 << 20)
+H200 = DeviceModel("NVIDIA H200", (9, 0), 132, 232448, total_memory=141 << 30, l2_bytes=60 << 20, dram_gbps=4800.0,
+                   tensor_tflops=989.0, fp32_tflops=67.0)
+A100 = DeviceModel("NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912, total_memory=80 << 30, l2_bytes=40 << 20,
+                   dram_gbps=2039.0, tensor_tflops=312.0, fp32_tflops=19.5)
 _BY_ARCH = {90: H200, 80: A100}
 
 

@@ -53,11 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.capture import capture_callable, load_kernel_module
+from harness.capture import Interception, intercept_callable, load_kernel_module
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "capture_task", "attribute_path", "defining_file", "entry_name", "launch_code", "load_job_task", "load_task", "task_files",
+__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "capture_task", "attribute_path", "defining_file", "entry_name", "intercept_task", "launch_code", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
@@ -268,6 +268,11 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> list[Artifacts]:
     """Compile the launches of one case of a task (the first by default)."""
+    return intercept_task(path, case, target).compile(cache_dir)
+
+
+def intercept_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None) -> Interception:
+    """The launches of one case of a task, intercepted (nothing compiles yet)."""
     from harness.capture import device_for
 
     with device_for(target):  # a module may ask the device at import
@@ -280,7 +285,7 @@ def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None
         args, kwargs = task.arguments(params)
         return task.entry(*args, **kwargs)
 
-    return capture_callable(call, task.namespace, target, cache_dir, what=f"task {task.name} case {params}")
+    return intercept_callable(call, task.namespace, target, what=f"task {task.name} case {params}")
 
 
 def task_name(path: str | os.PathLike[str]) -> str:

@@ -159,6 +159,10 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         if not unaligned and unaligned_base and (origin is None or origin <= 1):
             for arg in unaligned_base:
                 chain.append(_arg_evidence(art, log, arg, "scales the access's base offset"))
+            true_hints = _launch_true_hints(art, unaligned_base)
+            if true_hints:
+                chain.append(log.add("L3", "launch", f"at this launch {true_hints}", f"launch:{art.kernel}",
+                                     str({a: (art.metadata.get("launch_args") or {}).get(a) for a in unaligned_base})))
             findings.append(Finding(
                 kind="vectorization.divisibility",
                 topic="vectorization",
@@ -168,6 +172,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
                     f"The pointer argument is aligned, but the access starts at an offset scaled by "
                     f"{', '.join(unaligned_base)} (a row stride or length), which the launch did not specialize as "
                     "divisible by 16: AxisInfo can prove no alignment for the base, so every access is scalar."
+                    + (f" A hint must be true for every launch: at this one {true_hints}." if true_hints else "")
                 ),
                 evidence=chain,
                 kernel_lines=[line],
@@ -239,6 +244,28 @@ def _load_layout(art: Artifacts, kernel_line: int) -> tuple[str, str, str] | Non
             if alias in ir.ALIAS_REF.findall(op.text) and spt:
                 return f"sizePerThread = [{', '.join(map(str, spt))}] ({alias})", f"ttgir:{op.ir_line}", op.text
     return None
+
+
+def _launch_true_hints(art: Artifacts, args: list[str]) -> str:
+    """What `tl.multiple_of` may truthfully say of each integer argument at the launch that was compiled,
+    e.g. "stride = 1000 = 8 x 125: tl.multiple_of(stride, 8) holds, 16 would be false"."""
+    from harness.launches import largest_power_of_two_divisor
+
+    values = art.metadata.get("launch_args") or {}
+    said = []
+    for arg in args:
+        value = values.get(arg)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            continue
+        divisor = largest_power_of_two_divisor(value)
+        if divisor >= 16:
+            said.append(f"{arg} = {value} is a multiple of 16")
+        elif divisor > 1:
+            said.append(f"{arg} = {value} = {divisor} x {value // divisor}: tl.multiple_of({arg}, {divisor}) holds, "
+                        "16 would be false")
+        else:
+            said.append(f"{arg} = {value} is odd: no divisibility hint is true for it")
+    return "; ".join(said)
 
 
 def _arg_evidence(art: Artifacts, log: EvidenceLog, arg: str, role: str) -> str:

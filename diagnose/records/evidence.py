@@ -91,6 +91,8 @@ class Finding:
         level: the level at which it became visible.
         confidence: how strongly the evidence supports it (0-1). Static suspicions (L1) are weaker
             than what the compiled IR shows (L3); below REPORT_CONFIDENCE it is an opportunity.
+        gain: the most fixing it could speed the kernel up (x), estimated from the launch's numbers
+            (SMs over programs, bytes moved over bytes used); None where nothing bounds it.
     """
 
     kind: str
@@ -102,6 +104,7 @@ class Finding:
     deciding_pass: str = ""
     level: str = "L3"
     confidence: float = 0.9
+    gain: float | None = None
 
     @property
     def healthy(self) -> bool:

@@ -9,6 +9,8 @@ evidence.
 
 from __future__ import annotations
 
+import math
+
 from diagnose.records.evidence import Finding
 
 __all__ = ["IMPACT", "finding_score", "ranked_defects"]
@@ -23,6 +25,7 @@ IMPACT: dict[str, float] = {
     "pipelining": 0.85,
     "atomics": 0.85,
     "profile": 0.85,
+    "parallelism": 1.0,  # idle SMs bound every other fix
     "ascend": 0.8,
     "spills": 0.75,
     "reduction": 0.7,
@@ -34,9 +37,12 @@ IMPACT: dict[str, float] = {
 
 
 def finding_score(finding: Finding) -> float:
+    """Confidence x typical impact x what the launch's numbers say fixing it can gain at most: a
+    finding that bounds the speedup at 16x (8 programs on 132 SMs) outranks one bounded at 1.1x."""
     family = finding.kind.split(".")[0]
     weight = IMPACT.get(finding.kind, IMPACT.get(family, 0.5))
-    return finding.confidence * weight
+    gain = 1.0 + 0.1 * math.log2(finding.gain) if finding.gain and finding.gain > 1 else 1.0
+    return finding.confidence * weight * gain
 
 
 def ranked_defects(findings: list[Finding]) -> list[Finding]:

@@ -1,0 +1,333 @@
+"""L1 on the launch the user makes: the source read with the launch's real values beside it.
+
+Source rules alone (diagnose.triage) say what a kernel could suffer from at some launch. With the
+intercepted launch (`harness.launches.LaunchFacts`: the grid, every integer argument and constexpr,
+the tensors' dtypes and strides) L1 can say what this launch suffers from:
+
+- parallelism: how many programs the grid runs against the SMs of the target, and whether the work is
+  large enough for the idle SMs to cost time (outranks pipelining and vectorization when the grid
+  cannot fill the device: no per-program fix helps idle SMs);
+- coalescing: an access whose lanes step through memory by a runtime stride (consecutive lanes in
+  different 32-byte sectors) moves a sector for every element it uses;
+- the source rules' suspicions checked against the values: a streaming loop that runs once is not a
+  pipelining problem, an IEEE dot on fp16 operands is still a tensor-core dot.
+
+Each finding carries its expected gain (`Finding.gain`): what fixing it could buy at most, from the
+launch's numbers; the stop rule and the ranking weigh it.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from diagnose.features import KernelFeatures
+from diagnose.records import EvidenceLog, Finding
+from harness.cuda_shim import device_model_for
+from harness.guards import is_kernel
+from harness.launches import LaunchFacts
+
+__all__ = ["LAUNCH_KINDS", "launch_triage", "trip_count"]
+
+# Findings that come from the launch's numbers, which no IR stage shows: L3 keeps them as they are.
+LAUNCH_KINDS = ("parallelism.", "memory.uncoalesced")
+
+_SECTOR = 32  # bytes: the unit DRAM and L2 move for a warp's request
+_LAUNCH_S = 5e-6  # a kernel launch and its tail: no kernel is faster than this
+
+
+def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: list[Finding], log: EvidenceLog,
+                  notes: list[str]) -> list[Finding]:
+    """`findings` (the source rules') checked against the launches, plus the launch's own findings."""
+    if not launches:
+        return findings
+    kept = _temper(feats, launches, findings, log, notes)
+    tree = _parse(feats.file)
+    for facts in launches:
+        if Path(facts.source_file).resolve() != Path(feats.file).resolve():
+            continue  # a kernel from another file: its source is not the one triaged here
+        kept += _parallelism(feats, facts, log)
+        if tree is not None:
+            kernel = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == facts.kernel
+                           and is_kernel(n)), None)
+            if kernel is not None:
+                kept += _coalescing(feats, facts, kernel, log)
+    return kept
+
+
+# ----------------------------------------------------------------------------------- parallelism
+def _parallelism(feats: KernelFeatures, facts: LaunchFacts, log: EvidenceLog) -> list[Finding]:
+    """Fewer programs than SMs matters when the work is large enough that the busy SMs, not the launch,
+    set the time: the time at `programs` SMs' share of the device against the time the whole device
+    needs (never below a launch) is what spreading the work could gain."""
+    programs = facts.programs
+    if not programs or not facts.target.startswith("cuda"):
+        return []
+    device = device_model_for(facts.target)
+    sms = device.sm_count
+    if programs >= sms:
+        return []
+    moved = sum(math.prod(t.get("shape") or [1]) * (facts.element_size(k) or 4)
+                for k, t in facts.arguments.items() if isinstance(t, dict))
+    flops, rate_tflops = _dot_work(feats, facts, device)
+    # One SM can draw about twice its even share of DRAM bandwidth, and exactly its share of math.
+    busy = min(programs, sms)
+    at_grid = max(moved / (busy * 2 * device.dram_gbps * 1e9 / sms), flops / (busy * rate_tflops * 1e12 / sms))
+    at_device = max(moved / (device.dram_gbps * 1e9), flops / (rate_tflops * 1e12), _LAUNCH_S)
+    gain = at_grid / at_device
+    if gain < 1.5:
+        return []
+    name = Path(feats.file).name
+    line = feats.launch_line or 1
+    grid = "x".join(str(g) for g in facts.grid or ())
+    work = f"{moved / 1e6:.1f} MB" + (f" and {flops / 1e9:.1f} GFLOP" if flops else "")
+    claim = (f"the launch of {facts.kernel} runs {programs} program(s) (grid {grid}, num_warps={facts.num_warps}) on "
+             f"the {sms} SMs of {device.name} for {work}: at {programs} SMs' share of the device that takes at least "
+             f"{at_grid * 1e6:.1f} us, against {at_device * 1e6:.1f} us on all of it")
+    ev = log.add("L1", "launch", claim, f"{name}:{line}", f"grid={list(facts.grid or ())} num_warps={facts.num_warps}")
+    confidence = 0.95 if gain >= 4 else 0.85 if gain >= 2 else 0.6
+    return [Finding("parallelism.grid-underfilled", "parallelism",
+                    f"{programs} program(s) for {sms} SMs: the grid leaves {sms - programs} SMs idle",
+                    "Each program runs on one SM; with fewer programs than SMs the rest of the device idles "
+                    "whatever each program does, so no per-program fix (pipelining, vector width) can reach the "
+                    "roofline. Split the work over more programs: smaller blocks, the loop or the reduction split "
+                    "across programs (a second pass or atomics), several programs per row.",
+                    [ev], [line], "", "L1", confidence, gain=round(gain, 2))]
+
+
+def _dot_work(feats: KernelFeatures, facts: LaunchFacts, device: Any) -> tuple[float, float]:
+    """FLOPs of a kernel with tl.dot, from its two operand tensors' shapes (A[..., M, K] @ B[..., K, N]),
+    and the device rate for their dtype; (0, rate) without a dot or a matching pair."""
+    tensors = [t for t in facts.arguments.values() if isinstance(t, dict) and len(t.get("shape") or []) >= 2]
+    dtypes = {str(t.get("dtype")) for t in tensors}
+    rate = device.fp32_tflops if dtypes <= {"float32", "float64"} and any(
+        d.detail == "ieee" for d in feats.dots) else device.tensor_tflops * (2 if dtypes & {"int8", "uint8"} else 1)
+    if not feats.dots:
+        return 0.0, rate
+    for a in tensors:
+        for b in tensors:
+            if a is not b and a["shape"][-1] == b["shape"][-2]:
+                return 2.0 * math.prod(a["shape"][:-1]) * a["shape"][-1] * b["shape"][-1], rate
+    return 0.0, rate
+
+
+# ------------------------------------------------------------------------------------ coalescing
+def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, log: EvidenceLog) -> list[Finding]:
+    values = facts.integers()
+    definitions = _single_assignments(kernel)
+    name = Path(feats.file).name
+    out: list[Finding] = []
+    for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
+        what = _dotted(call.func)
+        if what not in ("tl.load", "tl.store") or not call.args:
+            continue
+        pointer = _expand(call.args[0], definitions, 8)
+        strides = [s for s in _lane_strides(pointer, values)]
+        if not strides or any(s == 1 for s in strides) or any(s is None for s in strides):
+            continue  # a unit-stride lane axis (coalesced), or a stride this launch does not fix
+        base = next((n.id for n in ast.walk(pointer) if isinstance(n, ast.Name) and facts.tensor(n.id)), None)
+        size = facts.element_size(base) if base else None
+        if size is None:
+            continue
+        step = min(int(s) for s in strides if s is not None)
+        gap = abs(step) * size
+        if gap < _SECTOR:
+            continue  # lanes share sectors: a narrow, not an uncoalesced, access (L3's contiguity finding)
+        efficiency = size / _SECTOR
+        line = call.lineno
+        text = _line(feats.file, line)
+        ev = log.add("L1", "kernel", f"the {what.split('.')[1]} at {name}:{line} steps {abs(step)} elements "
+                     f"({gap} bytes) between consecutive lanes at this launch: each lane's {size}-byte element sits in "
+                     f"its own {_SECTOR}-byte sector, {efficiency:.0%} of the bytes moved are used", f"{name}:{line}", text)
+        out.append(Finding("memory.uncoalesced", "vectorization",
+                           f"uncoalesced {what.split('.')[1]} at {name}:{line}: lanes {gap} bytes apart",
+                           "Consecutive lanes of a warp read addresses a runtime stride apart, so a warp's request "
+                           "touches up to 32 sectors for 32 elements: the access moves a sector per element. No "
+                           "vector width fixes that; a tile whose unit-stride axis runs across the lanes does "
+                           "(load [rows, cols] with cols contiguous, reduce or transpose in registers).",
+                           [ev], [line], "tritongpu-coalesce", "L1", 0.85, gain=round(1 / efficiency, 2)))
+    return out
+
+
+def _lane_strides(pointer: ast.expr, values: dict[str, int]) -> Iterator[int | None]:
+    """The element step between consecutive tl.arange values of each additive term of an address
+    that holds one (1: unit stride; None: a step this launch's values cannot evaluate)."""
+    for term in _terms(pointer):
+        if not any(_is_arange(n) for n in ast.walk(term)):
+            continue
+        if isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult):
+            left_lanes = any(_is_arange(n) for n in ast.walk(term.left))
+            lanes, other = (term.left, term.right) if left_lanes else (term.right, term.left)
+            if any(_is_arange(n) for n in ast.walk(other)):
+                yield None
+                continue
+            inner = [s for s in _lane_strides(lanes, values)]
+            factor = _evaluate(other, values)
+            yield (None if factor is None or None in inner or not inner
+                   else min(int(s) for s in inner if s is not None) * factor)
+        else:
+            yield 1 if _plain_lanes(term) else None
+
+
+def _plain_lanes(term: ast.expr) -> bool:
+    """An arange offset, possibly indexed (`cols[None, :]`) or shifted by a scalar, not scaled."""
+    while isinstance(term, ast.Subscript):
+        term = term.value
+    return _is_arange(term) or any(isinstance(n, ast.Call) and _is_arange(n) for n in ast.walk(term)) and not any(
+        isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.FloorDiv, ast.Mod)) for n in ast.walk(term))
+
+
+def _terms(node: ast.expr) -> Iterator[ast.expr]:
+    while isinstance(node, ast.Subscript) and not _is_arange(node):
+        node = node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        yield from _terms(node.left)
+        yield from _terms(node.right)
+    else:
+        yield node
+
+
+def _is_arange(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and _dotted(node.func) in ("tl.arange", "triton.language.arange")
+
+
+# ------------------------------------------------------------------------- values vs the source rules
+def _temper(feats: KernelFeatures, launches: list[LaunchFacts], findings: list[Finding], log: EvidenceLog,
+            notes: list[str]) -> list[Finding]:
+    values: dict[str, int] = {}
+    for facts in launches:
+        values.update(facts.integers())
+    dtypes = set().union(*(f.tensor_dtypes() for f in launches))
+    stages = max((f.num_stages for f in launches), default=3)
+    kept = []
+    for f in findings:
+        if f.kind == "pipelining.none" and f.kernel_lines:
+            trips = trip_count(feats.loop_bounds.get(f.kernel_lines[0], ""), values)
+            if trips is not None and trips <= 1:
+                notes.append(f"L1 dropped {f.kind} at line {f.kernel_lines[0]}: the loop runs {trips} time(s) at this "
+                             "launch, so there is nothing to overlap")
+                continue
+            if trips is not None:
+                ev = log.add("L1", "launch", f"the loop at line {f.kernel_lines[0]} runs {trips} iterations at this "
+                             "launch", f"{Path(feats.file).name}:{f.kernel_lines[0]}", feats.loop_bounds[f.kernel_lines[0]])
+                f.evidence = [*f.evidence, ev]
+                if trips <= stages:
+                    f.confidence = min(f.confidence, 0.45)
+        if f.kind == "dot.fma" and dtypes and not dtypes & {"float32", "float64"}:
+            notes.append(f"L1 dropped {f.kind}: no operand of this launch is fp32 ({', '.join(sorted(dtypes))}), so "
+                         "input_precision does not take the dot off tensor cores")
+            continue
+        kept.append(f)
+    return kept
+
+
+def trip_count(bounds: str, values: dict[str, int]) -> int | None:
+    """Iterations of `range(bounds)` with the launch's integers; None when they do not fix it."""
+    try:
+        tree = ast.parse(f"({bounds},)", mode="eval")
+    except SyntaxError:
+        return None
+    args = [_evaluate(a, values) for a in getattr(tree.body, "elts", [])]
+    if not args or any(a is None for a in args) or len(args) > 4:
+        return None
+    ints = [int(a) for a in args if a is not None]
+    start, stop, step = (0, ints[0], 1) if len(ints) == 1 else (ints[0], ints[1], ints[2] if len(ints) >= 3 else 1)
+    if step == 0:
+        return None
+    return max(0, -(-(stop - start) // step)) if step > 0 else max(0, -(-(start - stop) // -step))
+
+
+def _evaluate(node: ast.expr, values: dict[str, int]) -> int | None:
+    """An integer expression of the launch's values: names, + - * // % and cdiv/min/max; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.Name):
+        return values.get(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _evaluate(node.operand, values)
+        return -inner if inner is not None else None
+    if isinstance(node, ast.BinOp):
+        a, b = _evaluate(node.left, values), _evaluate(node.right, values)
+        if a is None or b is None:
+            return None
+        if isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(node.op, ast.Sub):
+            return a - b
+        if isinstance(node.op, ast.Mult):
+            return a * b
+        if isinstance(node.op, ast.FloorDiv) and b:
+            return a // b
+        if isinstance(node.op, ast.Mod) and b:
+            return a % b
+        return None
+    if isinstance(node, ast.Call):
+        leaf = _dotted(node.func).split(".")[-1]
+        args = [_evaluate(a, values) for a in node.args]
+        if None in args:
+            return None
+        ints = [int(a) for a in args if a is not None]
+        if leaf == "cdiv" and len(ints) == 2 and ints[1]:
+            return -(-ints[0] // ints[1])
+        if leaf in ("min", "minimum") and ints:
+            return min(ints)
+        if leaf in ("max", "maximum") and ints:
+            return max(ints)
+    return None
+
+
+# ----------------------------------------------------------------------------------------- syntax
+def _single_assignments(fn: ast.FunctionDef) -> dict[str, ast.expr]:
+    """Names assigned exactly once in the kernel, to what: the expressions an address is built from."""
+    count: dict[str, int] = {}
+    value: dict[str, ast.expr] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target = node.targets[0].id
+            count[target] = count.get(target, 0) + 1
+            value[target] = node.value
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
+            count[node.target.id] = count.get(node.target.id, 0) + 2  # rebinding: not a single definition
+    return {k: v for k, v in value.items() if count[k] == 1}
+
+
+def _expand(node: ast.expr, definitions: dict[str, ast.expr], depth: int) -> ast.expr:
+    """`node` with once-assigned names replaced by their definitions, `depth` levels deep."""
+    if depth <= 0:
+        return node
+
+    class Inline(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name) -> Any:
+            if name.id in definitions:
+                return _expand(definitions[name.id], definitions, depth - 1)
+            return name
+
+    import copy
+
+    return Inline().visit(copy.deepcopy(node))
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return ""
+
+
+def _parse(path: str) -> ast.Module | None:
+    try:
+        return ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+
+
+def _line(path: str, line: int) -> str:
+    try:
+        return Path(path).read_text().splitlines()[line - 1].strip()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""

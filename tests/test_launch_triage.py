@@ -1,0 +1,122 @@
+"""L1 on the launch the user makes: findings from the grid and the arguments' values, and the source
+rules' suspicions checked against them. Compiles nothing but the cases that ask for L3."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES
+
+from diagnose.engine import diagnose
+from diagnose.features import kernel_features
+from diagnose.launch_triage import launch_triage, trip_count
+from diagnose.records import EvidenceLog
+from diagnose.request import KernelInput, request_from
+from diagnose.triage import triage
+from harness.capture import intercept_call
+from harness.launches import LaunchFacts, largest_power_of_two_divisor
+from harness.measurement import CaseResult, KernelRun, Roofline, RunReport, Timing
+
+WILD = FIXTURES / "wild"
+GOLD = FIXTURES.parent.parent / "corpora" / "diagnosis" / "nvidia"
+
+
+def l1(path, call):
+    """L1's findings and notes for `call`: the source rules, then the launch's."""
+    facts = intercept_call(path, call).facts()
+    log, notes = EvidenceLog(), []
+    feats = kernel_features(path)
+    found = launch_triage(feats, facts, triage(feats, log), log, notes)
+    return found, notes, log, facts
+
+
+def test_launch_facts_hold_the_grid_the_values_and_the_options():
+    (facts,) = intercept_call(WILD / "column_scan.py", "scan(torch.randn(512, 1000))").facts()
+    assert facts.kernel == "_scan" and facts.grid == (8,) and facts.programs == 8
+    assert facts.integers()["T"] == 512 and facts.integers()["D"] == 1000 and facts.integers()["BLOCK"] == 128
+    assert facts.tensor("X")["dtype"] == "float32" and facts.element_size("X") == 4
+    assert "X" in facts.divisible_16 and "D" not in facts.divisible_16  # 1000 is not a multiple of 16
+    assert LaunchFacts.from_dict(facts.to_dict()) == facts
+
+
+def test_a_grid_that_cannot_fill_the_device_outranks_what_each_program_does():
+    found, _, log, _ = l1(WILD / "column_scan.py", "scan(torch.randn(4096, 1024))")
+    idle = next(f for f in found if f.kind == "parallelism.grid-underfilled")
+    assert idle.confidence >= 0.9 and idle.gain > 4
+    assert "8 program(s) for 132 SMs" in idle.title
+    claim = next(e.claim for e in log.items if e.id == idle.evidence[0])
+    assert "grid 8" in claim and "132 SMs" in claim
+    answer = diagnose(request_from(KernelInput(kernel=str(WILD / "column_scan.py"), call="scan(torch.randn(4096, 1024))")),
+                      None, level_max="L1")
+    assert answer.findings[0].kind == "parallelism.grid-underfilled"  # above pipelining.none
+
+
+def test_few_programs_over_little_work_are_not_a_parallelism_problem():
+    found, _, _, _ = l1(WILD / "column_scan.py", "scan(torch.randn(64, 1024))")  # 0.5 MB: launch-sized
+    assert not any(f.kind.startswith("parallelism") for f in found)
+
+
+def test_lanes_a_stride_apart_are_uncoalesced_and_unit_stride_lanes_are_not():
+    found, _, log, _ = l1(WILD / "column_gather.py", "col_sum(torch.randn(4096, 3000))")
+    (bad,) = [f for f in found if f.kind == "memory.uncoalesced"]
+    assert bad.kernel_lines == [14] and bad.gain == 8.0  # 4 useful bytes per 32-byte sector
+    assert "3000 elements (12000 bytes)" in next(e.claim for e in log.items if e.id == bad.evidence[0])
+    found, _, _, _ = l1(WILD / "column_scan.py", "scan(torch.randn(512, 1000))")  # t * D + cols: lanes adjacent
+    assert not any(f.kind == "memory.uncoalesced" for f in found)
+    found, _, _, _ = l1(WILD / "column_gather.py", "col_sum(torch.randn(4096, 1))")  # stride 1: contiguous
+    assert not any(f.kind == "memory.uncoalesced" for f in found)
+
+
+def test_a_loop_that_runs_once_at_this_launch_is_no_pipelining_problem():
+    found, notes, _, _ = l1(GOLD / "streaming_rowsum.py", "row_sum(torch.randn(64, 1024))")  # N == BLOCK
+    assert not any(f.kind == "pipelining.none" for f in found)
+    assert any("runs 1 time(s)" in n for n in notes)
+    found, _, log, _ = l1(GOLD / "streaming_rowsum.py", "row_sum(torch.randn(64, 8192))")
+    loop = next(f for f in found if f.kind == "pipelining.none")
+    assert any("runs 8 iterations" in e.claim for e in log.items if e.id in loop.evidence)
+
+
+def test_an_ieee_dot_on_half_operands_is_not_suspected_of_fma():
+    found, notes, _, _ = l1(WILD / "half_ieee_dot.py", "matmul(torch.randn(256, 256).half(), torch.randn(256, 256).half())")
+    assert not any(f.kind == "dot.fma" for f in found) and any("float16" in n for n in notes)
+    found, _, _, _ = l1(GOLD / "fp32_dot_ieee.py", "matmul(torch.randn(256, 256), torch.randn(256, 256))")
+    assert any(f.kind == "dot.fma" for f in found)
+
+
+@pytest.mark.parametrize("bounds, values, trips", [
+    ("0, N, BLOCK", {"N": 8192, "BLOCK": 1024}, 8), ("0, N, BLOCK", {"N": 8193, "BLOCK": 1024}, 9),
+    ("T", {"T": 7}, 7), ("0, tl.cdiv(K, BK)", {"K": 100, "BK": 32}, 4), ("0, N, BLOCK", {"BLOCK": 4}, None),
+    ("start, end, -1", {"start": 5, "end": 0}, 5),
+])
+def test_trip_counts_evaluate_the_bounds_with_the_launchs_integers(bounds, values, trips):
+    assert trip_count(bounds, values) == trips
+
+
+def test_hints_are_the_ones_true_at_this_launch():
+    assert [largest_power_of_two_divisor(v) for v in (1000, 3000, 4096, 7, 0)] == [8, 8, 16, 1, 16]
+    answer = diagnose(request_from(KernelInput(kernel=str(WILD / "wildpkg" / "ops" / "rms_norm.py"),
+                                               call="RMSNormFunction.apply(torch.randn(64, 3000), torch.randn(3000))")),
+                      None, strategy="always-deep", level_max="L3")
+    scalar = next(f for f in answer.findings if f.kind == "vectorization.divisibility")
+    assert "tl.multiple_of(stride, 8) holds, 16 would be false" in scalar.explanation
+
+
+def _report(task: str) -> RunReport:
+    """A measured run of a memory-bound kernel at 90% of the copy roofline."""
+    timing = Timing(median_us=40.0, p20_us=39.0, p80_us=41.0, reps=100)
+    roof = Roofline(bytes=4.2e6, flops=2.1e6, achieved_gbps=3600.0, achieved_tflops=0.05, bound="memory", fraction=0.9)
+    case = CaseResult(case={}, label="default", seeds=1, timing=timing, roofline=roof)
+    return RunReport(task=task, device="NVIDIA H200", backend="cuda", ceilings={"copy_gbps": 4000.0},
+                     runs=[KernelRun(role="baseline", source=task, cases=[case])])
+
+
+def test_measurements_at_hand_are_weighed_before_l1_stops_and_can_contradict_it():
+    """Alone, L1 stops on the unpipelined loop (confident, low-risk pattern); with a run measured near the
+    copy roofline, it goes on to L2, where the measurement contradicts the memory-side hypothesis."""
+    kernel = KernelInput(kernel=str(GOLD / "streaming_rowsum.py"), call="row_sum(torch.randn(64, 8192))")
+    alone = diagnose(request_from(kernel), None)
+    assert alone.stopped_at == "L1" and alone.findings[0].kind == "pipelining.none"
+    measured = diagnose(request_from(kernel, report=_report(str(GOLD / "streaming_rowsum.py"))), None, level_max="L2")
+    steps = [(e.level, e.action) for e in measured.escalations]
+    assert ("L1", "escalate") in steps and "measurements are at hand" in measured.escalations[0].reason
+    assert "L2" in measured.levels
+    assert not any(f.kind == "pipelining.none" and f.defect for f in measured.findings)  # near the roof: not the cause
