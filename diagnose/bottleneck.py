@@ -5,28 +5,42 @@ roofline position against the device's measured ceilings, and, with --profile, N
 msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' symptoms):
 
 - launch-bound: every case finishes in a few microseconds, the launch overhead's order;
+- host-bound: the time stays flat while the work grows many-fold across cases, or the device works
+  a small part of the time a call takes (ncu's kernel time against the timed call);
 - memory-bound far from the roofline: memory-bound by intensity, below 60% of the copy ceiling;
 - latency-bound: counters show the warps stalled on memory (long scoreboard) with DRAM far from busy,
   or low achieved occupancy;
 - compute-bound without tensor cores: compute-bound with FLOP/s below the fp32 CUDA-core ceiling;
 - ALU-bound: a memory-bound operation whose SMs are busy (>= 60%) while DRAM is not (< 40%);
 - scalar-bound (Ascend): the scalar pipe dominates the vector pipe;
-- grid above the core count (Ascend): the profiler's Block Dim exceeds the vector cores.
+- grid above the core count (Ascend): the profiler's Block Dim exceeds the vector cores;
+- uncoalesced (ncu): global loads or stores move many 32-byte sectors per request.
+
+Where the run's rooflines rest on the task's bytes/flops formula, the kernel's own work at the launch
+(`diagnose.launch_triage.kernel_work`: its tensors' bytes, its dots' 2*M*N*K) is set beside it: a
+formula more than 2x off is said, and the kernel's work places the case instead; a run without a
+formula is placed by the kernel's work alone.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import median
 
 from diagnose.analyzers.ascend import DEFAULT_VECTOR_CORES
+from diagnose.launch_triage import KernelWork
 from diagnose.records import EvidenceLog, Finding
 from harness.measurement import Roofline, RunReport, Timing
+from harness.profilers import NCU_SECTORS
+from harness.roofline import place
 
 __all__ = ["classify"]
 
 LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
 FAR_FROM_ROOF = 0.6
+FORMULA_OFF = 2.0  # a task formula this far from the kernel's own work is not trusted
+UNCOALESCED_SECTORS = 16.0  # sectors per request; 4 is a coalesced warp of 4-byte lanes
 
 
 @dataclass(frozen=True)
@@ -54,12 +68,16 @@ def _numeric(profile: dict) -> dict:
     return out
 
 
-def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
+def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None) -> list[Finding]:
+    """L2's findings from a measured run; `work` is the kernel's own work at the diagnosed launch."""
     cases = _timed(report)
     if not cases:
         return []
     where = f"run:{report.task}@{report.device}"
     findings: list[Finding] = []
+    if work is not None:
+        cases = _placed_by_kernel(cases, work, report, log, where)
+    findings += _host_bound(cases, log, where)
     times = [c.timing.median_us for c in cases]
     if max(times) < LAUNCH_US:
         ev = log.add("L2", "timing", f"every timed case takes under {LAUNCH_US:g} us (max {max(times):.1f} us, "
@@ -125,6 +143,7 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
                                     "A memory-bound operation whose SMs are busier than its DRAM spends its time on "
                                     "instructions: index arithmetic (64-bit, division), scalar accesses, or "
                                     "redundant work per element.", [ev], [], "", "L2", 0.75))
+        findings += _uncoalesced(p, log, f"{where}:{p.get('kernel')}")
         block_dim = p.get("block_dim")
         if report.backend == "npu" and block_dim and block_dim > DEFAULT_VECTOR_CORES:
             ev = log.add("L2", "counters", f"{p.get('source')}: Block Dim {block_dim}, above the {DEFAULT_VECTOR_CORES} "
@@ -141,3 +160,86 @@ def classify(report: RunReport, log: EvidenceLog) -> list[Finding]:
                                     "Work that should run on the vector unit runs element by element.", [ev], [], "",
                                     "L2", 0.8))
     return findings
+
+
+def _placed_by_kernel(cases: list[_Timed], work: KernelWork, report: RunReport, log: EvidenceLog,
+                      where: str) -> list[_Timed]:
+    """The cases, the diagnosed launch's one placed on the roofline by the kernel's own work where the
+    task gave no formula or one more than FORMULA_OFF from it. The launch is the case whose formula
+    bytes are closest to the kernel's (the only case, for a run of one)."""
+    ceilings = report.ceilings or {}
+    if not ceilings.get("copy_gbps"):
+        return cases
+    with_bytes = [c for c in cases if c.roofline and c.roofline.bytes]
+    if len(cases) == 1:
+        match = cases[0]
+    elif with_bytes:
+        match = min(with_bytes, key=lambda c: abs(math.log(((c.roofline.bytes if c.roofline else None) or 1.0) / max(work.bytes, 1.0))))
+    else:
+        return cases
+    roof = match.roofline
+    said = ""
+    if roof is None or (not roof.bytes and not roof.flops):
+        said = "the task gives no bytes/flops formula"
+    else:
+        off = [f"{name} {theirs:.3g} vs the kernel's {ours:.3g}" for name, theirs, ours in
+               (("bytes", roof.bytes, work.bytes), ("flops", roof.flops, work.flops))
+               if ours and (not theirs or max(theirs, ours) / min(theirs, ours) > FORMULA_OFF)]
+        if not off:
+            return cases
+        said = f"the task's formula is more than {FORMULA_OFF:g}x off the kernel's own work ({'; '.join(off)})"
+    placed = place(work.bytes, work.flops or None, match.timing.median_us * 1e-6, ceilings, work.dtype)
+    if placed is None:
+        return cases
+    log.add("L2", "roofline", f"{said}: case {match.label} is placed by the kernel's work at its launch "
+            f"({work.bytes / 1e6:.2f} MB, {work.flops / 1e9:.2f} GFLOP, {work.dtype} inputs): {placed.bound}-bound at "
+            f"{placed.fraction:.0%} of the attainable rate", where,
+            f"formula: bytes={roof.bytes if roof else None}, flops={roof.flops if roof else None}")
+    return [_Timed(c.label, c.timing, placed, c.profile) if c is match else c for c in cases]
+
+
+def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Finding]:
+    """Time that does not follow the work: flat across cases whose work differs many-fold, or a device
+    busy for a small part of each call (the wrapper's Python, syncs, copies between launches)."""
+    sized = [(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases if c.roofline and c.roofline.bytes]
+    if len(sized) >= 3:
+        work_span = max(b for b, _, _ in sized) / max(min(b for b, _, _ in sized), 1.0)
+        time_span = max(t for _, t, _ in sized) / max(min(t for _, t, _ in sized), 1e-9)
+        if work_span >= 8 and time_span <= 1.5 and min(t for _, t, _ in sized) >= LAUNCH_US:
+            ev = log.add("L2", "timing", f"the time stays within {time_span:.2f}x while the work grows {work_span:.0f}x "
+                         "across the timed cases", where, ", ".join(f"{label}: {b / 1e6:.2f} MB in {t:.1f} us"
+                                                                   for b, t, label in sized))
+            return [Finding("profile.host-bound", "launch", "host-bound: the time does not follow the work",
+                            "Something other than the kernel's work sets the time at every size: the wrapper's host "
+                            "code (autotune lookups, device contexts, .item(), Python loops of launches, copies), "
+                            "or a fixed serial part. Remove it, batch the launches, or capture a CUDA graph.",
+                            [ev], [], "", "L2", 0.8)]
+    for c in cases:
+        device_us = (c.profile or {}).get("duration_us")
+        if isinstance(device_us, (int, float)) and device_us > 0 and c.timing.median_us > 3 * device_us \
+                and c.timing.median_us - device_us > 10:
+            ev = log.add("L2", "counters", f"case {c.label}: the device runs the kernels {device_us:.1f} us of the "
+                         f"{c.timing.median_us:.1f} us a call takes", f"{where}:{(c.profile or {}).get('kernel')}",
+                         f"ncu duration {device_us} us, timed call {c.timing.median_us} us")
+            return [Finding("profile.host-bound", "launch", f"host-bound: the device works {device_us / c.timing.median_us:.0%} "
+                            "of each call", "The GPU idles while the wrapper's host code runs between launches.",
+                            [ev], [], "", "L2", 0.8, gain=round(c.timing.median_us / max(device_us, LAUNCH_US), 2))]
+    return []
+
+
+def _uncoalesced(profile: dict, log: EvidenceLog, where: str) -> list[Finding]:
+    metrics = profile.get("metrics") or {}
+    for access, (sectors_name, requests_name) in NCU_SECTORS.items():
+        sectors, requests = metrics.get(sectors_name), metrics.get(requests_name)
+        if not isinstance(sectors, (int, float)) or not isinstance(requests, (int, float)) or requests <= 0:
+            continue
+        per_request = sectors / requests
+        if per_request >= UNCOALESCED_SECTORS:
+            ev = log.add("L2", "counters", f"ncu: global {access}s move {per_request:.1f} sectors per request "
+                         "(a coalesced warp of 4-byte lanes moves 4)", where,
+                         f"{sectors_name} = {sectors:g}, {requests_name} = {requests:g}")
+            return [Finding("memory.uncoalesced", "vectorization", f"uncoalesced {access}s: {per_request:.0f} sectors "
+                            "per request", "Each lane of a warp touches its own 32-byte sector, so the memory system "
+                            "moves several times the bytes the kernel uses.", [ev], [], "tritongpu-coalesce", "L2", 0.85,
+                            gain=round(per_request / 4, 2))]
+    return []

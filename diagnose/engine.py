@@ -164,8 +164,13 @@ class _State:
                                                "device and pass the report with --measurements"))
             return False
         from diagnose.bottleneck import classify
+        from diagnose.features import kernel_features
+        from diagnose.launch_triage import kernel_work
 
-        found = classify(self.request.report, self.log)
+        launches = self.request.launches() if self.request.kernel_file else []
+        work = kernel_work(kernel_features(self.request.kernel_file), launches) if launches and self.request.kernel_file \
+            else None
+        found = classify(self.request.report, self.log, work)
         self.findings += [f for f in found if self.topics is None or f.topic in self.topics or f.kind.startswith("profile.")]
         self._temper_by_measurements(self.findings)
         return True

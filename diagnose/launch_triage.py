@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from harness.cuda_shim import device_model_for
 from harness.guards import is_kernel
 from harness.launches import LaunchFacts
 
-__all__ = ["LAUNCH_KINDS", "launch_triage", "trip_count"]
+__all__ = ["LAUNCH_KINDS", "KernelWork", "kernel_work", "launch_triage", "trip_count"]
 
 # Findings that come from the launch's numbers, which no IR stage shows: L3 keeps them as they are.
 LAUNCH_KINDS = ("parallelism.", "memory.uncoalesced")
@@ -98,20 +99,55 @@ def _parallelism(feats: KernelFeatures, facts: LaunchFacts, log: EvidenceLog) ->
                     [ev], [line], "", "L1", confidence, gain=round(gain, 2))]
 
 
-def _dot_work(feats: KernelFeatures, facts: LaunchFacts, device: Any) -> tuple[float, float]:
-    """FLOPs of a kernel with tl.dot, from its two operand tensors' shapes (A[..., M, K] @ B[..., K, N]),
-    and the device rate for their dtype; (0, rate) without a dot or a matching pair."""
-    tensors = [t for t in facts.arguments.values() if isinstance(t, dict) and len(t.get("shape") or []) >= 2]
-    dtypes = {str(t.get("dtype")) for t in tensors}
-    rate = device.fp32_tflops if dtypes <= {"float32", "float64"} and any(
-        d.detail == "ieee" for d in feats.dots) else device.tensor_tflops * (2 if dtypes & {"int8", "uint8"} else 1)
+@dataclass(frozen=True)
+class KernelWork:
+    """What one launch does, from its own arguments: the bytes of the tensors it is given (the least it
+    can move) and, for a kernel with tl.dot, 2*M*N*K of its operands; `dtype` names the compute ceiling."""
+
+    bytes: float
+    flops: float
+    dtype: str
+
+
+def kernel_work(feats: KernelFeatures, launches: list[LaunchFacts]) -> KernelWork | None:
+    """The work of the launches of `feats`' kernels (None without launches)."""
+    mine = [f for f in launches if Path(f.source_file).resolve() == Path(feats.file).resolve()] or launches
+    if not mine:
+        return None
+    moved = 0.0
+    flops = 0.0
+    biggest: tuple[int, str] = (0, "bf16")
+    for facts in mine:
+        for name, t in facts.arguments.items():
+            if isinstance(t, dict):
+                count = math.prod(t.get("shape") or [1])
+                moved += count * (facts.element_size(name) or 4)
+                biggest = max(biggest, (count, _COMPUTE_DTYPE.get(str(t.get("dtype")), "bf16")))
+        flops += _dot_flops(feats, facts)
+    return KernelWork(moved, flops, biggest[1])
+
+
+_COMPUTE_DTYPE = {"float32": "fp32", "float64": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8"}
+
+
+def _dot_flops(feats: KernelFeatures, facts: LaunchFacts) -> float:
+    """2*M*N*K of a kernel with tl.dot, from two operand tensors A[..., M, K] and B[..., K, N]."""
     if not feats.dots:
-        return 0.0, rate
+        return 0.0
+    tensors = [t for t in facts.arguments.values() if isinstance(t, dict) and len(t.get("shape") or []) >= 2]
     for a in tensors:
         for b in tensors:
             if a is not b and a["shape"][-1] == b["shape"][-2]:
-                return 2.0 * math.prod(a["shape"][:-1]) * a["shape"][-1] * b["shape"][-1], rate
-    return 0.0, rate
+                return 2.0 * math.prod(a["shape"][:-1]) * a["shape"][-1] * b["shape"][-1]
+    return 0.0
+
+
+def _dot_work(feats: KernelFeatures, facts: LaunchFacts, device: Any) -> tuple[float, float]:
+    """FLOPs of the launch's dots and the device's datasheet rate for their inputs."""
+    dtypes = facts.tensor_dtypes()
+    fp32_fma = dtypes <= {"float32", "float64"} and any(d.detail == "ieee" for d in feats.dots)
+    rate = device.fp32_tflops if fp32_fma else device.tensor_tflops * (2 if dtypes & {"int8", "uint8"} else 1)
+    return _dot_flops(feats, facts), rate
 
 
 # ------------------------------------------------------------------------------------ coalescing

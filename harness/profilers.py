@@ -55,6 +55,7 @@ from harness.errors import UserFacingError
 
 __all__ = [
     "NCU_METRICS",
+    "NCU_SECTORS",
     "KernelProfile",
     "find_ncu",
     "ncu_command",
@@ -223,6 +224,12 @@ _NCU_SM = ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "Compute (SM) Thr
 _NCU_OCCUPANCY = ("sm__warps_active.avg.pct_of_peak_sustained_active", "Achieved Occupancy")
 _NCU_L2_HIT = ("lts__t_sector_hit_rate.pct", "L2 Hit Rate")
 _NCU_GRID = "launch__grid_size"
+# Global memory sectors per request, loads and stores: 4 for a warp of fp32 lanes reading adjacent
+# addresses (128 bytes), up to 32 when every lane touches its own sector (uncoalesced).
+NCU_SECTORS = {
+    "load": ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"),
+    "store": ("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"),
+}
 
 # The warp states the WarpStateStats section breaks stalls into on Volta and later. Hopper-only
 # reasons (gmma) are left out: ncu rejects a metric the GPU does not have, failing the whole run.
@@ -239,6 +246,7 @@ NCU_METRICS: tuple[str, ...] = (
     _NCU_OCCUPANCY[0],
     _NCU_L2_HIT[0],
     _NCU_GRID,
+    *(name for pair in NCU_SECTORS.values() for name in pair),
     *(f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio" for reason in _STALL_REASONS),
 )
 

@@ -309,13 +309,15 @@ def _tensors(value: Any) -> list[Any]:
 
 
 def _compute_dtype(args: tuple[Any, ...]) -> str:
+    """The input dtype that sets the compute ceiling: the largest tensor's (int8 GEMMs included)."""
     import torch
 
-    floats = [a for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
-    if not floats:
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and (a.dtype.is_floating_point or a.dtype == torch.int8)]
+    if not tensors:
         return "bf16"
-    biggest = max(floats, key=lambda a: a.numel())
-    return "fp32" if biggest.dtype in (torch.float32, torch.float64) else "bf16"
+    biggest = max(tensors, key=lambda a: a.numel())
+    return {torch.float32: "fp32", torch.float64: "fp32", torch.float16: "fp16", torch.int8: "int8"}.get(
+        biggest.dtype, "bf16")
 
 
 def _plain(case: dict[str, Any]) -> dict[str, Any]:

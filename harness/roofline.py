@@ -28,7 +28,8 @@ def _device_key() -> str:
     import torch
     import triton
 
-    return f"{torch.cuda.get_device_name()}|torch {torch.__version__}|triton {triton.__version__}"
+    # "ceilings 2": the set that has a ceiling per input dtype; caches of the older set are measured again.
+    return f"{torch.cuda.get_device_name()}|torch {torch.__version__}|triton {triton.__version__}|ceilings 2"
 
 
 def ceilings(refresh: bool = False) -> dict[str, Any]:
@@ -58,10 +59,13 @@ def measure_ceilings() -> dict[str, Any]:
         "device": torch.cuda.get_device_name(),
         "copy_gbps": _copy_gbps(),
         "matmul_bf16_tflops": _matmul_tflops(torch.bfloat16),
+        "matmul_fp16_tflops": _matmul_tflops(torch.float16),
+        "matmul_tf32_tflops": _matmul_tflops(torch.float32, tf32=True),
         "matmul_fp32_tflops": _matmul_tflops(torch.float32),
+        "matmul_int8_tops": _matmul_tflops(torch.int8),
         "measured": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "how": "copy: 1 GiB fp32 tensor.copy_, read+write bytes; matmul: torch 8192^3, tf32 off; "
-               "triton.testing.do_bench median, L2 flushed",
+        "how": "copy: 1 GiB fp32 tensor.copy_, read+write bytes; matmul: torch 8192^3 per input dtype (fp32 with "
+               "tf32 off and on; int8 through torch._int_mm); triton.testing.do_bench median, L2 flushed",
     }
     torch.cuda.empty_cache()
     return result
@@ -78,19 +82,37 @@ def _copy_gbps() -> float:
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
-def _matmul_tflops(dtype: Any, m: int = 8192) -> float:
+def _matmul_tflops(dtype: Any, m: int = 8192, tf32: bool = False) -> float:
     import torch
     from triton.testing import do_bench
 
-    a = torch.randn(m, m, device="cuda", dtype=dtype)
-    b = torch.randn(m, m, device="cuda", dtype=dtype)
+    if dtype == torch.int8:
+        a = torch.randint(-8, 8, (m, m), device="cuda", dtype=dtype)
+        b = torch.randint(-8, 8, (m, m), device="cuda", dtype=dtype)
+        run = lambda: torch._int_mm(a, b)  # noqa: E731 - the int8 tensor-core path cuBLAS offers
+    else:
+        a = torch.randn(m, m, device="cuda", dtype=dtype)
+        b = torch.randn(m, m, device="cuda", dtype=dtype)
+        run = lambda: a @ b  # noqa: E731
     previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        ms = do_bench(lambda: a @ b, warmup=100, rep=1000, return_mode="median")
+        ms = do_bench(run, warmup=100, rep=1000, return_mode="median")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     return 2 * m**3 / (ms * 1e-3) / 1e12
+
+
+# The compute ceiling of each input dtype (the reference worker names the largest input's); a cache
+# written before a dtype had its own ceiling falls back to the bf16 one.
+_PEAK_KEY = {"fp32": "matmul_fp32_tflops", "tf32": "matmul_tf32_tflops", "bf16": "matmul_bf16_tflops",
+             "fp16": "matmul_fp16_tflops", "int8": "matmul_int8_tops"}
+
+
+def compute_peak(ceiling: dict[str, Any], compute_dtype: str) -> float:
+    """TFLOP/s (TOP/s for int8) attainable at `compute_dtype`'s inputs."""
+    key = _PEAK_KEY.get(compute_dtype, "matmul_bf16_tflops")
+    return float(ceiling.get(key) or ceiling.get("matmul_bf16_tflops") or 0.0)
 
 
 def place(bytes_moved: float | None, flops: float | None, seconds: float, ceiling: dict[str, Any],
@@ -99,7 +121,11 @@ def place(bytes_moved: float | None, flops: float | None, seconds: float, ceilin
     if seconds <= 0 or (not bytes_moved and not flops):
         return None
     bw = ceiling["copy_gbps"] * 1e9
-    peak = ceiling["matmul_fp32_tflops" if compute_dtype == "fp32" else "matmul_bf16_tflops"] * 1e12
+    peak = compute_peak(ceiling, compute_dtype) * 1e12
+    if flops and not peak:
+        if not bytes_moved:
+            return None
+        flops = None  # no compute ceiling measured: the bytes alone place it
     gbps = bytes_moved / seconds / 1e9 if bytes_moved else None
     tflops = flops / seconds / 1e12 if flops else None
     if bytes_moved and flops:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES
 
+from diagnose.bottleneck import classify
 from diagnose.engine import diagnose
 from diagnose.features import kernel_features
-from diagnose.launch_triage import launch_triage, trip_count
+from diagnose.launch_triage import kernel_work, launch_triage, trip_count
 from diagnose.records import EvidenceLog
 from diagnose.request import KernelInput, request_from
 from diagnose.triage import triage
 from harness.capture import intercept_call
 from harness.launches import LaunchFacts, largest_power_of_two_divisor
 from harness.measurement import CaseResult, KernelRun, Roofline, RunReport, Timing
+from harness.profilers import NCU_SECTORS
+from harness.roofline import place
 
 WILD = FIXTURES / "wild"
 GOLD = FIXTURES.parent.parent / "corpora" / "diagnosis" / "nvidia"
@@ -103,7 +106,7 @@ def test_hints_are_the_ones_true_at_this_launch():
 def _report(task: str) -> RunReport:
     """A measured run of a memory-bound kernel at 90% of the copy roofline."""
     timing = Timing(median_us=40.0, p20_us=39.0, p80_us=41.0, reps=100)
-    roof = Roofline(bytes=4.2e6, flops=2.1e6, achieved_gbps=3600.0, achieved_tflops=0.05, bound="memory", fraction=0.9)
+    roof = Roofline(bytes=2.1e6, flops=5.2e5, achieved_gbps=3600.0, achieved_tflops=0.05, bound="memory", fraction=0.9)
     case = CaseResult(case={}, label="default", seeds=1, timing=timing, roofline=roof)
     return RunReport(task=task, device="NVIDIA H200", backend="cuda", ceilings={"copy_gbps": 4000.0},
                      runs=[KernelRun(role="baseline", source=task, cases=[case])])
@@ -120,3 +123,66 @@ def test_measurements_at_hand_are_weighed_before_l1_stops_and_can_contradict_it(
     assert ("L1", "escalate") in steps and "measurements are at hand" in measured.escalations[0].reason
     assert "L2" in measured.levels
     assert not any(f.kind == "pipelining.none" and f.defect for f in measured.findings)  # near the roof: not the cause
+
+
+def _run(cases: list[tuple[str, float, float | None, float | None]], profile: dict | None = None) -> RunReport:
+    """A measured baseline: (label, median us, formula bytes, formula flops) per case."""
+    ceilings = {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0, "matmul_fp16_tflops": 700.0,
+                "matmul_fp32_tflops": 50.0}
+    results = []
+    for label, us, nbytes, flops in cases:
+        timing = Timing(median_us=us, p20_us=us, p80_us=us, reps=100)
+        roof = place(nbytes, flops, us * 1e-6, ceilings, "fp16") if (nbytes or flops) else None
+        results.append(CaseResult(case={}, label=label, seeds=1, timing=timing, roofline=roof, profile=profile))
+    return RunReport(task="t", device="NVIDIA H200", backend="cuda", ceilings=ceilings,
+                     runs=[KernelRun(role="baseline", source="t", cases=results)])
+
+
+def _work(call: str):
+    path = WILD / "half_ieee_dot.py"
+    return kernel_work(kernel_features(path), intercept_call(path, call).facts())
+
+
+GEMM = "matmul(torch.randn(2048, 2048).half(), torch.randn(2048, 2048).half())"
+
+
+def test_the_kernels_own_work_is_its_dots_and_its_tensors():
+    work = _work(GEMM)
+    assert work.flops == 2 * 2048**3 and work.bytes == 3 * 2048 * 2048 * 2 and work.dtype == "fp16"
+
+
+def test_a_gemm_whose_task_formula_is_off_is_placed_by_its_own_work_not_called_memory_bound():
+    wrong = _run([("n=2048", 40.0, 5e7, 2 * 2048**3 / 100)])  # flops 100x too few: it looks memory-bound
+    log = EvidenceLog()
+    alone = classify(wrong, EvidenceLog())
+    assert any(f.kind == "profile.memory-bound" for f in alone)  # what the formula alone concludes
+    found = classify(wrong, log, _work(GEMM))
+    assert not any(f.kind == "profile.memory-bound" for f in found)
+    said = next(e.claim for e in log.items if "off the kernel's own work" in e.claim)
+    assert "compute-bound" in said and "fp16 inputs" in said
+
+
+def test_a_run_without_a_formula_is_placed_by_the_kernels_work():
+    log = EvidenceLog()
+    classify(_run([("default", 400.0, None, None)]), log, _work(GEMM))
+    assert any("no bytes/flops formula" in e.claim and "compute-bound" in e.claim for e in log.items)
+
+
+def test_time_that_does_not_follow_the_work_is_host_bound():
+    flat = _run([("n=1k", 30.0, 1e6, None), ("n=16k", 31.0, 1.6e7, None), ("n=256k", 33.0, 2.56e8, None)])
+    (host,) = [f for f in classify(flat, EvidenceLog()) if f.kind == "profile.host-bound"]
+    assert "does not follow the work" in host.title
+    busy = _run([("n=1k", 60.0, 1e6, None)], profile={"kernel": "k", "source": "ncu", "duration_us": 6.0})
+    (host,) = [f for f in classify(busy, EvidenceLog()) if f.kind == "profile.host-bound"]
+    assert host.gain == 7.5 and "10%" in host.title  # 60 us down to a launch (8 us) at best
+    grows = _run([("n=1k", 10.0, 1e6, None), ("n=16k", 40.0, 1.6e7, None), ("n=256k", 300.0, 2.56e8, None)])
+    assert not any(f.kind == "profile.host-bound" for f in classify(grows, EvidenceLog()))
+
+
+def test_ncu_sectors_per_request_show_uncoalesced_accesses():
+    metrics = {NCU_SECTORS["load"][0]: 32e6, NCU_SECTORS["load"][1]: 1e6}
+    report = _run([("default", 100.0, 1e8, None)], profile={"kernel": "k", "source": "ncu", "metrics": metrics})
+    (bad,) = [f for f in classify(report, EvidenceLog()) if f.kind == "memory.uncoalesced"]
+    assert bad.level == "L2" and bad.gain == 8.0
+    metrics[NCU_SECTORS["load"][0]] = 4e6
+    assert not any(f.kind == "memory.uncoalesced" for f in classify(report, EvidenceLog()))

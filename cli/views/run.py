@@ -51,8 +51,11 @@ def render_run(report: RunReport, console: Any) -> None:
                 console.print(f"{role} over {STAND_INS[ref]}: " + ", ".join(f"{k} {v:.2f}x" for k, v in over.items()))
     ceil = report.ceilings
     if ceil:
-        console.print(f"ceilings ({ceil.get('measured', '?')}): copy {ceil['copy_gbps']:.0f} GB/s, "
-                      f"matmul bf16 {ceil['matmul_bf16_tflops']:.0f} TFLOP/s, fp32 {ceil['matmul_fp32_tflops']:.0f} TFLOP/s")
+        rates = ", ".join(f"{name} {ceil[key]:.0f}" for name, key in (
+            ("bf16", "matmul_bf16_tflops"), ("fp16", "matmul_fp16_tflops"), ("tf32", "matmul_tf32_tflops"),
+            ("fp32", "matmul_fp32_tflops"), ("int8", "matmul_int8_tops")) if ceil.get(key))
+        console.print(f"ceilings ({ceil.get('measured', '?')}): copy {ceil['copy_gbps']:.0f} GB/s, matmul TFLOP/s "
+                      f"(int8: TOP/s): {rates}")
     for flag in report.flags():
         console.print(f"[yellow]review[/]: {flag}")
     for note in report.notes:
