@@ -115,7 +115,8 @@ def eval_diagnosis(ctx: click.Context, cases_file: Path | None, only: str | None
 
     click.echo(f"\n{report['cases']} cases ({report['defect_cases']} with a defect, {report['healthy_cases']} healthy), "
                f"strategy {strategy}, up to {level_max}")
-    click.echo(f"top-1 {pct(report['top1'])}  top-3 {pct(report['top3'])}  level accuracy {pct(report['level_accuracy'])}  "
+    click.echo(f"top-1 {pct(report['top1'])} (all cases, healthy ones included: {pct(report['top1_all'])})  "
+               f"top-3 {pct(report['top3'])}  level accuracy {pct(report['level_accuracy'])}  "
                f"false positives on healthy {pct(report['false_positive_rate'])}  citation validity "
                f"{pct(report['citation_validity'])} of {report['citations']}  median {report['median_seconds']} s per case")
     for err in report["errors"]:

@@ -40,7 +40,9 @@ __all__ = ["classify"]
 LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
 FAR_FROM_ROOF = 0.6
 FORMULA_OFF = 2.0  # a task formula this far from the kernel's own work is not trusted
-UNCOALESCED_SECTORS = 16.0  # sectors per request; 4 is a coalesced warp of 4-byte lanes
+# Sectors per request: a coalesced warp moves 4 (4-byte lanes) to 16 (16-byte vectors); more than 16
+# only when lanes touch sectors of their own (32 for 4-byte lanes).
+UNCOALESCED_SECTORS = 24.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,14 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
         elif mid >= 0.8:
             findings.append(Finding("profile.ok", "memory", f"memory-bound at {mid:.0%} of the copy roofline",
                                     "Within 20% of the measured copy bandwidth: little left to gain.", [ev], [], "", "L2"))
+    at_compute_roof = [(c.label, r) for c in cases if (r := c.roofline) and r.bound == "compute" and r.fraction >= 0.8]
+    if at_compute_roof:
+        label, r = at_compute_roof[0]
+        ev = log.add("L2", "roofline", f"case {label} is compute-bound at {r.fraction:.0%} of the attainable rate "
+                     f"({r.achieved_tflops or 0:.0f} TFLOP/s)", where, f"{label}: {r}")
+        findings.append(Finding("profile.ok", "tensor-cores", f"compute-bound at {r.fraction:.0%} of its ceiling",
+                                "Within 20% of the measured matmul ceiling for its input dtype: little left to gain.",
+                                [ev], [], "", "L2"))
     compute = [(c.label, tflops) for c in cases
                if (r := c.roofline) and r.bound == "compute" and (tflops := r.achieved_tflops)]
     fp32_ceiling = (report.ceilings or {}).get("matmul_fp32_tflops")
@@ -124,7 +134,13 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
         long_sb = max((v for k, v in stalls.items() if "long_scoreboard" in k), default=0.0)
         dram = p.get("dram_throughput_pct")
         occ = p.get("achieved_occupancy_pct")
-        if long_sb >= 40 and (dram is None or dram < 60):
+        sm_now = p.get("sm_throughput_pct")
+        # A kernel with DRAM or its SMs near peak is at a roof (below): waiting warps or few of them are how it
+        # gets there (a GEMM runs at low occupancy by design), not what holds it back.
+        at_roof = max((v for v in (dram, sm_now) if isinstance(v, (int, float))), default=0.0) >= BUSY_PCT
+        if at_roof:
+            pass
+        elif long_sb >= 40 and (dram is None or dram < 60):
             ev = log.add("L2", "counters", f"ncu: {long_sb:.0f}% of warp stalls are long scoreboard (waiting on "
                          f"global memory) while DRAM throughput is {dram if dram is not None else '?'}% of peak",
                          f"{where}:{p.get('kernel')}", str({k: v for k, v in stalls.items()}))
@@ -144,6 +160,9 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
                                     "instructions: index arithmetic (64-bit, division), scalar accesses, or "
                                     "redundant work per element.", [ev], [], "", "L2", 0.75))
         findings += _uncoalesced(p, log, f"{where}:{p.get('kernel')}")
+        memory_op = any(c.roofline and c.roofline.bound == "memory" for c in cases)
+        findings += _counters_at_a_roof(p, memory_op, log, f"{where}:{p.get('kernel')}")
+        findings += _idle_sms(p, report.device, cases[-1].timing.median_us, log, f"{where}:{p.get('kernel')}")
         block_dim = p.get("block_dim")
         if report.backend == "npu" and block_dim and block_dim > DEFAULT_VECTOR_CORES:
             ev = log.add("L2", "counters", f"{p.get('source')}: Block Dim {block_dim}, above the {DEFAULT_VECTOR_CORES} "
@@ -168,8 +187,8 @@ def _placed_by_kernel(cases: list[_Timed], work: KernelWork, report: RunReport, 
     task gave no formula or one more than FORMULA_OFF from it. The launch is the case whose formula
     bytes are closest to the kernel's (the only case, for a run of one)."""
     ceilings = report.ceilings or {}
-    if not ceilings.get("copy_gbps"):
-        return cases
+    if not ceilings.get("copy_gbps") or not work.complete:
+        return cases  # no ceilings to place against, or dots whose FLOPs the operand shapes do not give
     with_bytes = [c for c in cases if c.roofline and c.roofline.bytes]
     if len(cases) == 1:
         match = cases[0]
@@ -227,8 +246,61 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
     return []
 
 
+BUSY_PCT = 60.0  # DRAM or SM throughput (% of peak) from which the kernel runs at a roof
+IDLE_PCT = 40.0  # both below this: the device is mostly idle
+
+
+def _counters_at_a_roof(profile: dict, memory_op: bool, log: EvidenceLog, where: str) -> list[Finding]:
+    """ncu's throughputs: DRAM busy at >= 60% of peak is a kernel at a roof, and so are busy SMs, except in
+    a memory-bound operation, where busy SMs are instructions in the way (ALU-bound, below)."""
+    dram, sm = profile.get("dram_throughput_pct"), profile.get("sm_throughput_pct")
+    busiest = max(((name, v) for name, v in (("DRAM", dram), ("SM", sm)) if isinstance(v, (int, float))
+                   and not (name == "SM" and memory_op)), key=lambda nv: nv[1], default=None)
+    if busiest is None or busiest[1] < BUSY_PCT:
+        return []
+    ev = log.add("L2", "counters", f"ncu: {busiest[0]} throughput {busiest[1]:.0f}% of peak (DRAM {dram}%, SM {sm}%)",
+                 where, f"dram {dram}, sm {sm}")
+    return [Finding("profile.ok", "memory" if busiest[0] == "DRAM" else "tensor-cores",
+                    f"{busiest[0]} busy at {busiest[1]:.0f}% of peak", "The kernel keeps the device's busiest unit near "
+                    "its peak: what it computes or moves is what bounds it, not how.", [ev], [], "", "L2")]
+
+
+def _idle_sms(profile: dict, device: str, median_us: float, log: EvidenceLog, where: str) -> list[Finding]:
+    """ncu's grid against the SMs of the measured device, with DRAM and SMs both mostly idle. What filling
+    the device can gain is bounded by the launch too: a 5 us kernel cannot get faster than a launch."""
+    from harness.cuda_shim import device_model_named
+
+    model = device_model_named(device)
+    grid = profile.get("block_dim") or (profile.get("metrics") or {}).get("launch__grid_size")
+    dram, sm = profile.get("dram_throughput_pct"), profile.get("sm_throughput_pct")
+    if model is None or not isinstance(grid, (int, float)) or not grid or grid >= model.sm_count \
+            or not isinstance(dram, (int, float)) or not isinstance(sm, (int, float)) or max(dram, sm) >= IDLE_PCT:
+        return []
+    # Idle SMs, and idle warp slots on the busy ones (one program of a few warps per SM hides no latency).
+    occupancy = profile.get("achieved_occupancy_pct")
+    spread = max(model.sm_count / grid, 100.0 / occupancy if isinstance(occupancy, (int, float)) and occupancy > 0 else 1.0)
+    gain = min(spread, median_us / LAUNCH_US)
+    if gain < 1.5:
+        return []
+    ev = log.add("L2", "counters", f"ncu: the launch ran {int(grid)} program(s) on the {model.sm_count} SMs of "
+                 f"{model.name}, DRAM at {dram:.0f}% and SMs at {sm:.0f}% of peak, achieved occupancy {occupancy}%", where,
+                 f"launch__grid_size {grid}, dram {dram}, sm {sm}")
+    return [Finding("parallelism.grid-underfilled", "parallelism", f"{int(grid)} program(s) for {model.sm_count} SMs, "
+                    "the device mostly idle (measured)", "Fewer programs than SMs, and neither DRAM nor the busy SMs "
+                    "near their peak: the grid, not what each program does, limits the kernel.", [ev], [], "", "L2",
+                    0.9, gain=round(gain, 2))]
+
+
 def _uncoalesced(profile: dict, log: EvidenceLog, where: str) -> list[Finding]:
     metrics = profile.get("metrics") or {}
+    measured = [(access, metrics[s] / metrics[r]) for access, (s, r) in NCU_SECTORS.items()
+                if isinstance(metrics.get(s), (int, float)) and isinstance(metrics.get(r), (int, float)) and metrics[r]]
+    if measured and max(v for _, v in measured) < UNCOALESCED_SECTORS:
+        ev = log.add("L2", "counters", "ncu: " + ", ".join(f"global {a}s move {v:.1f} sectors per request"
+                                                           for a, v in measured) + " (coalesced: 4 to 16)", where,
+                     str({a: round(v, 2) for a, v in measured}))
+        return [Finding("memory.ok", "vectorization", "global accesses are coalesced (measured)",
+                        "Each warp request moves no more sectors than its lanes' bytes need.", [ev], [], "", "L2")]
     for access, (sectors_name, requests_name) in NCU_SECTORS.items():
         sectors, requests = metrics.get(sectors_name), metrics.get(requests_name)
         if not isinstance(sectors, (int, float)) or not isinstance(requests, (int, float)) or requests <= 0:
@@ -236,10 +308,10 @@ def _uncoalesced(profile: dict, log: EvidenceLog, where: str) -> list[Finding]:
         per_request = sectors / requests
         if per_request >= UNCOALESCED_SECTORS:
             ev = log.add("L2", "counters", f"ncu: global {access}s move {per_request:.1f} sectors per request "
-                         "(a coalesced warp of 4-byte lanes moves 4)", where,
+                         "(a coalesced warp moves 4 to 16: 32 lanes x 4-16 bytes)", where,
                          f"{sectors_name} = {sectors:g}, {requests_name} = {requests:g}")
             return [Finding("memory.uncoalesced", "vectorization", f"uncoalesced {access}s: {per_request:.0f} sectors "
                             "per request", "Each lane of a warp touches its own 32-byte sector, so the memory system "
                             "moves several times the bytes the kernel uses.", [ev], [], "tritongpu-coalesce", "L2", 0.85,
-                            gain=round(per_request / 4, 2))]
+                            gain=round(per_request / 16, 2))]
     return []

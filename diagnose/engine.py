@@ -16,6 +16,7 @@ same engine on the topics a question asks about, always deep.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from diagnose.analyzers import TOPICS, run_analyzers
@@ -152,10 +153,15 @@ class _State:
         from diagnose.launch_triage import launch_triage
         from diagnose.triage import triage
 
-        features = kernel_features(self.request.kernel_file)
-        found = triage(features, self.log, self.request.target)
-        found = launch_triage(features, self.request.launches(), found, self.log, self.notes)
-        self.findings += [f for f in found if self.topics is None or f.topic in self.topics]
+        launches = self.request.launches()
+        # The wrapper's file, then the files that define the kernels it launches (libraries keep them apart).
+        files = dict.fromkeys([str(Path(self.request.kernel_file).resolve()),
+                               *(str(Path(f.source_file).resolve()) for f in launches if Path(f.source_file).is_file())])
+        for file in files:
+            features = kernel_features(file)
+            found = triage(features, self.log, self.request.target)
+            found = launch_triage(features, launches, found, self.log, self.notes)
+            self.findings += [f for f in found if self.topics is None or f.topic in self.topics]
         return True
 
     def _l2(self) -> bool:
@@ -164,12 +170,9 @@ class _State:
                                                "device and pass the report with --measurements"))
             return False
         from diagnose.bottleneck import classify
-        from diagnose.features import kernel_features
         from diagnose.launch_triage import kernel_work
 
-        launches = self.request.launches() if self.request.kernel_file else []
-        work = kernel_work(kernel_features(self.request.kernel_file), launches) if launches and self.request.kernel_file \
-            else None
+        work = kernel_work(self.request.launches()) if self.request.kernel_file else None
         found = classify(self.request.report, self.log, work)
         self.findings += [f for f in found if self.topics is None or f.topic in self.topics or f.kind.startswith("profile.")]
         self._temper_by_measurements(self.findings)
@@ -204,17 +207,24 @@ class _State:
         return True
 
     def _temper_by_measurements(self, found: list[Finding]) -> None:
-        """A memory-traffic defect in the IR matters little when the device already runs the kernel near
-        the copy roofline: measured evidence outranks the IR's suspicion of slowness."""
+        """Measured evidence outranks a suspicion of slowness it contradicts. A kernel measured at a roof
+        (near the copy bandwidth or its matmul ceiling, or ncu's DRAM or SM throughput near peak) is bound
+        by what it moves or computes: an IR or source defect in how it does so is listed as worth checking,
+        not as the cause. Accesses ncu measured coalesced retire the source's suspicion that they are not."""
         near_roof = next((f for f in self.findings if f.kind == "profile.ok"), None)
-        if near_roof is None:
-            return
+        coalesced = next((f for f in self.findings if f.kind == "memory.ok"), None)
         for f in found:
-            if f.kind.split(".")[0] in _MEMORY_FAMILIES and f.defect:
+            if not f.defect or f.level == "L2":
+                continue
+            if coalesced is not None and f.kind == "memory.uncoalesced":
+                f.confidence = min(f.confidence, 0.3)
+                f.evidence = [*f.evidence, *coalesced.evidence]
+                self.notes.append(f"{f.kind} was suspected from the source, but ncu measured the accesses coalesced")
+            elif near_roof is not None and not f.kind.startswith(LAUNCH_KINDS):
                 f.confidence = min(f.confidence, 0.45)
                 f.evidence = [*f.evidence, *near_roof.evidence]
-                self.notes.append(f"{f.kind} is real in the IR, but the measured run is {near_roof.title}: "
-                                  "it is listed as worth checking, not as the cause of slowness")
+                self.notes.append(f"{f.kind} is real in the {'IR' if f.level == 'L3' else 'source'}, but the measured "
+                                  f"run is {near_roof.title}: it is listed as worth checking, not as the cause of slowness")
 
     def _l4(self) -> bool:
         kb = self._kb_view()

@@ -27,7 +27,24 @@ from harness.errors import UserFacingError
 from harness.measurement import RunReport
 from kb.home import KBHome
 
-__all__ = ["DEFAULT_CASES", "GoldCase", "evaluate_diagnosis", "load_cases", "request_for"]
+__all__ = ["BOTTLENECK_CLASSES", "DEFAULT_CASES", "GoldCase", "bottleneck_class", "evaluate_diagnosis", "load_cases",
+           "request_for"]
+
+# What a profiler can label: the class of a bottleneck, not the mechanism behind it. A gold file whose
+# labels come from measurements (`match: class`, corpora/diagnosis/wild.yaml) scores a finding by its
+# class: ncu shows warps waiting on memory (latency-bound) whether or not the cause is an unpipelined loop.
+BOTTLENECK_CLASSES: dict[str, tuple[str, ...]] = {
+    "latency": ("profile.latency-bound", "pipelining."),
+    "parallelism": ("parallelism.",),
+    "launch": ("profile.launch-bound", "profile.host-bound"),
+    "memory-access": ("memory.uncoalesced", "vectorization.", "profile.memory-bound"),
+    "compute": ("profile.compute-bound", "dot.", "profile.alu-bound"),
+}
+
+
+def bottleneck_class(kind: str) -> str:
+    """The class of a finding kind ("" for one no profiler labels)."""
+    return next((name for name, kinds in BOTTLENECK_CLASSES.items() if kind.startswith(kinds)), "")
 
 DEFAULT_CASES = Path(__file__).resolve().parent.parent / "corpora" / "diagnosis" / "cases.yaml"
 
@@ -43,6 +60,7 @@ class GoldCase:
     target: str = "cuda:90"
     measurements: Path | None = None
     failure_mode: str = ""
+    match: str = "kind"  # "class": a finding of the label's bottleneck class counts (measured labels, below)
 
     @property
     def healthy(self) -> bool:
@@ -59,6 +77,9 @@ def load_cases(path: Path | None = None) -> list[GoldCase]:
     if not isinstance(entries, list) or not entries:
         raise UserFacingError(f"{path}: no `cases:` list", "see corpora/diagnosis/cases.yaml for the format")
     base = path.parent
+    match = data.get("match", "kind")
+    if match not in ("kind", "class"):
+        raise UserFacingError(f"{path}: match must be kind or class", "fix the top-level `match:`")
     cases, seen = [], set()
     for i, e in enumerate(entries):
         where = f"{path}: case {i + 1} ({e.get('id', '?') if isinstance(e, dict) else '?'})"
@@ -73,12 +94,13 @@ def load_cases(path: Path | None = None) -> list[GoldCase]:
         seen.add(e["id"])
         kernel = base / e["kernel"]
         if not kernel.is_file():
-            raise UserFacingError(f"{where}: kernel {kernel} does not exist", "fix the path (relative to the cases file)")
+            raise UserFacingError(f"{where}: kernel {kernel} does not exist",
+                                  str(data.get("rebuild") or "fix the path (relative to the cases file)"))
         cases.append(GoldCase(
             id=e["id"], kernel=kernel, root_cause=e["root_cause"], level=e["level"], call=e.get("call", ""),
             dump=base / e["dump"] if e.get("dump") else None, target=e.get("target", "cuda:90"),
             measurements=base / e["measurements"] if e.get("measurements") else None,
-            failure_mode=e.get("failure_mode", "")))
+            failure_mode=e.get("failure_mode", ""), match=match))
     return cases
 
 
@@ -128,6 +150,10 @@ def evaluate_diagnosis(cases: list[GoldCase], home: KBHome | None, release: str 
         checked, invalid = _check_citations(answer, case, roots, request)
         if case.healthy:
             top1 = top3 = not kinds
+        elif case.match == "class":
+            want = bottleneck_class(case.root_cause)
+            top1 = bool(kinds) and bottleneck_class(kinds[0]) == want
+            top3 = any(bottleneck_class(k) == want for k in kinds[:3])
         else:
             top1 = bool(kinds) and kinds[0] == case.root_cause
             top3 = case.root_cause in kinds[:3]
@@ -156,6 +182,9 @@ def _summary(outcomes: list[CaseOutcome], strategy: str, level_max: str) -> dict
         "defect_cases": len(defects),
         "healthy_cases": len(healthy),
         "top1": rate(defects, "top1"),
+        # Every case: a defect case right at top-1, a healthy one with no defect reported.
+        "top1_all": round((sum(o.top1 for o in defects) + sum(not o.false_positive and not o.error for o in healthy))
+                          / len(outcomes), 3) if outcomes else None,
         "top3": rate(defects, "top3"),
         "level_accuracy": rate(outcomes, "level_ok"),
         "false_positive_rate": rate(healthy, "false_positive"),

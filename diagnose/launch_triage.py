@@ -28,6 +28,7 @@ from typing import Any
 from diagnose.features import KernelFeatures
 from diagnose.records import EvidenceLog, Finding
 from harness.cuda_shim import device_model_for
+from harness.errors import UserFacingError
 from harness.guards import is_kernel
 from harness.launches import LaunchFacts
 
@@ -38,6 +39,7 @@ LAUNCH_KINDS = ("parallelism.", "memory.uncoalesced")
 
 _SECTOR = 32  # bytes: the unit DRAM and L2 move for a warp's request
 _LAUNCH_S = 5e-6  # a kernel launch and its tail: no kernel is faster than this
+_HIDING_WARPS = 16  # resident warps per SM (a quarter of 64) from which occupancy hides load latency
 
 
 def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: list[Finding], log: EvidenceLog,
@@ -107,24 +109,36 @@ class KernelWork:
     bytes: float
     flops: float
     dtype: str
+    complete: bool = True  # False when a kernel has tl.dot whose FLOPs its operands' shapes did not give
 
 
-def kernel_work(feats: KernelFeatures, launches: list[LaunchFacts]) -> KernelWork | None:
-    """The work of the launches of `feats`' kernels (None without launches)."""
-    mine = [f for f in launches if Path(f.source_file).resolve() == Path(feats.file).resolve()] or launches
-    if not mine:
+def kernel_work(launches: list[LaunchFacts]) -> KernelWork | None:
+    """The work of a call's launches, each read with its own kernel's source (None without launches)."""
+    from diagnose.features import kernel_features
+
+    if not launches:
         return None
     moved = 0.0
     flops = 0.0
+    complete = True
     biggest: tuple[int, str] = (0, "bf16")
-    for facts in mine:
+    features: dict[str, KernelFeatures] = {}
+    for facts in launches:
+        if facts.source_file not in features:
+            try:
+                features[facts.source_file] = kernel_features(facts.source_file)
+            except UserFacingError:
+                features[facts.source_file] = KernelFeatures(facts.source_file, [])
+        feats = features[facts.source_file]
         for name, t in facts.arguments.items():
             if isinstance(t, dict):
                 count = math.prod(t.get("shape") or [1])
                 moved += count * (facts.element_size(name) or 4)
                 biggest = max(biggest, (count, _COMPUTE_DTYPE.get(str(t.get("dtype")), "bf16")))
-        flops += _dot_flops(feats, facts)
-    return KernelWork(moved, flops, biggest[1])
+        dot_flops = _dot_flops(feats, facts)
+        complete = complete and (dot_flops > 0 or not feats.dots)
+        flops += dot_flops
+    return KernelWork(moved, flops, biggest[1], complete)
 
 
 _COMPUTE_DTYPE = {"float32": "fp32", "float64": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8"}
@@ -137,7 +151,9 @@ def _dot_flops(feats: KernelFeatures, facts: LaunchFacts) -> float:
     tensors = [t for t in facts.arguments.values() if isinstance(t, dict) and len(t.get("shape") or []) >= 2]
     for a in tensors:
         for b in tensors:
-            if a is not b and a["shape"][-1] == b["shape"][-2]:
+            batch_a, batch_b = a["shape"][:-2], b["shape"][:-2]
+            same_batch = batch_a == batch_b or not batch_a or not batch_b  # A[B, M, K] @ B[B, K, N], or a 2-D one
+            if a is not b and same_batch and a["shape"][-1] == b["shape"][-2] and a["shape"][-1] >= 16:
                 return 2.0 * math.prod(a["shape"][:-1]) * a["shape"][-1] * b["shape"][-1]
     return 0.0
 
@@ -233,6 +249,8 @@ def _is_arange(node: ast.AST) -> bool:
 # ------------------------------------------------------------------------- values vs the source rules
 def _temper(feats: KernelFeatures, launches: list[LaunchFacts], findings: list[Finding], log: EvidenceLog,
             notes: list[str]) -> list[Finding]:
+    idle = _unlaunched_lines(feats.file, {f.kernel for f in launches
+                                          if Path(f.source_file).resolve() == Path(feats.file).resolve()})
     values: dict[str, int] = {}
     for facts in launches:
         values.update(facts.integers())
@@ -240,6 +258,10 @@ def _temper(feats: KernelFeatures, launches: list[LaunchFacts], findings: list[F
     stages = max((f.num_stages for f in launches), default=3)
     kept = []
     for f in findings:
+        if f.kernel_lines and all(line in idle for line in f.kernel_lines):
+            notes.append(f"L1 left out {f.kind} at line {f.kernel_lines[0]}: it is in {idle[f.kernel_lines[0]]}, which "
+                         "this call does not launch")
+            continue
         if f.kind == "pipelining.none" and f.kernel_lines:
             trips = trip_count(feats.loop_bounds.get(f.kernel_lines[0], ""), values)
             if trips is not None and trips <= 1:
@@ -252,12 +274,52 @@ def _temper(feats: KernelFeatures, launches: list[LaunchFacts], findings: list[F
                 f.evidence = [*f.evidence, ev]
                 if trips <= stages:
                     f.confidence = min(f.confidence, 0.45)
+            resident = max((_warps_per_sm(facts) for facts in launches), default=0.0)
+            if resident >= _HIDING_WARPS:
+                # Other programs' warps keep loads in flight while one waits: prefetching within a program
+                # adds little, so the loop is worth a try, not the diagnosed cause.
+                ev = log.add("L1", "launch", f"at this launch each SM holds about {resident:.0f} warps (programs x "
+                             "num_warps over the SMs, at most 64): other warps hide a load's latency",
+                             f"{Path(feats.file).name}:{feats.launch_line or 1}", "")
+                f.evidence = [*f.evidence, ev]
+                f.confidence = min(f.confidence, 0.45)
         if f.kind == "dot.fma" and dtypes and not dtypes & {"float32", "float64"}:
             notes.append(f"L1 dropped {f.kind}: no operand of this launch is fp32 ({', '.join(sorted(dtypes))}), so "
                          "input_precision does not take the dot off tensor cores")
             continue
         kept.append(f)
     return kept
+
+
+def _warps_per_sm(facts: LaunchFacts) -> float:
+    """Warps resident per SM at this launch: the grid's programs spread over the SMs, capped by what an SM
+    holds (64 warps; registers and shared memory, known only once compiled, may cap it lower)."""
+    if not facts.programs or not facts.target.startswith("cuda"):
+        return 0.0
+    sms = device_model_for(facts.target).sm_count
+    per_sm = math.ceil(facts.programs / sms)
+    return float(min(per_sm * facts.num_warps, 64))
+
+
+def _unlaunched_lines(path: str, launched: set[str]) -> dict[int, str]:
+    """Line -> kernel name, for the lines of the file's kernels that neither the launches nor the JIT
+    functions they call (transitively) run: a library file holds the backward kernels beside the forward."""
+    tree = _parse(path)
+    if tree is None or not launched:
+        return {}
+    kernels = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and is_kernel(n)}
+    reached, todo = set(), [k for k in launched if k in kernels]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        todo += [c for c in (_dotted(n.func).split(".")[-1] for n in ast.walk(kernels[name]) if isinstance(n, ast.Call))
+                 if c in kernels]
+    if not reached:
+        return {}  # none of the launched kernels is defined here: nothing to leave out
+    return {line: name for name, fn in kernels.items() if name not in reached
+            for line in range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)}
 
 
 def trip_count(bounds: str, values: dict[str, int]) -> int | None:

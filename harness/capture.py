@@ -86,21 +86,68 @@ def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
     sys.modules[name] = module  # triton's JIT looks the module up by name for globals
     sys.path.insert(0, str(file.parent))  # kernels often import their siblings
     try:
-        spec.loader.exec_module(module)
+        with _autotune_keys_as_before():
+            spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001 - any failure of user code is the user's to fix
         sys.modules.pop(name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
         needs_gpu = "CUDA" in str(exc) or "NVIDIA driver" in str(exc)
-        raise UserFacingError(
-            f"kernel file {path} does not import: {type(exc).__name__}: {first_line(exc)}",
-            "it needs a GPU at import: run it on the GPU machine (`kb why` and `kb diagnose` compile it here)"
-            if needs_gpu else "fix the error so that `python " + str(path) + "` runs",
-        ) from exc
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if needs_gpu:
+            fix = "it needs a GPU at import: run it on the GPU machine (`kb why` and `kb diagnose` compile it here)"
+        elif missing:
+            fix = f"install what it imports in this environment (pip install {missing.split('.')[0]})"
+        elif _raised_by_triton(exc):
+            import triton
+
+            fix = (f"Triton {triton.__version__} itself refused it: the file may be written for another Triton; "
+                   "compile it against that one in its own environment (pip install 'triton==<its version>')")
+        else:
+            fix = "fix the error so that `python " + str(path) + "` runs"
+        raise UserFacingError(f"kernel file {path} does not import: {type(exc).__name__}: {first_line(exc)}", fix) from exc
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(str(file.parent))
     return module
+
+
+@contextlib.contextmanager
+def _autotune_keys_as_before() -> Iterator[None]:
+    """Triton up to 3.x dropped `key` (and `reset_to_zero`, `restore_value`) names that are not kernel
+    arguments without a word; newer Triton refuses the decoration, so whole libraries written against the
+    older behaviour (flash-linear-attention) no longer import. While a kernel file imports, such names
+    are dropped as they used to be, with a note on stderr."""
+    from triton.runtime import autotuner
+
+    original = autotuner.Autotuner.__init__
+
+    def lenient(self: Any, fn: Any, arg_names: Any, configs: Any, key: Any, reset_to_zero: Any, restore_value: Any,
+                *args: Any, **kwargs: Any) -> None:
+        names = set(arg_names)
+        dropped = sorted({n for group in (key or [], reset_to_zero or [], restore_value or []) for n in group
+                          if n not in names})
+        if dropped:
+            print(f"note: {getattr(fn, '__name__', 'kernel')}: autotune names {', '.join(dropped)} are not kernel "
+                  "arguments; dropped, as Triton before the check did", file=sys.stderr)
+        keep = [n for n in (key or []) if n in names]
+        original(self, fn, arg_names, configs, keep,
+                 [n for n in reset_to_zero if n in names] if reset_to_zero is not None else None,
+                 [n for n in restore_value if n in names] if restore_value is not None else None, *args, **kwargs)
+
+    autotuner.Autotuner.__init__ = lenient
+    try:
+        yield
+    finally:
+        autotuner.Autotuner.__init__ = original
+
+
+def _raised_by_triton(exc: BaseException) -> bool:
+    """Whether the innermost frame of the traceback is Triton's own code (a check at decoration time)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}triton{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def _package_of(file: Path) -> tuple[str, Path]:
@@ -130,6 +177,21 @@ class Launch:
         return f"{self.fn.fn.__qualname__}:{self.compile['key']}"
 
 
+class _DriverUtils:
+    """`driver.active.utils` of the stand-in driver: device properties; anything else is named as missing."""
+
+    def __init__(self, props: dict[str, Any]) -> None:
+        self._props = props
+
+    def get_device_properties(self, _device: int = 0) -> dict[str, Any]:
+        return dict(self._props)
+
+    def __getattr__(self, name: str) -> Any:
+        raise UserFacingError(f"the wrapper calls triton's driver.active.utils.{name}, which needs a GPU driver "
+                              "(kernel-kb stands in for one on this CPU-only machine with device properties only)",
+                              "run it on the GPU machine, where the real driver answers")
+
+
 class _SpecializingDriver:
     """Stands in for a GPU driver so the JIT binder can run on CPU tensors for a chosen target.
 
@@ -146,15 +208,13 @@ class _SpecializingDriver:
     @property
     def utils(self) -> Any:
         """`driver.active.utils.get_device_properties(dev)`: what wrappers size their grids by."""
-        from types import SimpleNamespace
-
         from harness.cuda_shim import device_model_for
 
         model = device_model_for(target_name(self._target))
         props = {"multiprocessor_count": model.sm_count, "max_shared_mem": model.shared_memory_per_block,
                  "max_num_regs": model.registers_per_sm, "warpSize": 32, "sm_clock_rate": 1980000,
                  "mem_clock_rate": 2619000, "mem_bus_width": 6144}
-        return SimpleNamespace(get_device_properties=lambda _device=0: dict(props))
+        return _DriverUtils(props)
 
     def get_device_interface(self) -> Any:
         import torch
@@ -172,6 +232,23 @@ class _SpecializingDriver:
             "the call tried to benchmark (autotuning) on a machine without a GPU",
             "kernel-kb compiles the first autotune config; report this kernel if you see this",
         )
+
+
+class _NotLaunched:
+    """What `kernel[grid](...)` returns under interception in place of the compiled kernel: zeros and
+    empty texts for what wrappers read of it (registers, spills, assembly), since nothing compiled."""
+
+    n_regs = 0
+    n_spills = 0
+    n_max_threads = 0
+    shared = 0
+
+    def __init__(self, fn: Any) -> None:
+        from collections import defaultdict
+
+        self.name = getattr(getattr(fn, "fn", None), "__name__", "kernel")
+        self.asm: dict[str, str] = defaultdict(str)
+        self.metadata = type("Metadata", (), {"shared": 0, "num_warps": 0, "name": self.name})()
 
 
 @contextlib.contextmanager
@@ -201,7 +278,8 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
         note["grid"] = _resolve_grid(self, grid, args, kwargs)
         note["args"] = launch_arguments(self, args, kwargs)
         note["storages"] = _storages(self, args, kwargs)
-        return original_jit_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        original_jit_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return _NotLaunched(self)  # wrappers that read the launch's result (k.n_regs, k.asm) go on
 
     original_autotune_run = autotuner.Autotuner.run
 
@@ -305,7 +383,9 @@ def capture_call(
 
 def intercept_call(kernel_file: str | os.PathLike[str], call: str, target: str | None = None) -> Interception:
     """The launches `call` makes against the kernel file, intercepted (nothing compiles yet)."""
-    with device_for(target):  # a module may ask the device at import (its capability, its SM count)
+    # A module may ask the device at import (its capability, its SM count); what it prints is not ours
+    # to put on stdout, where `--json` answers go.
+    with device_for(target), contextlib.redirect_stdout(sys.stderr):
         module = load_kernel_module(kernel_file)
     return intercept_callable(lambda ns: _eval_call(call, ns), vars(module), target, what=f"`{call}`")
 
@@ -343,10 +423,17 @@ def device_for(target: str | None) -> Iterator[None]:
     if on_device or tgt.backend != "cuda":
         yield
         return
+    from triton.runtime.driver import driver
+
     from harness.cuda_shim import cuda_on_cpu, device_model_for
 
-    with cuda_on_cpu(device_model_for(target_name(tgt))):
-        yield
+    previous = driver._active  # the raw slot: None on a CPU-only machine, restored as found
+    driver.set_active(_SpecializingDriver(tgt))  # libraries ask `driver.active` at import for the target
+    try:
+        with cuda_on_cpu(device_model_for(target_name(tgt))):
+            yield
+    finally:
+        driver.set_active(previous)
 
 
 def capture_callable(
@@ -370,7 +457,7 @@ def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, 
     ns = {"torch": torch, "triton": triton, "tl": tl, **namespace}
     torch.manual_seed(0)
     with intercept_launches(None if on_device else tgt) as launches, device_for(target):
-        with _default_device("cuda" if on_device else None):
+        with _default_device("cuda" if on_device else None), contextlib.redirect_stdout(sys.stderr):
             try:
                 run(ns)
             except UserFacingError:

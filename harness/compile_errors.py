@@ -18,6 +18,12 @@ from harness.errors import UserFacingError
 __all__ = ["compile_failure"]
 
 _MISSING_ATTR = re.compile(r"module '(triton\.language(?:\.[\w.]+)?)' has no attribute '(\w+)'")
+# APIs a newer Triton removed while keeping the name, so that it raises at compile time: what Triton
+# says, what was removed, what replaces it, and the last version known to compile it (checked there).
+_REMOVED = (
+    (re.compile(r"Block pointers have been removed"), "block pointers (tl.make_block_ptr, tl.advance)",
+     "tensor descriptors (tl.make_tensor_descriptor)", "3.6"),
+)
 
 
 def compile_failure(exc: BaseException, fn: Any, target: str) -> UserFacingError:
@@ -29,6 +35,14 @@ def compile_failure(exc: BaseException, fn: Any, target: str) -> UserFacingError
     cause = _cause(exc)
     problem = f"kernel {name} does not compile for {target}{' at ' + where if where else ''}: {cause}"
     fix = "fix the kernel (run it under TRITON_INTERPRET=1 to debug) or pick another --target"
+    removed = next((r for r in _REMOVED if r[0].search(cause)), None)
+    if removed is not None:
+        _, api, replacement, last = removed
+        problem = (f"kernel {name} uses {api}{' at ' + where if where else ''}, which Triton {triton.__version__} "
+                   f"removed; Triton {last} still compiles them: the kernel was written for an older Triton")
+        fix = (f"rewrite it with {replacement}, or compile it against Triton {last} in its own environment: "
+               f"python -m venv .venv-old && .venv-old/bin/pip install 'triton=={last}.*' -e . && .venv-old/bin/kb why ...")
+        return UserFacingError(problem, fix, detail=str(exc))
     missing = _MISSING_ATTR.search(cause)
     if missing:
         moved = _moved_api(missing.group(1), missing.group(2))

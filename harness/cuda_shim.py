@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["DeviceModel", "H200", "cuda_on_cpu", "device_model_for"]
+__all__ = ["DeviceModel", "H200", "cuda_on_cpu", "device_model_for", "device_model_named"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ A100 = DeviceModel("NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912, total_memory=80
 _BY_ARCH = {90: H200, 80: A100}
 
 
+def device_model_named(name: str) -> DeviceModel | None:
+    """The model of a device by the name a report records ("NVIDIA H200"); None for one not modelled."""
+    return next((m for m in (H200, A100) if m.name.split()[1].split("-")[0] in name), None)
+
+
 def device_model_for(target: str) -> DeviceModel:
     """The device a `cuda:NN` target stands for (an H200 for sm90, an A100 for sm80; else sm90's)."""
     backend, _, arch = target.partition(":")
@@ -58,8 +63,13 @@ def device_model_for(target: str) -> DeviceModel:
 
 
 class _Stream:
+    """A stand-in for torch.cuda.Stream: a class, since libraries annotate with it (`Stream | None`)."""
+
     cuda_stream = 0
     device = None
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
 
     def synchronize(self) -> None:
         return None
@@ -69,6 +79,13 @@ class _Stream:
 
     def record_event(self, _event: Any = None) -> None:
         return None
+
+
+class _Device(contextlib.nullcontext):
+    """A stand-in for torch.cuda.device: a context that changes nothing (one device, and it is the CPU)."""
+
+    def __init__(self, _device: Any = None) -> None:
+        super().__init__()
 
 
 def _cuda_module_stand_ins(model: DeviceModel) -> dict[str, Any]:
@@ -92,9 +109,9 @@ def _cuda_module_stand_ins(model: DeviceModel) -> dict[str, Any]:
         "empty_cache": lambda: None,
         "current_stream": lambda _device=None: stream,
         "default_stream": lambda _device=None: stream,
-        "device": lambda _device=None: contextlib.nullcontext(),
+        "device": _Device,
         "stream": lambda _stream=None: contextlib.nullcontext(),
-        "Stream": lambda *_a, **_k: _Stream(),
+        "Stream": _Stream,
     }
 
 

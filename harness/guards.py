@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KERNEL_DECORATORS", "defines_kernel", "escape_guards", "escape_kinds", "is_kernel", "static_guards", "tensors_in"]
+__all__ = ["KERNEL_DECORATORS", "defines_kernel", "escape_guards", "escape_kinds", "is_kernel", "static_guards", "tensors_in", "torch_calls"]
 
 # Torch calls a launch wrapper legitimately makes: allocation, metadata, dtypes, devices, streams of
 # the caller. Anything else under `torch.` computes, and so is a fallback unless the task allows it.
@@ -55,6 +55,19 @@ def defines_kernel(source_file: str) -> bool:
 
 def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...] = ()) -> list[str]:
     """Reasons to reject found in the wrapper and the module functions it reaches (not @jit ones)."""
+    allowed = set(allow_torch)
+    return [reason for name, reason in _torch_uses(source_file, entry_name) if not name or name not in allowed]
+
+
+def torch_calls(source_file: str, entry_name: str) -> tuple[str, ...]:
+    """The torch computations the entry makes (as `allow_torch` names them): what a task built from a
+    kernel and a call allows its own wrapper, and so a rewrite of it may keep but not add to."""
+    return tuple(sorted({name for name, _ in _torch_uses(source_file, entry_name) if name}))
+
+
+def _torch_uses(source_file: str, entry_name: str) -> list[tuple[str, str]]:
+    """(allow_torch name, reason) for each torch computation or side stream ("" name: never allowed) in
+    the wrapper and the module functions it reaches."""
     path = Path(source_file)
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -67,18 +80,17 @@ def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...
             if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.name == "forward":
                 functions[f"{cls.name}.apply"] = method
     torch_aliases = _torch_aliases(tree)
-    reasons: list[str] = []
+    uses: list[tuple[str, str]] = []
     seen: set[str] = set()
     todo = [entry_name] if entry_name in functions else []
-    allowed = set(allow_torch)
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
         for node in ast.walk(functions[name]):
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and "matmul" not in allowed:
-                reasons.append(f"torch fallback: `@` matmul in {name} ({path.name}:{node.lineno})")
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+                uses.append(("matmul", f"torch fallback: `@` matmul in {name} ({path.name}:{node.lineno})"))
             if not isinstance(node, ast.Call):
                 continue
             dotted = _dotted(node.func) or ""
@@ -88,20 +100,21 @@ def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...
             elif head in torch_aliases and rest:
                 api = torch_aliases[head] + rest
                 if any(api == s or api.endswith("." + s) for s in _SIDE_STREAM):
-                    reasons.append(f"side stream: {api} in {name} ({path.name}:{node.lineno})")
-                elif _computes(api) and api.rsplit(".", 1)[-1] not in allowed:
-                    reasons.append(f"torch fallback: torch.{api} in {name} ({path.name}:{node.lineno})")
+                    uses.append(("", f"side stream: {api} in {name} ({path.name}:{node.lineno})"))
+                elif _computes(api):
+                    uses.append((api.rsplit(".", 1)[-1], f"torch fallback: torch.{api} in {name} ({path.name}:{node.lineno})"))
             elif isinstance(node.func, ast.Attribute) and node.func.attr in _COMPUTE_METHODS \
-                    and node.func.attr not in allowed and head not in ("math", "tl", "triton", "np", "numpy"):
-                reasons.append(f"torch fallback: .{node.func.attr}() in {name} ({path.name}:{node.lineno})")
-    return reasons
+                    and head not in ("math", "tl", "triton", "np", "numpy"):
+                uses.append((node.func.attr, f"torch fallback: .{node.func.attr}() in {name} ({path.name}:{node.lineno})"))
+    return uses
 
 
 def _computes(api: str) -> bool:
     if api in _ALLOWED_TORCH or api in _ALLOWED_TORCH_NAMESPACES:
         return False
     # Device, backend and tooling namespaces hold no math (side streams are caught before this).
-    return api.split(".", 1)[0] not in ("cuda", "npu", "backends", "_dynamo", "testing", "utils", "version")
+    return api.split(".", 1)[0] not in ("cuda", "npu", "backends", "_dynamo", "testing", "utils", "version",
+                                        "distributed", "compiler", "overrides", "library")
 
 
 def _torch_aliases(tree: ast.Module) -> dict[str, str]:

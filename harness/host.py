@@ -338,7 +338,11 @@ def outputs_of(value: Any, args: tuple[Any, ...], exempt: list[int]) -> list[Any
     outs = tensors_in(value)
     if exempt:
         declared = [args[i] for i in sorted(exempt) if i < len(args)]
-        outs = declared + [o for o in outs if not any(o is d for d in declared)]
+        # A returned view of a declared buffer (an in-place rotation returning q.transpose(...)) is that
+        # buffer's output, not another one.
+        storages = {d.untyped_storage().data_ptr() for d in declared if hasattr(d, "untyped_storage")}
+        outs = declared + [o for o in outs if not any(o is d for d in declared)
+                           and o.untyped_storage().data_ptr() not in storages]
     return outs
 
 

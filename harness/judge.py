@@ -254,7 +254,9 @@ class Judge(Session):
             if reason:
                 out.rejected[kernel.role] = reason
                 self._forget(hosted.pop(kernel.role))
-        if roofline and self.backend == "cuda" and any(info.bytes + info.flops):
+        if roofline and self.backend == "cuda":
+            # Measured (once per device, then cached) even without the task's bytes/flops: diagnosis places
+            # a run by the kernel's own work against them (diagnose.bottleneck).
             self._ceilings = self._ceilings or self._ref("ceilings")["ceilings"]
             out.ceilings = self._ceilings
         chosen = [i for i in range(info.timed) if cases is None or i in cases]

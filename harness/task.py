@@ -47,7 +47,9 @@ arguments and keywords).
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,9 +262,15 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
     ref = _eval(reference, ns, "--reference") if reference else None
     if ref is not None and not callable(ref):
         raise UserFacingError(f"--reference {reference!r} is not callable", "pass e.g. --reference torch.add")
+    from harness.guards import torch_calls
+
+    source = defining_file(entry, kernel_file)
+    # The wrapper is the user's own: the torch calls it makes are its design (a rewrite may keep them,
+    # not add to them), not a fallback to catch.
     return Task(name=Path(kernel_file).stem, entry=entry, inputs=inputs, cases=[{}], reference=ref,
-                namespace=ns, path=str(Path(kernel_file).resolve()),
-                source_file=str(Path(kernel_file).resolve()), keywords=keywords if tree.body.keywords else None)
+                namespace=ns, path=str(Path(kernel_file).resolve()), source_file=source,
+                allow_torch=torch_calls(source, entry_name(entry)),
+                keywords=keywords if tree.body.keywords else None)
 
 
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,
@@ -275,7 +283,7 @@ def intercept_task(path: str | os.PathLike[str], case: int = 0, target: str | No
     """The launches of one case of a task, intercepted (nothing compiles yet)."""
     from harness.capture import device_for
 
-    with device_for(target):  # a module may ask the device at import
+    with device_for(target), contextlib.redirect_stdout(sys.stderr):  # a module may ask the device at import
         task = load_task(path)
     if not 0 <= case < len(task.cases):
         raise UserFacingError(f"task {task.name} has {len(task.cases)} cases, not {case + 1}", "pick a valid case")

@@ -136,3 +136,66 @@ def test_a_buffer_the_kernel_accumulates_into_is_judged_as_an_in_out_argument(ad
     base = report.run("baseline")
     assert base is not None and base.correct, json.dumps(report.to_dict())[:2000]
     assert base.compared_with == "the reference"
+
+
+def test_a_library_whose_autotune_keys_newer_triton_refuses_still_loads(tmp_path, capfd):
+    """Triton 3.9 refuses @triton.autotune(key=[...]) naming a non-argument; older Triton dropped the name."""
+    from harness.capture import load_kernel_module
+
+    source = tmp_path / "lenient.py"
+    source.write_text("import triton\nimport triton.language as tl\n\n@triton.autotune(configs=[triton.Config({})], "
+                      "key=['n', 'BT'])\n@triton.jit\ndef k(x, n):\n    pass\n")
+    module = load_kernel_module(source)
+    assert module.k.keys == ["n"] and "autotune names BT are not kernel arguments" in capfd.readouterr().err
+
+
+def test_the_device_shim_keeps_torch_cuda_names_usable_as_types():
+    from harness.cuda_shim import cuda_on_cpu
+
+    with cuda_on_cpu():
+        annotation = torch.cuda.Stream | None  # libraries annotate with it at import
+        with torch.cuda.device(torch.device("cuda", 0)):
+            assert torch.cuda.get_device_properties(0).multi_processor_count == 132
+    assert annotation is not None
+
+
+def test_a_wrapper_that_reads_the_launchs_result_and_prints_keeps_json_clean(tmp_path):
+    source = tmp_path / "chatty.py"
+    source.write_text(
+        "import torch\nimport triton\nimport triton.language as tl\n\n@triton.jit\n"
+        "def k(x, y, BLOCK: tl.constexpr):\n    o = tl.arange(0, BLOCK)\n    tl.store(y + o, tl.load(x + o))\n\n"
+        "def copy(x):\n    y = torch.empty_like(x)\n    c = k[(1,)](x, y, BLOCK=x.numel())\n"
+        "    print(f'{c.n_regs} registers, {c.shared} shared', c.asm['ptx'][:10])\n    return y\n")
+    result = CliRunner().invoke(main, ["diagnose", "--kernel", str(source), "--call", "copy(torch.randn(256))", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["kernel"] == "k"
+
+
+def test_the_real_world_labels_are_the_rule_applied_to_the_committed_measurements():
+    """Each label of corpora/diagnosis/wild.yaml is what scripts/wild_cases.py's rule gives the H200 report
+    committed beside it: a label can be checked against its numbers, never only taken on trust."""
+    import sys
+
+    import yaml
+
+    from diagnose.evaluate import bottleneck_class
+
+    sys.path.insert(0, str(FIXTURES.parent.parent / "scripts"))
+    import wild_cases
+
+    data = yaml.safe_load(wild_cases.CASES.read_text())
+    assert data["match"] == "class" and len(data["cases"]) >= 20
+    for case in data["cases"]:
+        report = json.loads((wild_cases.CASES.parent / case["measurements"]).read_text())
+        assert wild_cases.label(wild_cases.numbers(report)) == case["root_cause"], case["id"]
+        assert case["root_cause"] == "healthy" or bottleneck_class(case["root_cause"]), case["id"]
+        assert report["device"] == "NVIDIA H200" and report["ceilings"]["copy_gbps"] > 0
+
+
+def test_class_matching_scores_a_mechanism_under_its_measured_class():
+    from diagnose.evaluate import bottleneck_class
+
+    assert bottleneck_class("pipelining.none") == bottleneck_class("profile.latency-bound") == "latency"
+    assert bottleneck_class("parallelism.grid-underfilled") == "parallelism"
+    assert bottleneck_class("dot.mma-v2") != bottleneck_class("profile.latency-bound")
+    assert bottleneck_class("spills.registers") == ""
