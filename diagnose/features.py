@@ -16,7 +16,7 @@ from typing import Any
 from harness.errors import UserFacingError
 from harness.guards import is_kernel
 
-__all__ = ["KernelFeatures", "Site", "kernel_features"]
+__all__ = ["KernelFeatures", "Site", "dotted_name", "kernel_features"]
 
 _REDUCTIONS = {"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum", "cumsum", "cumprod", "associative_scan"}
 _ATOMICS = {"atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas"}
@@ -57,15 +57,15 @@ class KernelFeatures:
         return asdict(self)
 
 
-def _name(node: ast.AST) -> str:
+def dotted_name(node: ast.AST) -> str:
     """Dotted name of a call target: tl.load -> "tl.load", libdevice.pow -> "libdevice.pow"."""
     if isinstance(node, ast.Attribute):
-        base = _name(node.value)
+        base = dotted_name(node.value)
         return f"{base}.{node.attr}" if base else node.attr
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Call):
-        return _name(node.func)
+        return dotted_name(node.func)
     return ""
 
 
@@ -85,9 +85,9 @@ class _KernelVisitor(ast.NodeVisitor):
 
     def visit_For(self, node: ast.For) -> None:
         call = node.iter if isinstance(node.iter, ast.Call) else None
-        kind = _name(call.func) if call else "iter"
+        kind = dotted_name(call.func) if call else "iter"
         body = ast.Module(body=node.body, type_ignores=[])
-        names = {_name(n.func).split(".")[-1] for n in ast.walk(body) if isinstance(n, ast.Call)}
+        names = {dotted_name(n.func).split(".")[-1] for n in ast.walk(body) if isinstance(n, ast.Call)}
         stages_node = _kw(call, "num_stages") if call else None
         if call is not None and stages_node is None and kind.endswith("tl.range") and len(call.args) >= 4:
             stages_node = call.args[3]  # tl.range(start, end, step, num_stages)
@@ -110,7 +110,7 @@ class _KernelVisitor(ast.NodeVisitor):
         self.loop_depth -= 1
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = _name(node.func)
+        name = dotted_name(node.func)
         leaf = name.split(".")[-1]
         loop = self.loop_depth > 0
         if name in ("tl.load", "tl.store"):
@@ -126,7 +126,7 @@ class _KernelVisitor(ast.NodeVisitor):
             self.f.reductions.append(Site(node.lineno, name, "", loop))
         elif leaf in _ATOMICS:
             self.f.atomics.append(Site(node.lineno, name, str(_const(_kw(node, "sem")) or "default"), loop))
-        elif leaf == "to" and node.args and _name(node.args[0]) in ("tl.int64", "tl.uint64"):
+        elif leaf == "to" and node.args and dotted_name(node.args[0]) in ("tl.int64", "tl.uint64"):
             self.f.int64_casts.append(Site(node.lineno, "to(int64)", "", loop))
         elif name.startswith(("libdevice.", "tl.extra.")) and leaf not in ("exp2", "log2", "fma", "rsqrt", "sqrt"):
             self.f.libdevice.append(Site(node.lineno, name, "", loop))
@@ -148,7 +148,7 @@ class _KernelVisitor(ast.NodeVisitor):
 def _runtime_params(fn: ast.FunctionDef) -> list[str]:
     out = []
     for arg in fn.args.args:
-        ann = _name(arg.annotation) if arg.annotation is not None else ""
+        ann = dotted_name(arg.annotation) if arg.annotation is not None else ""
         if not ann.endswith("constexpr"):
             out.append(arg.arg)
     return out
@@ -172,7 +172,7 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and _name(node.func.value) in names:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and dotted_name(node.func.value) in names:
             feats.launch_line = feats.launch_line or node.lineno
             for kw in node.keywords:
                 if kw.arg and isinstance(kw.value, ast.Constant):

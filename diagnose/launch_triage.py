@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagnose.features import KernelFeatures
+from diagnose.features import KernelFeatures, dotted_name
 from diagnose.records import EvidenceLog, Finding
 from harness.cuda_shim import device_model_for
 from harness.errors import UserFacingError
@@ -173,7 +173,7 @@ def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionD
     name = Path(feats.file).name
     out: list[Finding] = []
     for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
-        what = _dotted(call.func)
+        what = dotted_name(call.func)
         if what not in ("tl.load", "tl.store") or not call.args:
             continue
         pointer = _expand(call.args[0], definitions, 8)
@@ -243,7 +243,7 @@ def _terms(node: ast.expr) -> Iterator[ast.expr]:
 
 
 def _is_arange(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and _dotted(node.func) in ("tl.arange", "triton.language.arange")
+    return isinstance(node, ast.Call) and dotted_name(node.func) in ("tl.arange", "triton.language.arange")
 
 
 # ------------------------------------------------------------------------- values vs the source rules
@@ -314,7 +314,7 @@ def _unlaunched_lines(path: str, launched: set[str]) -> dict[int, str]:
         if name in reached:
             continue
         reached.add(name)
-        todo += [c for c in (_dotted(n.func).split(".")[-1] for n in ast.walk(kernels[name]) if isinstance(n, ast.Call))
+        todo += [c for c in (dotted_name(n.func).split(".")[-1] for n in ast.walk(kernels[name]) if isinstance(n, ast.Call))
                  if c in kernels]
     if not reached:
         return {}  # none of the launched kernels is defined here: nothing to leave out
@@ -363,7 +363,7 @@ def _evaluate(node: ast.expr, values: dict[str, int]) -> int | None:
             return a % b
         return None
     if isinstance(node, ast.Call):
-        leaf = _dotted(node.func).split(".")[-1]
+        leaf = dotted_name(node.func).split(".")[-1]
         args = [_evaluate(a, values) for a in node.args]
         if None in args:
             return None
@@ -406,15 +406,6 @@ def _expand(node: ast.expr, definitions: dict[str, ast.expr], depth: int) -> ast
     import copy
 
     return Inline().visit(copy.deepcopy(node))
-
-
-def _dotted(node: ast.AST) -> str:
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else node.attr
-    if isinstance(node, ast.Name):
-        return node.id
-    return ""
 
 
 def _parse(path: str) -> ast.Module | None:
