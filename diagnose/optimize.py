@@ -253,8 +253,8 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
 def _check_rewritable(task: Task, entry: str) -> None:
     """One line, before any round, when the loop could not rewrite the kernel: the file the entry's code
     lives in (what each round rewrites) defines no Triton kernel, or names the entry differently."""
-    from harness.capture import load_kernel_module
     from harness.guards import defines_kernel
+    from harness.loading import load_kernel_module
     from harness.task import attribute_path
 
     if not defines_kernel(task.source_file):

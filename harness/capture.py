@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import io
 import json
 import os
 import sys
 import tempfile
-import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from harness import ir
@@ -33,9 +30,10 @@ from harness.compile_errors import compile_failure
 from harness.errors import UserFacingError, first_line
 from harness.ir.artifacts import SCHEMA_VERSION, Artifacts
 from harness.launches import LaunchFacts
+from harness.loading import load_kernel_module
 
 __all__ = ["Interception", "Launch", "capture_call", "compile_launch", "intercept_call", "intercept_callable",
-           "intercept_launches", "load_kernel_module", "parse_target"]
+           "intercept_launches", "parse_target"]
 
 # Environment that makes the compiler explain itself. Read by Triton's C++ at pass-manager setup
 # and by knobs at access time, so setting it around one compile is enough.
@@ -63,102 +61,6 @@ def parse_target(spec: str) -> Any:
 
 def target_name(target: Any) -> str:
     return f"{target.backend}:{target.arch}"
-
-
-def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
-    """Import a kernel file from the wild under a private module name."""
-    file = Path(path).resolve()
-    if not file.is_file():
-        raise UserFacingError(f"kernel file {path} does not exist", "pass the path of a .py file with a @triton.jit kernel")
-    name = f"kb_kernel_{file.stem}_{uuid.uuid4().hex[:8]}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise UserFacingError(f"kernel file {path} is not a Python module", "pass a .py file")
-    module = importlib.util.module_from_spec(spec)
-    package, root = _package_of(file)
-    if package:
-        # A file inside a package (`from .utils import ...`, `from liger_kernel.ops import ...`): its
-        # relative imports resolve against the package, imported from the folder above it, which stays
-        # on the path for the imports its functions make when called.
-        module.__package__ = package
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-    sys.modules[name] = module  # triton's JIT looks the module up by name for globals
-    sys.path.insert(0, str(file.parent))  # kernels often import their siblings
-    try:
-        with _autotune_keys_as_before():
-            spec.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 - any failure of user code is the user's to fix
-        sys.modules.pop(name, None)
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        needs_gpu = "CUDA" in str(exc) or "NVIDIA driver" in str(exc)
-        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-        if needs_gpu:
-            fix = "it needs a GPU at import: run it on the GPU machine (`kb why` and `kb diagnose` compile it here)"
-        elif missing:
-            fix = f"install what it imports in this environment (pip install {missing.split('.')[0]})"
-        elif _raised_by_triton(exc):
-            import triton
-
-            fix = (f"Triton {triton.__version__} itself refused it: the file may be written for another Triton; "
-                   "compile it against that one in its own environment (pip install 'triton==<its version>')")
-        else:
-            fix = "fix the error so that `python " + str(path) + "` runs"
-        raise UserFacingError(f"kernel file {path} does not import: {type(exc).__name__}: {first_line(exc)}", fix) from exc
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(file.parent))
-    return module
-
-
-@contextlib.contextmanager
-def _autotune_keys_as_before() -> Iterator[None]:
-    """Triton up to 3.x dropped `key` (and `reset_to_zero`, `restore_value`) names that are not kernel
-    arguments without a word; newer Triton refuses the decoration, so whole libraries written against the
-    older behaviour (flash-linear-attention) no longer import. While a kernel file imports, such names
-    are dropped as they used to be, with a note on stderr."""
-    from triton.runtime import autotuner
-
-    original = autotuner.Autotuner.__init__
-
-    def lenient(self: Any, fn: Any, arg_names: Any, configs: Any, key: Any, reset_to_zero: Any, restore_value: Any,
-                *args: Any, **kwargs: Any) -> None:
-        names = set(arg_names)
-        dropped = sorted({n for group in (key or [], reset_to_zero or [], restore_value or []) for n in group
-                          if n not in names})
-        if dropped:
-            print(f"note: {getattr(fn, '__name__', 'kernel')}: autotune names {', '.join(dropped)} are not kernel "
-                  "arguments; dropped, as Triton before the check did", file=sys.stderr)
-        keep = [n for n in (key or []) if n in names]
-        original(self, fn, arg_names, configs, keep,
-                 [n for n in reset_to_zero if n in names] if reset_to_zero is not None else None,
-                 [n for n in restore_value if n in names] if restore_value is not None else None, *args, **kwargs)
-
-    autotuner.Autotuner.__init__ = lenient
-    try:
-        yield
-    finally:
-        autotuner.Autotuner.__init__ = original
-
-
-def _raised_by_triton(exc: BaseException) -> bool:
-    """Whether the innermost frame of the traceback is Triton's own code (a check at decoration time)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and f"{os.sep}triton{os.sep}" in tb.tb_frame.f_code.co_filename
-
-
-def _package_of(file: Path) -> tuple[str, Path]:
-    """The dotted package a file sits in (folders with __init__.py above it) and the folder holding the
-    top package; ("", file's folder) outside a package."""
-    parts: list[str] = []
-    folder = file.parent
-    while (folder / "__init__.py").is_file() and folder.parent != folder:
-        parts.insert(0, folder.name)
-        folder = folder.parent
-    return ".".join(parts), folder
 
 
 @dataclass

@@ -301,7 +301,7 @@ class KernelHost:
 # --- loading ---------------------------------------------------------------------------------
 
 def _entry_from_file(file: str, name: str) -> Any:
-    from harness.capture import load_kernel_module
+    from harness.loading import load_kernel_module
     from harness.task import attribute_path
 
     module = load_kernel_module(file)

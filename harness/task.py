@@ -55,9 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.capture import Interception, intercept_callable, load_kernel_module
+from harness.capture import Interception, intercept_callable
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
+from harness.loading import load_kernel_module
 
 __all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "capture_task", "attribute_path", "defining_file", "entry_name", "intercept_task", "launch_code", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]

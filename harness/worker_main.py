@@ -169,7 +169,8 @@ class _Service:
 def _capture(r: dict[str, Any]) -> dict[str, Any]:
     """Compile one case of a kernel file's entry as its launch specializes it (the diagnosis of a
     rewritten kernel imports it here, not in the optimize loop's own process)."""
-    from harness.capture import capture_callable, load_kernel_module
+    from harness.capture import capture_callable
+    from harness.loading import load_kernel_module
     from harness.task import TaskSpec, load_job_task
 
     task = load_job_task(TaskSpec.from_json(r["task"]))

@@ -596,8 +596,8 @@ def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tm
 
 
 def test_a_timing_burn_in_leaves_autotuned_kernels_to_tune_again(tmp_path):
-    from harness.capture import load_kernel_module
     from harness.host import KernelHost, autotuners
+    from harness.loading import load_kernel_module
 
     original = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"
     tuned = tmp_path / "tuned.py"

@@ -116,7 +116,7 @@ def test_kernel_access_follows_pointer_arithmetic_to_the_parameters():
 
 @pytest.mark.parametrize("add_inputs, roles", [(True, ((), (1,))), (False, ((1,), ()))])
 def test_argument_roles_come_from_the_kernel(add_inputs, roles):
-    from harness.capture import load_kernel_module
+    from harness.loading import load_kernel_module
 
     module = load_kernel_module(WILD / "accumulate.py")
     found = argument_roles(functools.partial(module.scaled_add, add_inputs=add_inputs),
@@ -140,7 +140,7 @@ def test_a_buffer_the_kernel_accumulates_into_is_judged_as_an_in_out_argument(ad
 
 def test_a_library_whose_autotune_keys_newer_triton_refuses_still_loads(tmp_path, capfd):
     """Triton 3.9 refuses @triton.autotune(key=[...]) naming a non-argument; older Triton dropped the name."""
-    from harness.capture import load_kernel_module
+    from harness.loading import load_kernel_module
 
     source = tmp_path / "lenient.py"
     source.write_text("import triton\nimport triton.language as tl\n\n@triton.autotune(configs=[triton.Config({})], "
