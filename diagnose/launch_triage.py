@@ -9,6 +9,7 @@ the tensors' dtypes and strides) L1 can say what this launch suffers from:
   cannot fill the device: no per-program fix helps idle SMs);
 - coalescing: an access whose lanes step through memory by a runtime stride (consecutive lanes in
   different 32-byte sectors) moves a sector for every element it uses;
+- masks: one false for most lanes leaves most of each tile idle; one never false caps no vector width;
 - the source rules' suspicions checked against the values: a streaming loop that runs once is not a
   pipelining problem, an IEEE dot on fp16 operands is still a tensor-core dot.
 
@@ -58,6 +59,7 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
                            and is_kernel(n)), None)
             if kernel is not None:
                 kept += _coalescing(feats, facts, kernel, log)
+                kept = _masks(feats, facts, kernel, kept, log, notes)
     return kept
 
 
@@ -202,6 +204,101 @@ def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionD
                            "(load [rows, cols] with cols contiguous, reduce or transpose in registers).",
                            [ev], [line], "tritongpu-coalesce", "L1", 0.85, gain=round(1 / efficiency, 2)))
     return out
+
+
+def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, findings: list[Finding],
+           log: EvidenceLog, notes: list[str]) -> list[Finding]:
+    """What the masks do at this launch: one that is never false cannot cap a vector width (the source
+    rule's suspicion goes), and one false for most lanes leaves most of each tile idle (a finding: the
+    tile or the grid's split does not fit the sizes)."""
+    values = facts.integers()
+    definitions = _single_assignments(kernel)
+    fractions: dict[int, float] = {}
+    for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
+        what = dotted_name(call.func)
+        mask = next((k.value for k in call.keywords if k.arg == "mask"), None)
+        if mask is None and what in ("tl.load", "tl.store") and len(call.args) >= (3 if what == "tl.store" else 2):
+            mask = call.args[2 if what == "tl.store" else 1]
+        if what not in ("tl.load", "tl.store") or mask is None:
+            continue
+        fraction = _true_fraction(_expand(mask, definitions, 8), values, facts.grid or ())
+        if fraction is not None:
+            fractions[call.lineno] = min(fraction, fractions.get(call.lineno, 1.0))
+    kept = []
+    for f in findings:
+        if f.kind == "vectorization.mask" and f.level == "L1" and f.kernel_lines and \
+                all(fractions.get(line) == 1.0 for line in f.kernel_lines):
+            notes.append(f"L1 dropped {f.kind}: at this launch every mask at line(s) "
+                         f"{', '.join(map(str, f.kernel_lines))} is true for every lane")
+            continue
+        kept.append(f)
+    if not fractions:
+        return kept
+    line, worst = min(fractions.items(), key=lambda item: item[1])
+    if worst >= 0.5:
+        return kept
+    name = Path(feats.file).name
+    ev = log.add("L1", "launch", f"at this launch the mask at {name}:{line} is true for {worst:.1%} of the lanes "
+                 "(its bound against the tile and the grid)", f"{name}:{line}", _line(feats.file, line))
+    return [*kept, Finding("parallelism.masked-lanes", "parallelism",
+                           f"{1 - worst:.0%} of the lanes at {name}:{line} are masked off",
+                           "The tile (or the grid's split of the work) does not fit the sizes: most lanes load and "
+                           "compute nothing, so the SMs run a fraction of the useful work they could. Tile along the "
+                           "axis that is long (several rows per program, the whole short axis in one tile).",
+                           [ev], [line], "", "L1", 0.8 if worst < 0.25 else 0.6, gain=round(min(1 / worst, 16.0), 2))]
+
+
+def _true_fraction(mask: ast.expr, values: dict[str, int], grid: tuple[int, ...]) -> float | None:
+    """The share of lanes (over the programs) a mask of the form `offs < bound` (and `&` of such) lets
+    through, where offs is a tl.arange, offset per program by tl.program_id; None where this launch's
+    values do not fix it (a loop variable, a data-dependent bound)."""
+    if isinstance(mask, ast.BinOp) and isinstance(mask.op, ast.BitAnd):
+        left, right = _true_fraction(mask.left, values, grid), _true_fraction(mask.right, values, grid)
+        if left is None or right is None:
+            return None
+        # Bounds on one axis (both `cols < ..`) intersect; on two axes (`rows[:, None] < M`, `cols[None, :]
+        # < N`) they multiply.
+        return min(left, right) if _tile_axis(mask.left) == _tile_axis(mask.right) else left * right
+    if not (isinstance(mask, ast.Compare) and len(mask.ops) == 1 and isinstance(mask.ops[0], (ast.Lt, ast.LtE))):
+        return None
+    lanes, bound_node = mask.left, mask.comparators[0]
+    while isinstance(lanes, ast.Subscript):
+        lanes = lanes.value
+    aranges = [n for n in ast.walk(lanes) if isinstance(n, ast.Call) and _is_arange(n)]
+    bound = _evaluate(bound_node, values)
+    if len(aranges) != 1 or bound is None or len(aranges[0].args) != 2:
+        return None
+    start, stop = (_evaluate(a, values) for a in aranges[0].args)
+    if start is None or stop is None or stop <= start:
+        return None
+    bound += isinstance(mask.ops[0], ast.LtE)
+    pids = [n for n in ast.walk(lanes) if isinstance(n, ast.Call) and dotted_name(n.func).endswith("program_id")]
+    others = {n.id for n in ast.walk(lanes) if isinstance(n, ast.Name)} - {"tl", "triton"} - set(values)
+    if others:
+        return None  # a loop variable or a loaded value moves the lanes: not fixed by the launch
+    extent = stop - start
+    if not pids:
+        return min(max(bound - start, 0), extent) / extent
+    axis = pids[0].args[0].value if pids[0].args and isinstance(pids[0].args[0], ast.Constant) else 0
+    if not isinstance(axis, int) or axis >= len(grid):
+        return None
+    step = next((_evaluate(n.right if _has_pid(n.left) else n.left, values) for n in ast.walk(lanes)
+                 if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (_has_pid(n.left) or _has_pid(n.right))),
+                None)
+    if step != extent:
+        return None  # programs step by something other than the tile: their coverage is not the grid's
+    covered = grid[axis] * extent  # program p covers [p * extent, (p + 1) * extent)
+    return min(max(bound, 0), covered) / covered
+
+
+def _tile_axis(compare: ast.expr) -> str:
+    """Which axis of a tile a comparison's lanes run along: the index of `lanes[:, None]`, "" for 1-D."""
+    lanes = compare.left if isinstance(compare, ast.Compare) else compare
+    return ast.dump(lanes.slice) if isinstance(lanes, ast.Subscript) else ""
+
+
+def _has_pid(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and dotted_name(n.func).endswith("program_id") for n in ast.walk(node))
 
 
 def _lane_strides(pointer: ast.expr, values: dict[str, int]) -> Iterator[int | None]:

@@ -216,3 +216,39 @@ def test_accesses_ncu_measured_coalesced_retire_the_sources_suspicion():
     answer = diagnose(request_from(kernel, report=report), None, level_max="L2")
     suspected = next(f for f in answer.findings if f.kind == "memory.uncoalesced")
     assert suspected.confidence <= 0.3 and any("measured the accesses coalesced" in n for n in answer.notes)
+
+
+def test_masks_that_leave_most_lanes_idle_are_a_finding_and_masks_never_false_are_not_suspected():
+    found, _, log, _ = l1(WILD / "narrow_rows.py", "scale_rows(torch.randn(65536, 4))")
+    (idle,) = [f for f in found if f.kind == "parallelism.masked-lanes"]
+    assert idle.gain == 16.0 and "98% of the lanes" in idle.title  # 4 of 256 lanes; the gain is capped
+    assert "1.6% of the lanes" in next(e.claim for e in log.items if e.id == idle.evidence[0])
+    found, notes, _, _ = l1(WILD / "narrow_rows.py", "scale_rows(torch.randn(64, 256))")  # 256 of 256
+    assert not any(f.kind in ("parallelism.masked-lanes", "vectorization.mask") for f in found)
+    assert any("true for every lane" in n for n in notes)
+    found, _, _, _ = l1(GOLD / "vector_add.py", "add(torch.randn(1000003), torch.randn(1000003))")  # tail only
+    assert any(f.kind == "vectorization.mask" for f in found)
+    assert not any(f.kind == "parallelism.masked-lanes" for f in found)
+
+
+@pytest.mark.parametrize("mask, fraction", [
+    ("cols < n", 4 / 256), ("pid * 256 + cols < n", 1000 / 1024), ("(cols < n) & (cols < 128)", 4 / 256),
+    ("start + cols < n", None), ("pid * 128 + cols < n", None),
+])
+def test_the_true_fraction_of_a_mask(mask, fraction):
+    import ast
+
+    from diagnose.launch_triage import _true_fraction
+
+    tree = ast.parse(mask.replace("cols", "tl.arange(0, 256)").replace("pid", "tl.program_id(0)"), mode="eval")
+    got = _true_fraction(tree.body, {"n": 4 if "pid" not in mask else 1000}, (4,))
+    assert got == (pytest.approx(fraction) if fraction is not None else None)
+
+
+def test_bounds_on_two_tile_axes_multiply():
+    import ast
+
+    from diagnose.launch_triage import _true_fraction
+
+    mask = ast.parse("(tl.arange(0, 16)[:, None] < m) & (tl.arange(0, 256)[None, :] < n)", mode="eval").body
+    assert _true_fraction(mask, {"m": 8, "n": 4}, (1,)) == pytest.approx(0.5 * 4 / 256)
