@@ -110,7 +110,9 @@ def why(question: str, kernel: DiagnosisRequest | list[Artifacts], home: KBHome 
     artifacts = kernel.compiled() if isinstance(kernel, DiagnosisRequest) else kernel
     report = kernel.report if isinstance(kernel, DiagnosisRequest) else None
     source = artifacts[0].source_file if artifacts and artifacts[0].source_file else None
-    request = DiagnosisRequest(source, lambda: artifacts, report, artifacts[0].target if artifacts else DEFAULT_TARGET)
+    launches = kernel.launches if isinstance(kernel, DiagnosisRequest) else None  # L1 reads the launch too
+    request = DiagnosisRequest(source, lambda: artifacts, report, artifacts[0].target if artifacts else DEFAULT_TARGET,
+                               launch_facts=launches)
     answer = diagnose(request, home, release, "always-deep", "L4", question, topics)
     if not answer.findings:
         asked = " / ".join(topics)

@@ -252,3 +252,11 @@ def test_bounds_on_two_tile_axes_multiply():
 
     mask = ast.parse("(tl.arange(0, 16)[:, None] < m) & (tl.arange(0, 256)[None, :] < n)", mode="eval").body
     assert _true_fraction(mask, {"m": 8, "n": 4}, (1,)) == pytest.approx(0.5 * 4 / 256)
+
+
+def test_why_reads_the_launch_as_diagnose_does():
+    from diagnose.engine import why
+
+    request = request_from(KernelInput(kernel=str(WILD / "column_scan.py"), call="scan(torch.randn(4096, 1024))"))
+    answer = why("why is it slow?", request, None)
+    assert answer.findings[0].kind == "parallelism.grid-underfilled"

@@ -39,6 +39,7 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "index-math": ("int64", "64-bit", "index", "offset", "division", "modulo", "div/mod", "//"),
     "resources": ("shared memory", "occupancy", "outofresources", "out of resources", "smem"),
     "atomics": ("atomic",),
+    "parallelism": ("parallel", "grid", "program", "occupancy", "idle", "fill the", "sms", "masked lanes"),
     "math": ("libdevice", "pow", "exp", "precise", "math"),
     "ascend-memory": ("discrete", "ub overflow", "unified buffer", "scalar", "dma", "load", "store"),
     "ascend-compute": ("int64", "int32", "vector op", "scalar"),
