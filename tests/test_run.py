@@ -217,6 +217,17 @@ def test_roofline_place_and_rotation():
     assert rotation_count(1) == 8
 
 
+def test_each_input_dtype_has_its_compute_ceiling_and_int8_is_never_below_bf16():
+    from harness.roofline import compute_peak
+
+    measured = {"copy_gbps": 4251.0, "matmul_bf16_tflops": 679.0, "matmul_fp16_tflops": 650.0,
+                "matmul_tf32_tflops": 355.0, "matmul_fp32_tflops": 51.0, "matmul_int8_tops": 129.0}  # H200, 2026-12-01
+    assert [compute_peak(measured, d) for d in ("bf16", "fp16", "tf32", "fp32")] == [679.0, 650.0, 355.0, 51.0]
+    assert compute_peak(measured, "int8") == 679.0  # torch's int8 path measured slower than the tensor cores run
+    assert compute_peak({"copy_gbps": 1.0, "matmul_bf16_tflops": 700.0}, "fp16") == 700.0  # an older cache
+    assert place(1e6, 1e9, 1e-3, measured, "fp32").fraction == pytest.approx(1e12 / 51e12)  # 1 TFLOP/s of 51
+
+
 def test_candidates_are_checked_alone_against_one_validated_baseline(judge):
     files = [str(HARNESS / f) for f in ("add.py", "wrong.py", "crash.py", "add.py")]
     reports = run_candidates(TASK, OPTIONS, str(HARNESS / "add.py"), files, "add", judge)
