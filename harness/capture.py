@@ -72,7 +72,6 @@ class Launch:
     config_note: str = ""
     grid: list[int] | None = None  # the launch grid, resolved against the call's arguments
     arguments: dict[str, Any] | None = None  # the launch's values by parameter (`launch_arguments`)
-    storages: dict[str, int] | None = None  # tensor parameter -> address of its storage (this process only)
 
     @property
     def key(self) -> str:
@@ -166,11 +165,10 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     from triton.runtime.jit import JITFunction
 
     launches: list[Launch] = []
-    note: dict[str, Any] = {"text": "", "grid": None, "args": None, "storages": None}
+    note: dict[str, Any] = {"text": "", "grid": None, "args": None}
 
     def hook(**kwargs: Any) -> bool:
-        launches.append(Launch(kwargs["fn"].jit_function, kwargs["compile"], note["text"], note["grid"], note["args"],
-                               note["storages"]))
+        launches.append(Launch(kwargs["fn"].jit_function, kwargs["compile"], note["text"], note["grid"], note["args"]))
         return True  # tells JITFunction.run to neither compile nor launch
 
     original_jit_run = JITFunction.run
@@ -179,7 +177,6 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
         # The cache hook does not see the grid; JITFunction.run does, before it calls the hook.
         note["grid"] = _resolve_grid(self, grid, args, kwargs)
         note["args"] = launch_arguments(self, args, kwargs)
-        note["storages"] = _storages(self, args, kwargs)
         original_jit_run(self, *args, grid=grid, warmup=warmup, **kwargs)
         return _NotLaunched(self)  # wrappers that read the launch's result (k.n_regs, k.asm) go on
 
@@ -249,12 +246,6 @@ def launch_arguments(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
                          "strides": list(value.stride()) if hasattr(value, "stride") else [],
                          "align": address & -address if address else 0}
     return out
-
-
-def _storages(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int]:
-    names = list(getattr(fn, "arg_names", []))
-    bound = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
-    return {name: int(v.untyped_storage().data_ptr()) for name, v in bound.items() if hasattr(v, "untyped_storage")}
 
 
 def _gpu_present() -> bool:
