@@ -32,7 +32,7 @@ from diagnose.analyzers.ascend import DEFAULT_VECTOR_CORES
 from diagnose.launch_triage import KernelWork
 from diagnose.records import EvidenceLog, Finding
 from harness.measurement import Roofline, RunReport, Timing
-from harness.profilers import NCU_SECTORS
+from harness.profilers import NCU_SECTORS, sectors_per_request
 from harness.roofline import place
 
 __all__ = ["classify"]
@@ -292,26 +292,22 @@ def _idle_sms(profile: dict, device: str, median_us: float, log: EvidenceLog, wh
 
 
 def _uncoalesced(profile: dict, log: EvidenceLog, where: str) -> list[Finding]:
-    metrics = profile.get("metrics") or {}
-    measured = [(access, metrics[s] / metrics[r]) for access, (s, r) in NCU_SECTORS.items()
-                if isinstance(metrics.get(s), (int, float)) and isinstance(metrics.get(r), (int, float)) and metrics[r]]
-    if measured and max(v for _, v in measured) < UNCOALESCED_SECTORS:
+    measured = sectors_per_request(profile.get("metrics") or {})
+    if not measured:
+        return []
+    if max(measured.values()) < UNCOALESCED_SECTORS:
         ev = log.add("L2", "counters", "ncu: " + ", ".join(f"global {a}s move {v:.1f} sectors per request"
-                                                           for a, v in measured) + " (coalesced: 4 to 16)", where,
-                     str({a: round(v, 2) for a, v in measured}))
+                                                           for a, v in measured.items()) + " (coalesced: 4 to 16)", where,
+                     str({a: round(v, 2) for a, v in measured.items()}))
         return [Finding("memory.ok", "vectorization", "global accesses are coalesced (measured)",
                         "Each warp request moves no more sectors than its lanes' bytes need.", [ev], [], "", "L2")]
-    for access, (sectors_name, requests_name) in NCU_SECTORS.items():
-        sectors, requests = metrics.get(sectors_name), metrics.get(requests_name)
-        if not isinstance(sectors, (int, float)) or not isinstance(requests, (int, float)) or requests <= 0:
-            continue
-        per_request = sectors / requests
-        if per_request >= UNCOALESCED_SECTORS:
-            ev = log.add("L2", "counters", f"ncu: global {access}s move {per_request:.1f} sectors per request "
-                         "(a coalesced warp moves 4 to 16: 32 lanes x 4-16 bytes)", where,
-                         f"{sectors_name} = {sectors:g}, {requests_name} = {requests:g}")
-            return [Finding("memory.uncoalesced", "vectorization", f"uncoalesced {access}s: {per_request:.0f} sectors "
-                            "per request", "Each lane of a warp touches its own 32-byte sector, so the memory system "
-                            "moves several times the bytes the kernel uses.", [ev], [], "tritongpu-coalesce", "L2", 0.85,
-                            gain=round(per_request / 16, 2))]
-    return []
+    access, per_request = next((a, v) for a, v in measured.items() if v >= UNCOALESCED_SECTORS)
+    sectors_name, requests_name = NCU_SECTORS[access]
+    metrics = profile.get("metrics") or {}
+    ev = log.add("L2", "counters", f"ncu: global {access}s move {per_request:.1f} sectors per request "
+                 "(a coalesced warp moves 4 to 16: 32 lanes x 4-16 bytes)", where,
+                 f"{sectors_name} = {metrics[sectors_name]:g}, {requests_name} = {metrics[requests_name]:g}")
+    return [Finding("memory.uncoalesced", "vectorization", f"uncoalesced {access}s: {per_request:.0f} sectors "
+                    "per request", "Each lane of a warp touches its own 32-byte sector, so the memory system "
+                    "moves several times the bytes the kernel uses.", [ev], [], "tritongpu-coalesce", "L2", 0.85,
+                    gain=round(per_request / 16, 2))]

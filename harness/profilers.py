@@ -56,6 +56,7 @@ from harness.errors import UserFacingError
 __all__ = [
     "NCU_METRICS",
     "NCU_SECTORS",
+    "sectors_per_request",
     "KernelProfile",
     "find_ncu",
     "ncu_command",
@@ -238,6 +239,16 @@ _STALL_REASONS = (
     "math_pipe_throttle", "not_selected", "selected", "no_instruction", "dispatch_stall", "membar",
     "branch_resolving", "drain", "sleeping", "tex_throttle", "imc_miss",
 )  # fmt: skip
+
+def sectors_per_request(metrics: dict[str, Any]) -> dict[str, float]:
+    """Global sectors per request by access ("load", "store"), from ncu's raw metrics where it measured them."""
+    out = {}
+    for access, (sectors, requests) in NCU_SECTORS.items():
+        s, r = metrics.get(sectors), metrics.get(requests)
+        if isinstance(s, (int, float)) and isinstance(r, (int, float)) and r > 0:
+            out[access] = s / r
+    return out
+
 
 NCU_METRICS: tuple[str, ...] = (
     _NCU_DURATION[0],

@@ -41,6 +41,10 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script: the harness it reads ncu's metrics with
+
+from harness.profilers import sectors_per_request  # noqa: E402
+
 CASES = REPO / "corpora" / "diagnosis" / "wild.yaml"
 MEASURED = REPO / "corpora" / "diagnosis" / "measured" / "h200" / "wild"
 SMS = 132  # H200
@@ -117,13 +121,7 @@ def numbers(report: dict[str, Any]) -> dict[str, Any]:
     case = next((c for c in base.get("cases", []) if c.get("timing")), {})
     profile = case.get("profile") or {}
     metrics = profile.get("metrics") or {}
-    sectors = {}
-    for access, (s_name, r_name) in (("load", ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
-                                               "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")),
-                                     ("store", ("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
-                                                "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"))):
-        if metrics.get(r_name):
-            sectors[access] = round(metrics[s_name] / metrics[r_name], 1)
+    sectors = {access: round(v, 1) for access, v in sectors_per_request(metrics).items()}
     return {
         "correct": base.get("correct", base.get("rejected") is None), "rejected": base.get("rejected"),
         "call_us": (case.get("timing") or {}).get("median_us"), "kernel_us": profile.get("duration_us"),
