@@ -16,7 +16,7 @@ from typing import Any
 from harness.errors import UserFacingError
 from harness.guards import is_kernel
 
-__all__ = ["KernelFeatures", "Site", "dotted_name", "kernel_features"]
+__all__ = ["KernelFeatures", "Site", "access_mask", "dotted_name", "kernel_features"]
 
 _REDUCTIONS = {"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum", "cumsum", "cumprod", "associative_scan"}
 _ATOMICS = {"atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas"}
@@ -69,6 +69,13 @@ def dotted_name(node: ast.AST) -> str:
     return ""
 
 
+def access_mask(call: ast.Call) -> ast.expr | None:
+    """The mask of a tl.load / tl.store call, given by keyword or by position (None: unmasked)."""
+    leaf = dotted_name(call.func).split(".")[-1]
+    position = 2 if leaf == "store" else 1
+    return _kw(call, "mask") or (call.args[position] if len(call.args) > position else None)
+
+
 def _kw(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
@@ -114,7 +121,7 @@ class _KernelVisitor(ast.NodeVisitor):
         leaf = name.split(".")[-1]
         loop = self.loop_depth > 0
         if name in ("tl.load", "tl.store"):
-            masked = _kw(node, "mask") is not None or len(node.args) >= (3 if leaf == "store" else 2)
+            masked = access_mask(node) is not None
             (self.f.loads if leaf == "load" else self.f.stores).append(
                 Site(node.lineno, name, "masked" if masked else "unmasked", loop))
         elif name == "tl.dot":

@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagnose.features import KernelFeatures, dotted_name
+from diagnose.features import KernelFeatures, access_mask, dotted_name
 from diagnose.records import EvidenceLog, Finding
+from diagnose.triage import source_line
 from harness.cuda_shim import device_model_for
 from harness.errors import UserFacingError
 from harness.guards import is_kernel
 from harness.launches import LaunchFacts
+from harness.roofline import compute_dtype_of
 
 __all__ = ["LAUNCH_KINDS", "KernelWork", "kernel_work", "launch_triage", "trip_count"]
 
@@ -48,18 +50,18 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
     """`findings` (the source rules') checked against the launches, plus the launch's own findings."""
     if not launches:
         return findings
-    kept = _temper(feats, launches, findings, log, notes)
     tree = _parse(feats.file)
-    for facts in launches:
-        if Path(facts.source_file).resolve() != Path(feats.file).resolve():
-            continue  # a kernel from another file: its source is not the one triaged here
+    # The launches of this file's kernels; one from another file is triaged with that file's source.
+    mine = [f for f in launches if Path(f.source_file).resolve() == Path(feats.file).resolve()]
+    kept = _temper(feats, tree, launches, mine, findings, log, notes)
+    kernels = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and is_kernel(n)} if tree else {}
+    for facts in mine:
         kept += _parallelism(feats, facts, log)
-        if tree is not None:
-            kernel = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == facts.kernel
-                           and is_kernel(n)), None)
-            if kernel is not None:
-                kept += _coalescing(feats, facts, kernel, log)
-                kept = _masks(feats, facts, kernel, kept, log, notes)
+        kernel = kernels.get(facts.kernel)
+        if kernel is not None:
+            values, definitions = facts.integers(), _single_assignments(kernel)
+            kept += _coalescing(feats, facts, kernel, values, definitions, log)
+            kept = _masks(feats, facts, kernel, values, definitions, kept, log, notes)
     return kept
 
 
@@ -75,12 +77,10 @@ def _parallelism(feats: KernelFeatures, facts: LaunchFacts, log: EvidenceLog) ->
     sms = device.sm_count
     if programs >= sms:
         return []
-    moved = sum(math.prod(t.get("shape") or [1]) * (facts.element_size(k) or 4)
-                for k, t in facts.arguments.items() if isinstance(t, dict))
+    moved = facts.tensor_bytes()
     flops, rate_tflops = _dot_work(feats, facts, device)
     # One SM can draw about twice its even share of DRAM bandwidth, and exactly its share of math.
-    busy = min(programs, sms)
-    at_grid = max(moved / (busy * 2 * device.dram_gbps * 1e9 / sms), flops / (busy * rate_tflops * 1e12 / sms))
+    at_grid = max(moved / (programs * 2 * device.dram_gbps * 1e9 / sms), flops / (programs * rate_tflops * 1e12 / sms))
     at_device = max(moved / (device.dram_gbps * 1e9), flops / (rate_tflops * 1e12), _LAUNCH_S)
     gain = at_grid / at_device
     if gain < 1.5:
@@ -132,18 +132,14 @@ def kernel_work(launches: list[LaunchFacts]) -> KernelWork | None:
             except UserFacingError:
                 features[facts.source_file] = KernelFeatures(facts.source_file, [])
         feats = features[facts.source_file]
-        for name, t in facts.arguments.items():
+        moved += facts.tensor_bytes()
+        for t in facts.arguments.values():
             if isinstance(t, dict):
-                count = math.prod(t.get("shape") or [1])
-                moved += count * (facts.element_size(name) or 4)
-                biggest = max(biggest, (count, _COMPUTE_DTYPE.get(str(t.get("dtype")), "bf16")))
+                biggest = max(biggest, (math.prod(t.get("shape") or [1]), compute_dtype_of(str(t.get("dtype")))))
         dot_flops = _dot_flops(feats, facts)
         complete = complete and (dot_flops > 0 or not feats.dots)
         flops += dot_flops
     return KernelWork(moved, flops, biggest[1], complete)
-
-
-_COMPUTE_DTYPE = {"float32": "fp32", "float64": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8"}
 
 
 def _dot_flops(feats: KernelFeatures, facts: LaunchFacts) -> float:
@@ -169,9 +165,8 @@ def _dot_work(feats: KernelFeatures, facts: LaunchFacts, device: Any) -> tuple[f
 
 
 # ------------------------------------------------------------------------------------ coalescing
-def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, log: EvidenceLog) -> list[Finding]:
-    values = facts.integers()
-    definitions = _single_assignments(kernel)
+def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, values: dict[str, int],
+                definitions: dict[str, ast.expr], log: EvidenceLog) -> list[Finding]:
     name = Path(feats.file).name
     out: list[Finding] = []
     for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
@@ -192,7 +187,7 @@ def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionD
             continue  # lanes share sectors: a narrow, not an uncoalesced, access (L3's contiguity finding)
         efficiency = size / _SECTOR
         line = call.lineno
-        text = _line(feats.file, line)
+        text = source_line(feats.file, line)
         ev = log.add("L1", "kernel", f"the {what.split('.')[1]} at {name}:{line} steps {abs(step)} elements "
                      f"({gap} bytes) between consecutive lanes at this launch: each lane's {size}-byte element sits in "
                      f"its own {_SECTOR}-byte sector, {efficiency:.0%} of the bytes moved are used", f"{name}:{line}", text)
@@ -206,20 +201,15 @@ def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionD
     return out
 
 
-def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, findings: list[Finding],
-           log: EvidenceLog, notes: list[str]) -> list[Finding]:
+def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, values: dict[str, int],
+           definitions: dict[str, ast.expr], findings: list[Finding], log: EvidenceLog, notes: list[str]) -> list[Finding]:
     """What the masks do at this launch: one that is never false cannot cap a vector width (the source
     rule's suspicion goes), and one false for most lanes leaves most of each tile idle (a finding: the
     tile or the grid's split does not fit the sizes)."""
-    values = facts.integers()
-    definitions = _single_assignments(kernel)
     fractions: dict[int, float] = {}
     for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
-        what = dotted_name(call.func)
-        mask = next((k.value for k in call.keywords if k.arg == "mask"), None)
-        if mask is None and what in ("tl.load", "tl.store") and len(call.args) >= (3 if what == "tl.store" else 2):
-            mask = call.args[2 if what == "tl.store" else 1]
-        if what not in ("tl.load", "tl.store") or mask is None:
+        mask = access_mask(call) if dotted_name(call.func) in ("tl.load", "tl.store") else None
+        if mask is None:
             continue
         fraction = _true_fraction(_expand(mask, definitions, 8), values, facts.grid or ())
         if fraction is not None:
@@ -239,7 +229,7 @@ def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, f
         return kept
     name = Path(feats.file).name
     ev = log.add("L1", "launch", f"at this launch the mask at {name}:{line} is true for {worst:.1%} of the lanes "
-                 "(its bound against the tile and the grid)", f"{name}:{line}", _line(feats.file, line))
+                 "(its bound against the tile and the grid)", f"{name}:{line}", source_line(feats.file, line))
     return [*kept, Finding("parallelism.masked-lanes", "parallelism",
                            f"{1 - worst:.0%} of the lanes at {name}:{line} are masked off",
                            "The tile (or the grid's split of the work) does not fit the sizes: most lanes load and "
@@ -344,10 +334,9 @@ def _is_arange(node: ast.AST) -> bool:
 
 
 # ------------------------------------------------------------------------- values vs the source rules
-def _temper(feats: KernelFeatures, launches: list[LaunchFacts], findings: list[Finding], log: EvidenceLog,
-            notes: list[str]) -> list[Finding]:
-    idle = _unlaunched_lines(feats.file, {f.kernel for f in launches
-                                          if Path(f.source_file).resolve() == Path(feats.file).resolve()})
+def _temper(feats: KernelFeatures, tree: ast.Module | None, launches: list[LaunchFacts], mine: list[LaunchFacts],
+            findings: list[Finding], log: EvidenceLog, notes: list[str]) -> list[Finding]:
+    idle = _unlaunched_lines(tree, {f.kernel for f in mine})
     values: dict[str, int] = {}
     for facts in launches:
         values.update(facts.integers())
@@ -398,10 +387,9 @@ def _warps_per_sm(facts: LaunchFacts) -> float:
     return float(min(per_sm * facts.num_warps, 64))
 
 
-def _unlaunched_lines(path: str, launched: set[str]) -> dict[int, str]:
+def _unlaunched_lines(tree: ast.Module | None, launched: set[str]) -> dict[int, str]:
     """Line -> kernel name, for the lines of the file's kernels that neither the launches nor the JIT
     functions they call (transitively) run: a library file holds the backward kernels beside the forward."""
-    tree = _parse(path)
     if tree is None or not launched:
         return {}
     kernels = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and is_kernel(n)}
@@ -510,10 +498,3 @@ def _parse(path: str) -> ast.Module | None:
         return ast.parse(Path(path).read_text())
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
-
-
-def _line(path: str, line: int) -> str:
-    try:
-        return Path(path).read_text().splitlines()[line - 1].strip()
-    except (OSError, IndexError, UnicodeDecodeError):
-        return ""

@@ -12,17 +12,18 @@ from __future__ import annotations
 from diagnose.features import KernelFeatures, Site
 from diagnose.records import EvidenceLog, Finding
 
-__all__ = ["triage"]
+__all__ = ["source_line", "triage"]
 
 _SHARED_LIMIT_SM90 = 227 * 1024
 
 
 def _ev(log: EvidenceLog, feats: KernelFeatures, site: Site, claim: str) -> str:
     name = feats.file.rsplit("/", 1)[-1]
-    return log.add("L1", "kernel", claim, f"{name}:{site.line}", _source_line(feats.file, site.line))
+    return log.add("L1", "kernel", claim, f"{name}:{site.line}", source_line(feats.file, site.line))
 
 
-def _source_line(path: str, line: int) -> str:
+def source_line(path: str, line: int) -> str:
+    """The text of a kernel file's line, stripped ("" when it cannot be read)."""
     try:
         with open(path) as fh:
             for i, text in enumerate(fh, 1):
@@ -93,7 +94,7 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
             site = Site(feats.launch_line or 1, "launch")
             ev = log.add("L1", "kernel", f"the launch passes BLOCK={block} with num_warps={warps}: {block} elements over "
                          f"{32 * warps} threads is {per_thread:g} per thread", f"{name}:{site.line}",
-                         _source_line(feats.file, site.line))
+                         source_line(feats.file, site.line))
             out.append(Finding("vectorization.small-tile", "vectorization",
                                f"{per_thread:g} element(s) per thread: BLOCK={block} over num_warps={warps}",
                                "A 128-bit access needs 4 consecutive fp32 elements per thread; fewer elements per "
@@ -107,7 +108,7 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
         if need > _SHARED_LIMIT_SM90:
             ev = log.add("L1", "kernel", f"BM={bm}, BN={bn}, BK={bk}, num_stages={stages}: {stages} buffers of the A and "
                          f"B tiles need at least {need} bytes of shared memory (2-byte elements)",
-                         f"{name}:{feats.launch_line or 1}", _source_line(feats.file, feats.launch_line or 1))
+                         f"{name}:{feats.launch_line or 1}", source_line(feats.file, feats.launch_line or 1))
             out.append(Finding("resources.shared-memory-over-limit", "resources",
                                f"num_stages={stages} of {bm}x{bk} and {bk}x{bn} tiles exceed sm90 shared memory",
                                "Pipelined operands are buffered num_stages times in shared memory.", [ev], [],

@@ -57,6 +57,11 @@ class LaunchFacts:
         t = self.tensor(name)
         return _DTYPE_BYTES.get(str(t.get("dtype"))) if t else None
 
+    def tensor_bytes(self) -> float:
+        """Bytes of every tensor the launch is given: the least it can move, touching each once."""
+        return float(sum(math.prod(t.get("shape") or [1]) * (self.element_size(name) or 4)
+                         for name, t in self.arguments.items() if isinstance(t, dict)))
+
     def tensor_dtypes(self) -> set[str]:
         return {str(v.get("dtype")) for v in self.arguments.values() if isinstance(v, dict)}
 

@@ -312,12 +312,12 @@ def _compute_dtype(args: tuple[Any, ...]) -> str:
     """The input dtype that sets the compute ceiling: the largest tensor's (int8 GEMMs included)."""
     import torch
 
+    from harness.roofline import compute_dtype_of
+
     tensors = [a for a in args if isinstance(a, torch.Tensor) and (a.dtype.is_floating_point or a.dtype == torch.int8)]
     if not tensors:
         return "bf16"
-    biggest = max(tensors, key=lambda a: a.numel())
-    return {torch.float32: "fp32", torch.float64: "fp32", torch.float16: "fp16", torch.int8: "int8"}.get(
-        biggest.dtype, "bf16")
+    return compute_dtype_of(str(max(tensors, key=lambda a: a.numel()).dtype))
 
 
 def _plain(case: dict[str, Any]) -> dict[str, Any]:

@@ -109,6 +109,14 @@ _PEAK_KEY = {"fp32": "matmul_fp32_tflops", "tf32": "matmul_tf32_tflops", "bf16":
              "fp16": "matmul_fp16_tflops", "int8": "matmul_int8_tops"}
 
 
+_COMPUTE_DTYPE = {"float32": "fp32", "float64": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8"}
+
+
+def compute_dtype_of(dtype: str) -> str:
+    """The compute ceiling a tensor dtype ("float16", "torch.int8") is placed against (bf16 for the rest)."""
+    return _COMPUTE_DTYPE.get(dtype.removeprefix("torch."), "bf16")
+
+
 def compute_peak(ceiling: dict[str, Any], compute_dtype: str) -> float:
     """TFLOP/s (TOP/s for int8) attainable at `compute_dtype`'s inputs. int8 is never below bf16: tensor
     cores run int8 at least at the bf16 rate, and where torch's int8 path measures slower (129 TOP/s
