@@ -60,7 +60,8 @@ from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 from harness.loading import load_kernel_module
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "capture_task", "attribute_path", "defining_file", "entry_name", "intercept_task", "launch_code", "load_job_task", "load_task", "task_files",
+__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "attribute_path", "capture_task", "defining_file", "entry_name",
+           "intercept_task", "launch_code", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
@@ -327,10 +328,10 @@ def launch_code(fn: Any) -> Any:
     seen: set[int] = set()
     while id(fn) not in seen:
         seen.add(id(fn))
-        owner = getattr(fn, "__self__", None)
+        owner = _autograd_owner(fn)
         if isinstance(fn, functools.partial):
             fn = fn.func
-        elif isinstance(owner, type) and getattr(fn, "__name__", "") == "apply" and _is_autograd_function(owner):
+        elif owner is not None:
             fn = getattr(owner, "forward", None)
         elif getattr(fn, "__wrapped__", None) is not None:
             fn = fn.__wrapped__
@@ -350,8 +351,8 @@ def launch_code(fn: Any) -> Any:
 def entry_name(fn: Any) -> str:
     """How a rewritten copy of the entry's file names the entry: `rms_norm`, or `RMSNorm.apply` for an
     autograd Function (a dotted path from the module; `attribute_path` follows it back)."""
-    owner = getattr(fn, "__self__", None)
-    if isinstance(owner, type) and getattr(fn, "__name__", "") == "apply" and _is_autograd_function(owner):
+    owner = _autograd_owner(fn)
+    if owner is not None:
         return f"{owner.__qualname__}.apply"
     qualname = str(getattr(fn, "__qualname__", "") or getattr(fn, "__name__", "") or "entry")
     return getattr(fn, "__name__", "entry") if "<locals>" in qualname else qualname
@@ -367,13 +368,16 @@ def attribute_path(module: Any, path: str) -> Any:
     return value
 
 
-def _is_autograd_function(cls: type) -> bool:
+def _autograd_owner(fn: Any) -> type | None:
+    """The torch.autograd.Function class whose `.apply` `fn` is, else None."""
+    owner = getattr(fn, "__self__", None)
+    if not isinstance(owner, type) or getattr(fn, "__name__", "") != "apply":
+        return None
     try:
         import torch
-
-        return issubclass(cls, torch.autograd.Function)
     except ImportError:
-        return False
+        return None
+    return owner if issubclass(owner, torch.autograd.Function) else None
 
 
 def _is_module(obj: Any) -> bool:
