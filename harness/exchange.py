@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Arena", "ExchangeError", "TensorRef", "decode", "encode", "exchange_root", "load_tensor", "release_arenas"]
+__all__ = ["Arena", "ExchangeError", "TensorRef", "decode", "encode", "exchange_root", "handover_bytes", "load_tensor", "release_arenas"]
 
 
 class ExchangeError(RuntimeError):
@@ -381,10 +381,22 @@ class Arena:
         self.buffers: list[tuple[int, int, str]] = []  # (ptr, nbytes, base64 handle); the last one fills
         self.offset = 0
 
-    def rewind(self) -> None:
-        """Start filling from the beginning again: the worker copied everything handed over before."""
+    def rewind(self, need: int = 0) -> None:
+        """Start filling from the beginning again (the worker copied everything handed over before), in
+        one buffer of at least `need` bytes: the next hand-over's size (`handover_bytes`). Sized to it,
+        not grown by doubling: old buffers stay allocated until release, so doubling held about four
+        times each hand-over per live worker, and six candidates of a 3 GiB task ran an H200 out of
+        memory (docs/benchmarks.md, the L4 bench)."""
         if len(self.buffers) > 1:  # keep the largest; the others stay allocated until release
             self.buffers.append(self.buffers.pop(max(range(len(self.buffers)), key=lambda i: self.buffers[i][1])))
+        self.offset = 0
+        if need and (not self.buffers or self.buffers[-1][1] < need):
+            self._add_buffer(need)
+
+    def _add_buffer(self, nbytes: int) -> None:
+        size = max(_aligned(nbytes), 1 << 20)
+        ptr = _driver().alloc(size)
+        self.buffers.append((ptr, size, base64.b64encode(_driver().handle_of(ptr)).decode()))
         self.offset = 0
 
     def put(self, t: Any) -> dict[str, Any]:
@@ -394,10 +406,7 @@ class Arena:
             return asdict(ref)
         need = _aligned(ref.nbytes)
         if not self.buffers or self.offset + need > self.buffers[-1][1]:
-            size = max(need, 1 << 20, 2 * (self.buffers[-1][1] if self.buffers else 0))
-            ptr = _driver().alloc(size)
-            self.buffers.append((ptr, size, base64.b64encode(_driver().handle_of(ptr)).decode()))
-            self.offset = 0
+            self._add_buffer(need)  # more than the hand-over announced: this tensor's bytes only
         ptr, _, handle = self.buffers[-1]
         _wrap(ptr + self.offset, ref.nbytes, self.device).copy_(_flat_bytes(t.detach()))
         ref.handle, ref.offset = handle, self.offset
@@ -408,6 +417,12 @@ class Arena:
         for ptr, _, _ in self.buffers:
             _driver().free(ptr)
         self.buffers = []
+
+
+def handover_bytes(tensors: list[Any]) -> int:
+    """The arena bytes `tensors` take when handed over (each distinct tensor once, aligned as `put` lays them out)."""
+    distinct = {id(t): t for t in tensors}.values()
+    return sum(_aligned(ref.nbytes) for ref in (_ref_of(t, "cuda") for t in distinct) if ref.kind != "empty")
 
 
 def release_arenas(arenas: dict[str, Arena], worker: str) -> None:

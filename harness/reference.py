@@ -137,7 +137,7 @@ class ReferenceHost:
         """Copies of input sets for one kernel worker: in its own device arena, or files in its directory."""
         if exchange.device_kind(self.device) == "cuda" and exchange.ipc_available():
             arena = self.arenas.setdefault(worker, exchange.Arena(self.device))
-            arena.rewind()
+            arena.rewind(sum(exchange.handover_bytes(_tensors(self.sets[key])) for key in keys))
             put = arena.put
         else:
             put = lambda t: exchange.write_file(t, Path(directory))  # noqa: E731

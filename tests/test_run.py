@@ -207,6 +207,40 @@ def test_values_cross_processes_as_plain_data_and_lying_references_are_refused(t
     assert exchange.handle_bytes(exchange.handle_from(raw)) == raw and len(raw) == 64
 
 
+def test_a_device_arena_takes_one_allocation_of_the_hand_overs_size(monkeypatch):
+    """Each live candidate worker has an arena in the reference worker; one that grew by doubling held
+    about four times its inputs and ran an H200 out of memory with six candidates of a 3 GiB task."""
+    import torch
+
+    from harness import exchange
+
+    class Driver:  # the driver's memory, stood in for by numbers: only the sizes asked for matter here
+        def __init__(self) -> None:
+            self.allocated: list[int] = []
+
+        def alloc(self, nbytes: int) -> int:
+            self.allocated.append(nbytes)
+            return len(self.allocated) << 40
+
+        def handle_of(self, ptr: int) -> bytes:
+            return bytes(64)
+
+    driver = Driver()
+    monkeypatch.setattr(exchange, "_DRIVER", [driver])
+    monkeypatch.setattr(exchange, "_wrap", lambda ptr, nbytes, device: torch.empty(nbytes, dtype=torch.uint8))
+    tensors = [torch.randn(512, 1024 + i) for i in range(5)]
+    need = exchange.handover_bytes([*tensors, tensors[0]])
+    assert need == sum((t.numel() * 4 + 255) // 256 * 256 for t in tensors)
+    arena = exchange.Arena("cpu")
+    for _ in range(3):  # the same worker's next hand-overs reuse the buffer
+        arena.rewind(need)
+        refs = [arena.put(t) for t in tensors]
+        assert driver.allocated == [need]
+    assert [r["offset"] for r in refs] == sorted({r["offset"] for r in refs})
+    arena.rewind(2 * need)  # a larger hand-over: one buffer of its size, the old one kept until release
+    assert driver.allocated == [need, 2 * need]
+
+
 def test_roofline_place_and_rotation():
     ceiling = {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0, "matmul_fp32_tflops": 50.0}
     memory = place(4e9, None, 2e-3, ceiling)  # 4 GB in 2 ms = 2000 GB/s, half the copy rate
