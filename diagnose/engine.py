@@ -181,7 +181,17 @@ class _State:
         return True
 
     def _l3(self) -> bool:
-        artifacts = self.request.compiled()
+        from harness.compile_errors import CompileFailed
+
+        try:
+            artifacts = self.request.compiled()
+        except CompileFailed as exc:
+            if not self.levels:  # nothing else was read: the compile error is the answer
+                raise
+            # A kernel written for another Triton still has its source, its launch and its measurements.
+            self.escalations.append(Escalation("L3", "skip", f"{exc.problem} ({exc.fix})"))
+            self.request._compiled = []
+            return False
         if not artifacts:
             self.escalations.append(Escalation("L3", "skip", "nothing compiled to analyze"))
             return False

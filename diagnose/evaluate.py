@@ -33,8 +33,11 @@ __all__ = ["BOTTLENECK_CLASSES", "DEFAULT_CASES", "GoldCase", "bottleneck_class"
 # What a profiler can label: the class of a bottleneck, not the mechanism behind it. A gold file whose
 # labels come from measurements (`match: class`, corpora/diagnosis/wild.yaml) scores a finding by its
 # class: ncu shows warps waiting on memory (latency-bound) whether or not the cause is an unpipelined loop.
+# A wgmma the warpgroup waits on at once (`dot.wgmma-serialized`) leaves the tensor cores idle between
+# MMAs: no unit is at its roof and warps stall on `wait`, which is what the label rule calls latency-bound.
+# FMA or mma.sync dots (`dot.fma`, `dot.mma-v2`) lower the compute ceiling itself.
 BOTTLENECK_CLASSES: dict[str, tuple[str, ...]] = {
-    "latency": ("profile.latency-bound", "pipelining."),
+    "latency": ("profile.latency-bound", "pipelining.", "dot.wgmma-serialized"),
     "parallelism": ("parallelism.",),
     "launch": ("profile.launch-bound", "profile.host-bound"),
     "memory-access": ("memory.uncoalesced", "vectorization.", "profile.memory-bound"),

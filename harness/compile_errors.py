@@ -15,7 +15,12 @@ from typing import Any
 
 from harness.errors import UserFacingError
 
-__all__ = ["compile_failure"]
+__all__ = ["CompileFailed", "compile_failure"]
+
+
+class CompileFailed(UserFacingError):
+    """The kernel does not compile with the installed Triton. What needs no compile (the source, the
+    launch, measurements) still stands: diagnosis goes on without L3 and says why."""
 
 _MISSING_ATTR = re.compile(r"module '(triton\.language(?:\.[\w.]+)?)' has no attribute '(\w+)'")
 # APIs a newer Triton removed while keeping the name, so that it raises at compile time: what Triton
@@ -26,8 +31,8 @@ _REMOVED = (
 )
 
 
-def compile_failure(exc: BaseException, fn: Any, target: str) -> UserFacingError:
-    """The UserFacingError for `exc`, raised compiling JIT function `fn` for `target`."""
+def compile_failure(exc: BaseException, fn: Any, target: str) -> CompileFailed:
+    """The CompileFailed for `exc`, raised compiling JIT function `fn` for `target`."""
     import triton
 
     name = getattr(getattr(fn, "fn", None), "__qualname__", "kernel")
@@ -42,7 +47,7 @@ def compile_failure(exc: BaseException, fn: Any, target: str) -> UserFacingError
                    f"removed; Triton {last} still compiles them: the kernel was written for an older Triton")
         fix = (f"rewrite it with {replacement}, or compile it against Triton {last} in its own environment: "
                f"python -m venv .venv-old && .venv-old/bin/pip install 'triton=={last}.*' -e . && .venv-old/bin/kb why ...")
-        return UserFacingError(problem, fix, detail=str(exc))
+        return CompileFailed(problem, fix, detail=str(exc))
     missing = _MISSING_ATTR.search(cause)
     if missing:
         moved = _moved_api(missing.group(1), missing.group(2))
@@ -62,7 +67,7 @@ def compile_failure(exc: BaseException, fn: Any, target: str) -> UserFacingError
             fix = ("compile it against the Triton it was written for (see its requirements) in its own environment: "
                    "python -m venv .venv-old && .venv-old/bin/pip install 'triton==<its version>' -e . "
                    "&& .venv-old/bin/kb why ...")
-    return UserFacingError(problem, fix, detail=str(exc))
+    return CompileFailed(problem, fix, detail=str(exc))
 
 
 def _location(exc: BaseException, fn: Any) -> str:

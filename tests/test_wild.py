@@ -75,6 +75,14 @@ def test_a_kernel_for_an_older_triton_names_the_api_the_version_and_keeps_triton
     assert result.exit_code == 2
     first, *rest = result.output.splitlines()
     assert first.startswith("error: kernel tanh_kernel uses tl.math.tanh") and any("^" in line for line in rest)
+    # A diagnosis still reads what needs no compile (source, launch, measurements) and says why L3 is missing.
+    result = CliRunner().invoke(main, ["diagnose", "--json", "--kernel", str(WILD / "old_api.py"),
+                                       "--call", "tanh(torch.randn(4096))"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.output)
+    assert answer["levels"] == ["L1"]
+    skipped = next(e for e in answer["escalations"] if e["level"] == "L3")
+    assert skipped["action"] == "skip" and "uses tl.math.tanh at old_api.py:14" in skipped["reason"]
 
 
 def test_a_call_that_launches_no_triton_kernel_is_refused_in_one_line():
@@ -197,5 +205,6 @@ def test_class_matching_scores_a_mechanism_under_its_measured_class():
 
     assert bottleneck_class("pipelining.none") == bottleneck_class("profile.latency-bound") == "latency"
     assert bottleneck_class("parallelism.grid-underfilled") == "parallelism"
-    assert bottleneck_class("dot.mma-v2") != bottleneck_class("profile.latency-bound")
+    assert bottleneck_class("dot.mma-v2") == bottleneck_class("dot.fma") == "compute"  # a lower ceiling
+    assert bottleneck_class("dot.wgmma-serialized") == "latency"  # tensor cores idle between waited MMAs
     assert bottleneck_class("spills.registers") == ""
