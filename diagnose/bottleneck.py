@@ -17,9 +17,9 @@ msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' sympt
 - uncoalesced (ncu): global loads or stores move many 32-byte sectors per request.
 
 Where the run's rooflines rest on the task's bytes/flops formula, the kernel's own work at the launch
-(`diagnose.launch_triage.kernel_work`: its tensors' bytes, its dots' 2*M*N*K) is set beside it: a
-formula more than 2x off is said, and the kernel's work places the case instead; a run without a
-formula is placed by the kernel's work alone.
+(`diagnose.work.kernel_work`: its tensors' bytes, its dots' FLOPs from its operands or its IR) is set
+beside it: a formula more than 2x off is said, and the kernel's work places the case instead; a run
+without a formula is placed by the kernel's work alone.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from statistics import median
 
 from diagnose.analyzers.ascend import DEFAULT_VECTOR_CORES
-from diagnose.launch_triage import KernelWork
 from diagnose.records import EvidenceLog, Finding
+from diagnose.work import KernelWork
 from harness.measurement import Roofline, RunReport, Timing
 from harness.profilers import NCU_SECTORS, sectors_per_request
 from harness.roofline import place
@@ -188,7 +188,7 @@ def _placed_by_kernel(cases: list[_Timed], work: KernelWork, report: RunReport, 
     bytes are closest to the kernel's (the only case, for a run of one)."""
     ceilings = report.ceilings or {}
     if not ceilings.get("copy_gbps") or not work.complete:
-        return cases  # no ceilings to place against, or dots whose FLOPs the operand shapes do not give
+        return cases  # no ceilings to place against, or dots whose FLOPs neither operands nor IR gave
     with_bytes = [c for c in cases if c.roofline and c.roofline.bytes]
     if len(cases) == 1:
         match = cases[0]
@@ -211,10 +211,14 @@ def _placed_by_kernel(cases: list[_Timed], work: KernelWork, report: RunReport, 
     if placed is None:
         return cases
     log.add("L2", "roofline", f"{said}: case {match.label} is placed by the kernel's work at its launch "
-            f"({work.bytes / 1e6:.2f} MB, {work.flops / 1e9:.2f} GFLOP, {work.dtype} inputs): {placed.bound}-bound at "
+            f"({work.bytes / 1e6:.2f} MB, {work.flops / 1e9:.2f} GFLOP{_flops_from(work)}, {work.dtype} inputs): {placed.bound}-bound at "
             f"{placed.fraction:.0%} of the attainable rate", where,
             f"formula: bytes={roof.bytes if roof else None}, flops={roof.flops if roof else None}")
     return [_Timed(c.label, c.timing, placed, c.profile) if c is match else c for c in cases]
+
+
+def _flops_from(work: KernelWork) -> str:
+    return {"operands": " from its operands", "ir": " from its IR's dot tiles"}.get(work.flops_from, "")
 
 
 def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Finding]:

@@ -89,6 +89,7 @@ def diagnose(
                               "pass --measurements REPORT.json from `kb run --json --profile` on the device")
     log = EvidenceLog()
     state = _State(request, log, home, release, topics, question)
+    state.compile_ok = strategy != "profile-only" and LEVELS.index(level_max) >= LEVELS.index("L3")
     allowed = LEVELS[: LEVELS.index(level_max) + 1]
     plan = ("L2",) if strategy == "profile-only" else allowed
     for level in plan:
@@ -136,6 +137,7 @@ class _State:
         self.recommendations: list[Recommendation] = []
         self.reasons: list[Any] = []
         self.catalog = [p for p in catalog_for(home) if _backend(request.target) in p.backends]
+        self.compile_ok = True  # False when the strategy reads no IR (profile-only, or --level-max below L3)
         self._kb: _KBView | None = None
 
     # ------------------------------------------------------------------ levels
@@ -172,9 +174,19 @@ class _State:
                                                "device and pass the report with --measurements"))
             return False
         from diagnose.bottleneck import classify
-        from diagnose.launch_triage import kernel_work
+        from diagnose.work import kernel_work
 
-        work = kernel_work(self.request.launches()) if self.request.kernel_file else None
+        launches = self.request.launches() if self.request.kernel_file else []
+        work = kernel_work(launches)
+        if work is not None and not work.complete and self.compile_ok:
+            # Dots that are no GEMM of the launch's tensors (attention): their FLOPs come from the IR,
+            # compiled once for L2 and L3 both.
+            from harness.compile_errors import CompileFailed
+
+            try:
+                work = kernel_work(launches, self.request.compiled())
+            except CompileFailed:
+                pass
         found = classify(self.request.report, self.log, work)
         self.findings += [f for f in found if self.topics is None or f.topic in self.topics or f.kind.startswith("profile.")]
         self._temper_by_measurements(self.findings)

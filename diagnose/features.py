@@ -42,6 +42,7 @@ class KernelFeatures:
     dots: list[Site] = field(default_factory=list)  # detail: input precision ("default" when not given)
     loops: list[Site] = field(default_factory=list)  # what: range | tl.range | static_range; detail: loads/dot/num_stages
     loop_bounds: dict[int, str] = field(default_factory=dict)  # loop line -> its range arguments as written
+    loop_ends: dict[int, int] = field(default_factory=dict)  # loop line -> the last line of its body
     reductions: list[Site] = field(default_factory=list)
     atomics: list[Site] = field(default_factory=list)  # detail: sem ("default" = acq_rel)
     int64_casts: list[Site] = field(default_factory=list)
@@ -104,6 +105,7 @@ class _KernelVisitor(ast.NodeVisitor):
         detail = ",".join(x for x in ("loads" if "load" in names else "", "dot" if "dot" in names else "",
                                       f"num_stages={stages}" if stages is not None else "") if x)
         self.f.loop_bounds[node.lineno] = bounds  # the trip count, symbolically: (start, stop, step)
+        self.f.loop_ends[node.lineno] = node.end_lineno or node.lineno
         self.f.loops.append(Site(node.lineno, kind, detail,
                                  self.loop_depth > 0))
         self.loop_depth += 1

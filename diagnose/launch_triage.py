@@ -22,20 +22,19 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diagnose.features import KernelFeatures, access_mask, dotted_name
+from diagnose.launch_values import evaluate, expand, single_assignments, trip_count
 from diagnose.records import EvidenceLog, Finding
 from diagnose.triage import source_line
+from diagnose.work import operand_flops
 from harness.cuda_shim import device_model_for
-from harness.errors import UserFacingError
 from harness.guards import is_kernel
 from harness.launches import LaunchFacts
-from harness.roofline import compute_dtype_of
 
-__all__ = ["LAUNCH_KINDS", "KernelWork", "kernel_work", "launch_triage", "trip_count"]
+__all__ = ["LAUNCH_KINDS", "launch_triage"]
 
 # Findings that come from the launch's numbers, which no IR stage shows: L3 keeps them as they are.
 LAUNCH_KINDS = ("parallelism.", "memory.uncoalesced")
@@ -59,7 +58,7 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
         kept += _parallelism(feats, facts, log)
         kernel = kernels.get(facts.kernel)
         if kernel is not None:
-            values, definitions = facts.integers(), _single_assignments(kernel)
+            values, definitions = facts.integers(), single_assignments(kernel)
             kept += _coalescing(feats, facts, kernel, values, definitions, log)
             kept = _masks(feats, facts, kernel, values, definitions, kept, log, notes)
     return kept
@@ -103,65 +102,12 @@ def _parallelism(feats: KernelFeatures, facts: LaunchFacts, log: EvidenceLog) ->
                     [ev], [line], "", "L1", confidence, gain=round(gain, 2))]
 
 
-@dataclass(frozen=True)
-class KernelWork:
-    """What one launch does, from its own arguments: the bytes of the tensors it is given (the least it
-    can move) and, for a kernel with tl.dot, 2*M*N*K of its operands; `dtype` names the compute ceiling."""
-
-    bytes: float
-    flops: float
-    dtype: str
-    complete: bool = True  # False when a kernel has tl.dot whose FLOPs its operands' shapes did not give
-
-
-def kernel_work(launches: list[LaunchFacts]) -> KernelWork | None:
-    """The work of a call's launches, each read with its own kernel's source (None without launches)."""
-    from diagnose.features import kernel_features
-
-    if not launches:
-        return None
-    moved = 0.0
-    flops = 0.0
-    complete = True
-    biggest: tuple[int, str] = (0, "bf16")
-    features: dict[str, KernelFeatures] = {}
-    for facts in launches:
-        if facts.source_file not in features:
-            try:
-                features[facts.source_file] = kernel_features(facts.source_file)
-            except UserFacingError:
-                features[facts.source_file] = KernelFeatures(facts.source_file, [])
-        feats = features[facts.source_file]
-        moved += facts.tensor_bytes()
-        for t in facts.arguments.values():
-            if isinstance(t, dict):
-                biggest = max(biggest, (math.prod(t.get("shape") or [1]), compute_dtype_of(str(t.get("dtype")))))
-        dot_flops = _dot_flops(feats, facts)
-        complete = complete and (dot_flops > 0 or not feats.dots)
-        flops += dot_flops
-    return KernelWork(moved, flops, biggest[1], complete)
-
-
-def _dot_flops(feats: KernelFeatures, facts: LaunchFacts) -> float:
-    """2*M*N*K of a kernel with tl.dot, from two operand tensors A[..., M, K] and B[..., K, N]."""
-    if not feats.dots:
-        return 0.0
-    tensors = [t for t in facts.arguments.values() if isinstance(t, dict) and len(t.get("shape") or []) >= 2]
-    for a in tensors:
-        for b in tensors:
-            batch_a, batch_b = a["shape"][:-2], b["shape"][:-2]
-            same_batch = batch_a == batch_b or not batch_a or not batch_b  # A[B, M, K] @ B[B, K, N], or a 2-D one
-            if a is not b and same_batch and a["shape"][-1] == b["shape"][-2] and a["shape"][-1] >= 16:
-                return 2.0 * math.prod(a["shape"][:-1]) * a["shape"][-1] * b["shape"][-1]
-    return 0.0
-
-
 def _dot_work(feats: KernelFeatures, facts: LaunchFacts, device: Any) -> tuple[float, float]:
     """FLOPs of the launch's dots and the device's datasheet rate for their inputs."""
     dtypes = facts.tensor_dtypes()
     fp32_fma = dtypes <= {"float32", "float64"} and any(d.detail == "ieee" for d in feats.dots)
     rate = device.fp32_tflops if fp32_fma else device.tensor_tflops * (2 if dtypes & {"int8", "uint8"} else 1)
-    return _dot_flops(feats, facts), rate
+    return operand_flops(facts) if feats.dots else 0.0, rate
 
 
 # ------------------------------------------------------------------------------------ coalescing
@@ -173,7 +119,7 @@ def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionD
         what = dotted_name(call.func)
         if what not in ("tl.load", "tl.store") or not call.args:
             continue
-        pointer = _expand(call.args[0], definitions, 8)
+        pointer = expand(call.args[0], definitions, 8)
         strides = [s for s in _lane_strides(pointer, values)]
         if not strides or any(s == 1 for s in strides) or any(s is None for s in strides):
             continue  # a unit-stride lane axis (coalesced), or a stride this launch does not fix
@@ -211,7 +157,7 @@ def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, v
         mask = access_mask(call) if dotted_name(call.func) in ("tl.load", "tl.store") else None
         if mask is None:
             continue
-        fraction = _true_fraction(_expand(mask, definitions, 8), values, facts.grid or ())
+        fraction = _true_fraction(expand(mask, definitions, 8), values, facts.grid or ())
         if fraction is not None:
             fractions[call.lineno] = min(fraction, fractions.get(call.lineno, 1.0))
     kept = []
@@ -255,10 +201,10 @@ def _true_fraction(mask: ast.expr, values: dict[str, int], grid: tuple[int, ...]
     while isinstance(lanes, ast.Subscript):
         lanes = lanes.value
     aranges = [n for n in ast.walk(lanes) if isinstance(n, ast.Call) and _is_arange(n)]
-    bound = _evaluate(bound_node, values)
+    bound = evaluate(bound_node, values)
     if len(aranges) != 1 or bound is None or len(aranges[0].args) != 2:
         return None
-    start, stop = (_evaluate(a, values) for a in aranges[0].args)
+    start, stop = (evaluate(a, values) for a in aranges[0].args)
     if start is None or stop is None or stop <= start:
         return None
     bound += isinstance(mask.ops[0], ast.LtE)
@@ -272,7 +218,7 @@ def _true_fraction(mask: ast.expr, values: dict[str, int], grid: tuple[int, ...]
     axis = pids[0].args[0].value if pids[0].args and isinstance(pids[0].args[0], ast.Constant) else 0
     if not isinstance(axis, int) or axis >= len(grid):
         return None
-    step = next((_evaluate(n.right if _has_pid(n.left) else n.left, values) for n in ast.walk(lanes)
+    step = next((evaluate(n.right if _has_pid(n.left) else n.left, values) for n in ast.walk(lanes)
                  if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (_has_pid(n.left) or _has_pid(n.right))),
                 None)
     if step != extent:
@@ -304,7 +250,7 @@ def _lane_strides(pointer: ast.expr, values: dict[str, int]) -> Iterator[int | N
                 yield None
                 continue
             inner = [s for s in _lane_strides(lanes, values)]
-            factor = _evaluate(other, values)
+            factor = evaluate(other, values)
             yield (None if factor is None or None in inner or not inner
                    else min(int(s) for s in inner if s is not None) * factor)
         else:
@@ -407,92 +353,7 @@ def _unlaunched_lines(tree: ast.Module | None, launched: set[str]) -> dict[int, 
             for line in range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)}
 
 
-def trip_count(bounds: str, values: dict[str, int]) -> int | None:
-    """Iterations of `range(bounds)` with the launch's integers; None when they do not fix it."""
-    try:
-        tree = ast.parse(f"({bounds},)", mode="eval")
-    except SyntaxError:
-        return None
-    args = [_evaluate(a, values) for a in getattr(tree.body, "elts", [])]
-    if not args or any(a is None for a in args) or len(args) > 4:
-        return None
-    ints = [int(a) for a in args if a is not None]
-    start, stop, step = (0, ints[0], 1) if len(ints) == 1 else (ints[0], ints[1], ints[2] if len(ints) >= 3 else 1)
-    if step == 0:
-        return None
-    return max(0, -(-(stop - start) // step)) if step > 0 else max(0, -(-(start - stop) // -step))
-
-
-def _evaluate(node: ast.expr, values: dict[str, int]) -> int | None:
-    """An integer expression of the launch's values: names, + - * // % and cdiv/min/max; None otherwise."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.Name):
-        return values.get(node.id)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _evaluate(node.operand, values)
-        return -inner if inner is not None else None
-    if isinstance(node, ast.BinOp):
-        a, b = _evaluate(node.left, values), _evaluate(node.right, values)
-        if a is None or b is None:
-            return None
-        if isinstance(node.op, ast.Add):
-            return a + b
-        if isinstance(node.op, ast.Sub):
-            return a - b
-        if isinstance(node.op, ast.Mult):
-            return a * b
-        if isinstance(node.op, ast.FloorDiv) and b:
-            return a // b
-        if isinstance(node.op, ast.Mod) and b:
-            return a % b
-        return None
-    if isinstance(node, ast.Call):
-        leaf = dotted_name(node.func).split(".")[-1]
-        args = [_evaluate(a, values) for a in node.args]
-        if None in args:
-            return None
-        ints = [int(a) for a in args if a is not None]
-        if leaf == "cdiv" and len(ints) == 2 and ints[1]:
-            return -(-ints[0] // ints[1])
-        if leaf in ("min", "minimum") and ints:
-            return min(ints)
-        if leaf in ("max", "maximum") and ints:
-            return max(ints)
-    return None
-
-
 # ----------------------------------------------------------------------------------------- syntax
-def _single_assignments(fn: ast.FunctionDef) -> dict[str, ast.expr]:
-    """Names assigned exactly once in the kernel, to what: the expressions an address is built from."""
-    count: dict[str, int] = {}
-    value: dict[str, ast.expr] = {}
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            target = node.targets[0].id
-            count[target] = count.get(target, 0) + 1
-            value[target] = node.value
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
-            count[node.target.id] = count.get(node.target.id, 0) + 2  # rebinding: not a single definition
-    return {k: v for k, v in value.items() if count[k] == 1}
-
-
-def _expand(node: ast.expr, definitions: dict[str, ast.expr], depth: int) -> ast.expr:
-    """`node` with once-assigned names replaced by their definitions, `depth` levels deep."""
-    if depth <= 0:
-        return node
-
-    class Inline(ast.NodeTransformer):
-        def visit_Name(self, name: ast.Name) -> Any:
-            if name.id in definitions:
-                return _expand(definitions[name.id], definitions, depth - 1)
-            return name
-
-    import copy
-
-    return Inline().visit(copy.deepcopy(node))
-
-
 def _parse(path: str) -> ast.Module | None:
     try:
         return ast.parse(Path(path).read_text())

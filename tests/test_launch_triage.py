@@ -9,10 +9,12 @@ from conftest import FIXTURES
 from diagnose.bottleneck import classify
 from diagnose.engine import diagnose
 from diagnose.features import kernel_features
-from diagnose.launch_triage import kernel_work, launch_triage, trip_count
+from diagnose.launch_triage import launch_triage
+from diagnose.launch_values import trip_count
 from diagnose.records import EvidenceLog
 from diagnose.request import KernelInput, request_from
 from diagnose.triage import triage
+from diagnose.work import kernel_work
 from harness.capture import intercept_call
 from harness.launches import LaunchFacts, largest_power_of_two_divisor
 from harness.measurement import CaseResult, KernelRun, Roofline, RunReport, Timing
@@ -148,6 +150,16 @@ GEMM = "matmul(torch.randn(2048, 2048).half(), torch.randn(2048, 2048).half())"
 def test_the_kernels_own_work_is_its_dots_and_its_tensors():
     work = _work(GEMM)
     assert work.flops == 2 * 2048**3 and work.bytes == 3 * 2048 * 2048 * 2 and work.dtype == "fp16"
+
+
+def test_dots_that_are_no_gemm_of_the_operands_take_their_flops_from_the_ir_tiles_and_loops():
+    gram = intercept_call(WILD / "gram.py", "gram(torch.randn(256, 128).half())")
+    assert not kernel_work(gram.facts()).complete  # X @ X.T: no two tensors are A and B
+    work = kernel_work(gram.facts(), gram.compile())
+    # 4 programs x 4 trips of a 64x64x32 tile: 2 * 256 * 64 * 128
+    assert work.complete and work.flops_from == "ir" and work.flops == 2 * 256 * 64 * 128
+    causal = intercept_call(WILD / "gram.py", "causal_gram(torch.randn(256, 128).half())")
+    assert not kernel_work(causal.facts(), causal.compile()).complete  # a loop bound on the program id
 
 
 def test_a_gemm_whose_task_formula_is_off_is_placed_by_its_own_work_not_called_memory_bound():
