@@ -4,8 +4,9 @@
 # Usage (repository root, on the GPU host):
 #   OUT=/some/dir STATE=build/bench-h200 WHEELS=build/device-opt scripts/device_bench.sh
 # STATE holds the bench (bench.json, runs/, logs/); carry it in and untar $OUT/bench.tgz over it after
-# each call. GPU_MEMLOG=1 samples per-process device memory (below). STOP_AFTER: seconds after which no job or round starts (450 leaves a 10-minute call time
-# to finish rounds in flight).
+# each call. GPU_MEMLOG=1 samples per-process device memory (below). STOP_AFTER: seconds after which
+# no job or round starts (450 leaves a 10-minute call time to finish rounds in flight). KB_HOME: a KB
+# home carried along (pattern catalog, compiler index) so that diagnoses can reach L4 on the host.
 # VS: the PyTorch stand-ins timed at the end of each run (default "eager compiled"); a bench times them
 # in its first condition only. WARMUP_MS / REP_MS: do_bench windows of each timing (default 50 / 100,
 # a third of the harness's: scripts/timing_noise.py on the first calls' runs showed the noise is drift
