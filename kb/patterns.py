@@ -139,6 +139,10 @@ def load_pattern(path: Path) -> Pattern:
     for key, typ in _OPTIONAL.items():
         if key in data and not isinstance(data[key], typ):
             raise fail(f"key {key!r} must be a {_type_name(typ)}")
+    for key in ("symptoms", "failure_modes", "remarks", "preconditions", "citations"):
+        # An unquoted "a: b" in a YAML list item is a mapping, not the sentence written.
+        if bad := [i for i, item in enumerate(data.get(key) or []) if not isinstance(item, str)]:
+            raise fail(f"item {bad[0] + 1} of {key!r} is not text (quote a line that holds ': ')")
     unknown = set(data) - set(_REQUIRED) - set(_OPTIONAL)
     if unknown:
         raise fail(f"unknown keys {sorted(unknown)}")

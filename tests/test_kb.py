@@ -38,6 +38,13 @@ def test_pattern_schema_errors_name_file_and_key(tmp_path):
     bad.write_text("id: x\n")
     with pytest.raises(UserFacingError, match=r"bad.yaml: missing key 'title'"):
         load_pattern(bad)
+    # An unquoted "a: b" list item is a mapping: the catalog's own split-work pattern once crashed the
+    # Markdown answer of every grid-underfilled diagnosis this way.
+    bad.write_text("id: x\ntitle: t\nfamily: f\nbackends: [cuda]\nsymptoms: []\nrewrite: {kind: k, summary: s}\n"
+                   "rationale: r\ncompiler_refs: {passes: [p]}\nrisk: low\npreconditions:\n  - one\n"
+                   "  - the work can be combined: by atomics\n")
+    with pytest.raises(UserFacingError, match=r"bad.yaml: item 2 of 'preconditions' is not text"):
+        load_pattern(bad)
 
 
 def test_tablegen_reader_on_the_installed_wheel_and_a_fixture():

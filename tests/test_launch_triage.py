@@ -12,6 +12,7 @@ from diagnose.features import kernel_features
 from diagnose.launch_triage import launch_triage
 from diagnose.launch_values import trip_count
 from diagnose.records import EvidenceLog
+from diagnose.render import to_markdown
 from diagnose.request import KernelInput, request_from
 from diagnose.triage import triage
 from diagnose.work import kernel_work
@@ -53,6 +54,8 @@ def test_a_grid_that_cannot_fill_the_device_outranks_what_each_program_does():
     answer = diagnose(request_from(KernelInput(kernel=str(WILD / "column_scan.py"), call="scan(torch.randn(4096, 1024))")),
                       None, level_max="L1")
     assert answer.findings[0].kind == "parallelism.grid-underfilled"  # above pipelining.none
+    text = to_markdown(answer)  # its pattern's preconditions are printed, as `kb diagnose` prints them
+    assert "split-work-over-programs" in text and "the split work can be combined" in text
 
 
 def test_few_programs_over_little_work_are_not_a_parallelism_problem():
