@@ -14,6 +14,7 @@ are the task's own kernel's too (`expect`).
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,12 +136,16 @@ class ReferenceHost:
 
     def share(self, keys: list[str], worker: str, directory: str) -> dict[str, Any]:
         """Copies of input sets for one kernel worker: in its own device arena, or files in its directory."""
+        put = lambda t: exchange.write_file(t, Path(directory))  # noqa: E731
         if exchange.device_kind(self.device) == "cuda" and exchange.ipc_available():
             arena = self.arenas.setdefault(worker, exchange.Arena(self.device))
-            arena.rewind(sum(exchange.handover_bytes(_tensors(self.sets[key])) for key in keys))
-            put = arena.put
-        else:
-            put = lambda t: exchange.write_file(t, Path(directory))  # noqa: E731
+            try:
+                arena.rewind(sum(exchange.handover_bytes(_tensors(self.sets[key])) for key in keys))
+                put = arena.put
+            except exchange.ExchangeError as exc:
+                # Device memory short for the arena: the sets go through host files instead, and the worker
+                # copying them in is what may fail (one candidate rejected, not the whole run).
+                print(f"note: {exc}: input sets for worker {worker} go through files", file=sys.stderr)
         out = []
         for key in keys:
             args, kwargs = self.sets[key]
