@@ -105,8 +105,8 @@ def ir_dot_flops(art: Artifacts, feats: KernelFeatures, facts: LaunchFacts) -> f
     dots = ir.op_source_lines(ttir, {"tt.dot"})  # tt.dot_scaled packs its K: not counted
     if not dots:
         return None if "tt.dot_scaled" in ttir or not ttir else 0.0
-    if not programs:
-        return None
+    if not programs or "scf.while" in ttir:
+        return None  # no grid; or a while loop, whose trip count the source's range() bounds do not give
     values = facts.integers()
     definitions = _kernel_definitions(feats.file, facts.kernel)
     kinds = {site.line: site.what for site in feats.loops}
