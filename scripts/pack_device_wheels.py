@@ -38,8 +38,9 @@ NOT_PACKED = {"torch", "triton", "numpy", "sentence-transformers", "gt-all-minil
 # another machine: found by listing sys.modules after `kb diagnose --strategy always-deep` with a KB home.
 # Indexing and the LLM rewriter need them (llama-index's document readers, tree-sitter, the embedding
 # runtime, the openai client).
+# kernel-kb itself too: the device tool carries the working tree, which a wheel of it would shadow.
 BENCH_LEAVES_OUT = ("llama-index-core,llama-index-vector-stores-chroma,kubernetes,sqlalchemy,nltk,openai,onnxruntime,"
-                    "tree-sitter,tree-sitter-python,tree-sitter-cpp")
+                    "tree-sitter,tree-sitter-python,tree-sitter-cpp,kernel-kb")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -72,13 +73,14 @@ def resolve(reqs: list[str], python: str, platforms: list[str]) -> list[tuple[st
     return [(normalize(i["metadata"]["name"]), i["metadata"]["version"]) for i in installs]
 
 
-def download(pins: list[tuple[str, str]], out: Path, python: str, platforms: list[str]) -> None:
+def download(pins: list[tuple[str, str]], out: Path, python: str, platforms: list[str], ours: bool = True) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
            "--python-version", python, "--dest", str(out), *[f"--platform={p}" for p in platforms],
            *[f"{n}=={v}" for n, v in pins]]
     subprocess.run(cmd, check=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)],
-                   check=True)
+    if ours:  # kernel-kb itself, unless the working tree travels anyway (a wheel on the path would shadow it)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)],
+                       check=True)
 
 
 INSTALL_SH = """#!/bin/sh
@@ -122,7 +124,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for old in args.out.glob("*.whl"):
         old.unlink()
-    download(pins, args.out, args.python, platforms)
+    download(pins, args.out, args.python, platforms, ours="kernel-kb" not in left_out)
     (args.out / "install.sh").write_text(INSTALL_SH)
     wheels = sorted(args.out.glob("*.whl"), key=lambda p: p.stat().st_size, reverse=True)
     total = sum(p.stat().st_size for p in wheels) / 2**20
