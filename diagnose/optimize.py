@@ -348,6 +348,7 @@ def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | N
         out.append(Hypothesis("", "free-form optimization", "llm-rewrite", "llm", answer.stopped_at or "L1"))
     records = {p.id: p for p in catalog or []}
     for hyp in out:
+        hyp.reached = answer.stopped_at
         if hyp.rewriter == "pattern" and hyp.pattern in records:
             hyp.record = round(records[hyp.pattern].win_rate(hyp.finding), 4)
     return sorted(out, key=lambda h: -h.record)

@@ -64,6 +64,7 @@ class Hypothesis:
     level: str
     evidence: list[str] = field(default_factory=list)
     record: float = 0.5  # the pattern's smoothed win rate for this finding when planned (0.5: no record)
+    reached: str = ""  # the level the round's diagnosis escalated to (its trajectory), beyond the finding's own
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Hypothesis:

@@ -67,6 +67,9 @@ def test_conditions_run_side_by_side_and_a_killed_job_resumes(tmp_path):
     assert suite["initial_vs_eager"] == pytest.approx(80 / (100 * 1.1), rel=1e-3)
     md = (bench_dir / "report.md").read_text()
     assert "| rowsum_a | " in md and "| geomean speedup vs initial |" in md and "4.35" in md
+    # Each round records how far its diagnosis escalated; the report counts those trajectories.
+    assert all(r["deepest_level"] for r in data["operators"]) and suite["trajectories_reaching"]["L1"] == 2
+    assert "| trajectories reaching L4 (runs that diagnosed, finished or not) |" in md
     out = CliRunner().invoke(main, ["bench-report", str(bench_dir), "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["suite_by_condition"]["other"]["finished"] == 2
@@ -255,6 +258,15 @@ def test_the_roofline_bound_is_what_every_case_at_its_ceiling_would_give():
     suite = _suite(rows)
     assert suite["bound_geomean"] == pytest.approx((1.5 * 2.5 * 6.0) ** (1 / 3), rel=1e-3)
     assert (suite["bound_median"], suite["bound_above_2x"], suite["bound_above_5x"]) == (2.5, 2, 1)
+
+
+def test_trajectories_count_how_far_every_run_diagnosed_finished_or_not():
+    from diagnose.bench.report import _suite
+
+    rows = [{"status": "paused", "deepest_level": "L4", "speedup": 1.0, "best_round": 0},  # cut short after L4
+            {"status": "finished", "deepest_level": "L2", "speedup": 1.1, "best_round": 1},
+            {"status": "finished", "deepest_level": None, "speedup": 1.0, "best_round": 0}]  # no round diagnosed
+    assert _suite(rows)["trajectories_reaching"] == {"L1": 2, "L2": 2, "L3": 1, "L4": 1}
 
 
 def test_retime_measures_the_end_again_and_repeats_no_round(tmp_path):

@@ -72,7 +72,7 @@ def _operator_row(job: Job) -> dict[str, Any]:
     finally:
         store.close()
     best = next((r for r in rounds if r.idx == summary.best_round), None)
-    levels = [r.level for r in rounds if r.level in LEVELS]
+    reached = [lv for r in rounds for lv in (r.level, r.hypothesis.reached) if lv in LEVELS]
     final = info.final if info.final and info.final.get("best_round") == summary.best_round else {}
     final_report = final.get("report")
     best_role = "candidate" if summary.best_round else "baseline"
@@ -84,7 +84,8 @@ def _operator_row(job: Job) -> dict[str, Any]:
         "best_round": summary.best_round,
         "best_level": summary.best_level,
         "best_pattern": best.hypothesis.pattern if best else None,
-        "deepest_level": max(levels, key=LEVELS.index) if levels else None,
+        # How far the diagnoses went (a run from before `reached` was recorded: its findings' levels).
+        "deepest_level": max(reached, key=LEVELS.index) if reached else None,
         "speedup": summary.speedup_vs_initial,
         "speedup_measured": summary.speedup_vs_initial_measured,
         "per_case": summary.per_case_vs_initial or summary.per_case_best,
@@ -116,7 +117,8 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
     speedups = [r["speedup"] for r in done]
     best_level = {lv: sum(1 for r in done if r.get("best_level") == lv and r["best_round"]) for lv in LEVELS}
     best_level["none"] = sum(1 for r in done if not r["best_round"])
-    reached = {lv: sum(1 for r in done if r.get("deepest_level") and LEVELS.index(r["deepest_level"]) >= i)
+    # A trajectory is how far a run's diagnoses escalated: every run that diagnosed has one, finished or not.
+    reached = {lv: sum(1 for r in rows if r.get("deepest_level") and LEVELS.index(r["deepest_level"]) >= i)
                for i, lv in enumerate(LEVELS)}
 
     def vs(key: str, which: str) -> float | None:
@@ -239,6 +241,9 @@ def to_markdown(data: dict[str, Any]) -> str:
     for lv in (*LEVELS, "none"):
         label = f"best round diagnosed at {lv}" if lv != "none" else "no round accepted"
         lines.append(f"| {label} | " + " | ".join(str(suites[n]["best_from_level"][lv]) for n in names) + " | - |")
+    for lv in LEVELS:
+        lines.append(f"| trajectories reaching {lv} (runs that diagnosed, finished or not) | "
+                     + " | ".join(str(suites[n]["trajectories_reaching"][lv]) for n in names) + " | - |")
     lines += ["", "## Operators", "",
               "| operator | family | " + " | ".join(f"{n}: speedup | {n}: best round (level, pattern) | {n}: best vs eager"
                                                  for n in names)
