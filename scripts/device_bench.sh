@@ -27,6 +27,7 @@ if [ "${GPU_MEMLOG:-0}" = 1 ]; then
      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | while IFS=', ' read -r pid mib; do
        echo "$pid ppid=$(awk '/^PPid/{print $2}' /proc/"$pid"/status 2>/dev/null) mib=$mib $(tr '\0' ' ' < /proc/"$pid"/cmdline 2>/dev/null | cut -c1-160)"
      done
+     ps -o pid=,ppid=,args= -C python3 | cut -c1-160 | sed 's/^/  proc /'  # who forked whom
    done) >> "$FINAL/gpu-memory.txt" 2>&1 &
   memlog=$!
 fi
