@@ -134,47 +134,48 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
         long_sb = max((v for k, v in stalls.items() if "long_scoreboard" in k), default=0.0)
         dram = p.get("dram_throughput_pct")
         occ = p.get("achieved_occupancy_pct")
-        sm_now = p.get("sm_throughput_pct")
+        sm = p.get("sm_throughput_pct")
+        memory_op = any(c.roofline and c.roofline.bound == "memory" for c in cases)
+        at = f"{where}:{p.get('kernel')}"
         # A kernel with DRAM or its SMs near peak is at a roof (below): waiting warps or few of them are how it
         # gets there (a GEMM runs at low occupancy by design), not what holds it back.
-        at_roof = max((v for v in (dram, sm_now) if isinstance(v, (int, float))), default=0.0) >= BUSY_PCT
-        if at_roof:
-            pass
-        elif long_sb >= 40 and (dram is None or dram < 60):
-            ev = log.add("L2", "counters", f"ncu: {long_sb:.0f}% of warp stalls are long scoreboard (waiting on "
-                         f"global memory) while DRAM throughput is {dram if dram is not None else '?'}% of peak",
-                         f"{where}:{p.get('kernel')}", str({k: v for k, v in stalls.items()}))
-            findings.append(Finding("profile.latency-bound", "pipelining", "latency-bound: warps wait on memory, DRAM idle",
-                                    "Too few loads are in flight to cover memory latency: loads are not prefetched "
-                                    "(pipelining), or occupancy is too low to hide them.", [ev], [], "", "L2", 0.8))
-        elif occ is not None and occ < 25:
-            ev = log.add("L2", "counters", f"ncu: achieved occupancy {occ:.0f}%", f"{where}:{p.get('kernel')}", f"{occ}")
-            findings.append(Finding("profile.latency-bound", "pipelining", f"occupancy-bound: {occ:.0f}% achieved occupancy",
-                                    "Few warps per SM leave memory latency exposed.", [ev], [], "", "L2", 0.7))
-        sm, bound_memory = p.get("sm_throughput_pct"), any(c.roofline and c.roofline.bound == "memory" for c in cases)
-        if sm is not None and sm >= 60 and dram is not None and dram < 40 and bound_memory:
+        at_roof = max((v for v in (dram, sm) if isinstance(v, (int, float))), default=0.0) >= BUSY_PCT
+        if not at_roof:
+            if long_sb >= 40 and (dram is None or dram < 60):
+                ev = log.add("L2", "counters", f"ncu: {long_sb:.0f}% of warp stalls are long scoreboard (waiting on "
+                             f"global memory) while DRAM throughput is {dram if dram is not None else '?'}% of peak",
+                             at, str({k: v for k, v in stalls.items()}))
+                findings.append(Finding("profile.latency-bound", "pipelining",
+                                        "latency-bound: warps wait on memory, DRAM idle",
+                                        "Too few loads are in flight to cover memory latency: loads are not prefetched "
+                                        "(pipelining), or occupancy is too low to hide them.", [ev], [], "", "L2", 0.8))
+            elif occ is not None and occ < 25:
+                ev = log.add("L2", "counters", f"ncu: achieved occupancy {occ:.0f}%", at, f"{occ}")
+                findings.append(Finding("profile.latency-bound", "pipelining",
+                                        f"occupancy-bound: {occ:.0f}% achieved occupancy",
+                                        "Few warps per SM leave memory latency exposed.", [ev], [], "", "L2", 0.7))
+        if sm is not None and sm >= 60 and dram is not None and dram < 40 and memory_op:
             ev = log.add("L2", "counters", f"ncu: SM throughput {sm:.0f}% of peak while DRAM is at {dram:.0f}% in a "
-                         "memory-bound operation", f"{where}:{p.get('kernel')}", f"sm {sm}, dram {dram}")
+                         "memory-bound operation", at, f"sm {sm}, dram {dram}")
             findings.append(Finding("profile.alu-bound", "index-math", "ALU-bound: instructions, not bytes, limit it",
                                     "A memory-bound operation whose SMs are busier than its DRAM spends its time on "
                                     "instructions: index arithmetic (64-bit, division), scalar accesses, or "
                                     "redundant work per element.", [ev], [], "", "L2", 0.75))
-        findings += _uncoalesced(p, log, f"{where}:{p.get('kernel')}")
-        memory_op = any(c.roofline and c.roofline.bound == "memory" for c in cases)
-        findings += _counters_at_a_roof(p, memory_op, log, f"{where}:{p.get('kernel')}")
-        findings += _idle_sms(p, report.device, cases[-1].timing.median_us, log, f"{where}:{p.get('kernel')}")
+        findings += _uncoalesced(p, log, at)
+        findings += _counters_at_a_roof(p, memory_op, log, at)
+        findings += _idle_sms(p, report.device, cases[-1].timing.median_us, log, at)
         block_dim = p.get("block_dim")
         if report.backend == "npu" and block_dim and block_dim > DEFAULT_VECTOR_CORES:
             ev = log.add("L2", "counters", f"{p.get('source')}: Block Dim {block_dim}, above the {DEFAULT_VECTOR_CORES} "
                          "vector cores of a 910B-class device (triton-ascend docs/en/debug_guide/profiling.md)",
-                         f"{where}:{p.get('kernel')}", f"block_dim = {block_dim}")
+                         at, f"block_dim = {block_dim}")
             findings.append(Finding("ascend.grid-too-large", "ascend-launch", f"{block_dim} blocks for "
                                     f"{DEFAULT_VECTOR_CORES} cores", "The launch runs in batches of the core count, "
                                     "paying scheduling overhead per batch.", [ev], [], "", "L2", 0.8))
         pipes = p.get("pipes") or {}
         if pipes.get("scalar", 0) > max(pipes.get("vector", 0), 1):
             ev = log.add("L2", "counters", f"scalar pipe busy {pipes['scalar']:.0f}% vs vector {pipes.get('vector', 0):.0f}%",
-                         f"{where}:{p.get('kernel')}", str(pipes))
+                         at, str(pipes))
             findings.append(Finding("profile.scalar-bound", "ascend-compute", "scalar-bound: the scalar pipe dominates",
                                     "Work that should run on the vector unit runs element by element.", [ev], [], "",
                                     "L2", 0.8))

@@ -16,7 +16,7 @@ from typing import Any
 from harness.errors import UserFacingError
 from harness.guards import is_kernel
 
-__all__ = ["KernelFeatures", "Site", "access_mask", "dotted_name", "kernel_features"]
+__all__ = ["KernelFeatures", "Site", "access_mask", "dotted_name", "kernel_features", "kernel_functions"]
 
 _REDUCTIONS = {"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum", "cumsum", "cumprod", "associative_scan"}
 _ATOMICS = {"atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas"}
@@ -187,3 +187,12 @@ def kernel_features(path: str | Path) -> KernelFeatures:
                 if kw.arg and isinstance(kw.value, ast.Constant):
                     feats.launch.setdefault(kw.arg, kw.value.value)
     return feats
+
+
+def kernel_functions(path: str | Path) -> dict[str, ast.FunctionDef]:
+    """The @triton.jit functions of a kernel file by name ({} when it cannot be read or parsed)."""
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return {}
+    return {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and is_kernel(n)}

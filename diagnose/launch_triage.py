@@ -25,13 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from diagnose.features import KernelFeatures, access_mask, dotted_name
+from diagnose.features import KernelFeatures, access_mask, dotted_name, kernel_functions
 from diagnose.launch_values import evaluate, expand, single_assignments, trip_count
 from diagnose.records import EvidenceLog, Finding
 from diagnose.triage import source_line
 from diagnose.work import operand_flops
 from harness.cuda_shim import device_model_for
-from harness.guards import is_kernel
 from harness.launches import LaunchFacts
 
 __all__ = ["LAUNCH_KINDS", "launch_triage"]
@@ -49,11 +48,10 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
     """`findings` (the source rules') checked against the launches, plus the launch's own findings."""
     if not launches:
         return findings
-    tree = _parse(feats.file)
+    kernels = kernel_functions(feats.file)
     # The launches of this file's kernels; one from another file is triaged with that file's source.
     mine = [f for f in launches if Path(f.source_file).resolve() == Path(feats.file).resolve()]
-    kept = _temper(feats, tree, launches, mine, findings, log, notes)
-    kernels = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and is_kernel(n)} if tree else {}
+    kept = _temper(feats, kernels, launches, mine, findings, log, notes)
     for facts in mine:
         kept += _parallelism(feats, facts, log)
         kernel = kernels.get(facts.kernel)
@@ -280,9 +278,9 @@ def _is_arange(node: ast.AST) -> bool:
 
 
 # ------------------------------------------------------------------------- values vs the source rules
-def _temper(feats: KernelFeatures, tree: ast.Module | None, launches: list[LaunchFacts], mine: list[LaunchFacts],
+def _temper(feats: KernelFeatures, kernels: dict[str, ast.FunctionDef], launches: list[LaunchFacts], mine: list[LaunchFacts],
             findings: list[Finding], log: EvidenceLog, notes: list[str]) -> list[Finding]:
-    idle = _unlaunched_lines(tree, {f.kernel for f in mine})
+    idle = _unlaunched_lines(kernels, {f.kernel for f in mine})
     values: dict[str, int] = {}
     for facts in launches:
         values.update(facts.integers())
@@ -333,12 +331,11 @@ def _warps_per_sm(facts: LaunchFacts) -> float:
     return float(min(per_sm * facts.num_warps, 64))
 
 
-def _unlaunched_lines(tree: ast.Module | None, launched: set[str]) -> dict[int, str]:
+def _unlaunched_lines(kernels: dict[str, ast.FunctionDef], launched: set[str]) -> dict[int, str]:
     """Line -> kernel name, for the lines of the file's kernels that neither the launches nor the JIT
     functions they call (transitively) run: a library file holds the backward kernels beside the forward."""
-    if tree is None or not launched:
+    if not kernels or not launched:
         return {}
-    kernels = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and is_kernel(n)}
     reached, todo = set(), [k for k in launched if k in kernels]
     while todo:
         name = todo.pop()
@@ -351,11 +348,3 @@ def _unlaunched_lines(tree: ast.Module | None, launched: set[str]) -> dict[int, 
         return {}  # none of the launched kernels is defined here: nothing to leave out
     return {line: name for name, fn in kernels.items() if name not in reached
             for line in range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)}
-
-
-# ----------------------------------------------------------------------------------------- syntax
-def _parse(path: str) -> ast.Module | None:
-    try:
-        return ast.parse(Path(path).read_text())
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return None

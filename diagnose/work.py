@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagnose.features import KernelFeatures, kernel_features
+from diagnose.features import KernelFeatures, kernel_features, kernel_functions
 from diagnose.launch_values import single_assignments, trip_count
 from harness import ir
 from harness.errors import UserFacingError
@@ -54,6 +54,7 @@ def kernel_work(launches: list[LaunchFacts], compiled: Sequence[Artifacts] = ())
     sources: set[str] = set()
     biggest: tuple[int, str] = (0, "bf16")
     features: dict[str, KernelFeatures] = {}
+    functions: dict[str, dict[str, ast.FunctionDef]] = {}
     for facts in launches:
         if facts.source_file not in features:
             try:
@@ -68,7 +69,12 @@ def kernel_work(launches: list[LaunchFacts], compiled: Sequence[Artifacts] = ())
         if not feats.dots:
             continue
         art = next((a for a in compiled if a.kernel == facts.kernel), None)
-        from_ir = ir_dot_flops(art, feats, facts) if art else None
+        from_ir = None
+        if art is not None:
+            if facts.source_file not in functions:
+                functions[facts.source_file] = kernel_functions(facts.source_file)
+            fn = functions[facts.source_file].get(facts.kernel)
+            from_ir = ir_dot_flops(art, feats, facts, single_assignments(fn) if fn else {})
         if from_ir == 0.0:
             continue  # its file has dots, this kernel's IR none
         from_operands = operand_flops(facts)
@@ -95,11 +101,13 @@ def operand_flops(facts: LaunchFacts) -> float:
     return 0.0
 
 
-def ir_dot_flops(art: Artifacts, feats: KernelFeatures, facts: LaunchFacts) -> float | None:
+def ir_dot_flops(art: Artifacts, feats: KernelFeatures, facts: LaunchFacts,
+                 definitions: dict[str, ast.expr] | None = None) -> float | None:
     """The launch's dot FLOPs from its TTIR: per `tt.dot`, 2 x batch x M x N x K of its tile, times the trip
     counts of the source loops around its line (a `tl.static_range` is already unrolled in the IR), times
     the programs; 0.0 when the compiled kernel has no dot. None when the grid or a loop's trip count is
-    not fixed by the launch."""
+    not fixed by the launch. `definitions`: the names the kernel assigns once (`single_assignments`), read
+    through in the loops' bounds."""
     programs = facts.programs
     ttir = art.stages.get("ttir", "")
     dots = ir.op_source_lines(ttir, {"tt.dot"})  # tt.dot_scaled packs its K: not counted
@@ -108,7 +116,6 @@ def ir_dot_flops(art: Artifacts, feats: KernelFeatures, facts: LaunchFacts) -> f
     if not programs or "scf.while" in ttir:
         return None  # no grid; or a while loop, whose trip count the source's range() bounds do not give
     values = facts.integers()
-    definitions = _kernel_definitions(feats.file, facts.kernel)
     kinds = {site.line: site.what for site in feats.loops}
     file = Path(feats.file).name
     per_program = 0.0
@@ -128,13 +135,3 @@ def ir_dot_flops(art: Artifacts, feats: KernelFeatures, facts: LaunchFacts) -> f
                 tile *= trips
         per_program += tile
     return per_program * programs
-
-
-def _kernel_definitions(path: str, kernel: str) -> dict[str, ast.expr]:
-    """The names kernel `kernel` assigns once, to what ({} when its file does not parse)."""
-    try:
-        tree = ast.parse(Path(path).read_text())
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return {}
-    fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == kernel), None)
-    return single_assignments(fn) if fn else {}
