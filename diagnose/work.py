@@ -73,8 +73,7 @@ def kernel_work(launches: list[LaunchFacts], compiled: Sequence[Artifacts] = ())
         if art is not None:
             if facts.source_file not in functions:
                 functions[facts.source_file] = kernel_functions(facts.source_file)
-            fn = functions[facts.source_file].get(facts.kernel)
-            from_ir = ir_dot_flops(art, feats, facts, single_assignments(fn) if fn else {})
+            from_ir = ir_dot_flops(art, feats, facts, functions[facts.source_file].get(facts.kernel))
         if from_ir == 0.0:
             continue  # its file has dots, this kernel's IR none
         from_operands = operand_flops(facts)
@@ -102,20 +101,23 @@ def operand_flops(facts: LaunchFacts) -> float:
 
 
 def ir_dot_flops(art: Artifacts, feats: KernelFeatures, facts: LaunchFacts,
-                 definitions: dict[str, ast.expr] | None = None) -> float | None:
+                 kernel: ast.FunctionDef | None) -> float | None:
     """The launch's dot FLOPs from its TTIR: per `tt.dot`, 2 x batch x M x N x K of its tile, times the trip
     counts of the source loops around its line (a `tl.static_range` is already unrolled in the IR), times
     the programs; 0.0 when the compiled kernel has no dot. None when the grid or a loop's trip count is
-    not fixed by the launch. `definitions`: the names the kernel assigns once (`single_assignments`), read
-    through in the loops' bounds."""
+    not fixed by the launch, or when a dot sits outside `kernel`'s own body (a @triton.jit helper it
+    calls, perhaps inside a loop of the kernel's that the helper's lines do not show). Names the kernel
+    assigns once are read through in the loops' bounds."""
     programs = facts.programs
     ttir = art.stages.get("ttir", "")
     dots = ir.op_source_lines(ttir, {"tt.dot"})  # tt.dot_scaled packs its K: not counted
     if not dots:
         return None if "tt.dot_scaled" in ttir or not ttir else 0.0
-    if not programs or "scf.while" in ttir:
+    if not programs or "scf.while" in ttir or kernel is None:
         return None  # no grid; or a while loop, whose trip count the source's range() bounds do not give
     values = facts.integers()
+    definitions = single_assignments(kernel)
+    body = range(kernel.lineno, (kernel.end_lineno or kernel.lineno) + 1)
     kinds = {site.line: site.what for site in feats.loops}
     file = Path(feats.file).name
     per_program = 0.0
@@ -125,8 +127,8 @@ def ir_dot_flops(art: Artifacts, feats: KernelFeatures, facts: LaunchFacts,
             return None
         a, out = types[0], types[-1]
         tile = 2.0 * math.prod(out.shape) * a.shape[-1]  # batch x M x N outputs, K products each
-        if op.loc is None or Path(op.loc.file).name != file:
-            return None  # a dot from another file (an inlined helper): its loops are not read here
+        if op.loc is None or Path(op.loc.file).name != file or op.loc.line not in body:
+            return None  # a dot of an inlined helper: the loops around its call are not read here
         for start, end in feats.loop_ends.items():
             if start < op.loc.line <= end and not kinds.get(start, "").endswith("static_range"):
                 trips = trip_count(feats.loop_bounds.get(start, ""), values, definitions)

@@ -163,6 +163,10 @@ def test_dots_that_are_no_gemm_of_the_operands_take_their_flops_from_the_ir_tile
     assert work.complete and work.flops_from == "ir" and work.flops == 2 * 256 * 64 * 128
     causal = intercept_call(WILD / "gram.py", "causal_gram(torch.randn(256, 128).half())")
     assert not kernel_work(causal.facts(), causal.compile()).complete  # a loop bound on the program id
+    # A dot in a @triton.jit helper: the kernel's loop around the call is not around the dot's line, so the
+    # count would miss its trips (4x here); no figure rather than a wrong one.
+    helper = intercept_call(WILD / "gram.py", "helper_gram(torch.randn(256, 128).half())")
+    assert not kernel_work(helper.facts(), helper.compile()).complete
 
 
 def test_a_gemm_whose_task_formula_is_off_is_placed_by_its_own_work_not_called_memory_bound():
