@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from pathlib import Path
 
-import bm25s
-import numpy as np
-import Stemmer
+# bm25s runs a jax op at import when jax is installed, and jax then takes 75% of the GPU's memory for
+# its own pool: on the H200 a bench job's KB lookup held 105 GiB and the judge's workers ran out of
+# memory (docs/benchmarks.md, 2026-12-02). The KB never needs a device: jax, if bm25s brings it in,
+# stays on the CPU and allocates as it goes. setdefault: a user's own jax settings win.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import bm25s  # noqa: E402 - after the jax settings above
+import numpy as np  # noqa: E402
+import Stemmer  # noqa: E402
 
 __all__ = ["IDENT", "NAME_WORD", "LexicalIndex", "code_lead", "code_tokens", "name_words", "query_tokens"]
 
@@ -107,5 +115,5 @@ class LexicalIndex:
         if not tokens or not self.ids:
             return []
         k = min(k, len(self.ids))
-        docs, scores = self._bm25.retrieve([tokens], k=k, show_progress=False)
+        docs, scores = self._bm25.retrieve([tokens], k=k, show_progress=False, backend_selection="numpy")
         return [(self.ids[int(d)], float(s)) for d, s in zip(np.ravel(docs), np.ravel(scores)) if s > 0]

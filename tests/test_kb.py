@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,24 @@ def test_tablegen_reader_on_the_installed_wheel_and_a_fixture():
 def test_code_tokens_keep_identifiers_whole_and_split():
     tokens = code_tokens("getMaskAlignment tt.load BLOCK_SIZE")
     assert {"getmaskalignment", "get", "mask", "alignment", "tt.load", "tt", "load", "block_size", "block"} <= set(tokens)
+
+
+def test_jax_brought_in_by_bm25s_never_takes_the_device(tmp_path):
+    """bm25s runs a jax op at import when jax is installed; jax's GPU pool then took 75% of an H200
+    from a bench job's KB lookup. A stand-in jax records the settings it was imported under."""
+    fake = tmp_path / "jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os\nSEEN = (os.environ.get('JAX_PLATFORMS'), os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))\n")
+    (fake / "lax.py").write_text("def top_k(x, k):\n    return x[:k]\n")
+    probe = "import kb.lexical, jax; print(jax.SEEN)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "('cpu', 'false')"
+    env["JAX_PLATFORMS"] = "cuda"  # the user's own choice is kept
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "('cuda', 'false')"
 
 
 def test_symbol_store_links_pipeline_calls_to_pass_definitions(built_home):
