@@ -4,7 +4,8 @@ A task file defines (only the first three are required):
 
     entry       the launch wrapper: a callable that launches the Triton kernel and returns its
                 output tensor(s). Import it from the kernel file beside the task, or define it here.
-    inputs      inputs(**case) -> tuple of positional arguments for `entry`. Tensors are created on
+    inputs      inputs(**case) -> tuple of positional arguments for `entry`, or `Call(args, kwargs)`
+                when the call needs keyword arguments (`out=`, `dim=`). Tensors are created on
                 the device under test (the harness sets torch's default device), so write
                 `torch.randn(n)`, not `torch.randn(n, device="cuda")`. Use random values, never
                 zeros: the harness seeds torch before each call and checks several seeds.
@@ -60,7 +61,7 @@ from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 from harness.loading import load_kernel_module
 
-__all__ = ["DEFAULT_TOLERANCES", "Task", "TaskSpec", "attribute_path", "capture_task", "defining_file", "entry_name",
+__all__ = ["DEFAULT_TOLERANCES", "Call", "Task", "TaskSpec", "attribute_path", "capture_task", "defining_file", "entry_name",
            "intercept_task", "launch_code", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]
 
@@ -73,6 +74,14 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "bfloat16": {"atol": 1e-2, "rtol": 2e-2},
 }
 _EXACT = {"atol": 0.0, "rtol": 0.0}
+
+
+@dataclass(frozen=True)
+class Call:
+    """What `inputs(**case)` returns when the entry takes keyword arguments too."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,8 +112,11 @@ class Task:
 
     def arguments(self, case: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """One call's positional and keyword arguments for `case`, freshly made."""
-        args = tuple(self.inputs(**case))
-        return args, (self.keywords() if self.keywords is not None else {})
+        made = self.inputs(**case)
+        keywords = self.keywords() if self.keywords is not None else {}
+        if isinstance(made, Call):
+            return tuple(made.args), {**keywords, **made.kwargs}
+        return tuple(made), keywords
 
     def generated_cases(self, rng: Any, count: int) -> list[dict[str, Any]]:
         """`count` held-out cases drawn from `heldout_ranges` with `rng` (none without ranges)."""

@@ -1,0 +1,105 @@
+"""A draft's code, out of a model's answer, screened before the sandbox sees it.
+
+Answers come as raw modules or as prose with fenced blocks (several, split between kernel and
+wrapper). What can be told from the text alone is told here, with a reason a person can act on: it
+does not parse, it defines no wrapper of the asked name, it has no Triton kernel (a PyTorch-only
+draft), its wrapper is itself a kernel. What runs is the sandbox's to judge.
+
+Drafts often run a demo at import (`x = torch.randn(..., device="cuda"); print(add(x, x))`): module
+statements that call something are dropped, so the module defines its kernels and wrapper and does
+nothing else; how many were dropped is recorded in the task.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+__all__ = ["Screened", "extract_code", "screen"]
+
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_PYTHON_TAGS = {"", "python", "py", "python3"}
+
+
+@dataclass(frozen=True)
+class Screened:
+    code: str  # the module as it will be judged ("" when refused)
+    wrapper: str | None  # the function that is the task's entry
+    problem: str | None  # why it is refused before running (None: it goes to the sandbox)
+    dropped: int = 0  # module statements dropped (demos run at import)
+
+
+def extract_code(predict: str) -> str:
+    """The module in an answer: the python fences joined when they parse together, else the largest
+    one that parses, else the answer as it is (raw code)."""
+    blocks = [body for tag, body in _FENCE.findall(predict) if tag.lower() in _PYTHON_TAGS]
+    if not blocks:
+        return predict
+    joined = "\n\n".join(blocks)
+    if _parses(joined):
+        return joined
+    parsing = [b for b in blocks if _parses(b)]
+    return max(parsing, key=len) if parsing else joined
+
+
+def screen(code: str, wrappers: list[str]) -> Screened:
+    """`code` checked for a wrapper named one of `wrappers` (in preference order) and a Triton kernel."""
+    if not code.strip():
+        return Screened("", None, "the answer has no code")
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        if not re.search(r"^\s*(def|import|from|class|@)\b", code, re.MULTILINE):
+            return Screened("", None, "the answer has no code")  # prose: a refusal or an explanation
+        return Screened("", None, f"does not parse: line {exc.lineno}: {exc.msg}")
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    wrapper = next((w for w in wrappers if w in functions), None)
+    if wrapper is None:
+        return Screened("", None, f"defines no function {' or '.join(dict.fromkeys(wrappers))}")
+    if not any(_is_kernel(f) for f in functions.values()):
+        return Screened("", wrapper, "no @triton.jit kernel: a PyTorch-only draft")
+    if _is_kernel(functions[wrapper]):
+        return Screened("", wrapper, f"the wrapper {wrapper} is itself a @triton.jit kernel: Python cannot call it")
+    dropped = [n for n in tree.body if _runs_something(n, set(functions))]
+    lines = code.splitlines(keepends=True)
+    for node in dropped:  # by line span, so the draft's comments and layout stay as written
+        for i in range(node.lineno - 1, node.end_lineno or node.lineno):
+            lines[i] = ""
+    body = "".join(lines)
+    return Screened(body if body.endswith("\n") else body + "\n", wrapper, None, len(dropped))
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text)
+    except SyntaxError:
+        return False
+    return True
+
+
+def _is_kernel(fn: ast.FunctionDef) -> bool:
+    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+
+
+_FACTORIES = {"randn", "rand", "randint", "empty", "zeros", "ones", "full", "tensor", "arange", "linspace",
+              "randn_like", "rand_like", "empty_like", "zeros_like", "ones_like"}
+
+
+def _runs_something(node: ast.stmt, own: set[str]) -> bool:
+    """A module statement that does work at import: a call, a loop, a `with`, an `if __name__` block,
+    or an assignment from a tensor factory or from the module's own functions (a demo's input or
+    result). Definitions, imports, `try: import` blocks and constants (`DEVICE = torch.device(...)`)
+    stay. `own`: the module's function names."""
+    if isinstance(node, ast.Expr):
+        return not isinstance(node.value, ast.Constant)  # a docstring stays
+    if isinstance(node, (ast.For, ast.While, ast.With, ast.AsyncFor, ast.AsyncWith)):
+        return True
+    if isinstance(node, ast.If):
+        return "__name__" in ast.unparse(node.test)
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+        for call in (n for n in ast.walk(node.value) if isinstance(n, ast.Call)):
+            name = ast.unparse(call.func)
+            if name in own or name.split(".")[-1] in _FACTORIES:
+                return True
+    return False

@@ -1,0 +1,136 @@
+"""`kb import tritonbench` on a small tree in TritonBench-T's layout (tests/fixtures/tritonbench, written
+by us): three operators, drafts from three models, one unmatched prompt, and a G half that must never
+be read. The drafts' checks run in the real judge, on the CPU interpreter."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+from conftest import FIXTURES
+
+from cli import main
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec, load_task
+from indexer.tritonbench import Failure, ImportOptions, import_tritonbench
+from indexer.tritonbench.drafts import extract_code, screen
+from indexer.tritonbench.source import TritonBenchT, model_order
+from indexer.tritonbench.taskgen import family_of, timed_indices
+
+TREE = FIXTURES / "tritonbench"
+
+
+def _options(out):
+    return ImportOptions(out=out, backend="interpreter", workers=2, seeds=1, timeout_s=120, perf_cases="smallest")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tritonbench")
+    events = []
+    summary = import_tritonbench(TREE, _options(out), lambda op, outcome: events.append((op, outcome)))
+    return out, summary, events
+
+
+def test_the_first_passing_draft_in_model_order_becomes_the_task(imported):
+    out, summary, _ = imported
+    assert {op: o.model for op, o in summary.imported.items()} == {"scale_add": "output_modelB", "row_sum": "coderX"}
+    scale_add = {o.model: o.failure for o in summary.failed.get("scale_add", [])}
+    assert scale_add == {}  # an operator with a passing draft is not listed as failed
+    ledger = sqlite3.connect(out / "import.sqlite")
+    failures = dict(((op, model), failure) for op, model, failure in
+                    ledger.execute("SELECT op, model, failure FROM drafts"))
+    assert failures[("scale_add", "output_modelA")] == Failure.WRONG_VALUES.value  # it forgets alpha
+    assert failures[("row_sum", "output_modelA")] == Failure.TORCH_ONLY.value
+    assert failures[("row_sum", "output_modelB")] == Failure.NO_WRAPPER.value  # defines rowsum, not row_sum
+    assert failures[("row_sum", "coderX")] is None  # kernel and wrapper in two fences, joined
+    assert summary.unmatched == 1  # the prompt that names no wrapper is counted, never guessed
+
+
+def test_an_operator_without_a_passing_draft_lists_each_drafts_reason(imported):
+    out, summary, _ = imported
+    assert [(o.model, o.failure) for o in summary.failed["relu_twice"]] == [
+        ("output_modelA", Failure.SYNTAX), ("output_modelB", Failure.TORCH_ONLY), ("coderX", Failure.NO_CODE)]
+    text = (out / "IMPORT.md").read_text()
+    assert "relu_twice" in text and "was never closed" in text and "PyTorch-only" in text
+
+
+def test_the_task_is_the_operators_own_code_and_passes_the_judge_where_it_lies(imported):
+    out, _, _ = imported
+    task = load_task(out / "scale_add" / "task.py")
+    # 5 timed input sets spread over the 7 of the sweep, its largest among them
+    assert [c["perf"] for c in task.cases] == [0, 2, 3, 4, 6]
+    assert task.cases[-1]["size"] == "4096 4096"
+    # the test's 4 calls less the one passing out= by keyword; alpha=0.5 went by position
+    assert len(task.heldout) == 3
+    args, kwargs = task.arguments(task.heldout[1])
+    assert kwargs == {} and args[2] == 0.5
+    # call_op passes alpha=0.5 by keyword: it reaches the entry by position too
+    args, kwargs = task.arguments(task.cases[0])
+    assert len(args) == 3 and args[2] == 0.5 and args[0].shape == (64,)
+    assert task.bytes(**task.cases[-1]) == 3 * 4096 * 4  # the perf script's get_gbps formula
+    assert task.flops(**task.cases[-1]) == 2 * 4096
+    draft = (out / "scale_add" / "scale_add_draft.py").read_text()
+    assert "print(" not in draft and "# a demo" in draft  # the demo run at import dropped, comments kept
+    report = run_task(TaskSpec.of_file(out / "scale_add" / "task.py"),
+                      RunOptions(backend="interpreter", time=False, seeds=1, generated_heldout=0, cases=[0]))
+    assert report.run("baseline").correct
+
+
+def test_an_import_resumes_without_judging_again_and_restores_a_lost_task(imported, tmp_path):
+    out, summary, events = imported
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    again = []
+    second = import_tritonbench(TREE, _options(copy), lambda op, outcome: again.append((op, outcome)))
+    assert [o for _, o in again if o is not None] == []  # every draft's verdict came from the ledger
+    assert second.imported.keys() == summary.imported.keys()
+    shutil.rmtree(copy / "row_sum")  # a folder lost after its verdict: the passing draft is judged again
+    third = []
+    import_tritonbench(TREE, _options(copy), lambda op, outcome: third.append((op, outcome)))
+    assert [(op, o.model) for op, o in third if o is not None] == [("row_sum", "coderX")]
+    assert (copy / "row_sum" / "task.py").is_file()
+
+
+def test_only_the_t_half_is_read(imported):
+    out, _, _ = imported
+    bench = TritonBenchT(TREE)
+    assert bench.models() == ["output_modelA", "output_modelB", "coderX"]  # no Bench_G_* file among them
+    assert "G_v1" not in (out / "scale_add" / "task.py").read_text()
+
+
+def test_model_order_is_first_drafts_before_rag_and_general_before_coder():
+    assert model_order(["qwen_rag", "output_gpt-4o_rag", "qwen", "output_o1", "output_Claude"]) == [
+        "output_Claude", "output_o1", "qwen", "output_gpt-4o_rag", "qwen_rag"]
+
+
+def test_code_is_taken_from_fenced_answers_and_screened():
+    answer = "Kernel:\n```python\nimport triton\n@triton.jit\ndef k(x):\n    pass\n```\nWrapper:\n```py\ndef op(x):\n    k[(1,)](x)\n```"
+    code = extract_code(answer)
+    assert "def k" in code and "def op" in code
+    kept = screen("import torch\nimport triton\nDEVICE = torch.device('cuda')\n@triton.jit\ndef k(x):\n    pass\n"
+                  "def op(x):\n    k[(1,)](x)\nx = torch.randn(4)\nop(x)\nfor i in range(3):\n    op(x)\n", ["op"])
+    assert kept.problem is None and kept.dropped == 3 and "DEVICE = torch.device" in kept.code
+    assert screen("@triton.jit\ndef op(x):\n    pass\n", ["op"]).problem.startswith("the wrapper op is itself")
+    assert screen("Sorry, I cannot do that.", ["op"]).problem == "the answer has no code"
+
+
+def test_timed_indices_and_families():
+    assert timed_indices(16) == [0, 4, 8, 11, 15]
+    assert timed_indices(3) == [0, 1, 2]
+    assert family_of("fused_mv_sigmoid_sub") == "matmul"
+    assert family_of("softmax") == "softmax"
+    assert family_of("relu") == "elementwise"
+
+
+def test_bad_input_is_refused_in_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["import", "tritonbench", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert result.exit_code != 0 and "is not a TritonBench checkout" in result.output
+    result = CliRunner().invoke(main, ["import", "tritonbench", str(TREE), "--out", str(tmp_path / "out"),
+                                       "--ops", "no_such_op", "--backend", "interpreter"])
+    assert result.exit_code != 0 and "no TritonBench-T operator no_such_op" in result.output
+    result = CliRunner().invoke(main, ["import", "tritonbench", str(TREE), "--out", str(tmp_path / "out"),
+                                       "--models", "output_nobody", "--backend", "interpreter"])
+    assert result.exit_code != 0 and "no draft file output_nobody.jsonl" in result.output
