@@ -28,6 +28,7 @@ class Screened:
     wrapper: str | None  # the function that is the task's entry
     problem: str | None  # why it is refused before running (None: it goes to the sandbox)
     dropped: int = 0  # module statements dropped (demos run at import)
+    added_imports: tuple[str, ...] = ()  # standard imports the draft uses without making
 
 
 def extract_code(predict: str) -> str:
@@ -66,8 +67,26 @@ def screen(code: str, wrappers: list[str]) -> Screened:
     for node in dropped:  # by line span, so the draft's comments and layout stay as written
         for i in range(node.lineno - 1, node.end_lineno or node.lineno):
             lines[i] = ""
-    body = "".join(lines)
-    return Screened(body if body.endswith("\n") else body + "\n", wrapper, None, len(dropped))
+    added = _missing_imports(tree)
+    body = "".join(added) + "".join(lines)
+    return Screened(body if body.endswith("\n") else body + "\n", wrapper, None, len(dropped),
+                    tuple(line.strip() for line in added))
+
+
+# Names drafts use without importing them: TritonBench's prompts show the usual header, and answers
+# often leave it out (a model answering "the kernel and its wrapper"). These imports are added.
+_STANDARD = {"math": "import math\n", "torch": "import torch\n", "triton": "import triton\n",
+             "tl": "import triton.language as tl\n", "F": "import torch.nn.functional as F\n",
+             "np": "import numpy as np\n"}
+
+
+def _missing_imports(tree: ast.Module) -> list[str]:
+    bound = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+             for a in n.names}
+    bound |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    bound |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return [line for name, line in _STANDARD.items() if name in used and name not in bound]
 
 
 def _parses(text: str) -> bool:

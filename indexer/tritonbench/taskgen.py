@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from indexer.tritonbench.drafts import Screened
 from indexer.tritonbench.source import Draft, Operator
 
 __all__ = ["CasesProbe", "family_of", "timed_indices", "write_cases_module", "write_task"]
@@ -39,7 +40,7 @@ class CasesProbe:
     bytes: dict[int, float] = field(default_factory=dict)
     flops: dict[int, float] = field(default_factory=dict)
     tests: int = 0  # test calls usable as held-out cases (no tensor passed by keyword)
-    tests_dropped: int = 0  # those that pass a tensor by keyword (an out= buffer): the judge would see it change
+    tests_dropped: int = 0  # those that pass an out= tensor: the judge would see that input change
 
 
 def family_of(name: str) -> str:
@@ -176,7 +177,7 @@ def write_cases_module(op: Operator, directory: Path) -> Path:
         raise ValueError(f"{op.name} has no perf script under performance_metrics/perf_T/golden_metrics")
     perf_tree, test_tree = ast.parse(op.perf_source), ast.parse(op.test_source)
     plumbing = {"TorchBench_v1", "performance_utils", "sys", "os", "json", op.name}
-    imports = list(dict.fromkeys(["import itertools", "import inspect", "import torch"]
+    imports = list(dict.fromkeys(["import itertools", "import torch"]
                                  + _imports(perf_tree, plumbing) + _imports(test_tree, plumbing)))
     perf = _perf_class(op, perf_tree)
     test, test_name = _test_code(op, test_tree)
@@ -190,9 +191,6 @@ while the reference runs. Devices named "cuda" are torch's default device.
 {chr(10).join(imports)}
 
 from {op.name}_reference import {op.reference_name} as _reference
-
-_SIGNATURE = inspect.signature(_reference)
-
 
 class Called(Exception):
     """Raised by `_called`: the arguments call_op passes the operator."""
@@ -210,29 +208,6 @@ class _PerformanceMetrics:
 
 
 {perf}
-
-
-def positional(args, kwargs):
-    """(args, kwargs) as the reference's signature binds them: every argument that can go by position
-    does (a test's `alpha=0.5` included), so the judge sees which tensors the kernel writes."""
-    try:
-        bound = _SIGNATURE.bind(*args, **kwargs)
-    except TypeError:
-        return tuple(args), dict(kwargs)
-    params = list(_SIGNATURE.parameters.values())
-    by_position = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    given = [i for i, p in enumerate(by_position) if p.name in bound.arguments]
-    out_args = []
-    for p in by_position[:given[-1] + 1] if given else []:
-        value = bound.arguments.get(p.name, p.default)
-        out_args.extend(value if p.kind == p.VAR_POSITIONAL else [value])
-    out_kwargs = {{}}
-    for p in params:
-        if p.kind == p.KEYWORD_ONLY and p.name in bound.arguments:
-            out_kwargs[p.name] = bound.arguments[p.name]
-        elif p.kind == p.VAR_KEYWORD and p.name in bound.arguments:
-            out_kwargs.update(bound.arguments[p.name])
-    return tuple(out_args), out_kwargs
 
 
 def _on_device(x):
@@ -256,7 +231,7 @@ def perf_call(index):
     try:
         PerfMetrics().call_op(x)
     except Called as called:
-        return positional(*called.args)
+        return called.args
     raise RuntimeError("call_op returned without calling the operator")
 
 
@@ -264,7 +239,7 @@ _CALLS = []
 
 
 def _record(*args, **kwargs):
-    _CALLS.append(positional(args, kwargs))
+    _CALLS.append((args, kwargs))
     clone = lambda v: v.clone() if isinstance(v, torch.Tensor) else v  # noqa: E731 - the recorded inputs stay as made
     return _reference(*[clone(a) for a in args], **{{k: clone(v) for k, v in kwargs.items()}})
 
@@ -280,8 +255,8 @@ def test_calls():
 
 
 def heldout_calls():
-    """The test's calls that pass no tensor by keyword (an out= buffer the judge would see change)."""
-    return [c for c in test_calls() if not any(isinstance(v, torch.Tensor) for v in c[1].values())]
+    """The test's calls, less those passing an `out=` tensor: the judge would see that input change."""
+    return [c for c in test_calls() if not isinstance(c[1].get("out"), torch.Tensor)]
 '''
     (directory / f"{op.name}_reference.py").write_text(op.reference_source.rstrip() + "\n", encoding="utf-8")
     path = directory / f"{op.name}_cases.py"
@@ -291,17 +266,20 @@ def heldout_calls():
 
 # --- the task file --------------------------------------------------------------------------------------
 
-def write_task(op: Operator, draft: Draft, code: str, wrapper: str, dropped: int, probe: CasesProbe,
-               allow_torch: list[str], directory: Path, source_root: Path) -> Path:
+def write_task(op: Operator, draft: Draft, screened: Screened, probe: CasesProbe, allow_torch: list[str],
+               directory: Path, source_root: Path) -> Path:
     """`task.py` and `<op>_draft.py` in `directory` (beside the cases module)."""
-    (directory / f"{op.name}_draft.py").write_text(code, encoding="utf-8")
+    (directory / f"{op.name}_draft.py").write_text(screened.code, encoding="utf-8")
+    wrapper, dropped = screened.wrapper, screened.dropped
     timed = [i for i in timed_indices(probe.sweep) if i in probe.bytes or i in probe.sizes]
     cases = ", ".join(f"dict(perf={i}, size={probe.sizes.get(i, '?')!r})" for i in timed)
     heldout = ", ".join(f"dict(test={i})" for i in range(probe.tests))
     table = lambda d: "{" + ", ".join(f"{i}: {d[i]!r}" for i in timed if i in d) + "}"  # noqa: E731
     today = datetime.date.today().isoformat()
-    dropped_note = f" ({dropped} demo statement(s) run at import dropped)" if dropped else ""
-    test_note = (f"; {probe.tests_dropped} call(s) passing a tensor by keyword left out" if probe.tests_dropped else "")
+    changes = ([f"{dropped} demo statement(s) run at import dropped"] if dropped else []) + (
+        [f"added {'; '.join(screened.added_imports)}"] if screened.added_imports else [])
+    dropped_note = f" ({', '.join(changes)})" if changes else ""
+    test_note = f"; {probe.tests_dropped} call(s) passing an out= tensor left out" if probe.tests_dropped else ""
     text = f'''"""TritonBench-T `{op.name}`: {draft.model}'s draft ({draft.file}, record {draft.record}) against the PyTorch reference.
 
 Generated by `kb import tritonbench` from {source_root} on {today}: the first draft, in the import's
