@@ -53,6 +53,8 @@ def test_an_operator_without_a_passing_draft_lists_each_drafts_reason(imported):
     out, summary, _ = imported
     assert [(o.model, o.failure) for o in summary.failed["relu_twice"]] == [
         ("output_modelA", Failure.SYNTAX), ("output_modelB", Failure.TORCH_ONLY), ("coderX", Failure.NO_CODE)]
+    probe = sqlite3.connect(out / "import.sqlite").execute("SELECT probe FROM probes WHERE op='relu_twice'").fetchone()
+    assert '"tests": 1, "tests_dropped": 1' in probe[0]  # its inplace=True call returns its input: left out
     text = (out / "IMPORT.md").read_text()
     assert "relu_twice" in text and "was never closed" in text and "PyTorch-only" in text
 

@@ -47,9 +47,8 @@ def probe(directory: Path, op: str) -> CasesProbe:
             with contextlib.suppress(Exception):  # a formula that reads values, not shapes: no figure
                 table[index] = float(getattr(metrics, attr)(x, _RUNTIME_MS)) * scale
     with torch.device(device):
-        calls = cases.test_calls()
-    kept = [c for c in calls if not isinstance(c[1].get("out"), torch.Tensor)]
-    result.tests, result.tests_dropped = len(kept), len(calls) - len(kept)
+        result.tests = len(cases.heldout_calls())
+        result.tests_dropped = len(cases.test_calls()) - result.tests
     return result
 
 
