@@ -123,15 +123,27 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
 
 
 @main.command("bench-report")
-@click.argument("bench_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("bench_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write report.json/.md/.png here (default: the bench directory).")
+              help="Write report.json/.md/.png here (default: the bench directory; with several benches, "
+                   "compare.md and compare.json here).")
 @json_option()
 @user_errors
-def bench_report_cmd(bench_dir: Path, into: Path | None, as_json: bool) -> None:
-    """Re-render a bench's report from its runs (a bench cut short reports what finished)."""
-    from diagnose.bench import write_report
+def bench_report_cmd(bench_dirs: tuple[Path, ...], into: Path | None, as_json: bool) -> None:
+    """Re-render a bench's report from its runs (a bench cut short reports what finished); given several
+    benches (our suite, imported first drafts), their suite figures side by side with the published ones."""
+    from diagnose.bench import bench_report, compare_markdown, write_report
 
+    if len(bench_dirs) > 1:
+        reports = [bench_report(d) for d in bench_dirs]
+        text = compare_markdown(reports)
+        if into is not None:
+            into.mkdir(parents=True, exist_ok=True)
+            (into / "compare.md").write_text(text, encoding="utf-8")
+            (into / "compare.json").write_text(json.dumps(reports, indent=1), encoding="utf-8")
+        click.echo(json.dumps(reports, indent=1) if as_json else text)
+        return
+    bench_dir = bench_dirs[0]
     data = write_report(bench_dir, into)
     if as_json:
         click.echo(json.dumps(data, indent=1))

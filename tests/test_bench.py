@@ -73,6 +73,16 @@ def test_conditions_run_side_by_side_and_a_killed_job_resumes(tmp_path):
     out = CliRunner().invoke(main, ["bench-report", str(bench_dir), "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["suite_by_condition"]["other"]["finished"] == 2
+    # Two benches (our suite, imported first drafts) side by side, each condition a column.
+    twin = tmp_path / "twin"
+    shutil.copytree(bench_dir, twin)
+    out = CliRunner().invoke(main, ["bench-report", str(bench_dir), str(twin), "--into", str(tmp_path / "cmp")])
+    assert out.exit_code == 0, out.output
+    header = next(line for line in out.stdout.splitlines() if line.startswith("| figure |"))
+    assert header == "| figure | bench: fresh | bench: other | twin: fresh | twin: other | published |"
+    geomean = next(line for line in out.stdout.splitlines() if line.startswith("| geomean speedup vs initial |"))
+    assert geomean.endswith(f"| {suite['geomean']:.3f}x | 4.35 |")
+    assert (tmp_path / "cmp" / "compare.md").read_text().strip() == out.stdout.strip()
     # The bench's rounds fold into pattern statistics in one call (the split-half experiment's step 2).
     folded = CliRunner().invoke(main, ["--home", str(tmp_path / "learned"), "synthesize", str(bench_dir), "--json"])
     assert folded.exit_code == 0, folded.output

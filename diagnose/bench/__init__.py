@@ -6,7 +6,7 @@
 - `report`: the bench's report (JSON, Markdown, PNG) against the published reference result.
 """
 
-from diagnose.bench.report import PUBLISHED, bench_report, write_report
+from diagnose.bench.report import PUBLISHED, bench_report, compare_markdown, write_report
 from diagnose.bench.schedule import (
                                      DEFAULT_SUITE,
                                      BenchSpec,
@@ -23,6 +23,6 @@ from diagnose.bench.schedule import (
                                      set_timing_windows,
 )
 
-__all__ = ["DEFAULT_SUITE", "PUBLISHED", "BenchSpec", "Condition", "Job", "bench_report", "bench_runs",
+__all__ = ["DEFAULT_SUITE", "PUBLISHED", "BenchSpec", "Condition", "Job", "bench_report", "bench_runs", "compare_markdown",
            "create_bench", "jobs", "load_bench", "load_suite", "optimize_command", "retime", "run_bench",
            "set_timing_windows", "write_report"]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from diagnose.bench.schedule import Job
 
 
-__all__ = ["PUBLISHED", "bench_report", "write_report"]
+__all__ = ["PUBLISHED", "bench_report", "compare_markdown", "write_report"]
 
 # The reference result (evaluation.md): 37 operators x 5 cases on Ascend, initial -> optimized kernel.
 PUBLISHED = {"operators": 37, "geomean": 4.35, "median": 2.73, "above_2x": 22, "above_5x": 13, "median_best_round": 10}
@@ -200,6 +200,53 @@ def _fmt(value: Any, suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+_X = ("geomean", "median", "initial_vs_eager", "best_vs_eager", "best_vs_compiled", "bound_geomean", "bound_median")
+_SUITE_ROWS = [  # (key of _suite's figures, label, key of PUBLISHED or None)
+    ("operators", "operators", "operators"), ("finished", "runs finished", None),
+    ("geomean", "geomean speedup vs initial", "geomean"), ("median", "median speedup", "median"),
+    ("above_2x", "operators above 2x", "above_2x"), ("above_5x", "operators above 5x", "above_5x"),
+    ("improved", "operators improved (a round accepted)", None),
+    ("bound_geomean", "roofline bound on the geomean speedup vs initial", None),
+    ("bound_median", "roofline bound on the median speedup", None),
+    ("bound_above_2x", "operators whose roofline bound is above 2x", None),
+    ("bound_above_5x", "operators whose roofline bound is above 5x", None),
+    ("initial_vs_eager", "initial kernel vs PyTorch eager (geomean)", None),
+    ("best_vs_eager", "optimized kernel vs PyTorch eager (geomean; goal 1.0)", None),
+    ("best_vs_compiled", "optimized kernel vs torch.compile (geomean)", None),
+    ("at_least_eager", "operators at least as fast as eager", None),
+    ("memory_bound_median_fraction", "memory-bound cases: median fraction of copy bandwidth (goal 0.80)", None),
+    ("median_best_round", "median best-round index", "median_best_round"),
+    ("mean_best_round_improved", "mean best-round index, improved operators", None),
+    ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None)]
+
+
+def _suite_table(columns: list[tuple[str, dict[str, Any]]], published: dict[str, Any]) -> list[str]:
+    """The suite figures of each column (a condition's, or a bench's condition's) beside the published ones."""
+    lines = ["| figure | " + " | ".join(name for name, _ in columns) + " | published |",
+             "|---|" + "---|" * (len(columns) + 1)]
+    for key, label, pub in _SUITE_ROWS:
+        cells = [_fmt(suite.get(key), "x" if key in _X else "") for _, suite in columns]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(published[pub] if pub else None)} |")
+    for lv in (*LEVELS, "none"):
+        label = f"best round diagnosed at {lv}" if lv != "none" else "no round accepted"
+        lines.append(f"| {label} | " + " | ".join(str(suite["best_from_level"][lv]) for _, suite in columns) + " | - |")
+    for lv in LEVELS:
+        lines.append(f"| trajectories reaching {lv} (runs that diagnosed, finished or not) | "
+                     + " | ".join(str(suite["trajectories_reaching"][lv]) for _, suite in columns) + " | - |")
+    return lines
+
+
+def compare_markdown(reports: list[dict[str, Any]]) -> str:
+    """Several benches side by side (our suite, imported first drafts, ...): each condition of each bench a
+    column, with the published figures."""
+    columns = [(f"{Path(r['bench']).name}: {c['name']}", r["suite_by_condition"][c["name"]])
+               for r in reports for c in r["conditions"]]
+    lines = ["# Benches side by side", ""]
+    lines += [f"- `{Path(r['bench']).name}`: suite `{r['suite']}`, {r['rounds']} rounds per operator, "
+              f"device {r.get('device') or '-'}, created {r['created']}" for r in reports]
+    return "\n".join(lines + ["", *_suite_table(columns, PUBLISHED), ""])
+
+
 def to_markdown(data: dict[str, Any]) -> str:
     names = [c["name"] for c in data["conditions"]]
     lines = [f"# Bench {Path(data['bench']).name}", "",
@@ -213,37 +260,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         lines += [f"Ceilings measured on this device: copy {c.get('copy_gbps', 0):.0f} GB/s, bf16 matmul "
                   f"{c.get('matmul_bf16_tflops', 0):.0f} TFLOP/s, fp32 matmul {c.get('matmul_fp32_tflops', 0):.0f} "
                   f"TFLOP/s ({c.get('measured', '')}).", ""]
-    lines += ["## Suite", "", "| figure | " + " | ".join(names) + " | published |",
-              "|---|" + "---|" * (len(names) + 1)]
-    suites = data["suite_by_condition"]
-    pub = data["published"]
-    for key, label, published in [
-        ("operators", "operators", pub["operators"]), ("finished", "runs finished", None),
-        ("geomean", "geomean speedup vs initial", pub["geomean"]), ("median", "median speedup", pub["median"]),
-        ("above_2x", "operators above 2x", pub["above_2x"]), ("above_5x", "operators above 5x", pub["above_5x"]),
-        ("improved", "operators improved (a round accepted)", None),
-        ("bound_geomean", "roofline bound on the geomean speedup vs initial", None),
-        ("bound_median", "roofline bound on the median speedup", None),
-        ("bound_above_2x", "operators whose roofline bound is above 2x", None),
-        ("bound_above_5x", "operators whose roofline bound is above 5x", None),
-        ("initial_vs_eager", "initial kernel vs PyTorch eager (geomean)", None),
-        ("best_vs_eager", "optimized kernel vs PyTorch eager (geomean; goal 1.0)", None),
-        ("best_vs_compiled", "optimized kernel vs torch.compile (geomean)", None),
-        ("at_least_eager", "operators at least as fast as eager", None),
-        ("memory_bound_median_fraction", "memory-bound cases: median fraction of copy bandwidth (goal 0.80)", None),
-        ("median_best_round", "median best-round index", pub["median_best_round"]),
-        ("mean_best_round_improved", "mean best-round index, improved operators", None),
-        ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None)]:
-        cells = [_fmt(suites[n].get(key), "x" if key in ("geomean", "median", "initial_vs_eager", "best_vs_eager",
-                                                           "best_vs_compiled", "bound_geomean", "bound_median") else "")
-                 for n in names]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(published)} |")
-    for lv in (*LEVELS, "none"):
-        label = f"best round diagnosed at {lv}" if lv != "none" else "no round accepted"
-        lines.append(f"| {label} | " + " | ".join(str(suites[n]["best_from_level"][lv]) for n in names) + " | - |")
-    for lv in LEVELS:
-        lines.append(f"| trajectories reaching {lv} (runs that diagnosed, finished or not) | "
-                     + " | ".join(str(suites[n]["trajectories_reaching"][lv]) for n in names) + " | - |")
+    lines += ["## Suite", ""] + _suite_table([(n, data["suite_by_condition"][n]) for n in names], data["published"])
     lines += ["", "## Operators", "",
               "| operator | family | " + " | ".join(f"{n}: speedup | {n}: best round (level, pattern) | {n}: best vs eager"
                                                  for n in names)
