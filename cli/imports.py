@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,9 +36,11 @@ def import_group() -> None:
 @click.option("--perf-cases", type=click.Choice(["all", "smallest"]), default=None,
               help="Timed cases each check covers (default: all on a GPU, the smallest on the interpreter). "
                    "The test's calls are always checked.")
+@click.option("--stop-after", "stop_after", type=float, default=None,
+              help="Seconds from now after which no draft's check starts (the import resumes from --out).")
 @user_errors
 def tritonbench(root: Path, out: Path, models: str | None, ops: str | None, backend: BackendName, workers: int,
-                seeds: int, timeout_s: float, perf_cases: str | None) -> None:
+                seeds: int, timeout_s: float, perf_cases: str | None, stop_after: float | None) -> None:
     """TritonBench-T's operators, each with the first LLM draft that passes the judge (ROOT: a clone of
     thunlp/TritonBench; only its T half is read)."""
     from indexer.tritonbench import ImportOptions, import_tritonbench
@@ -45,7 +48,8 @@ def tritonbench(root: Path, out: Path, models: str | None, ops: str | None, back
 
     options = ImportOptions(out=out, models=models.split(",") if models else None,
                             ops=ops.split(",") if ops else None, backend=backend, workers=workers, seeds=seeds,
-                            timeout_s=timeout_s, perf_cases=perf_cases or ("smallest" if backend == "interpreter" else "all"))
+                            timeout_s=timeout_s, perf_cases=perf_cases or ("smallest" if backend == "interpreter" else "all"),
+                            stop_at=time.time() + stop_after if stop_after is not None else None)
     with progress_bar("import") as bar:
         task = bar.add_task("operators", total=len(options.ops or TritonBenchT(root).operators()))
 
@@ -59,4 +63,7 @@ def tritonbench(root: Path, out: Path, models: str | None, ops: str | None, back
         summary = import_tritonbench(root, options, progress)
     click.echo(f"{len(summary.imported)} operator(s) imported into {out}; {len(summary.failed)} with no passing "
                f"draft, {len(summary.unusable)} not importable: {out / 'IMPORT.md'}")
-    click.echo(f"run them: kb bench --suite {out}")
+    if summary.unfinished:
+        click.echo(f"{len(summary.unfinished)} operator(s) not finished: run the same command again to go on")
+    else:
+        click.echo(f"run them: kb bench --suite {out}")

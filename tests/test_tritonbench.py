@@ -96,6 +96,21 @@ def test_an_import_resumes_without_judging_again_and_restores_a_lost_task(import
     import_tritonbench(TREE, _options(copy), lambda op, outcome: third.append((op, outcome)))
     assert [(op, o.model) for op, o in third if o is not None] == [("row_sum", "coderX")]
     assert (copy / "row_sum" / "task.py").is_file()
+    # an import of one operator leaves the folder's summary whole
+    fourth = import_tritonbench(TREE, ImportOptions(**{**vars(_options(copy)), "ops": ["row_sum"]}))
+    assert set(fourth.imported) == {"scale_add", "row_sum"} and set(fourth.failed) == {"relu_twice"}
+    assert "scale_add" in (copy / "IMPORT.md").read_text()
+
+
+def test_a_deadline_starts_no_check_and_the_next_run_goes_on(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["import", "tritonbench", str(TREE), "--out", str(out), "--backend", "interpreter",
+                                       "--ops", "scale_add", "--stop-after", "0", "--perf-cases", "smallest"])
+    assert result.exit_code == 0, result.output
+    assert "1 operator(s) not finished" in result.output and not (out / "scale_add").exists()
+    assert "Not finished" in (out / "IMPORT.md").read_text()
+    summary = import_tritonbench(TREE, ImportOptions(**{**vars(_options(out)), "ops": ["scale_add"]}))
+    assert summary.imported["scale_add"].model == "output_modelB" and not summary.unfinished
 
 
 def test_only_the_t_half_is_read(imported):

@@ -87,6 +87,7 @@ class ImportOptions:
     # Timed cases the check covers: "all" (the 5 perf sets), "smallest" (the first; what the interpreter
     # can afford: its seconds grow with the size). Held-out cases (the test's calls) are always checked.
     perf_cases: str = "all"
+    stop_at: float | None = None  # time.time() after which no draft's check starts (a GPU lent for minutes)
 
 
 @dataclass
@@ -96,6 +97,7 @@ class ImportSummary:
     failed: dict[str, list[DraftOutcome]] = field(default_factory=dict)  # op -> every draft's verdict
     unusable: dict[str, str] = field(default_factory=dict)  # op -> why no draft could be checked
     unmatched: int = 0  # drafts whose prompt names no T operator
+    unfinished: list[str] = field(default_factory=list)  # operators left for a later run (--stop-after)
 
 
 class _Ledger:
@@ -122,6 +124,26 @@ class _Ledger:
             self.db.execute("INSERT OR REPLACE INTO drafts VALUES (?, ?, ?, ?, ?, ?)",
                             (outcome.op, outcome.model, outcome.record,
                              outcome.failure.value if outcome.failure else None, outcome.reason, outcome.seconds))
+
+    def summary(self, out: Path, models: list[str], unmatched: int, unusable: dict[str, str]) -> ImportSummary:
+        """The output folder's whole state, not only this run's operators: every operator with a verdict,
+        imported when a draft passed and its folder is there, failed otherwise (drafts in `models` order)."""
+        with self.lock:
+            rows = self.db.execute("SELECT op, model, record, failure, reason, seconds FROM drafts").fetchall()
+            problems = self.db.execute("SELECT op, problem FROM probes WHERE problem IS NOT NULL").fetchall()
+        rank = {m: i for i, m in enumerate(models)}
+        by_op: dict[str, list[DraftOutcome]] = {}
+        for op, model, record, failure, reason, seconds in sorted(rows, key=lambda r: (r[0], rank.get(r[1], len(rank)))):
+            by_op.setdefault(op, []).append(
+                DraftOutcome(op, model, record, Failure(failure) if failure else None, reason, seconds))
+        whole = ImportSummary(out, unmatched=unmatched, unusable={**dict(problems), **unusable})
+        for op, outcomes in by_op.items():
+            passed = next((o for o in outcomes if o.failure is None), None)
+            if passed is not None and (out / op / "task.py").is_file():
+                whole.imported[op] = passed
+            elif op not in whole.unusable:
+                whole.failed[op] = [o for o in outcomes if o.failure is not None]
+        return whole
 
     def probe(self, op: str) -> tuple[CasesProbe | None, str | None] | None:
         with self.lock:
@@ -168,8 +190,12 @@ def import_tritonbench(root: Path, options: ImportOptions,
     with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
         for future in [pool.submit(one, op) for op in wanted]:
             future.result()
-    write_summary(summary, models)
-    return summary
+    whole = ledger.summary(options.out, models, unmatched, summary.unusable)
+    whole.unfinished = sorted(summary.unfinished)
+    for op in whole.unfinished:  # its drafts judged so far failed, but later ones are still to come
+        whole.failed.pop(op, None)
+    write_summary(whole, models)
+    return whole
 
 
 def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, ledger: _Ledger,
@@ -189,6 +215,9 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
     outcomes: list[DraftOutcome] = []
     for draft, outcome in zip(drafts, known):
         if outcome is None or outcome.failure is None:  # not judged yet, or passed but its folder was lost
+            if options.stop_at is not None and time.time() >= options.stop_at:
+                summary.unfinished.append(op.name)
+                return
             outcome = _judge_draft(op, draft, probe, options, work, root)
             ledger.record(outcome)
             if progress:
@@ -201,8 +230,9 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
             summary.imported[op.name] = outcome
             shutil.rmtree(work, ignore_errors=True)
             return
-    summary.failed[op.name] = outcomes
-    if not drafts:
+    if drafts:
+        summary.failed[op.name] = outcomes
+    else:
         summary.unusable[op.name] = "no draft's prompt names it"
 
 
@@ -337,6 +367,8 @@ def write_summary(summary: ImportSummary, models: list[str]) -> Path:
     if summary.unusable:
         lines += ["", f"## Not importable ({len(summary.unusable)} operators)", ""]
         lines += [f"- **{op}**: {why}" for op, why in sorted(summary.unusable.items())]
+    if summary.unfinished:
+        lines += ["", f"Not finished (stopped by --stop-after; run the same command again): {', '.join(summary.unfinished)}."]
     lines += ["", f"Drafts whose prompt names no T operator: {summary.unmatched}."]
     path = summary.out / "IMPORT.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
