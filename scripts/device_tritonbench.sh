@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 26 on a GPU host: import TritonBench-T's first drafts (checked on the GPU), then bench them,
+# resumable across calls of at most ten minutes: the state (import ledger, task folders, bench) is
+# carried to the host and back.
+#
+# Here, once: the T half of a TritonBench clone as a tarball (4 MB; the G half is never packed):
+#   git -C TRITONBENCH_CLONE archive --format=tar HEAD data/TritonBench_T_v1 performance_metrics/perf_T \
+#     LLM_generated/Bench_T_general_purpose LLM_generated/Bench_T_coder_specific | gzip -9 > build/tritonbench-T.tgz
+# Each call (repository root on the GPU host; carry build/device-wheels, build/tritonbench-T.tgz, $STATE):
+#   OUT=/some/dir STATE=build/tb-h200 WHEELS=build/device-wheels scripts/device_tritonbench.sh
+# then untar $OUT/state.tgz over build/ here. The import runs until it is done, then the bench starts
+# (BENCH=0 stops after the import). STOP_AFTER: seconds after which no check, job or round starts.
+set -u
+FINAL=${OUT:-/tmp/kb-device}
+STATE=${STATE:-build/tb-h200}
+TARBALL=${TARBALL:-build/tritonbench-T.tgz}
+STOP_AFTER=${STOP_AFTER:-430}
+mkdir -p "$FINAL" "$STATE"
+. "$(dirname "$0")/device_env.sh"
+start=$(date +%s)
+left() { echo $(( STOP_AFTER - ($(date +%s) - start) )); }
+mkdir -p /tmp/tritonbench && tar xzf "$TARBALL" -C /tmp/tritonbench
+python3 -m cli import tritonbench /tmp/tritonbench --out "$STATE/tasks" --workers "${IMPORT_WORKERS:-4}" \
+  --stop-after "$(left)" > "$FINAL/import.txt" 2>> "$FINAL/log.txt"
+echo "import rc=$? after $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
+if [ "${BENCH:-1}" = 1 ] && ! grep -q "not finished" "$FINAL/import.txt" && [ "$(left)" -gt 60 ]; then
+  windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
+  if [ -f "$STATE/bench/bench.json" ]; then
+    python3 -m cli bench --resume "$STATE/bench" "${windows[@]}" --stop-after "$(left)" > "$FINAL/report.md" 2>> "$FINAL/log.txt"
+  else
+    python3 -m cli bench --suite "$STATE/tasks" --bench-dir "$STATE/bench" --strategy "${STRATEGIES:-progressive}" \
+      --rounds "${ROUNDS:-5}" --vs eager --vs compiled "${windows[@]}" --stop-after "$(left)" \
+      > "$FINAL/report.md" 2>> "$FINAL/log.txt"
+  fi
+  echo "bench rc=$? after $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
+fi
+# The failed drafts' folders (.work) stay on the host: the ledger is what resumes, and they are many.
+tar czf "$FINAL/state.tgz" --exclude .work --exclude compile-cache -C "$(dirname "$STATE")" "$(basename "$STATE")"
