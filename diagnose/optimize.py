@@ -2,10 +2,10 @@
 
 Every step is committed to the run's rounds store (diagnose/rounds.py) before the next starts, so a
 Ctrl-C, kill -9 or lost machine leaves a run that `resume` continues without repeating a finished
-round. A candidate is accepted only if every case passes and the geometric mean of its per-case
+round. A candidate is accepted only if every case passes, the geometric mean of its per-case
 speedups over the current best exceeds 1 + the measured noise (the larger repeat spread of the two
-kernels, at least `noise_floor`), and again when the pick is timed against its parent a second time,
-alone; that second figure is the round's speedup. A hypothesis (finding, pattern, rewriter) already
+kernels, at least `noise_floor`) and no timed case is slower than 1 - that noise, and again when the
+pick is timed against its parent a second time, alone; that second figure is the round's speedup. A hypothesis (finding, pattern, rewriter) already
 tried on the same parent kernel is not tried again.
 
 Rewriters: the deterministic pattern rewriters (diagnose/rewriters/), and with `llm="openai"` an
@@ -423,7 +423,7 @@ def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str
     judge_all = getattr(judge, "judge_all", None)
     reports = (judge_all(spec, str(parent), [str(f) for f in variant_files], entry) if judge_all
                else [judge(spec, str(parent), str(f), entry) for f in variant_files])
-    results = [(file, params[i] if i < len(params) else "", report, _verdict(report, options))
+    results = [(file, params[i] if i < len(params) else "", report, _acceptable(report, options))
                for i, (file, report) in enumerate(zip(variant_files, reports))]
     passing = [(file, p, report, (g, n, w)) for file, p, report, (g, n, w) in results if g is not None]
     best = max(passing, key=lambda x: x[3][0]) if passing else None
@@ -486,7 +486,7 @@ def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: 
     report = confirm(spec, str(parent), str(chosen), entry)
     if report is not None and report.failure:  # a lost worker or a timeout: once more, in a fresh worker
         report = confirm(spec, str(parent), str(chosen), entry)
-    return (report, _verdict(report, options)) if report is not None else None
+    return (report, _acceptable(report, options)) if report is not None else None
 
 
 def _variants(hyp: Hypothesis, source: str, task: Task, store: RoundsStore, r: Round,
@@ -536,6 +536,23 @@ def _verdict(report: RunReport, options: OptimizeOptions) -> tuple[float | None,
                if c.timing and c.timing.repeat_spread is not None]
     noise = max([options.noise_floor, *spreads])
     return geomean(speedups), noise, "timed"
+
+
+def _acceptable(report: RunReport, options: OptimizeOptions) -> tuple[float | None, float, str]:
+    """`_verdict`, and no timed case slower than the parent by more than the noise bar: a geomean can
+    hide a regression (faster on large cases, slower on the small ones), and a chain of such rounds
+    left timed cases at 0.90x of the initial kernel on the H200 (issue 27). Such a variant is not
+    accepted as it is; dispatching on shape is a rewrite of its own."""
+    figure, noise, why = _verdict(report, options)
+    if figure is None:
+        return figure, noise, why
+    slower = sorted((s, label) for label, s in report.speedups().items() if 0 < s < 1 - noise)
+    if not slower:
+        return figure, noise, why
+    s, label = slower[0]
+    more = f" (and {len(slower) - 1} more case(s))" if len(slower) > 1 else ""
+    return None, noise, (f"geomean {figure:.3f}x, but case {label} is {s:.3f}x of the parent{more}: slower by more "
+                         f"than the noise {noise:.1%}")
 
 
 def _why_rejected(report: RunReport, role: str) -> str:

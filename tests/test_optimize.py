@@ -155,6 +155,29 @@ def test_a_round_is_accepted_only_if_its_pick_is_faster_when_timed_again(tmp_pat
     kept.close()
 
 
+class OneCaseSlowerJudge(TimedJudge):
+    """Pipelining pays (1.43x) on every case but m=8,n=128, where it costs 1.5x more."""
+
+    def __call__(self, spec, baseline, candidate, entry) -> RunReport:
+        report = super().__call__(spec, baseline, candidate, entry)
+        sources = {"baseline": Path(baseline or KERNEL).read_text(), "candidate": Path(candidate).read_text() if candidate else ""}
+        for run in report.runs:
+            for case in run.cases:
+                if case.timing and case.label == "m=8,n=128" and "num_stages=" in sources[run.role]:
+                    case.timing = Timing(*(case.timing.median_us * 1.5,) * 3, 100, repeat_spread=0.0)
+        return report
+
+
+def test_a_variant_faster_on_the_geomean_but_slower_on_a_case_is_not_accepted(tmp_path):
+    store = _run(tmp_path, rounds=1, judge=OneCaseSlowerJudge())
+    (first,) = store.rounds()
+    # geomean 1.17x over the parent, which alone was accepted before; case m=8,n=128 is 0.952x
+    assert first.hypothesis.pattern == "tl-range-pipelining" and first.outcome == "rejected"
+    assert "geomean 1.166x, but case m=8,n=128 is 0.952x of the parent: slower by more than the noise 2.0%" \
+        in first.reason
+    store.close()
+
+
 class FailingConfirmationJudge(TimedJudge):
     def __init__(self) -> None:
         super().__init__()
