@@ -351,6 +351,7 @@ def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | N
         hyp.reached = answer.stopped_at
         if hyp.rewriter == "pattern" and hyp.pattern in records:
             hyp.record = round(records[hyp.pattern].win_rate(hyp.finding), 4)
+            hyp.unblock = records[hyp.pattern].unblock
     return sorted(out, key=lambda h: -h.record)
 
 
@@ -575,7 +576,9 @@ def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float) -
     header = (f'"""kernel-kb optimize: best kernel of run {info.id} (task {info.task}).\n\n'
               f"Round {r.idx} (parent round {r.parent or 0}): {hyp.finding or 'search'} -> pattern {hyp.pattern} "
               f"({hyp.rewriter}); diagnosed at {hyp.level}; evidence {', '.join(hyp.evidence) or '-'} "
-              f"in round-{r.idx:03d}.diagnosis.md.\nGeomean speedup over its parent: {geomean:.3f}x. "
+              f"in round-{r.idx:03d}.diagnosis.md.\n"
+              + (f"The rewrite makes true: {hyp.unblock}\n" if hyp.unblock else "")
+              + f"Geomean speedup over its parent: {geomean:.3f}x. "
               f'History: kb rounds show {store.dir}\n"""\n')
     body = re.sub(r'^"""kernel-kb optimize:.*?"""\n', "", chosen, flags=re.DOTALL)
     (store.dir / "best.py").write_text(header + body)

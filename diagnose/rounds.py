@@ -65,6 +65,9 @@ class Hypothesis:
     evidence: list[str] = field(default_factory=list)
     record: float = 0.5  # the pattern's smoothed win rate for this finding when planned (0.5: no record)
     reached: str = ""  # the level the round's diagnosis escalated to (its trajectory), beyond the finding's own
+    # The pattern's `unblock`: the source-level condition under which the compiler decides the other way,
+    # which the rewrite is meant to make true. With the finding, what justified an accepted round.
+    unblock: str = ""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Hypothesis:

@@ -106,6 +106,9 @@ def test_rounds_accept_then_reject_with_reasons(tmp_path):
     best = (store.dir / "best.py").read_text()
     assert best.startswith('"""kernel-kb optimize: best kernel of run') and "Round 2 (parent round 1)" in best
     assert "num_stages=3" in best and "num_warps=2" in best
+    # What justified each round: its finding and the condition the pattern's rewrite makes true.
+    assert first.hypothesis.unblock.startswith("the loop is an innermost scf.for with tt.num_stages > 1")
+    assert "The rewrite makes true: the launch configuration is chosen by measurement" in best
     store.close()
 
 
