@@ -134,6 +134,9 @@ def test_code_is_taken_from_fenced_answers_and_screened():
     assert kept.problem is None and kept.dropped == 3 and "DEVICE = torch.device" in kept.code
     assert screen("@triton.jit\ndef op(x):\n    pass\n", ["op"]).problem.startswith("the wrapper op is itself")
     assert screen("Sorry, I cannot do that.", ["op"]).problem == "the answer has no code"
+    typed = screen("import triton\n@triton.jit\ndef k(x):\n    pass\ndef op(x: Tensor, n: Optional[int] = None):\n"
+                   "    k[(1,)](x)\n", ["op"])
+    assert typed.added_imports == ("from torch import Tensor", "from typing import Optional")
 
 
 def test_timed_indices_and_families():

@@ -73,11 +73,14 @@ def screen(code: str, wrappers: list[str]) -> Screened:
                     tuple(line.strip() for line in added))
 
 
-# Names drafts use without importing them: TritonBench's prompts show the usual header, and answers
-# often leave it out (a model answering "the kernel and its wrapper"). These imports are added.
+# Names drafts use without importing them (in code or in annotations, which run at import): answers
+# often leave the header out (a model answering "the kernel and its wrapper"). These imports are added.
 _STANDARD = {"math": "import math\n", "torch": "import torch\n", "triton": "import triton\n",
              "tl": "import triton.language as tl\n", "F": "import torch.nn.functional as F\n",
-             "np": "import numpy as np\n"}
+             "nn": "import torch.nn as nn\n", "np": "import numpy as np\n", "Tensor": "from torch import Tensor\n",
+             "Optimizer": "from torch.optim import Optimizer\n",
+             **{name: f"from typing import {name}\n" for name in
+                ("Optional", "Union", "List", "Tuple", "Dict", "Sequence", "Callable", "Any")}}
 
 
 def _missing_imports(tree: ast.Module) -> list[str]:
