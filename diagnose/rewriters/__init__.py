@@ -17,6 +17,7 @@ survive and the result reads like the input.
 | masked-tail-split           | tail | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | divisibility-hints          | hints | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
 | persistent-kernel           | persistent | a 1-D grid `(G,)` -> a loop over the G tiles on at most 1, 2 or 4 programs per SM |
+| split-work-over-programs    | split | a reduction loop on a grid too small for the SMs -> a second grid axis taking every n-th step, partials `tl.atomic_add`ed into a zeroed output, split sized at launch |
 | tensor-descriptors-tma      | tma | dot-loop tile loads -> `tl.make_tensor_descriptor(...).load`, dispatched where TMA's rules hold |
 | dot-input-precision-tf32    | keywords | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
 | int32-offsets               | keywords | drop per-element `.to(tl.int64)` casts |
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnose.rewriters import hints, keywords, launch, persistent, pipelining, tail, tiles, tma  # noqa: F401 - register
+from diagnose.rewriters import hints, keywords, launch, persistent, pipelining, split, tail, tiles, tma  # noqa: F401 - register
 from diagnose.rewriters.base import REWRITERS, Rewriter, Variant, unified_diff
 from diagnose.rewriters.tiles import dot_tile_autotune, dot_tile_configs
 

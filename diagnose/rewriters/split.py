@@ -1,0 +1,277 @@
+"""Split a reduction loop over programs: a grid too small for the device gets a second axis whose
+programs each take every n-th iteration of the kernel's loop, their partial results summed into the
+output with `tl.atomic_add` (the output zeroed first).
+
+It applies where splitting cannot change the result but by summation order (issue 27, family 1):
+
+- the wrapper launches the kernel on a literal 1-D grid `(G,)`, and the kernel uses program_id(0) only;
+- the kernel has one top-level `for` over `range(a, b[, c])` / `tl.range(...)`, without nested loops,
+  whose only loop-carried values are accumulators: `acc = tl.zeros(...)` before it, `acc += ...` in it,
+  and no other use of `acc` in the loop;
+- its one write is a `tl.store` after the loop whose value is linear in the accumulators (`acc`,
+  `tl.sum(acc, axis=k)`, either times or divided by something without them);
+- the stored-to argument is a tensor the wrapper makes with `torch.empty(...)` / `torch.empty_like(...)`
+  (it becomes `torch.zeros...`: the atomics add into it).
+
+The split is sized at launch: enough programs for `per_sm` per SM, at most `max_split` per output
+block, and 1 when the grid already fills the device, so large grids keep their shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.launch import jit_names
+
+__all__ = ["split_reduction"]
+
+_VARIANTS = ({"per_sm": 2, "max_split": 16}, {"per_sm": 2, "max_split": 64}, {"per_sm": 4, "max_split": 64})
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name())}  # type: ignore[attr-defined]
+
+
+def _assigned(stmt: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+    for assign in m.findall(stmt, m.Assign() | m.AugAssign() | m.AnnAssign()):
+        targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]  # type: ignore[attr-defined]
+        for t in targets:
+            out |= _names(t) if isinstance(t, (cst.Name, cst.Tuple)) else set()
+    return out
+
+
+class _Plan:
+    """What the kernel and its launch must look like for the split; None fields: not applicable."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.kernel: str | None = None
+        self.out_param: str | None = None  # the kernel parameter the store writes through
+        self.out_arg: str | None = None  # the wrapper's name for that tensor
+        launch = self._launch(module)
+        if launch is None:
+            return
+        name, call = launch
+        fn = next(n for n in module.body if isinstance(n, cst.FunctionDef) and n.name.value == name)
+        param = self._kernel_ok(fn)
+        if param is None:
+            return
+        params = [p.name.value for p in fn.params.params]
+        arg = self._launch_arg(call, params, param)
+        if arg is None:
+            return
+        self.kernel, self.out_param, self.out_arg = name, param, arg
+
+    @staticmethod
+    def _launch(module: cst.Module) -> tuple[str, cst.Call] | None:
+        jit = jit_names(module)
+        launches = [c for c in m.findall(module, m.Call(func=m.Subscript())) if dotted(c.func.value) in jit]  # type: ignore[attr-defined]
+        if len(launches) != 1:
+            return None
+        call = launches[0]
+        index = call.func.slice[0].slice if len(call.func.slice) == 1 else None  # type: ignore[attr-defined]
+        if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) and len(index.value.elements) == 1):
+            return None
+        return dotted(call.func.value), call  # type: ignore[attr-defined,return-value]
+
+    @staticmethod
+    def _kernel_ok(fn: cst.FunctionDef) -> str | None:
+        """The parameter the kernel's one store writes through, when the split keeps its result."""
+        if m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("program_id")), args=[m.Arg(value=~m.Integer("0"))])) \
+                or m.findall(fn, m.Return()) or m.findall(fn, m.While()):
+            return None
+        body = list(fn.body.body)
+        loops = [i for i, st in enumerate(body) if isinstance(st, cst.For)]
+        if len(loops) != 1 or len(m.findall(fn, m.For())) != 1:
+            return None
+        at = loops[0]
+        loop = body[at]
+        assert isinstance(loop, cst.For)
+        if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range")
+                and 1 <= len([a for a in loop.iter.args if a.keyword is None]) <= 3):
+            return None
+        accumulators = {name for st in body[:at] for name in _assigned(st)
+                        if m.findall(st, m.Assign(value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros")))))}
+        carried: set[str] = set()
+        written: set[str] = set()
+        for st in loop.body.body:
+            aug = m.findall(st, m.AugAssign(operator=m.AddAssign(), target=m.Name()))
+            if aug and isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1 and isinstance(st.body[0], cst.AugAssign):
+                target = st.body[0].target.value  # type: ignore[attr-defined]
+                value_reads = _names(st.body[0].value)
+                if target in accumulators and not value_reads & accumulators:
+                    if (value_reads - written) & _assigned_in(loop.body):
+                        return None  # it adds a value from the last iteration
+                    carried.add(target)
+                    continue
+            reads = _reads(st)
+            if reads & accumulators or (reads - written) & _assigned_in(loop.body):
+                return None  # an accumulator read another way, or a value carried from the last iteration
+            written |= _assigned(st)
+        if not carried:
+            return None
+        after = body[at + 1:]
+        writes = [c for c in m.findall(fn, m.Call()) if dotted(c.func).startswith("tl.atomic") or dotted(c.func) == "tl.store"]  # type: ignore[attr-defined]
+        stores = [c for st in after for c in m.findall(st, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store"))))]
+        if len(writes) != 1 or len(stores) != 1:
+            return None
+        store = stores[0]
+        assert isinstance(store, cst.Call)
+        positional = [a for a in store.args if a.keyword is None]
+        if len(positional) < 2 or any(a.keyword and a.keyword.value not in ("mask",) for a in store.args):
+            return None
+        if not _linear(positional[1].value, carried):
+            return None
+        if any(_names(st) & carried for st in after if not m.findall(st, m.Call(func=m.Attribute(attr=m.Name("store"))))):
+            return None
+        params = {p.name.value for p in fn.params.params}
+        pointers = _names(positional[0].value) & params
+        return next(iter(pointers)) if len(pointers) == 1 else None
+
+    @staticmethod
+    def _launch_arg(call: cst.Call, params: list[str], param: str) -> str | None:
+        for i, arg in enumerate(call.args):
+            if (arg.keyword is not None and arg.keyword.value == param) or (arg.keyword is None and i < len(params)
+                                                                             and params[i] == param):
+                return arg.value.value if isinstance(arg.value, cst.Name) else None
+        return None
+
+
+def _reads(stmt: cst.CSTNode) -> set[str]:
+    """Names a statement reads: an assignment's value (and an augmented target), else every name in it."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign):
+            return _names(small.value) | {n for t in small.targets if not isinstance(t.target, (cst.Name, cst.Tuple))
+                                          for n in _names(t.target)}
+        if isinstance(small, cst.AugAssign):
+            return _names(small.value) | _names(small.target)
+    return _names(stmt)
+
+
+def _assigned_in(block: cst.BaseSuite) -> set[str]:
+    return set().union(*(_assigned(st) for st in getattr(block, "body", [])))
+
+
+def _linear(value: cst.BaseExpression, accumulators: set[str]) -> bool:
+    """Whether a stored value is a sum over the loop's iterations when the accumulators are."""
+    if isinstance(value, cst.Name):
+        return value.value in accumulators
+    if isinstance(value, cst.Call) and dotted(value.func) == "tl.sum" and value.args:
+        return _linear(value.args[0].value, accumulators) and not any(
+            _names(a.value) & accumulators for a in value.args[1:])
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)):
+        left, right = _names(value.left) & accumulators, _names(value.right) & accumulators
+        if isinstance(value.operator, cst.Divide):
+            return _linear(value.left, accumulators) and not right
+        return (_linear(value.left, accumulators) and not right) or (_linear(value.right, accumulators) and not left)
+    return False
+
+
+class _SplitKernel(cst.CSTTransformer):
+    def __init__(self, kernel: str) -> None:
+        self.kernel = kernel
+        self.inside = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.inside = is_jit(node) and node.name.value == self.kernel
+
+    def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
+        if not self.inside:
+            return updated
+        call = updated.iter
+        assert isinstance(call, cst.Call)
+        positional = [a.value for a in call.args if a.keyword is None]
+        keywords = [a for a in call.args if a.keyword is not None]
+        if len(positional) == 1:
+            positional = [cst.Integer("0"), positional[0]]
+        start, stop = positional[0], positional[1]
+        step = positional[2] if len(positional) == 3 else cst.Integer("1")
+        wrap = lambda e: e.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
+            if isinstance(e, cst.BinaryOperation) else e  # noqa: E731
+        new_start = cst.ensure_type(cst.parse_expression("__s + tl.program_id(1) * __c").visit(
+            _Subst({"__s": start, "__c": wrap(step)})), cst.BinaryOperation)
+        new_step = cst.ensure_type(cst.parse_expression("__c * tl.num_programs(1)").visit(_Subst({"__c": wrap(step)})),
+                                   cst.BinaryOperation)
+        args = [cst.Arg(new_start), cst.Arg(stop), cst.Arg(new_step), *keywords]
+        args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in args[:-1]] + [args[-1]]
+        comment = cst.EmptyLine(comment=cst.Comment("# split: program (i, j) takes every num_programs(1)-th step, from the j-th"))
+        return updated.with_changes(iter=call.with_changes(args=args), leading_lines=[*updated.leading_lines, comment])
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.inside or dotted(updated.func) != "tl.store":
+            return updated
+        args = [a for a in updated.args]
+        sem = cst.Arg(keyword=cst.Name("sem"), value=cst.SimpleString('"relaxed"'),
+                      equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in args] + [sem]
+        return updated.with_changes(func=cst.parse_expression("tl.atomic_add"), args=args)
+
+
+class _Subst(cst.CSTTransformer):
+    def __init__(self, names: dict[str, cst.BaseExpression]) -> None:
+        self.names = names
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self.names.get(updated.value, updated)
+
+
+class _SplitLaunch(cst.CSTTransformer):
+    """In the wrapper: the output zeroed, the grid `(G,)` -> `(G, n_split)` with n_split sized at launch."""
+
+    def __init__(self, kernel: str, out: str, per_sm: int, max_split: int) -> None:
+        self.kernel, self.out, self.per_sm, self.max_split = kernel, out, per_sm, max_split
+        self.zeroed = 0
+        self.launched = 0
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if [dotted(t.target) for t in updated.targets] != [self.out] or not isinstance(updated.value, cst.Call):
+            return updated
+        func = dotted(updated.value.func)
+        if func in ("torch.empty", "torch.empty_like"):
+            self.zeroed += 1
+            return updated.with_changes(value=updated.value.with_changes(
+                func=cst.parse_expression(func.replace("empty", "zeros"))))
+        return updated
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        calls = m.findall(updated, m.Call(func=m.Subscript(value=m.Name(self.kernel))))
+        if not calls:
+            return updated
+        call = calls[0]
+        assert isinstance(call, cst.Call)
+        grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[attr-defined]
+        first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], grid)])
+        sms = cst.parse_statement(
+            "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
+            "            if torch.cuda.is_available() else 132)\n").with_changes(leading_lines=[cst.EmptyLine(
+                comment=cst.Comment(f"# split the loop over programs until each SM has {self.per_sm} "
+                                    f"(1 when the grid fills them)"))])
+        split = cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * sm_count // n_blocks)))\n")
+        new_call = call.with_changes(func=call.func.with_changes(
+            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
+        self.launched += 1
+        launch = cst.ensure_type(updated.deep_replace(call, new_call), cst.SimpleStatementLine)
+        return cst.FlattenSentinel([first, sms, split, launch])
+
+
+def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
+    module = cst.parse_module(source)
+    plan = _Plan(module)
+    if plan.kernel is None or plan.out_arg is None:
+        return []
+    out = []
+    for params in _VARIANTS:
+        launch = _SplitLaunch(plan.kernel, plan.out_arg, params["per_sm"], params["max_split"])
+        new = module.visit(_SplitKernel(plan.kernel)).visit(launch)
+        if launch.zeroed == 1 and launch.launched == 1:
+            out.append(Variant({"split": "loop over programs, atomics", **params}, new.code))
+    return out
+
+
+register("split-work-over-programs")(split_reduction)
