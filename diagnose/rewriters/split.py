@@ -13,10 +13,11 @@ It applies where splitting cannot change the result but by summation order (issu
   atomics into an fp16 output round the running sum at every add (a gemv of 1000 terms split 16 ways
   was off by 2.5%); that needs an fp32 workspace and a second pass, not this rewrite;
 - the stored-to argument is a tensor the wrapper makes with `torch.empty(...)` / `torch.empty_like(...)`
-  (it becomes `torch.zeros...`: the atomics add into it).
+  (the split path zeroes it, `out.zero_()`, and the atomics add into it), launched by a statement of its own.
 
 The split is sized at launch: enough programs for `per_sm` per SM, at most `max_split` per output
-block, and 1 when the grid already fills the device, so large grids keep their shape.
+block. Where the grid already fills the device the original kernel runs as it was (no zeroing, no
+atomics), so the cases that need no split cannot get slower; the split copy of the kernel sits beside it.
 """
 
 from __future__ import annotations
@@ -174,13 +175,29 @@ def _linear(value: cst.BaseExpression, accumulators: set[str]) -> bool:
     return False
 
 
-class _SplitKernel(cst.CSTTransformer):
+class _AddSplitKernel(cst.CSTTransformer):
+    """The kernel stays as it is (the launch keeps it where the grid fills the device); its split copy,
+    `<kernel>_split`, follows it."""
+
     def __init__(self, kernel: str) -> None:
         self.kernel = kernel
-        self.inside = False
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.inside = is_jit(node) and node.name.value == self.kernel
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        body: list[cst.CSTNode] = []
+        for node in updated.body:
+            body.append(node)
+            if isinstance(node, cst.FunctionDef) and is_jit(node) and node.name.value == self.kernel:
+                split = cst.ensure_type(node.visit(_SplitKernel()), cst.FunctionDef)
+                body.append(split.with_changes(name=cst.Name(f"{self.kernel}_split"), leading_lines=[
+                    cst.EmptyLine(), cst.EmptyLine(),
+                    cst.EmptyLine(comment=cst.Comment(f"# {self.kernel}, its loop split over a second grid axis: "
+                                                      "partial results are added into a zeroed output"))]))
+        return updated.with_changes(body=body)
+
+
+class _SplitKernel(cst.CSTTransformer):
+    def __init__(self) -> None:
+        self.inside = True
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
         if not self.inside:
@@ -223,43 +240,46 @@ class _Subst(cst.CSTTransformer):
 
 
 class _SplitLaunch(cst.CSTTransformer):
-    """In the wrapper: the output zeroed, the grid `(G,)` -> `(G, n_split)` with n_split sized at launch."""
+    """In the wrapper, `K[(G,)](args)` becomes: the split sized from the SM count, then
+    `if n_split > 1: out.zero_(); K_split[(G, n_split)](args)` else the launch as it was."""
 
     def __init__(self, kernel: str, out: str, per_sm: int, max_split: int) -> None:
         self.kernel, self.out, self.per_sm, self.max_split = kernel, out, per_sm, max_split
-        self.zeroed = 0
+        self.allocated = 0
         self.launched = 0
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-        if [dotted(t.target) for t in updated.targets] != [self.out] or not isinstance(updated.value, cst.Call):
-            return updated
-        func = dotted(updated.value.func)
-        if func in ("torch.empty", "torch.empty_like"):
-            self.zeroed += 1
-            return updated.with_changes(value=updated.value.with_changes(
-                func=cst.parse_expression(func.replace("empty", "zeros"))))
+        if [dotted(t.target) for t in updated.targets] == [self.out] and isinstance(updated.value, cst.Call) \
+                and dotted(updated.value.func) in ("torch.empty", "torch.empty_like"):
+            self.allocated += 1  # fresh memory the kernel writes whole: zeroing it loses nothing
         return updated
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
                                   ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        calls = m.findall(updated, m.Call(func=m.Subscript(value=m.Name(self.kernel))))
-        if not calls:
+        if not (len(updated.body) == 1 and isinstance(updated.body[0], cst.Expr)
+                and m.matches(updated.body[0].value, m.Call(func=m.Subscript(value=m.Name(self.kernel))))):
             return updated
-        call = calls[0]
-        assert isinstance(call, cst.Call)
+        call = cst.ensure_type(updated.body[0].value, cst.Call)
         grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[attr-defined]
         first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], grid)])
         sms = cst.parse_statement(
             "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
             "            if torch.cuda.is_available() else 132)\n").with_changes(leading_lines=[cst.EmptyLine(
                 comment=cst.Comment(f"# split the loop over programs until each SM has {self.per_sm} "
-                                    f"(1 when the grid fills them)"))])
+                                    f"(none when the grid fills them)"))])
         split = cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * sm_count // n_blocks)))\n")
-        new_call = call.with_changes(func=call.func.with_changes(
-            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
+        split_call = call.with_changes(func=cst.Subscript(cst.Name(f"{self.kernel}_split"), [
+            cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
+        plain_call = call.with_changes(func=call.func.with_changes(
+            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks,)")))]))
+        branch = cst.If(
+            test=cst.parse_expression("n_split > 1"),
+            body=cst.IndentedBlock([cst.parse_statement(f"{self.out}.zero_()\n"),
+                                    updated.with_changes(body=[cst.Expr(split_call)], leading_lines=[])]),
+            orelse=cst.Else(cst.IndentedBlock([updated.with_changes(body=[cst.Expr(plain_call)], leading_lines=[])])),
+            leading_lines=[])
         self.launched += 1
-        launch = cst.ensure_type(updated.deep_replace(call, new_call), cst.SimpleStatementLine)
-        return cst.FlattenSentinel([first, sms, split, launch])
+        return cst.FlattenSentinel([first.with_changes(leading_lines=updated.leading_lines), sms, split, branch])
 
 
 def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
@@ -270,8 +290,8 @@ def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
     out = []
     for params in _VARIANTS:
         launch = _SplitLaunch(plan.kernel, plan.out_arg, params["per_sm"], params["max_split"])
-        new = module.visit(_SplitKernel(plan.kernel)).visit(launch)
-        if launch.zeroed == 1 and launch.launched == 1:
+        new = module.visit(launch).visit(_AddSplitKernel(plan.kernel))
+        if launch.allocated == 1 and launch.launched == 1:
             out.append(Variant({"split": "loop over programs, atomics", **params}, new.code))
     return out
 
