@@ -9,9 +9,10 @@ It applies where splitting cannot change the result but by summation order (issu
   whose only loop-carried values are accumulators: `acc = tl.zeros(...)` before it, `acc += ...` in it,
   and no other use of `acc` in the loop;
 - its one write is a `tl.store` after the loop whose value is linear in the accumulators (`acc`,
-  `tl.sum(acc, axis=k)`, either times or divided by something without them). Not a cast (`.to(...)`):
-  atomics into an fp16 output round the running sum at every add (a gemv of 1000 terms split 16 ways
-  was off by 2.5%); that needs an fp32 workspace and a second pass, not this rewrite;
+  `tl.sum(acc, axis=k)`, either times or divided by something without them), or a cast of such a
+  value (`acc.to(out.dtype)`): then the partials go to an fp32 workspace and a second small kernel casts
+  it into the output, since atomics into an fp16 output round the running sum at every add (a gemv of
+  1000 terms split 16 ways was 2.5% off);
 - the stored-to argument is a tensor the wrapper makes with `torch.empty(...)` / `torch.empty_like(...)`
   (the split path zeroes it, `out.zero_()`, and the atomics add into it), launched by a statement of its own.
 
@@ -52,6 +53,7 @@ class _Plan:
     """What the kernel and its launch must look like for the split; None fields: not applicable."""
 
     def __init__(self, module: cst.Module) -> None:
+        self.cast = False  # the stored value is a cast of the sum (`acc.to(out.dtype)`)
         self.kernel: str | None = None
         self.out_param: str | None = None  # the kernel parameter the store writes through
         self.out_arg: str | None = None  # the wrapper's name for that tensor
@@ -81,8 +83,7 @@ class _Plan:
             return None
         return dotted(call.func.value), call  # type: ignore[attr-defined,return-value]
 
-    @staticmethod
-    def _kernel_ok(fn: cst.FunctionDef) -> str | None:
+    def _kernel_ok(self, fn: cst.FunctionDef) -> str | None:
         """The parameter the kernel's one store writes through, when the split keeps its result."""
         if m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("program_id")), args=[m.Arg(value=~m.Integer("0"))])) \
                 or m.findall(fn, m.Return()) or m.findall(fn, m.While()):
@@ -127,7 +128,10 @@ class _Plan:
         positional = [a for a in store.args if a.keyword is None]
         if len(positional) < 2 or any(a.keyword and a.keyword.value not in ("mask",) for a in store.args):
             return None
-        if not _linear(positional[1].value, carried):
+        value = positional[1].value
+        if _cast_of(value) is not None and _linear(_cast_of(value), carried):  # type: ignore[arg-type]
+            self.cast = True  # partials go to an fp32 workspace; a second kernel casts it into the output
+        elif not _linear(value, carried):
             return None
         if any(_names(st) & carried for st in after if not m.findall(st, m.Call(func=m.Attribute(attr=m.Name("store"))))):
             return None
@@ -160,6 +164,13 @@ def _assigned_in(block: cst.BaseSuite) -> set[str]:
     return set().union(*(_assigned(st) for st in getattr(block, "body", [])))
 
 
+def _cast_of(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """X of `X.to(...)`, else None."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to":
+        return value.func.value
+    return None
+
+
 def _linear(value: cst.BaseExpression, accumulators: set[str]) -> bool:
     """Whether a stored value is a sum over the loop's iterations when the accumulators are."""
     if isinstance(value, cst.Name):
@@ -179,8 +190,8 @@ class _AddSplitKernel(cst.CSTTransformer):
     """The kernel stays as it is (the launch keeps it where the grid fills the device); its split copy,
     `<kernel>_split`, follows it."""
 
-    def __init__(self, kernel: str) -> None:
-        self.kernel = kernel
+    def __init__(self, kernel: str, cast: bool) -> None:
+        self.kernel, self.cast = kernel, cast
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body: list[cst.CSTNode] = []
@@ -192,7 +203,18 @@ class _AddSplitKernel(cst.CSTTransformer):
                     cst.EmptyLine(), cst.EmptyLine(),
                     cst.EmptyLine(comment=cst.Comment(f"# {self.kernel}, its loop split over a second grid axis: "
                                                       "partial results are added into a zeroed output"))]))
+                if self.cast:
+                    body.append(cst.parse_statement(_CAST_KERNEL).with_changes(leading_lines=[
+                        cst.EmptyLine(), cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(
+                            "# the split's fp32 partial sums, cast into the output's dtype once they are all in"))]))
         return updated.with_changes(body=body)
+
+
+_CAST_KERNEL = """@triton.jit
+def _kb_cast_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n).to(dst_ptr.dtype.element_ty), mask=offs < n)
+"""
 
 
 class _SplitKernel(cst.CSTTransformer):
@@ -225,6 +247,9 @@ class _SplitKernel(cst.CSTTransformer):
         if not self.inside or dotted(updated.func) != "tl.store":
             return updated
         args = [a for a in updated.args]
+        uncast = _cast_of(args[1].value)
+        if uncast is not None:  # into the fp32 workspace: the cast is the second kernel's
+            args[1] = args[1].with_changes(value=uncast)
         sem = cst.Arg(keyword=cst.Name("sem"), value=cst.SimpleString('"relaxed"'),
                       equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
         args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in args] + [sem]
@@ -243,8 +268,8 @@ class _SplitLaunch(cst.CSTTransformer):
     """In the wrapper, `K[(G,)](args)` becomes: the split sized from the SM count, then
     `if n_split > 1: out.zero_(); K_split[(G, n_split)](args)` else the launch as it was."""
 
-    def __init__(self, kernel: str, out: str, per_sm: int, max_split: int) -> None:
-        self.kernel, self.out, self.per_sm, self.max_split = kernel, out, per_sm, max_split
+    def __init__(self, kernel: str, out: str, per_sm: int, max_split: int, cast: bool) -> None:
+        self.kernel, self.out, self.per_sm, self.max_split, self.cast = kernel, out, per_sm, max_split, cast
         self.allocated = 0
         self.launched = 0
 
@@ -272,10 +297,20 @@ class _SplitLaunch(cst.CSTTransformer):
             cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
         plain_call = call.with_changes(func=call.func.with_changes(
             slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks,)")))]))
+        if self.cast:
+            into = "partial"
+            split_call = split_call.with_changes(args=[  # the output's argument only, not any name spelled alike
+                a.with_changes(value=cst.Name(into)) if m.matches(a.value, m.Name(self.out)) else a for a in split_call.args])
+            prologue = [cst.parse_statement(f"{into} = torch.zeros({self.out}.shape, dtype=torch.float32, "
+                                            f"device={self.out}.device)\n")]
+            epilogue = [cst.parse_statement(f"_kb_cast_kernel[(triton.cdiv({into}.numel(), 1024),)]({into}, {self.out}, "
+                                            f"{into}.numel(), BLOCK=1024)\n")]
+        else:
+            prologue, epilogue = [cst.parse_statement(f"{self.out}.zero_()\n")], []
         branch = cst.If(
             test=cst.parse_expression("n_split > 1"),
-            body=cst.IndentedBlock([cst.parse_statement(f"{self.out}.zero_()\n"),
-                                    updated.with_changes(body=[cst.Expr(split_call)], leading_lines=[])]),
+            body=cst.IndentedBlock([*prologue, updated.with_changes(body=[cst.Expr(split_call)], leading_lines=[]),
+                                    *epilogue]),
             orelse=cst.Else(cst.IndentedBlock([updated.with_changes(body=[cst.Expr(plain_call)], leading_lines=[])])),
             leading_lines=[])
         self.launched += 1
@@ -289,8 +324,8 @@ def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
         return []
     out = []
     for params in _VARIANTS:
-        launch = _SplitLaunch(plan.kernel, plan.out_arg, params["per_sm"], params["max_split"])
-        new = module.visit(launch).visit(_AddSplitKernel(plan.kernel))
+        launch = _SplitLaunch(plan.kernel, plan.out_arg, params["per_sm"], params["max_split"], plan.cast)
+        new = module.visit(launch).visit(_AddSplitKernel(plan.kernel, plan.cast))
         if launch.allocated == 1 and launch.launched == 1:
             out.append(Variant({"split": "loop over programs, atomics", **params}, new.code))
     return out
