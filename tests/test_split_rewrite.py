@@ -101,3 +101,11 @@ def test_it_declines_where_splitting_could_change_the_result(change, why):
     source = COL_MEAN.replace(old, new)
     assert source != COL_MEAN
     assert rewrite(PATTERN, source, {}) == [], why
+
+
+def test_later_knob_rounds_leave_the_second_kernel_its_own_parameters():
+    split = rewrite(PATTERN, (REPO / "corpora" / "operators" / "gemv" / "gemv.py").read_text(), {})[0].source
+    blocks = next(v for v in rewrite("block-size-num-warps", split, {}) if v.params.get("BLOCK_M") == 128)
+    cast = next(line for line in blocks.source.splitlines() if "_kb_cast_kernel[" in line)
+    assert "BLOCK_M" not in cast and "BLOCK=1024" in cast  # the cast kernel takes no BLOCK_M
+    assert "gemv_kernel_split[(n_blocks, n_split)](a, x, partial, m, k, a.stride(0), BLOCK_M=128" in blocks.source

@@ -60,8 +60,12 @@ class SetKnob(cst.CSTTransformer):
     """Sets one launch keyword. A block size written twice, as the keyword and as the divisor of the
     wrapper's `triton.cdiv(n, 64)` grid, changes in both places, so the grid still covers the data."""
 
-    def __init__(self, kernels: set[str], key: str, value: int, param: str | None, old: int | None = None) -> None:
+    def __init__(self, kernels: set[str], key: str, value: int, param: str | None, old: int | None = None,
+                 parameters: dict[str, set[str]] | None = None) -> None:
         self.kernels, self.key, self.value, self.param, self.old = kernels, key, value, param, old
+        # each kernel's parameters: a keyword a launch lacks is added only where the kernel takes it (a
+        # module with a second kernel, a split's cast, must not get the first one's BLOCK_M)
+        self.parameters = parameters
         self.done = False
 
 
@@ -82,6 +86,10 @@ class SetKnob(cst.CSTTransformer):
                 args[i] = arg.with_changes(value=cst.Integer(str(self.value)))
                 break
         else:
+            kernel = dotted(original.func.value)
+            if self.parameters is not None and self.key not in LAUNCH_OPTIONS \
+                    and self.key not in self.parameters.get(kernel, set()):
+                return updated
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             if args:
                 args[-1] = args[-1].with_changes(comma=comma)
@@ -93,6 +101,15 @@ class SetKnob(cst.CSTTransformer):
 
 def jit_names(module: cst.Module) -> set[str]:
     return {n.name.value for n in module.body if isinstance(n, cst.FunctionDef) and is_jit(n)}
+
+
+# Keywords Triton's launch takes for every kernel, parameters or not.
+LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "warp_specialize"})
+
+
+def kernel_parameters(module: cst.Module) -> dict[str, set[str]]:
+    return {n.name.value: {p.name.value for p in n.params.params} for n in module.body
+            if isinstance(n, cst.FunctionDef) and is_jit(n)}
 
 
 def launch_knobs(module: cst.Module, kernels: set[str]) -> _LaunchKnobs:
@@ -176,7 +193,7 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
         for key in joined.split("+"):
             old, param = current.get(key, (None, None))
             block = key not in ("num_warps", "num_stages")
-            setter = SetKnob(kernels, key, value, param, old if block else None)
+            setter = SetKnob(kernels, key, value, param, old if block else None, kernel_parameters(module))
             new = new.visit(setter)
             done = done or setter.done
         if done:
