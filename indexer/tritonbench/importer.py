@@ -180,7 +180,7 @@ def import_tritonbench(root: Path, options: ImportOptions,
                 drafts[draft.operator].append(draft)
     options.out.mkdir(parents=True, exist_ok=True)
     ledger = _Ledger(options.out / LEDGER)
-    summary = ImportSummary(options.out, unmatched=unmatched)
+    summary = ImportSummary(options.out, unmatched=unmatched)  # this run's: what the ledger does not hold
 
     def one(op: str) -> None:
         _import_operator(operators[op], drafts[op], options, ledger, summary, root, progress)
@@ -206,13 +206,11 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
     known = [ledger.outcome(op.name, d.model) for d in drafts]
     passed = next((o for o in known if o is not None and o.failure is None), None)
     if passed is not None and (final / "task.py").is_file():
-        summary.imported[op.name] = passed
         return
     probe, problem = _probed(op, work / "cases", ledger, options.timeout_s)
     if probe is None:
         summary.unusable[op.name] = problem or "its cases could not be made"
         return
-    outcomes: list[DraftOutcome] = []
     for draft, outcome in zip(drafts, known):
         if outcome is None or outcome.failure is None:  # not judged yet, or passed but its folder was lost
             if options.stop_at is not None and time.time() >= options.stop_at:
@@ -222,24 +220,20 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
             ledger.record(outcome)
             if progress:
                 progress(op.name, outcome)
-        outcomes.append(outcome)
         if outcome.failure is None:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(work / draft.model, final)  # the task folder appears complete or not at all
-            summary.imported[op.name] = outcome
             shutil.rmtree(work, ignore_errors=True)
             return
-    if drafts:
-        summary.failed[op.name] = outcomes
-    else:
+    if not drafts:
         summary.unusable[op.name] = "no draft's prompt names it"
 
 
 def _probed(op: Operator, directory: Path, ledger: _Ledger, timeout_s: float) -> tuple[CasesProbe | None, str | None]:
     known = ledger.probe(op.name)
-    if known is not None and (known[0] is None or (directory / f"{op.name}_cases.py").is_file()):
-        return known
+    if known is not None and known[0] is not None and (directory / f"{op.name}_cases.py").is_file():
+        return known  # a failed probe is tried again: it may need the GPU this run has
     directory.mkdir(parents=True, exist_ok=True)
     try:
         write_cases_module(op, directory)
