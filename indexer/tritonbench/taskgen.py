@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import datetime
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -333,20 +332,10 @@ def flops(perf=None, test=None, size=None):
 
 
 def describe_shapes(value: object) -> str:
-    """`(4096,) (4096,)` for a set of two vectors: what a case label shows of its input set."""
+    """`4096 4096` for a set of two vectors, `8x16 16` for a matrix and a vector: what a case label
+    shows of its input set (the first four tensors)."""
     import torch
+    from torch.utils._pytree import tree_leaves
 
-    shapes: list[str] = []
-
-    def walk(v: object) -> None:
-        if isinstance(v, torch.Tensor):
-            shapes.append("x".join(map(str, v.shape)) or "scalar")
-        elif isinstance(v, (tuple, list)):
-            for item in v:
-                walk(item)
-        elif isinstance(v, dict):
-            for item in v.values():
-                walk(item)
-
-    walk(value)
-    return re.sub(r"\s+", " ", " ".join(shapes[:4]) + (" ..." if len(shapes) > 4 else ""))
+    shapes = ["x".join(map(str, t.shape)) or "scalar" for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return " ".join(shapes[:4]) + (" ..." if len(shapes) > 4 else "")
