@@ -111,7 +111,16 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
 
             return capture_kernel(TaskSpec.of_file(task), rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None)
 
-        return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET)
+        def rewrite_launches() -> list[LaunchFacts]:
+            # The optimize loop diagnoses each round's parent this way: without its launches, L1 knew nothing
+            # of the grid (8 programs for 132 SMs was never a finding there, only under `kb diagnose`).
+            from harness.run import kernel_launch_facts
+            from harness.task import TaskSpec
+
+            return kernel_launch_facts(TaskSpec.of_file(task), rewrite, entry, target=target)
+
+        return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET,
+                                launch_facts=rewrite_launches)
     if kernel.task is not None:
         from harness.capture import device_for
         from harness.task import intercept_task, load_task

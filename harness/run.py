@@ -18,7 +18,7 @@ from harness.measurement import CaseResult, KernelRun, RunReport
 from harness.task import TaskSpec
 from harness.timing import REP_MS, WARMUP_MS
 
-__all__ = ["RunOptions", "capture_kernel", "run_candidates", "run_task", "time_again"]
+__all__ = ["RunOptions", "capture_kernel", "kernel_launch_facts", "run_candidates", "run_task", "time_again"]
 
 
 
@@ -147,15 +147,32 @@ def capture_kernel(spec: TaskSpec, file: str, entry: str, cache_dir: str | None 
                    target: str | None = None, timeout_s: float = 600.0) -> list[Any]:
     """Compile one case of a kernel file's entry, as its launch specializes it, in a worker of its own:
     a rewritten kernel is imported there, never in the caller's process."""
-    from harness.errors import UserFacingError
     from harness.ir.artifacts import Artifacts
+
+    answer = _capture_in_worker({"task": spec.to_json(), "file": file, "entry": entry, "case": case,
+                                 "target": target, "cache_dir": cache_dir}, file, timeout_s)
+    return [Artifacts.from_json(text) for text in answer["artifacts"]]
+
+
+def kernel_launch_facts(spec: TaskSpec, file: str, entry: str, case: int = 0, target: str | None = None,
+                        timeout_s: float = 600.0) -> list[Any]:
+    """The launches one case of a kernel file's entry makes (grid, arguments, options; nothing compiled),
+    in a worker of its own: what L1's launch triage reads of a rewritten kernel."""
+    from harness.launches import LaunchFacts
+
+    answer = _capture_in_worker({"task": spec.to_json(), "file": file, "entry": entry, "case": case,
+                                 "target": target, "compile": False}, file, timeout_s)
+    return [LaunchFacts.from_dict(d) for d in answer["facts"]]
+
+
+def _capture_in_worker(request: dict[str, Any], file: str, timeout_s: float) -> dict[str, Any]:
+    from harness.errors import UserFacingError
     from harness.sandbox import Worker
 
     with Worker("cuda") as worker:  # compiled, never interpreted, whatever the backend
-        answer = worker.submit({"op": "capture", "task": spec.to_json(), "file": file, "entry": entry, "case": case,
-                                "target": target, "cache_dir": cache_dir}, timeout_s)
+        answer = worker.submit({"op": "capture", **request}, timeout_s)
     if answer.get("ok"):
-        return [Artifacts.from_json(text) for text in answer["answer"]["artifacts"]]
+        return dict(answer["answer"])
     if "user_error" in answer:
         raise UserFacingError(answer["user_error"], answer.get("fix", ""))
     raise UserFacingError(f"compiling {file} failed: {answer.get('failure')}", "run `kb why --kernel` on it to see why")

@@ -167,9 +167,10 @@ class _Service:
 
 
 def _capture(r: dict[str, Any]) -> dict[str, Any]:
-    """Compile one case of a kernel file's entry as its launch specializes it (the diagnosis of a
+    """One case of a kernel file's entry, intercepted: its launches' facts (grid, arguments, options),
+    and unless `compile` is false, each launch compiled as it specializes it (the diagnosis of a
     rewritten kernel imports it here, not in the optimize loop's own process)."""
-    from harness.capture import capture_callable
+    from harness.capture import intercept_callable
     from harness.loading import load_kernel_module
     from harness.task import TaskSpec, load_job_task
 
@@ -182,9 +183,11 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
         args, kwargs = task.arguments(case)  # inside: on the capture's device, from its seed
         return fn(*args, **kwargs)
 
-    artifacts = capture_callable(call, vars(module), r.get("target"), r.get("cache_dir"),
-                                 what=f"{Path(r['file']).name} case {case}")
-    return {"artifacts": [a.to_json() for a in artifacts]}
+    intercepted = intercept_callable(call, vars(module), r.get("target"), what=f"{Path(r['file']).name} case {case}")
+    answer: dict[str, Any] = {"facts": [f.to_dict() for f in intercepted.facts()]}
+    if r.get("compile", True):
+        answer["artifacts"] = [a.to_json() for a in intercepted.compile(r.get("cache_dir"))]
+    return answer
 
 
 if __name__ == "__main__":

@@ -91,8 +91,9 @@ def test_rounds_accept_then_reject_with_reasons(tmp_path):
     rounds = store.rounds()
     assert [(r.idx, r.outcome) for r in rounds] == [(1, "accepted"), (2, "accepted"), (3, "rejected")]
     first, second, third = rounds
-    # Round 1 came from L1 alone: a streaming loop that never asks for pipelining.
-    assert first.hypothesis.finding == "pipelining.none" and first.level == "L1"
+    # Round 1: a streaming loop that never asks for pipelining. The launch runs it 2 steps per program
+    # (N=256, BLOCK=128), too few for L1 to claim it from the source; the IR shows it (L3).
+    assert first.hypothesis.finding == "pipelining.none" and first.level == "L3"
     assert first.hypothesis.pattern == "tl-range-pipelining" and "tl.range(" in first.diff
     assert first.speedup == pytest.approx(1 / 0.7, rel=1e-6)
     # Round 2 is the launch search on round 1's kernel; it finds num_warps=2.
