@@ -5,8 +5,8 @@ Ctrl-C, kill -9 or lost machine leaves a run that `resume` continues without rep
 round. A candidate is accepted only if every case passes, the geometric mean of its per-case
 speedups over the current best exceeds 1 + the measured noise (the larger repeat spread of the two
 kernels, at least `noise_floor`) and no timed case is slower than 1 - that noise, and again when the
-pick is timed against its parent a second time, alone; that second figure is the round's speedup. A hypothesis (finding, pattern, rewriter) already
-tried on the same parent kernel is not tried again.
+pick is timed against its parent a second time, alone; that second figure is the round's speedup.
+A hypothesis (finding, pattern, rewriter) already tried on the same parent kernel is not tried again.
 
 Rewriters: the deterministic pattern rewriters (diagnose/rewriters/), and with `llm="openai"` an
 LLM through any OpenAI-compatible endpoint (diagnose/llm.py) when no deterministic rewrite is left.

@@ -4,6 +4,7 @@ file with a call, a triton-ascend dump, or a rewritten kernel of the optimize lo
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +118,11 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
             from harness.run import kernel_launch_facts
             from harness.task import TaskSpec
 
-            return kernel_launch_facts(TaskSpec.of_file(task), rewrite, entry, target=target)
+            try:
+                return kernel_launch_facts(TaskSpec.of_file(task), rewrite, entry, target=target)
+            except UserFacingError as exc:  # the judge ran it; a failed interception costs L1 its launch only
+                print(f"note: L1 without the launch of {Path(rewrite).name}: {exc}", file=sys.stderr)
+                return []
 
         return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET,
                                 launch_facts=rewrite_launches)

@@ -329,17 +329,6 @@ def device_for(target: str | None) -> Iterator[None]:
         driver.set_active(previous)
 
 
-def capture_callable(
-    run: Any,
-    namespace: dict[str, Any],
-    target: str | None,
-    cache_dir: str | os.PathLike[str] | None,
-    what: str,
-) -> list[Artifacts]:
-    """Run user code under interception, then compile each distinct launch."""
-    return intercept_callable(run, namespace, target, what).compile(cache_dir)
-
-
 def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, what: str) -> Interception:
     """Run user code with its Triton launches intercepted; one line when it launches none."""
     import torch

@@ -97,6 +97,7 @@ def test_a_sum_cast_to_fp16_is_split_through_an_fp32_workspace(tmp_path):
      "a store inside the loop"),
     (("out = torch.empty_like(x[0])", "out = x[0].new_empty(x.shape[1])"), "an output not made with torch.empty"),
     (("(triton.cdiv(x.shape[1], 64),)", "(triton.cdiv(x.shape[1], 64), 1)"), "a 2-D grid"),
+    (("acc / n_rows, mask=cols < n_cols)", "acc / n_rows, mask=acc > 0)"), "a mask computed from the sum"),
     (("        tile = tl.load(", "        acc += tl.sum(tile, axis=0)\n        tile = tl.load("), "a tile carried to the next step"),
 ])
 def test_it_declines_where_splitting_could_change_the_result(change, why):

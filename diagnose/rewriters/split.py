@@ -128,6 +128,8 @@ class _Plan:
         positional = [a for a in store.args if a.keyword is None]
         if len(positional) < 2 or any(a.keyword and a.keyword.value not in ("mask",) for a in store.args):
             return None
+        if any(_names(a.value) & carried for a in store.args if a is not positional[1]):
+            return None  # a pointer or mask computed from the sum: each program would see its partial only
         value = positional[1].value
         if _cast_of(value) is not None and _linear(_cast_of(value), carried):  # type: ignore[arg-type]
             self.cast = True  # partials go to an fp32 workspace; a second kernel casts it into the output
