@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 from click.testing import CliRunner
-from conftest import FIXTURES
+from conftest import FIXTURES, REPO
 
 from cli import main
 from harness.run import RunOptions, run_task
@@ -148,6 +148,10 @@ def test_timed_indices_and_families():
 
 
 def test_bad_input_is_refused_in_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["import", "tritonbench", str(TREE), "--out", str(REPO / "corpora" / "tb-tasks"),
+                                       "--backend", "interpreter"])
+    assert result.exit_code != 0 and "inside the kernel-kb repository" in result.output
+    assert not (REPO / "corpora" / "tb-tasks").exists()
     result = CliRunner().invoke(main, ["import", "tritonbench", str(tmp_path), "--out", str(tmp_path / "out")])
     assert result.exit_code != 0 and "is not a TritonBench checkout" in result.output
     result = CliRunner().invoke(main, ["import", "tritonbench", str(TREE), "--out", str(tmp_path / "out"),

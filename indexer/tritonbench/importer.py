@@ -162,6 +162,10 @@ def import_tritonbench(root: Path, options: ImportOptions,
                        progress: Callable[[str, DraftOutcome | None], None] | None = None) -> ImportSummary:
     """Import the T operators of the checkout at `root` into `options.out`; `progress(op, outcome)` is
     called after each draft judged (outcome) and when an operator is done (None)."""
+    if _committable(options.out):
+        raise UserFacingError(f"--out {options.out} is inside the kernel-kb repository where git would take it: the "
+                              "imported drafts are third-party code that must not be committed",
+                              "pick a folder outside the repository (or an ignored one, like build/)")
     bench = TritonBenchT(root)
     operators = bench.operators()
     wanted = options.ops or list(operators)
@@ -340,6 +344,19 @@ def _probe_from_json(text: str) -> CasesProbe:
     for key in ("sizes", "bytes", "flops"):
         data[key] = {int(k): v for k, v in data[key].items()}
     return CasesProbe(**data)
+
+
+def _committable(path: Path) -> bool:
+    """Whether `path` lies in this checkout where git would track it (not under an ignored folder)."""
+    repository = Path(_repo_root())
+    target = path.resolve()
+    if not (repository / ".git").exists() or not target.is_relative_to(repository):
+        return False
+    try:
+        ignored = subprocess.run(["git", "-C", str(repository), "check-ignore", "-q", str(target)], timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return ignored.returncode != 0
 
 
 def _repo_root() -> str:
