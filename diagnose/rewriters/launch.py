@@ -60,13 +60,15 @@ class SetKnob(cst.CSTTransformer):
     """Sets one launch keyword. A block size written twice, as the keyword and as the divisor of the
     wrapper's `triton.cdiv(n, 64)` grid, changes in both places, so the grid still covers the data."""
 
-    def __init__(self, kernels: set[str], key: str, value: int, param: str | None, old: int | None = None,
-                 parameters: dict[str, set[str]] | None = None) -> None:
+    def __init__(self, kernels: set[str], key: str, value: int, param: str | None, old: int | None = None) -> None:
         self.kernels, self.key, self.value, self.param, self.old = kernels, key, value, param, old
         # each kernel's parameters: a keyword a launch lacks is added only where the kernel takes it (a
         # module with a second kernel, a split's cast, must not get the first one's BLOCK_M)
-        self.parameters = parameters
+        self.parameters: dict[str, set[str]] = {}
         self.done = False
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.parameters = kernel_parameters(node)
 
 
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
@@ -87,8 +89,7 @@ class SetKnob(cst.CSTTransformer):
                 break
         else:
             kernel = dotted(original.func.value)
-            if self.parameters is not None and self.key not in LAUNCH_OPTIONS \
-                    and self.key not in self.parameters.get(kernel, set()):
+            if self.key not in LAUNCH_OPTIONS and self.key not in self.parameters.get(kernel, set()):
                 return updated
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             if args:
@@ -193,7 +194,7 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
         for key in joined.split("+"):
             old, param = current.get(key, (None, None))
             block = key not in ("num_warps", "num_stages")
-            setter = SetKnob(kernels, key, value, param, old if block else None, kernel_parameters(module))
+            setter = SetKnob(kernels, key, value, param, old if block else None)
             new = new.visit(setter)
             done = done or setter.done
         if done:
