@@ -13,8 +13,8 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "InJit", "Rewriter", "Variant", "dotted", "is_jit", "one", "register", "simple_assign",
-           "start_plus_arange", "unified_diff"]
+__all__ = ["REWRITERS", "InJit", "Rewriter", "Variant", "dotted", "is_jit", "one", "one_d_grid", "register",
+           "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,24 @@ class InJit(cst.CSTTransformer):
         if is_jit(original):
             self.depth -= 1
         return updated
+
+
+def one_d_grid(call: cst.Call) -> cst.BaseExpression | None:
+    """G of a launch `kernel[(G,)](...)` written with a literal 1-tuple grid, else None."""
+    if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
+        return None
+    index = call.func.slice[0].slice
+    if isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) and len(index.value.elements) == 1:
+        return index.value.elements[0].value
+    return None
+
+
+def sm_count_statement(fallback: str) -> cst.BaseStatement:
+    """`sm_count = <the current device's SM count>`, `fallback` (an expression) without a GPU: launch
+    rewrites that size a grid by the device put this in the wrapper."""
+    return cst.parse_statement(
+        "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
+        f"            if torch.cuda.is_available() else {fallback})\n")
 
 
 def start_plus_arange(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:

@@ -7,7 +7,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.base import Variant, dotted, is_jit, one_d_grid, register, sm_count_statement
 from diagnose.rewriters.launch import jit_names
 
 
@@ -33,9 +33,7 @@ class _Persistent(cst.CSTTransformer):
         jit = jit_names(node)
         for call in m.findall(node, m.Call(func=m.Subscript())):
             name = dotted(call.func.value)  # type: ignore[attr-defined]
-            index = call.func.slice[0].slice if len(call.func.slice) == 1 else None  # type: ignore[attr-defined]
-            if name in jit and isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) \
-                    and len(index.value.elements) == 1:
+            if name in jit and one_d_grid(cst.ensure_type(call, cst.Call)) is not None:
                 self.kernel = name
                 return
 
@@ -68,12 +66,11 @@ class _PersistentLaunch(cst.CSTTransformer):
         if not calls:
             return updated
         call = calls[0]
-        grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[attr-defined]
+        grid = one_d_grid(cst.ensure_type(call, cst.Call))
+        assert grid is not None  # visit_Module chose this kernel for its 1-tuple grid
         tiles = cst.parse_statement("n_tiles = 0").with_changes(
             body=[cst.Assign([cst.AssignTarget(cst.Name("n_tiles"))], grid)])
-        sms = cst.parse_statement(
-            "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
-            "            if torch.cuda.is_available() else n_tiles)\n")
+        sms = sm_count_statement("n_tiles")
         programs = cst.parse_expression(f"(min(n_tiles, {self.per_sm} * sm_count),)")
         new_call = call.with_changes(
             func=call.func.with_changes(slice=[cst.SubscriptElement(cst.Index(programs))]),  # type: ignore[attr-defined]

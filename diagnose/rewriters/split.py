@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.base import Variant, dotted, is_jit, one_d_grid, register, sm_count_statement
 from diagnose.rewriters.launch import jit_names
 
 __all__ = ["split_reduction"]
@@ -77,11 +77,10 @@ class _Plan:
         launches = [c for c in m.findall(module, m.Call(func=m.Subscript())) if dotted(c.func.value) in jit]  # type: ignore[attr-defined]
         if len(launches) != 1:
             return None
-        call = launches[0]
-        index = call.func.slice[0].slice if len(call.func.slice) == 1 else None  # type: ignore[attr-defined]
-        if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) and len(index.value.elements) == 1):
+        call = cst.ensure_type(launches[0], cst.Call)
+        if one_d_grid(call) is None:
             return None
-        return dotted(call.func.value), call  # type: ignore[attr-defined,return-value]
+        return dotted(call.func.value), call  # type: ignore[attr-defined]
 
     def _kernel_ok(self, fn: cst.FunctionDef) -> str | None:
         """The parameter the kernel's one store writes through, when the split keeps its result."""
@@ -220,12 +219,9 @@ def _kb_cast_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
 
 
 class _SplitKernel(cst.CSTTransformer):
-    def __init__(self) -> None:
-        self.inside = True
+    """The kernel's copy, split: its loop strided over the second grid axis, its store an atomic add."""
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
-        if not self.inside:
-            return updated
         call = updated.iter
         assert isinstance(call, cst.Call)
         positional = [a.value for a in call.args if a.keyword is None]
@@ -246,7 +242,7 @@ class _SplitKernel(cst.CSTTransformer):
         return updated.with_changes(iter=call.with_changes(args=args), leading_lines=[*updated.leading_lines, comment])
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not self.inside or dotted(updated.func) != "tl.store":
+        if dotted(updated.func) != "tl.store":
             return updated
         args = [a for a in updated.args]
         uncast = _cast_of(args[1].value)
@@ -287,13 +283,13 @@ class _SplitLaunch(cst.CSTTransformer):
                 and m.matches(updated.body[0].value, m.Call(func=m.Subscript(value=m.Name(self.kernel))))):
             return updated
         call = cst.ensure_type(updated.body[0].value, cst.Call)
-        grid = call.func.slice[0].slice.value.elements[0].value  # type: ignore[attr-defined]
+        grid = one_d_grid(call)
+        if grid is None:
+            return updated
         first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], grid)])
-        sms = cst.parse_statement(
-            "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
-            "            if torch.cuda.is_available() else 132)\n").with_changes(leading_lines=[cst.EmptyLine(
-                comment=cst.Comment(f"# split the loop over programs until each SM has {self.per_sm} "
-                                    f"(none when the grid fills them)"))])
+        sms = sm_count_statement("132").with_changes(leading_lines=[cst.EmptyLine(
+            comment=cst.Comment(f"# split the loop over programs until each SM has {self.per_sm} "
+                                f"(none when the grid fills them)"))])
         split = cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * sm_count // n_blocks)))\n")
         split_call = call.with_changes(func=cst.Subscript(cst.Name(f"{self.kernel}_split"), [
             cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
