@@ -132,7 +132,9 @@ def test_code_is_taken_from_fenced_answers_and_screened():
     kept = screen("import torch\nimport triton\nDEVICE = torch.device('cuda')\n@triton.jit\ndef k(x):\n    pass\n"
                   "def op(x):\n    k[(1,)](x)\nx = torch.randn(4)\nop(x)\nfor i in range(3):\n    op(x)\n", ["op"])
     assert kept.problem is None and kept.dropped == 3 and "DEVICE = torch.device" in kept.code
-    assert screen("@triton.jit\ndef op(x):\n    pass\n", ["op"]).problem.startswith("the wrapper op is itself")
+    kernel_wrapper = screen("@triton.jit\ndef op(x):\n    pass\n", ["op"])
+    assert kernel_wrapper.problem.startswith("the wrapper op is itself")
+    assert kernel_wrapper.failure is Failure.WRAPPER_IS_KERNEL  # not "PyTorch only": it has a kernel
     assert screen("Sorry, I cannot do that.", ["op"]).problem == "the answer has no code"
     typed = screen("import triton\n@triton.jit\ndef k(x):\n    pass\ndef op(x: Tensor, n: Optional[int] = None):\n"
                    "    k[(1,)](x)\n", ["op"])

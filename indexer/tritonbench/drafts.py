@@ -13,13 +13,32 @@ nothing else; how many were dropped is recorded in the task.
 from __future__ import annotations
 
 import ast
+import enum
 import re
 from dataclasses import dataclass
 
-__all__ = ["Screened", "extract_code", "screen"]
+__all__ = ["Failure", "Screened", "extract_code", "screen"]
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "py", "python3"}
+
+
+class Failure(enum.Enum):
+    """Why a draft is not the operator's first draft: from its text (here), or from the judge (importer)."""
+
+    NO_CODE = "no code"
+    SYNTAX = "does not parse"
+    NO_WRAPPER = "no wrapper of the asked name"
+    TORCH_ONLY = "PyTorch only (no Triton kernel)"
+    WRAPPER_IS_KERNEL = "the wrapper is a @triton.jit kernel"
+    IMPORT = "does not import"
+    COMPILE = "compile error"
+    WRONG_VALUES = "wrong values"
+    TORCH_FALLBACK = "torch fallback at runtime"
+    HANG = "hang or timeout"
+    CRASH = "crash"
+    RAISED = "raised at runtime"
+    OTHER = "other"
 
 
 @dataclass(frozen=True)
@@ -27,6 +46,7 @@ class Screened:
     code: str  # the module as it will be judged ("" when refused)
     wrapper: str | None  # the function that is the task's entry
     problem: str | None  # why it is refused before running (None: it goes to the sandbox)
+    failure: Failure | None = None  # the problem's class
     dropped: int = 0  # module statements dropped (demos run at import)
     added_imports: tuple[str, ...] = ()  # standard imports the draft uses without making
 
@@ -47,21 +67,22 @@ def extract_code(predict: str) -> str:
 def screen(code: str, wrappers: list[str]) -> Screened:
     """`code` checked for a wrapper named one of `wrappers` (in preference order) and a Triton kernel."""
     if not code.strip():
-        return Screened("", None, "the answer has no code")
+        return Screened("", None, "the answer has no code", Failure.NO_CODE)
     try:
         tree = ast.parse(code)
     except SyntaxError as exc:
         if not re.search(r"^\s*(def|import|from|class|@)\b", code, re.MULTILINE):
-            return Screened("", None, "the answer has no code")  # prose: a refusal or an explanation
-        return Screened("", None, f"does not parse: line {exc.lineno}: {exc.msg}")
+            return Screened("", None, "the answer has no code", Failure.NO_CODE)  # prose: a refusal or an explanation
+        return Screened("", None, f"does not parse: line {exc.lineno}: {exc.msg}", Failure.SYNTAX)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     wrapper = next((w for w in wrappers if w in functions), None)
     if wrapper is None:
-        return Screened("", None, f"defines no function {' or '.join(dict.fromkeys(wrappers))}")
+        return Screened("", None, f"defines no function {' or '.join(dict.fromkeys(wrappers))}", Failure.NO_WRAPPER)
     if not any(_is_kernel(f) for f in functions.values()):
-        return Screened("", wrapper, "no @triton.jit kernel: a PyTorch-only draft")
+        return Screened("", wrapper, "no @triton.jit kernel: a PyTorch-only draft", Failure.TORCH_ONLY)
     if _is_kernel(functions[wrapper]):
-        return Screened("", wrapper, f"the wrapper {wrapper} is itself a @triton.jit kernel: Python cannot call it")
+        return Screened("", wrapper, f"the wrapper {wrapper} is itself a @triton.jit kernel: Python cannot call it",
+                        Failure.WRAPPER_IS_KERNEL)
     dropped = [n for n in tree.body if _runs_something(n, set(functions))]
     lines = code.splitlines(keepends=True)
     for node in dropped:  # by line span, so the draft's comments and layout stay as written
@@ -69,7 +90,7 @@ def screen(code: str, wrappers: list[str]) -> Screened:
             lines[i] = ""
     added = _missing_imports(tree)
     body = "".join(added) + "".join(lines)
-    return Screened(body if body.endswith("\n") else body + "\n", wrapper, None, len(dropped),
+    return Screened(body if body.endswith("\n") else body + "\n", wrapper, None, None, len(dropped),
                     tuple(line.strip() for line in added))
 
 

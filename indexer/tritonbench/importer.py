@@ -10,7 +10,6 @@ time, each draft in the judge's own sandboxed workers.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import re
@@ -27,30 +26,13 @@ from pathlib import Path
 
 from harness.backends import BackendName
 from harness.errors import UserFacingError
-from indexer.tritonbench.drafts import extract_code, screen
+from indexer.tritonbench.drafts import Failure, extract_code, screen
 from indexer.tritonbench.source import Draft, Operator, TritonBenchT
 from indexer.tritonbench.taskgen import CasesProbe, write_cases_module, write_task
 
 __all__ = ["DraftOutcome", "Failure", "ImportOptions", "ImportSummary", "import_tritonbench"]
 
 LEDGER = "import.sqlite"
-
-
-class Failure(enum.Enum):
-    """Why a draft is not the operator's first draft."""
-
-    NO_CODE = "no code"
-    SYNTAX = "does not parse"
-    NO_WRAPPER = "no wrapper of the asked name"
-    TORCH_ONLY = "PyTorch only (no Triton kernel)"
-    IMPORT = "does not import"
-    COMPILE = "compile error"
-    WRONG_VALUES = "wrong values"
-    TORCH_FALLBACK = "torch fallback at runtime"
-    HANG = "hang or timeout"
-    CRASH = "crash"
-    RAISED = "raised at runtime"
-    OTHER = "other"
 
 
 # The judge's reason, first match wins (harness/verdicts.py and the worker's messages word them).
@@ -270,10 +252,7 @@ def _judge_draft(op: Operator, draft: Draft, probe: CasesProbe, options: ImportO
     wrappers = [w for w in (draft.wrapper, op.name, op.reference_name) if w]
     screened = screen(extract_code(draft.predict), wrappers)
     if screened.problem is not None:
-        kind = {"the answer has no code": Failure.NO_CODE}.get(screened.problem) or (
-            Failure.SYNTAX if screened.problem.startswith("does not parse") else
-            Failure.NO_WRAPPER if screened.problem.startswith("defines no") else Failure.TORCH_ONLY)
-        return outcome(kind, screened.problem)
+        return outcome(screened.failure, screened.problem)
     directory = work / draft.model
     if directory.exists():
         shutil.rmtree(directory)
