@@ -166,18 +166,21 @@ def import_tritonbench(root: Path, options: ImportOptions,
                 drafts[draft.operator].append(draft)
     options.out.mkdir(parents=True, exist_ok=True)
     ledger = _Ledger(options.out / LEDGER)
-    summary = ImportSummary(options.out, unmatched=unmatched)  # this run's: what the ledger does not hold
+    # What this run learns that the ledger does not hold: operators no draft could be checked for, and
+    # those a deadline left for later.
+    unusable: dict[str, str] = {}
+    unfinished: list[str] = []
 
     def one(op: str) -> None:
-        _import_operator(operators[op], drafts[op], options, ledger, summary, root, progress)
+        _import_operator(operators[op], drafts[op], options, ledger, unusable, unfinished, root, progress)
         if progress:
             progress(op, None)
 
     with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
         for future in [pool.submit(one, op) for op in wanted]:
             future.result()
-    whole = ledger.summary(options.out, models, unmatched, summary.unusable)
-    whole.unfinished = sorted(summary.unfinished)
+    whole = ledger.summary(options.out, models, unmatched, unusable)
+    whole.unfinished = sorted(unfinished)
     for op in whole.unfinished:  # its drafts judged so far failed, but later ones are still to come
         whole.failed.pop(op, None)
     write_summary(whole, models)
@@ -185,7 +188,8 @@ def import_tritonbench(root: Path, options: ImportOptions,
 
 
 def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, ledger: _Ledger,
-                     summary: ImportSummary, root: Path, progress: Callable[[str, DraftOutcome | None], None] | None
+                     unusable: dict[str, str], unfinished: list[str], root: Path,
+                     progress: Callable[[str, DraftOutcome | None], None] | None
                      ) -> None:
     final = options.out / op.name
     work = options.out / ".work" / op.name
@@ -195,12 +199,12 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
         return
     probe, problem = _probed(op, work / "cases", ledger, options.timeout_s)
     if probe is None:
-        summary.unusable[op.name] = problem or "its cases could not be made"
+        unusable[op.name] = problem or "its cases could not be made"
         return
     for draft, outcome in zip(drafts, known):
         if outcome is None or outcome.failure is None:  # not judged yet, or passed but its folder was lost
             if options.stop_at is not None and time.time() >= options.stop_at:
-                summary.unfinished.append(op.name)
+                unfinished.append(op.name)
                 return
             outcome = _judge_draft(op, draft, probe, options, work, root)
             ledger.record(outcome)
@@ -213,7 +217,7 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
             shutil.rmtree(work, ignore_errors=True)
             return
     if not drafts:
-        summary.unusable[op.name] = "no draft's prompt names it"
+        unusable[op.name] = "no draft's prompt names it"
 
 
 def _probed(op: Operator, directory: Path, ledger: _Ledger, timeout_s: float) -> tuple[CasesProbe | None, str | None]:

@@ -27,7 +27,8 @@ from indexer.tritonbench.source import Draft, Operator
 
 __all__ = ["CasesProbe", "family_of", "timed_indices", "write_cases_module", "write_task"]
 
-_SKIPPED_PERF_METHODS = {"get_input_tensors", "run_benchmark", "get_do_bench_config", "to_cuda", "get_runtime"}
+# The perf class's own timing and device plumbing: the judge times, and the harness places the tensors.
+_SKIPPED_PERF_METHODS = {"run_benchmark", "get_do_bench_config", "to_cuda", "get_runtime"}
 
 
 @dataclass
@@ -139,7 +140,7 @@ def _perf_class(op: Operator, tree: ast.Module) -> str:
         raise ValueError(f"{op.perf_file}: no class with get_input_tensors")
     methods = []
     for m in cls.body:
-        if not isinstance(m, ast.FunctionDef) or m.name in _SKIPPED_PERF_METHODS - {"get_input_tensors"}:
+        if not isinstance(m, ast.FunctionDef) or m.name in _SKIPPED_PERF_METHODS:
             continue
         if m.name == "get_input_tensors":
             m = _AppendToYield().visit(m)
