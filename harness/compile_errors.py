@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.errors import UserFacingError
 
-__all__ = ["CompileFailed", "compile_failure"]
+__all__ = ["CompileFailed", "compile_failure", "one_line"]
 
 
 class CompileFailed(UserFacingError):
@@ -68,6 +68,17 @@ def compile_failure(exc: BaseException, fn: Any, target: str) -> CompileFailed:
                    "python -m venv .venv-old && .venv-old/bin/pip install 'triton==<its version>' -e . "
                    "&& .venv-old/bin/kb why ...")
     return CompileFailed(problem, fix, detail=str(exc))
+
+
+def one_line(exc: BaseException) -> str | None:
+    """`CompilationError at 19:8: <cause>` for an exception raised by a kernel that does not compile, else
+    None. Triton's own first line is only `at 19:8:`, which is all a one-line report would keep."""
+    error = _compilation_error(exc)
+    if error is None:
+        return None
+    node = getattr(error, "node", None)
+    where = f" at {node.lineno}:{node.col_offset}" if getattr(node, "lineno", None) is not None else ""
+    return f"CompilationError{where}: {_cause(exc)}"
 
 
 def _location(exc: BaseException, fn: Any) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import exchange
+from harness.compile_errors import one_line
 from harness.errors import UserFacingError, first_line
 from harness.tripwires import CallLog, Watch, global_state
 
@@ -153,7 +154,7 @@ class KernelHost:
         except UserFacingError:
             raise
         except Exception as exc:  # noqa: BLE001 - the kernel's failure is its result
-            record["error"] = f"{type(exc).__name__}: {first_line(exc)}"
+            record["error"] = one_line(exc) or f"{type(exc).__name__}: {first_line(exc)}"
             record["fatal"] = any(marker in str(exc) for marker in _FATAL)
             record["log"] = asdict(log) if "log" in locals() else asdict(CallLog())
             return record

@@ -9,7 +9,9 @@
 # Each call (repository root on the GPU host; carry build/device-wheels, build/tritonbench-T.tgz, $STATE):
 #   OUT=/some/dir STATE=build/tb-h200 WHEELS=build/device-wheels scripts/device_tritonbench.sh
 # then untar $OUT/state.tgz over build/ here. The import runs until it is done, then the bench starts
-# (BENCH=0 stops after the import). STOP_AFTER: seconds after which no check, job or round starts.
+# (BENCH=0 stops after the import). STOP_AFTER: seconds after which no check, job or round starts;
+# IMPORT_TIMEOUT: seconds one draft's check may take (default 90: a hung draft holds a worker that long,
+# and STOP_AFTER + IMPORT_TIMEOUT must end inside the call's ten minutes).
 set -u
 FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/tb-h200}
@@ -21,7 +23,7 @@ start=$(date +%s)
 left() { echo $(( STOP_AFTER - ($(date +%s) - start) )); }
 mkdir -p /tmp/tritonbench && tar xzf "$TARBALL" -C /tmp/tritonbench
 python3 -m cli import tritonbench /tmp/tritonbench --out "$STATE/tasks" --workers "${IMPORT_WORKERS:-4}" \
-  --stop-after "$(left)" > "$FINAL/import.txt" 2>> "$FINAL/log.txt"
+  --timeout "${IMPORT_TIMEOUT:-90}" --stop-after "$(left)" > "$FINAL/import.txt" 2>> "$FINAL/log.txt"
 echo "import rc=$? after $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
 if [ "${BENCH:-1}" = 1 ] && ! grep -q "not finished" "$FINAL/import.txt" && [ "$(left)" -gt 60 ]; then
   windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")

@@ -14,6 +14,7 @@ from conftest import FIXTURES
 
 from cli import main
 from harness.capture import capture_call, device_for
+from harness.compile_errors import one_line
 from harness.errors import UserFacingError
 from harness.guards import static_guards
 from harness.roles import argument_roles, kernel_access
@@ -70,6 +71,10 @@ def test_a_kernel_for_an_older_triton_names_the_api_the_version_and_keeps_triton
     assert "tl.math.tanh at old_api.py:14" in error.problem and "Triton 3.0" in error.problem
     assert "libdevice" in error.fix and "pip install 'triton<3.0'" in error.fix
     assert "at 6:8:" in error.detail and "has no attribute 'tanh'" in error.detail  # Triton's own words
+    # A one-line report of the raw error (a case's error in the judge) keeps the cause, not only Triton's
+    # first line, `at 6:8:`, which says nothing on its own.
+    assert one_line(error.__cause__) == "CompilationError at 6:8: AttributeError(\"module 'triton.language.math' has no attribute 'tanh'\")"
+    assert one_line(ValueError("not a compile error")) is None
     result = CliRunner().invoke(main, ["why", "why is it slow", "--kernel", str(WILD / "old_api.py"),
                                        "--call", "tanh(torch.randn(4096))"])
     assert result.exit_code == 2
