@@ -51,6 +51,8 @@ class KernelFeatures:
     transposes: list[Site] = field(default_factory=list)
     hints: list[Site] = field(default_factory=list)  # multiple_of, max_contiguous, assume
     block_pointers: list[Site] = field(default_factory=list)  # make_block_ptr / make_tensor_descriptor
+    # loops whose full iterations evaluate boundary masks only the last needs; detail: how many terms
+    boundary_loops: list[Site] = field(default_factory=list)
     launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
     launch_line: int = 0  # the line of the first kernel[grid](...) call
 
@@ -178,6 +180,9 @@ def kernel_features(path: str | Path) -> KernelFeatures:
         params = _runtime_params(fn)
         feats.params[fn.name] = params
         _KernelVisitor(feats, set(params)).visit(fn)
+    from diagnose.rewriters.peel import boundary_loops  # the rewrite's own precondition, so the two agree
+
+    feats.boundary_loops = [Site(b.line, "for", str(b.terms), False) for b in boundary_loops(path.read_text())]
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values

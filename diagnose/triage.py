@@ -125,6 +125,15 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                                "Whether it does depends on the trip count and tile sizes.",
                                [ev], [loop.line], "hivm-plan-memory", "L1", 0.5))
             break
+    for loop in feats.boundary_loops if cuda else ():
+        ev = _ev(log, feats, loop, f"every iteration of the loop at {name}:{loop.line} evaluates {loop.detail} boundary "
+                                   "mask term(s) comparing the loop's own block with its bound, true in all but the last")
+        out.append(Finding("loop.boundary-mask", "vectorization",
+                           f"the loop at {name}:{loop.line} masks every block for the last one's sake",
+                           "Only the last block of the loop can be partial, yet each iteration pays the compare, the "
+                           "predicated (and, without a bound divisible by 16, narrower) accesses and any select on "
+                           "the tile.", [ev], [loop.line], "convert-triton-gpu-to-llvm", "L1", 0.5))
+        break
     masked = [s for s in feats.loads + feats.stores if s.detail == "masked"]
     if masked and cuda:
         s = masked[0]
