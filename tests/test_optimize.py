@@ -510,9 +510,14 @@ def test_autotuned_tiles_are_checked_under_every_config_they_may_pick(tmp_path):
     # Tuning reruns the kernel on the same buffers: not for atomics or a buffer both read and written.
     assert dot_tile_autotune(original.read_text().replace("tl.store(c_ptr", "tl.atomic_add(c_ptr"), {}) == []
     assert dot_tile_autotune(original.read_text().replace("tl.store(c_ptr", "tl.store(a_ptr"), {}) == []
-    # Once tuned, the configs own the launch knobs: no one-knob search that would clash with them.
-    assert rewrite("block-size-num-warps", tuned.source, {}) == []
-    assert rewrite("autotune-configs", tuned.source, {}) == []
+    # Once tuned, the configs own the launch knobs: no launch keyword that would clash with them; the
+    # searches widen the config list instead, every config it had kept in front (tests/test_configs_rewrite.py).
+    wrapper = tuned.source.split("def matmul(")[1]
+    for pattern in ("block-size-num-warps", "autotune-configs"):
+        widened = rewrite(pattern, tuned.source, {})
+        assert widened and all(v.source.split("def matmul(")[1] == wrapper for v in widened)
+        assert all(v.source.split("], key=")[0].startswith(tuned.source.split("], key=")[0].rstrip(",\n"))
+                   for v in widened)
     # A grouped 1-D grid keeps a literal tile size the config cannot change: no autotune either.
     grouped = original.read_text().replace("grid = (triton.cdiv(m, 64), triton.cdiv(n, 64))",
                                            "grid = (triton.cdiv(m, 64) * triton.cdiv(n, 64), 1)")

@@ -8,6 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.configs import widen_autotune_configs
 
 _MAX_VARIANTS = 6
 
@@ -158,7 +159,8 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
     kernels = jit_names(module)
     if _autotuned(module, kernels):
-        return []  # its configs own the knobs: a launch keyword would clash with them
+        # its configs own the knobs: a launch keyword would clash with them, so the list itself grows
+        return widen_autotune_configs(source, context)
     current = current_knobs(module, kernels)
     direction = context.get("direction", "")
     proposals: list[tuple[str, int]] = []

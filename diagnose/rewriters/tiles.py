@@ -9,6 +9,7 @@ from typing import Any
 import libcst as cst
 
 from diagnose.rewriters.base import InJit, Variant, dotted, register
+from diagnose.rewriters.configs import DOT_TILES
 from diagnose.rewriters.launch import (
     TRITON_DEFAULT_KNOBS,
     SetKnob,
@@ -20,17 +21,17 @@ from diagnose.rewriters.launch import (
     with_divisor,
 )
 
-# Hopper tile shapes for 16-bit tl.dot kernels, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): the
-# first six configurations Triton's matmul tutorial (03-matrix-multiplication) autotunes over on CUDA.
-# Each sets every knob at once: one-knob steps from a 64x64x32 start need several rounds to get there.
-_DOT_TILES = ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
-              (64, 128, 32, 4, 4), (128, 32, 32, 4, 4))
+# Hopper tile shapes (configs.DOT_TILES) set every knob at once: one-knob steps from a 64x64x32 start
+# need several rounds to get there.
+
 # A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
 # (BLOCK_M, BLOCK_N, num_stages, num_warps): six points of the space Triton's fused-attention tutorial
 # (06) autotunes over, BLOCK_M 64/128 x BLOCK_N 32/64/128 x stages x 4/8 warps, 8 warps only with
 # 128 x 128 as its Hopper filter keeps. Two stages at 128 x 128 so a 128-wide head's K and V tiles fit.
 _DOT_TILES_NO_K = ((128, 64, 3, 4), (128, 64, 4, 4), (128, 128, 2, 8), (128, 32, 3, 4), (64, 128, 3, 4),
                    (64, 32, 4, 4))
+
+
 class _AxisBlocks(cst.CSTVisitor):
     """In the jit kernels, the block size each program-id axis steps by: `pid_m = tl.program_id(0)` and
     `pid_m * BLOCK_M` (or `tl.program_id(0) * BLOCK_M`) make axis 0 BLOCK_M."""
@@ -157,7 +158,7 @@ def _tile_plan(source: str) -> _TilePlan | None:
         del names["K"]
         shapes = [dict(zip((names["M"], names["N"], "num_stages", "num_warps"), t)) for t in _DOT_TILES_NO_K]
     else:
-        shapes = [dict(zip((names["M"], names["N"], names["K"], "num_stages", "num_warps"), t)) for t in _DOT_TILES]
+        shapes = [dict(zip((names["M"], names["N"], names["K"], "num_stages", "num_warps"), t)) for t in DOT_TILES]
     blocks = _AxisBlocks()
     for node in module.body:
         if isinstance(node, cst.FunctionDef) and node.name.value in kernels:

@@ -1,0 +1,258 @@
+"""An autotuned kernel's own config list, widened: the configs it has stay, Hopper points are added.
+
+A kernel under `@triton.autotune(configs=..., key=...)` owns its launch knobs: a launch keyword would
+clash with the configs, so the one-knob search has nothing to set. Often the list was written for
+another GPU (A100 tiles, 4 warps everywhere), or comes from a helper (`configs=get_configs()`, a
+module-level list, a comprehension). The rewrite appends to it, whatever its form, and the tuner keeps
+choosing per key among the old configs and the new ones, so no key can get a worse pick than it had
+(up to timing noise in the tuner's own measurement):
+
+- `warps`: each config again with twice its warps (up to 16), or half (down to 1) where the finding asks
+  for fewer (`context["direction"] == "fewer-warps"`, a cross-warp reduction);
+- `stages`: each config again with one stage more and one fewer (from 1 to 5): latency hiding vs
+  shared memory;
+- `blocks`: each config again with its block sizes doubled, only for block keys whose value already
+  differs between configs, that the launch grid reads from the picked config (`meta["BLOCK"]`), or
+  whose value the wrapper never writes as a literal (a grid `cdiv(n, 1024)` pins BLOCK=1024), so the
+  grid follows whatever block the tuner picks;
+- `hopper-tiles` (kernels with tl.dot whose configs name an M, N and K block): the wgmma-friendly tiles
+  of `DOT_TILES`, the other keys (GROUP_SIZE_M ...) as in the first config.
+
+Configs whose values are not literals (a comprehension's variables) are kept but not used as templates;
+without any literal config there is nothing to derive from, and the rewrite declines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import Variant, dotted, is_jit
+
+__all__ = ["DOT_TILES", "autotuned_kernels", "widen_autotune_configs"]
+
+_MAX_WARPS = 16
+_STAGES = range(1, 6)
+# Hopper tile shapes for 16-bit tl.dot kernels, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): the
+# first six configurations Triton's matmul tutorial (03-matrix-multiplication) autotunes over on CUDA.
+# tiles.py gives them to dot kernels that are not autotuned yet; here they join an autotuner's list.
+DOT_TILES = ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+             (64, 128, 32, 4, 4), (128, 32, 32, 4, 4))
+_ROLE = {role: re.compile(rf"^BLOCK(_SIZE)?_{role}$") for role in "MNK"}
+
+
+@dataclass(frozen=True)
+class _Config:
+    meta: tuple[tuple[str, int], ...]  # the kwargs dict, in order
+    num_warps: int
+    num_stages: int
+
+    def code(self, callee: str) -> str:
+        body = ", ".join(f'"{k}": {v}' for k, v in self.meta)
+        return f"{callee}({{{body}}}, num_warps={self.num_warps}, num_stages={self.num_stages})"
+
+
+def autotuned_kernels(module: cst.Module) -> dict[str, cst.Decorator]:
+    """Jit kernel name -> its @triton.autotune decorator."""
+    out: dict[str, cst.Decorator] = {}
+    for node in m.findall(module, m.FunctionDef()):
+        assert isinstance(node, cst.FunctionDef)
+        if not is_jit(node):
+            continue
+        for d in node.decorators:
+            if isinstance(d.decorator, cst.Call) and dotted(d.decorator.func).rsplit(".", 1)[-1] == "autotune":
+                out[node.name.value] = d
+    return out
+
+
+def _literal_config(call: cst.Call) -> _Config | None:
+    """A `triton.Config({...}, num_warps=W, num_stages=S)` whose values are all integer literals."""
+    if not call.args or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.Dict):
+        return None
+    meta: list[tuple[str, int]] = []
+    for element in call.args[0].value.elements:
+        if not (isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+                and isinstance(element.value, cst.Integer)):
+            return None
+        meta.append((element.key.evaluated_value, int(element.value.value)))  # type: ignore[arg-type]
+    knobs = {"num_warps": 4, "num_stages": 3}  # triton.Config's defaults
+    for arg in call.args[1:]:
+        if arg.keyword is None or arg.keyword.value not in knobs:
+            if arg.keyword is not None and arg.keyword.value in ("pre_hook", "num_ctas", "maxnreg"):
+                return None  # a config with more to it than tiles: not a template to copy blindly
+            continue
+        if not isinstance(arg.value, cst.Integer):
+            return None
+        knobs[arg.keyword.value] = int(arg.value.value)
+    return _Config(tuple(meta), knobs["num_warps"], knobs["num_stages"])
+
+
+def _configs_in(node: cst.CSTNode) -> tuple[list[_Config], set[str]]:
+    """The literal configs under `node`, and the callee spelling (`triton.Config`, `Config`) they use."""
+    configs, callees = [], set()
+    for call in m.findall(node, m.Call()):
+        assert isinstance(call, cst.Call)
+        callee = dotted(call.func)
+        if callee.rsplit(".", 1)[-1] == "Config":
+            callees.add(callee)
+            config = _literal_config(call)
+            if config is not None and config not in configs:
+                configs.append(config)
+    return configs, callees
+
+
+def _source_of_list(module: cst.Module, expression: cst.BaseExpression) -> cst.CSTNode:
+    """Where the list's configs are written: the expression itself, the module-level binding of a name,
+    or the body of the module-level function a call names."""
+    target = expression.func if isinstance(expression, cst.Call) else expression
+    if isinstance(target, cst.Name):
+        for statement in module.body:
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == target.value:
+                return statement
+            if isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    if isinstance(small, cst.Assign) and any(m.matches(t.target, m.Name(target.value)) for t in small.targets):
+                        return small.value
+    return expression
+
+
+def _grid_reads(module: cst.Module) -> set[str]:
+    """Keys the launch grids read from the picked config: `meta["BLOCK_M"]`, `META['BLOCK']`."""
+    keys = set()
+    for node in m.findall(module, m.Subscript(slice=[m.SubscriptElement(slice=m.Index(value=m.SimpleString()))])):
+        assert isinstance(node, cst.Subscript)
+        index = node.slice[0].slice
+        assert isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString)
+        keys.add(str(index.value.evaluated_value))
+    return keys
+
+
+class _WrapperLiterals(cst.CSTVisitor):
+    """Integer literals outside the jit functions and the configs: where a wrapper may have spelled a block
+    size out (`triton.cdiv(n, 1024)`), which a config changing that block would contradict."""
+
+    def __init__(self) -> None:
+        self.values: set[int] = set()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return not is_jit(node)
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return dotted(node.func).rsplit(".", 1)[-1] != "Config"
+
+    def visit_Integer(self, node: cst.Integer) -> None:
+        self.values.add(int(node.value))
+
+
+def _movable(module: cst.Module, configs: list[_Config]) -> set[str]:
+    """Block keys a config may change: those the configs already vary, those the grid reads from the
+    picked config, and those whose value the wrapper never spells out."""
+    literals = _WrapperLiterals()
+    module.visit(literals)
+    first = dict(configs[0].meta)
+    varied = {k for k in first if len({dict(c.meta).get(k) for c in configs}) > 1}
+    unspelled = {k for k, v in first.items() if all(dict(c.meta).get(k) not in literals.values for c in configs)}
+    return varied | _grid_reads(module) | unspelled
+
+
+def _derived(configs: list[_Config], movable: set[str], dot: bool, fewer_warps: bool) -> dict[str, list[_Config]]:
+    """Each family's new configs, those already listed left out."""
+    have = set(configs)
+    out: dict[str, list[_Config]] = {"warps": [], "stages": [], "blocks": [], "hopper-tiles": []}
+
+    def add(family: str, config: _Config) -> None:
+        if config not in have and config not in out[family]:
+            out[family].append(config)
+
+    for c in configs:
+        warps = c.num_warps // 2 if fewer_warps else c.num_warps * 2
+        if 1 <= warps <= _MAX_WARPS:
+            add("warps", _Config(c.meta, warps, c.num_stages))
+        for stages in (c.num_stages + 1, c.num_stages - 1):
+            if stages in _STAGES:
+                add("stages", _Config(c.meta, c.num_warps, stages))
+        blocks = [k for k, v in c.meta if k in movable and v >= 16 and v & (v - 1) == 0]
+        if blocks:
+            add("blocks", _Config(tuple((k, v * 2 if k in blocks else v) for k, v in c.meta), c.num_warps, c.num_stages))
+    roles = {role: next((k for k, _ in configs[0].meta if pattern.match(k)), None) for role, pattern in _ROLE.items()}
+    if dot and all(roles.values()) and {roles["M"], roles["N"], roles["K"]} <= movable:
+        for bm, bn, bk, stages, warps in DOT_TILES:
+            tile = {roles["M"]: bm, roles["N"]: bn, roles["K"]: bk}
+            add("hopper-tiles", _Config(tuple((k, tile.get(k, v)) for k, v in configs[0].meta), warps, stages))
+    return {family: new for family, new in out.items() if new}
+
+
+class _Append(cst.CSTTransformer):
+    """`configs=X` of one decorator -> `configs=X + [new...]` (or the new ones appended to a literal list)."""
+
+    def __init__(self, kernel: str, new: list[str]) -> None:
+        self.kernel = kernel
+        self.new = new
+        self.done = False
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if original.name.value != self.kernel:
+            return updated
+        decorators = []
+        for d in updated.decorators:
+            if isinstance(d.decorator, cst.Call) and dotted(d.decorator.func).rsplit(".", 1)[-1] == "autotune":
+                d = d.with_changes(decorator=self._widen(d.decorator))
+            decorators.append(d)
+        return updated.with_changes(decorators=decorators)
+
+    def _widen(self, call: cst.Call) -> cst.Call:
+        args = list(call.args)
+        index = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "configs"), None)
+        if index is None and args and args[0].keyword is None:
+            index = 0
+        if index is None:
+            return call
+        value = args[index].value
+        if isinstance(value, cst.List) and value.elements:
+            # the new configs written the way the list writes its own: the separator between its
+            # elements, and its last element's trailing comma (or none) at the new end
+            elements = list(value.elements)
+            sep = next((e.comma for e in reversed(elements[:-1]) if isinstance(e.comma, cst.Comma)),
+                       cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            end = elements[-1].comma
+            added = [cst.Element(cst.parse_expression(code), comma=sep) for code in self.new]
+            added[-1] = added[-1].with_changes(comma=end)
+            new_value: cst.BaseExpression = value.with_changes(elements=[*elements[:-1], elements[-1].with_changes(comma=sep),
+                                                                         *added])
+        else:
+            listed = "".join(f"\n    {code}," for code in self.new)
+            new_value = cst.parse_expression(f"{cst.Module(body=[]).code_for_node(value)} + [{listed}\n]")
+        args[index] = args[index].with_changes(value=new_value)
+        self.done = True
+        return call.with_changes(args=args)
+
+
+def widen_autotune_configs(source: str, context: dict[str, Any]) -> list[Variant]:
+    """One variant per family (module docstring) for each autotuned kernel with literal configs."""
+    module = cst.parse_module(source)
+    variants = []
+    for kernel, decorator in autotuned_kernels(module).items():
+        call = decorator.decorator
+        assert isinstance(call, cst.Call)
+        listed = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "configs"),
+                      call.args[0].value if call.args and call.args[0].keyword is None else None)
+        if listed is None:
+            continue
+        configs, callees = _configs_in(_source_of_list(module, listed))
+        if not configs:
+            continue
+        callee = sorted(callees)[0] if len(callees) == 1 else "triton.Config"
+        fn = next(n for n in m.findall(module, m.FunctionDef(name=m.Name(kernel))))
+        dot = bool(m.findall(fn, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))))
+        movable = _movable(module, configs)
+        fewer_warps = context.get("direction") == "fewer-warps"
+        for family, new in _derived(configs, movable, dot, fewer_warps).items():
+            append = _Append(kernel, [c.code(callee) for c in new])
+            widened = module.visit(append)
+            if append.done:
+                variants.append(Variant({"kernel": kernel, "configs_added": family, "count": len(new)}, widened.code))
+    return variants
