@@ -332,10 +332,13 @@ def _plain(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _maybe(fn: Any, case: dict[str, Any]) -> float | None:
+    """The task's bytes/flops figure for a case; None where it has none (no formula, or the formula
+    returns None for this case: an imported perf script may count only some of its input sets)."""
     if fn is None:
         return None
     try:
-        return float(fn(**case))
+        value = fn(**case)
+        return None if value is None else float(value)
     except Exception as exc:  # noqa: BLE001 - the task's own formula
         raise UserFacingError(f"the task's bytes/flops formula fails on {case}: {type(exc).__name__}: {exc}",
                               "fix bytes(**case) / flops(**case) in the task file") from exc

@@ -355,6 +355,21 @@ def test_report_speedups_flags_and_json_round_trip():
     assert again.speedups() == report.speedups() and again.run("candidate").cases[0].timing.reps == 10
 
 
+def test_a_case_without_a_bytes_figure_is_checked_and_only_a_failing_formula_is_an_error(tmp_path):
+    """An imported perf script may count the bytes of some input sets only: its None is "no figure"."""
+    import shutil
+
+    shutil.copy(FIXTURES / "harness" / "add.py", tmp_path / "add.py")
+    task = (FIXTURES / "harness" / "task_add.py").read_text()
+    partial = tmp_path / "task_partial.py"
+    partial.write_text(task.replace("    return 3 * 4 * n", "    return 3 * 4 * n if n < 4000 else None"))
+    assert run_task(TaskSpec.of_file(partial), RunOptions(backend="interpreter", time=False, seeds=1)).run("baseline").correct
+    broken = tmp_path / "task_broken.py"
+    broken.write_text(task.replace("    return 3 * 4 * n", "    return 3 * 4 * n if n < 4000 else 'many'"))
+    with pytest.raises(UserFacingError, match="bytes/flops formula fails on {'n': 4099}"):
+        run_task(TaskSpec.of_file(broken), RunOptions(backend="interpreter", time=False, seeds=1))
+
+
 def test_task_file_errors_name_the_problem(tmp_path):
     from harness.task import load_task
 

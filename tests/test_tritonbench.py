@@ -113,6 +113,47 @@ def test_a_deadline_starts_no_check_and_the_next_run_goes_on(tmp_path):
     assert summary.imported["scale_add"].model == "output_modelB" and not summary.unfinished
 
 
+def test_a_reference_that_fails_on_its_own_sets_the_operator_aside_and_is_tried_again_later(tmp_path):
+    """A failure outside the draft's code (the reference on the perf inputs) is no draft's verdict: after
+    two drafts meet it the operator is set aside, the third draft untried, and a later run tries again."""
+    tree = tmp_path / "tree"
+    shutil.copytree(TREE, tree)
+    reference = tree / "data" / "TritonBench_T_v1" / "scale_add.py"
+    reference.write_text(reference.read_text().replace(
+        "    result = input + alpha * other\n",
+        "    if input.numel() == 64:  # the perf sweep's first set\n"
+        "        raise ValueError('this reference takes no 64-element input')\n"
+        "    result = input + alpha * other\n", 1))
+    options = ImportOptions(**{**vars(_options(tmp_path / "out")), "ops": ["scale_add"]})
+    for _ in range(2):
+        events = []
+        summary = import_tritonbench(tree, options, lambda op, outcome: events.append(outcome))
+        assert [(o.model, o.failure) for o in events if o] == [("output_modelA", Failure.CHECK),
+                                                               ("output_modelB", Failure.CHECK)]
+        assert "reference worker failed (make): ValueError: this reference takes no" in summary.unusable["scale_add"]
+        assert "scale_add" not in summary.failed and "scale_add" not in summary.imported
+
+
+def test_stored_verdicts_are_sorted_by_todays_rules_when_read(tmp_path):
+    from indexer.tritonbench.importer import DraftOutcome, _Ledger
+
+    ledger = _Ledger(tmp_path / "import.sqlite")
+    rows = {  # (class stored by an older rule, the judge's reason) -> the class it has now
+        ("hang or timeout", "case perf=0, seed 0: the kernel changed process-wide state: torch cuda random state"):
+            Failure.OTHER,  # "changed" is no hang
+        ("hang or timeout", "the judge's reference worker failed (share): ExchangeError: input[1] is a Linear"):
+            Failure.CHECK,
+        ("other", "case perf=0: UnsupportedLanguageConstruct: at 3:4:"): Failure.COMPILE,
+        ("hang or timeout", "baseline: timed out after 60 s (a hang, or far slower than allowed)"): Failure.HANG,
+        ("does not parse", "line 3: '(' was never closed"): Failure.SYNTAX,  # screening's classes stay
+    }
+    for i, (failure, reason) in enumerate(rows):
+        ledger.db.execute("INSERT INTO drafts VALUES (?, ?, ?, ?, ?, ?)", ("op", f"m{i}", i, failure, reason, 1.0))
+    assert [ledger.outcome("op", f"m{i}").failure for i in range(len(rows))] == list(rows.values())
+    ledger.record(DraftOutcome("op", "m9", 9, None, "passed", 1.0))
+    assert ledger.outcome("op", "m9").failure is None
+
+
 def test_only_the_t_half_is_read(imported):
     out, _, _ = imported
     bench = TritonBenchT(TREE)

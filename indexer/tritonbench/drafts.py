@@ -39,6 +39,10 @@ class Failure(enum.Enum):
     CRASH = "crash"
     RAISED = "raised at runtime"
     OTHER = "other"
+    # The check itself could not judge the draft: the reference failed on the operator's inputs, the
+    # judge cannot hand those inputs over, the task's formula failed. Every draft would meet it: the
+    # operator is set aside, and no draft keeps this as its verdict.
+    CHECK = "the check could not judge it"
 
 
 @dataclass(frozen=True)

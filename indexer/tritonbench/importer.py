@@ -37,14 +37,19 @@ LEDGER = "import.sqlite"
 
 # The judge's reason, first match wins (harness/verdicts.py and the worker's messages word them).
 _KINDS = [
-    (Failure.HANG, r"timed out|hang"),
+    # the reference making its outputs, the inputs handed over, the task's formula: not the draft's code
+    (Failure.CHECK, r"reference worker failed \((make|share)\): (?!CompilationError)|bytes/flops formula fails"),
+    (Failure.HANG, r"timed out|\bhang\b"),  # not "changed", "ExchangeError"
     (Failure.TORCH_FALLBACK, r"no Triton kernel was launched|launched no Triton kernel|torch fallback"),
     (Failure.IMPORT, r"does not import"),
-    (Failure.COMPILE, r"CompilationError|compil|ptxas|MLIR|triton\.language"),
+    (Failure.COMPILE, r"CompilationError|UnsupportedLanguageConstruct|compil|ptxas|MLIR|triton\.language"),
     (Failure.WRONG_VALUES, r"wrong values|mismatch|shape \(|returned \d+ output|output \d+ is|unwritten|NaN"),
     (Failure.CRASH, r"died|killed|signal|segmentation|device fault|illegal memory"),
     (Failure.RAISED, r"Error|Exception|raised"),
 ]
+# The classes a judge's reason is sorted into (the others come from screening the text): a verdict the
+# ledger kept is sorted again when read, so a better rule reaches old verdicts without a rerun.
+_JUDGED = {kind for kind, _ in _KINDS} | {Failure.OTHER}
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ class _Ledger:
                                   (op, model)).fetchone()
         if row is None:
             return None
-        return DraftOutcome(op, model, row[0], Failure(row[1]) if row[1] else None, row[2], row[3])
+        return DraftOutcome(op, model, row[0], _stored_failure(row[1], row[2]), row[2], row[3])
 
     def record(self, outcome: DraftOutcome) -> None:
         with self.lock:
@@ -112,12 +117,18 @@ class _Ledger:
         imported when a draft passed and its folder is there, failed otherwise (drafts in `models` order)."""
         with self.lock:
             rows = self.db.execute("SELECT op, model, record, failure, reason, seconds FROM drafts").fetchall()
-            problems = self.db.execute("SELECT op, problem FROM probes WHERE problem IS NOT NULL").fetchall()
+            problems = list(self.db.execute("SELECT op, problem FROM probes WHERE problem IS NOT NULL").fetchall())
         rank = {m: i for i, m in enumerate(models)}
         by_op: dict[str, list[DraftOutcome]] = {}
+        checks: dict[str, list[str]] = {}
         for op, model, record, failure, reason, seconds in sorted(rows, key=lambda r: (r[0], rank.get(r[1], len(rank)))):
-            by_op.setdefault(op, []).append(
-                DraftOutcome(op, model, record, Failure(failure) if failure else None, reason, seconds))
+            outcome = DraftOutcome(op, model, record, _stored_failure(failure, reason), reason, seconds)
+            if outcome.failure is Failure.CHECK:  # no verdict on the draft; twice, the operator's problem
+                checks.setdefault(op, []).append(reason)
+                if len(checks[op]) == _CHECKS_TO_SET_ASIDE:
+                    problems.append((op, reason))
+                continue
+            by_op.setdefault(op, []).append(outcome)
         whole = ImportSummary(out, unmatched=unmatched, unusable={**dict(problems), **unusable})
         for op, outcomes in by_op.items():
             passed = next((o for o in outcomes if o.failure is None), None)
@@ -201,8 +212,10 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
     if probe is None:
         unusable[op.name] = problem or "its cases could not be made"
         return
+    checks = 0
     for draft, outcome in zip(drafts, known):
-        if outcome is None or outcome.failure is None:  # not judged yet, or passed but its folder was lost
+        # not judged yet, passed but its folder was lost, or not judged at all (the check failed)
+        if outcome is None or outcome.failure in (None, Failure.CHECK):
             if options.stop_at is not None and time.time() >= options.stop_at:
                 unfinished.append(op.name)
                 return
@@ -210,6 +223,12 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
             ledger.record(outcome)
             if progress:
                 progress(op.name, outcome)
+        if outcome.failure is Failure.CHECK:
+            checks += 1
+            if checks == _CHECKS_TO_SET_ASIDE:  # two drafts met it: so would the rest, which are not tried
+                unusable[op.name] = outcome.reason
+                return
+            continue
         if outcome.failure is None:
             if final.exists():
                 shutil.rmtree(final)
@@ -277,6 +296,10 @@ def _judge_draft(op: Operator, draft: Draft, probe: CasesProbe, options: ImportO
     return outcome(failure, reason)
 
 
+# A check that fails outside the draft's code (Failure.CHECK) could still be a draft's doing (its import
+# patched torch in the reference's process): the operator is set aside when a second draft meets it too.
+_CHECKS_TO_SET_ASIDE = 2
+
 # The judge names at most three disallowed aten ops per rejection; a draft doing more in torch than
 # rounds x 3 ops is a torch implementation with a kernel on the side, and stays rejected.
 _ALLOW_ROUNDS = 3
@@ -316,6 +339,14 @@ def _case_reason(run: object) -> str:
                         f"outside tolerance, max abs error {check.max_abs_err:.3g}"
                         + (f", {check.unwritten} never written" if check.unwritten else ""))
     return "rejected without a reason"
+
+
+def _stored_failure(failure: str | None, reason: str) -> Failure | None:
+    """A ledger row's class: None for a pass, the judge's reason sorted by today's rules, else as stored."""
+    if not failure:
+        return None
+    stored = Failure(failure)
+    return _classify(reason) if stored in _JUDGED else stored
 
 
 def _classify(reason: str) -> Failure:
