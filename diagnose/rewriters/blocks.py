@@ -1,0 +1,302 @@
+"""Loops over blocks, read and rewritten: what the loop-bound rewrites (peel, causal) share.
+
+A loop over a dimension in blocks is `for k in range(0, K, BLOCK)` over `k + tl.arange(0, BLOCK)`, or
+the counter form `for k in range(0, tl.cdiv(K, BLOCK))` over `k * BLOCK + tl.arange(0, BLOCK)`. Its
+block of indices may be spelled inline or bound to a name in the body; masks are comparisons joined
+by `&`, inline or named. `BlockLoop` reads those from the syntax tree; `DropTrueTerms` removes from
+tl.load / tl.store masks and tl.where conditions the terms a predicate proves true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import dotted
+
+__all__ = ["BlockLoop", "DropTrueTerms", "arange_width", "assigned_names", "bare", "block_loop", "code",
+           "kernel_aranges", "mask_like", "names_in", "reduced", "single_assigns", "with_range"]
+
+CODE_MODULE = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    return CODE_MODULE.code_for_node(node)
+
+
+def bare(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`x` of `(x)`, `x[None, :]`, `x[:, None]`: broadcasting does not change which values a block takes."""
+    while True:
+        if isinstance(node, cst.Subscript) and all(
+                isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None and e.slice.step is None
+                or isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None")) for e in node.slice):
+            node = node.value
+        elif node.lpar:
+            node = node.with_changes(lpar=[], rpar=[])
+        else:
+            return node
+
+
+def arange_width(node: cst.BaseExpression) -> str | None:
+    """W of `tl.arange(0, W)`."""
+    if (isinstance(node, cst.Call) and dotted(node.func) == "tl.arange" and len(node.args) == 2
+            and m.matches(node.args[0].value, m.Integer("0"))):
+        return code(node.args[1].value)
+    return None
+
+
+def assigned_names(body: cst.CSTNode) -> dict[str, int]:
+    """Name -> how many times the block assigns it (augmented assignments and loop targets count)."""
+    counts: dict[str, int] = {}
+
+    class Visitor(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            for name in names_in(node.target):
+                counts[name] = counts.get(name, 0) + 1
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            for name in names_in(node.target):
+                counts[name] = counts.get(name, 0) + 1
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            for name in names_in(node.target):
+                counts[name] = counts.get(name, 0) + 1
+
+    body.visit(Visitor())
+    return counts
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+    node.visit(Visitor())
+    return found
+
+
+def single_assigns(block: cst.CSTNode) -> dict[str, cst.BaseExpression]:
+    """Names the block assigns exactly once, with a plain `name = value`, and their values."""
+    counts = assigned_names(block)
+    out: dict[str, cst.BaseExpression] = {}
+    for node in m.findall(block, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+        assert isinstance(node, cst.Assign)
+        name = node.targets[0].target
+        assert isinstance(name, cst.Name)
+        if counts.get(name.value) == 1:
+            out[name.value] = node.value
+    return out
+
+
+@dataclass
+class BlockLoop:
+    """What makes a loop's boundary terms decidable: its variable, its bound B, its block width W."""
+
+    var: str
+    bound: cst.BaseExpression
+    width: str
+    counter: bool  # range(0, cdiv(B, W)): the block starts at var * W
+    aranges: set[str]  # names bound to tl.arange(0, W) in the kernel
+    blocks: set[str] = field(default_factory=set)  # names the body binds to the loop's block of indices
+    true_names: set[str] = field(default_factory=set)  # names the body binds to a mask true in full blocks
+    masks: set[str] = field(default_factory=set)  # names the kernel binds once to comparisons joined by `&`
+
+    def _is_arange(self, node: cst.BaseExpression) -> bool:
+        node = bare(node)
+        return (isinstance(node, cst.Name) and node.value in self.aranges) or arange_width(node) == self.width
+
+    def _is_start(self, node: cst.BaseExpression) -> bool:
+        node = bare(node)
+        if not self.counter:
+            return m.matches(node, m.Name(self.var))
+        return (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
+                and {code(bare(node.left)), code(bare(node.right))} == {self.var, self.width})
+
+    def is_block(self, node: cst.BaseExpression) -> bool:
+        """Whether `node` is the loop's block of indices: start + arange(0, W), or a name bound to it."""
+        node = bare(node)
+        if isinstance(node, cst.Name):
+            return node.value in self.blocks
+        return (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add)
+                and (self._is_start(node.left) and self._is_arange(node.right)
+                     or self._is_arange(node.left) and self._is_start(node.right)))
+
+    def is_true_term(self, node: cst.BaseExpression) -> bool:
+        """Whether a mask term holds for every lane of every full iteration."""
+        node = bare(node)
+        if isinstance(node, cst.Name):
+            return node.value in self.true_names
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1):
+            return False
+        op, right = node.comparisons[0].operator, node.comparisons[0].comparator
+        if isinstance(op, cst.LessThan):
+            small, big = node.left, right
+        elif isinstance(op, cst.GreaterThan):
+            small, big = right, node.left
+        else:
+            return False
+        bound = code(bare(self.bound))
+        if self.is_block(small) and code(bare(big)) == bound:
+            return True
+        # counter form, the tutorial's spelling: offs_k < K - k * BLOCK_K
+        big = bare(big)
+        return (self.counter and self._is_arange(small) and isinstance(big, cst.BinaryOperation)
+                and isinstance(big.operator, cst.Subtract) and code(bare(big.left)) == bound
+                and self._is_start(big.right))
+
+    def reduced(self, mask: cst.BaseExpression) -> cst.BaseExpression | None:
+        """`mask` without its terms that hold in full iterations; None when nothing is left."""
+        return reduced(mask, self.is_true_term)
+
+
+def block_loop(loop: cst.For, kernel: cst.FunctionDef, aranges: dict[str, str]) -> BlockLoop | None:
+    """The loop's shape when its boundary terms are decidable (see the module's docstring), else None."""
+    if not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call):
+        return None
+    if dotted(loop.iter.func) not in ("range", "tl.range") or m.findall(loop.body, m.For() | m.While()):
+        return None
+    positional = [a.value for a in loop.iter.args if a.keyword is None]
+    var = loop.target.value
+    if len(positional) == 3 and m.matches(positional[0], m.Integer("0")):
+        bound, width, counter = positional[1], code(positional[2]), False
+    elif len(positional) in (1, 2) and (len(positional) == 1 or m.matches(positional[0], m.Integer("0"))):
+        trips = positional[-1]
+        if not (isinstance(trips, cst.Call) and dotted(trips.func) in ("tl.cdiv", "triton.cdiv") and len(trips.args) == 2):
+            return None
+        bound, width, counter = trips.args[0].value, code(trips.args[1].value), True
+    else:
+        return None
+    assigned = assigned_names(loop.body)
+    if var in assigned or names_in(bound) & set(assigned) or width in assigned:
+        return None
+    shape = BlockLoop(var, bound, width, counter, {name for name, w in aranges.items() if w == width})
+    for name, value in single_assigns(kernel.body).items():
+        if mask_like(value, shape.masks):
+            shape.masks.add(name)
+    singles = single_assigns(loop.body)
+    in_kernel = assigned_names(kernel.body)
+    for name, value in singles.items():  # in source order, so a mask may name a block bound before it
+        if name in aranges or in_kernel.get(name) != 1:
+            continue  # bound before the loop too: its first iteration would read that value
+        if shape.is_block(value):
+            shape.blocks.add(name)
+        elif shape.reduced(value) is None:
+            shape.true_names.add(name)
+    return shape
+
+
+def kernel_aranges(kernel: cst.FunctionDef) -> dict[str, str]:
+    """Names the kernel binds once to tl.arange(0, W), with W as written."""
+    out: dict[str, str] = {}
+    for name, value in single_assigns(kernel.body).items():
+        width = arange_width(value)
+        if width is not None:
+            out[name] = width
+    return out
+
+
+def reduced(mask: cst.BaseExpression, is_true: Callable[[cst.BaseExpression], bool]) -> cst.BaseExpression | None:
+    """`mask` (terms joined by `&`) without the terms `is_true` proves; None when nothing is left; `mask`
+    itself when nothing goes."""
+    node = bare(mask)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd):
+        left, right = reduced(node.left, is_true), reduced(node.right, is_true)
+        if left is None or right is None:
+            return right if left is None else left
+        if left is node.left and right is node.right:
+            return mask
+        return cst.BinaryOperation(left=left, operator=node.operator, right=right, lpar=mask.lpar, rpar=mask.rpar)
+    return None if is_true(mask) else mask
+
+
+class DropTrueTerms(cst.CSTTransformer):
+    """Masks without the terms `is_true` proves, in tl.load / tl.store masks, tl.where conditions and
+    mask bindings (`masks`: the names bound to comparisons, see `mask_like`); `dropped` counts them."""
+
+    def __init__(self, is_true: Callable[[cst.BaseExpression], bool], masks: set[str]) -> None:
+        self.is_true = is_true
+        self.masks = masks
+        self.dropped = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        name = dotted(updated.func)
+        if name == "tl.where" and len(updated.args) == 3 and updated.args[0].keyword is None:
+            condition = reduced(updated.args[0].value, self.is_true)
+            if condition is updated.args[0].value:
+                return updated
+            self.dropped += 1
+            if condition is None:
+                kept = updated.args[1].value
+                return kept.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
+                    if isinstance(kept, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp)) else kept
+            return updated.with_changes(args=[updated.args[0].with_changes(value=condition), *updated.args[1:]])
+        if name not in ("tl.load", "tl.store"):
+            return updated
+        position = 2 if name == "tl.store" else 1
+        args = list(updated.args)
+        index = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "mask"), None)
+        if index is None and len(args) > position and all(a.keyword is None for a in args[:position + 1]):
+            index = position
+        if index is None:
+            return updated
+        mask = reduced(args[index].value, self.is_true)
+        if mask is args[index].value:
+            return updated
+        if mask is not None:
+            self.dropped += 1
+            args[index] = args[index].with_changes(value=mask)
+            return updated.with_changes(args=args)
+        if index == position and name == "tl.load" and len(args) > position + 1 and args[position + 1].keyword is None:
+            return updated  # `other` given by position after the mask: left as written rather than re-spelled
+        self.dropped += 1
+        gone = {index} | {i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "other"}
+        kept_args = [a for i, a in enumerate(args) if i not in gone]
+        kept_args[-1] = kept_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(args=kept_args)
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        # `mask = (rm < M) & (rn < N)` bound in the loop: in a full iteration `mask = rm < M`. A binding
+        # that becomes wholly true is left as written: its uses are dropped, the compiler removes it.
+        value = updated.value
+        if not mask_like(value, self.masks):
+            return updated
+        kept = reduced(value, self.is_true)
+        if kept is None or kept is value:
+            return updated
+        self.dropped += 1
+        return updated.with_changes(value=kept)
+
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+        # `s = tl.where(rn < n, s, -inf)` became `s = s`: nothing left to say
+        if (len(updated.body) == 1 and isinstance(updated.body[0], cst.Assign) and len(updated.body[0].targets) == 1
+                and m.matches(updated.body[0].value, m.Name()) and m.matches(updated.body[0].targets[0].target, m.Name())
+                and updated.body[0].value.value == updated.body[0].targets[0].target.value):  # type: ignore[attr-defined]
+            return cst.RemoveFromParent()
+        return updated
+
+
+def mask_like(node: cst.BaseExpression, masks: set[str]) -> bool:
+    """Comparisons (or names bound to them) joined by `&`: booleans, so that dropping a true term cannot
+    change the value (`x & True` is `x` only for a boolean x)."""
+    inner = bare(node)
+    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.BitAnd):
+        return mask_like(inner.left, masks) and mask_like(inner.right, masks)
+    return isinstance(inner, cst.Comparison) or isinstance(inner, cst.Name) and inner.value in masks
+
+
+def with_range(loop: cst.For, start: cst.BaseExpression, end: cst.BaseExpression, step: cst.BaseExpression | None,
+                comment: str) -> cst.For:
+    call = loop.iter
+    assert isinstance(call, cst.Call)
+    positional = [cst.Arg(start), cst.Arg(end)] + ([cst.Arg(step)] if step is not None else [])
+    keywords = [a for a in call.args if a.keyword is not None]
+    args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in positional + keywords]
+    return loop.with_changes(iter=call.with_changes(args=args),
+                             leading_lines=[*loop.leading_lines, cst.EmptyLine(comment=cst.Comment(comment))])
