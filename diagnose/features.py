@@ -53,6 +53,8 @@ class KernelFeatures:
     block_pointers: list[Site] = field(default_factory=list)  # make_block_ptr / make_tensor_descriptor
     # loops whose full iterations evaluate boundary masks only the last needs; detail: how many terms
     boundary_loops: list[Site] = field(default_factory=list)
+    # causal key loops that visit the blocks past their rows' diagonal; detail: how many causal terms
+    causal_loops: list[Site] = field(default_factory=list)
     launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
     launch_line: int = 0  # the line of the first kernel[grid](...) call
 
@@ -180,9 +182,13 @@ def kernel_features(path: str | Path) -> KernelFeatures:
         params = _runtime_params(fn)
         feats.params[fn.name] = params
         _KernelVisitor(feats, set(params)).visit(fn)
-    from diagnose.rewriters.peel import boundary_loops  # the rewrite's own precondition, so the two agree
+    # the rewrites' own preconditions, so that what L1 reports is what they change
+    from diagnose.rewriters.causal import causal_loops
+    from diagnose.rewriters.peel import boundary_loops
 
-    feats.boundary_loops = [Site(b.line, "for", str(b.terms), False) for b in boundary_loops(path.read_text())]
+    source = path.read_text()
+    feats.boundary_loops = [Site(b.line, "for", str(b.terms), False) for b in boundary_loops(source)]
+    feats.causal_loops = [Site(c.line, "for", str(c.terms), False) for c in causal_loops(source)]
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values

@@ -125,6 +125,15 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                                "Whether it does depends on the trip count and tile sizes.",
                                [ev], [loop.line], "hivm-plan-memory", "L1", 0.5))
             break
+    for loop in feats.causal_loops:
+        ev = _ev(log, feats, loop, f"the key loop at {name}:{loop.line} runs over the whole sequence while a causal "
+                                   "select sets every score past the rows' diagonal to -inf")
+        out.append(Finding("attention.causal-full-loop", "attention",
+                           f"the causal loop at {name}:{loop.line} visits the key blocks past the diagonal",
+                           "Blocks wholly past the diagonal are loaded, multiplied and exponentiated only to be "
+                           "masked out: for a square causal problem about half of the loop's work.",
+                           [ev], [loop.line], "", "L1", 0.8))
+        break
     for loop in feats.boundary_loops if cuda else ():
         ev = _ev(log, feats, loop, f"every iteration of the loop at {name}:{loop.line} evaluates {loop.detail} boundary "
                                    "mask term(s) comparing the loop's own block with its bound, true in all but the last")

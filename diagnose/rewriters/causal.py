@@ -1,0 +1,285 @@
+"""Causal loop bounds: an attention key loop stops at the diagonal, and the blocks wholly below it run
+without the causal mask.
+
+A causal attention kernel written as `for start_n in range(0, seq, BLOCK_N)` with the scores masked by
+`tl.where(rm[:, None] >= rn[None, :], s, -inf)` visits every key block although the blocks past its
+rows' diagonal are masked out entirely: half the work of a square problem. With the online-softmax
+update those blocks change nothing (every score -inf: p = exp(-inf - m) = 0, the running max and with it
+alpha = exp(m_old - m_new) = 1 unchanged), so stopping at the diagonal gives the same result bit for
+bit. The blocks wholly below the diagonal (every key before every row) need no causal term either.
+
+    for start_n in range(0, start_m // BLOCK_N * BLOCK_N, BLOCK_N):                   # below: unmasked
+        ...                                                                           # causal term dropped
+    for start_n in range(start_m // BLOCK_N * BLOCK_N, tl.minimum(seq, start_m + BLOCK_M), BLOCK_N):
+        ...                                                                           # the diagonal, as written
+
+Preconditions, checked on the syntax tree: the loop walks its dimension in blocks from 0 (blocks.py);
+a causal term compares the loop's block with the program's row block `S + tl.arange(0, BLOCK_M)` (S
+built from program ids and constants), `rows >= keys` or `rows > keys`; the term appears only in the
+condition of `tl.where(cond, x, -inf)`, inline or through a name; the masked scores are used only by
+`tl.max(s, ...)` and by `tl.exp(s - m)` / `tl.exp2(s - m)` (so an all -inf block adds exp(-inf) = 0),
+and are not carried out of the loop. The judge checks the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from diagnose.rewriters.base import Variant, dotted, is_jit, register, start_plus_arange
+from diagnose.rewriters.blocks import (
+    BlockLoop,
+    DropTrueTerms,
+    assigned_names,
+    bare,
+    block_loop,
+    code,
+    kernel_aranges,
+    names_in,
+    with_range,
+)
+
+__all__ = ["CausalLoop", "causal_loop_bounds", "causal_loops"]
+
+_NEG_INF = {'-float("inf")', 'float("-inf")', "-math.inf", "-float('inf')", "float('-inf')", "-tl.inf"}
+_EXP = {"tl.exp", "tl.exp2", "tl.math.exp", "tl.math.exp2", "libdevice.exp", "libdevice.exp2"}
+_INDEX_CALLS = {"tl.program_id", "tl.num_programs"}
+
+
+@dataclass(frozen=True)
+class CausalLoop:
+    """A key loop the rewrite bounds: its line and the causal terms its below-diagonal blocks drop."""
+
+    line: int
+    terms: int
+
+
+@dataclass
+class _Causal:
+    loop: BlockLoop
+    rows: dict[str, tuple[str, str]]  # names bound to a row block -> (its start S, its width BLOCK_M)
+    names: set[str]  # names the loop body binds to a causal term
+    start: str = ""  # S and BLOCK_M of the row block the causal terms compare with
+    width: str = ""
+
+    def _row_block(self, node: cst.BaseExpression) -> tuple[str, str] | None:
+        node = bare(node)
+        if isinstance(node, cst.Name):
+            return self.rows.get(node.value)
+        split = start_plus_arange(node)
+        if split is None or not _invariant(split[0], self.loop):
+            return None
+        return code(bare(split[0])), code(split[1])
+
+    def is_causal_term(self, node: cst.BaseExpression) -> bool:
+        """`rows >= keys`, `rows > keys` (or mirrored) for the row block this loop's terms all use."""
+        node = bare(node)
+        if isinstance(node, cst.Name):
+            return node.value in self.names
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1):
+            return False
+        op, right = node.comparisons[0].operator, node.comparisons[0].comparator
+        if isinstance(op, (cst.GreaterThanEqual, cst.GreaterThan)):
+            rows, keys = node.left, right
+        elif isinstance(op, (cst.LessThanEqual, cst.LessThan)):
+            rows, keys = right, node.left
+        else:
+            return False
+        row = self._row_block(rows)
+        if row is None or not self.loop.is_block(keys):
+            return False
+        if not self.start:
+            self.start, self.width = row
+        return row == (self.start, self.width)
+
+
+def _invariant(start: cst.BaseExpression, loop: BlockLoop) -> bool:
+    """S of a row block: names the loop does not assign, constants, program ids; no other calls."""
+    calls = {dotted(c.func) for c in m.findall(start, m.Call())}  # type: ignore[union-attr]
+    return calls <= _INDEX_CALLS and loop.var not in names_in(start)
+
+
+def _row_blocks(kernel: cst.FunctionDef, loop: cst.For) -> dict[str, tuple[str, str]]:
+    """Names the kernel binds once, outside the loop, to `S + tl.arange(0, BLOCK_M)`."""
+    in_loop = assigned_names(loop.body)
+    out = {}
+    counts = assigned_names(kernel.body)
+    for node in m.findall(kernel.body, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+        assert isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name)
+        name = node.targets[0].target.value
+        split = start_plus_arange(node.value)
+        if split is not None and counts.get(name) == 1 and name not in in_loop:
+            calls = {dotted(c.func) for c in m.findall(split[0], m.Call())}  # type: ignore[union-attr]
+            if calls <= _INDEX_CALLS and not names_in(split[0]) & set(in_loop):
+                out[name] = (code(bare(split[0])), code(split[1]))
+    return out
+
+
+def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> bool:
+    """Every causal term sits in `t = tl.where(cond, x, -inf)`, and every later use of t in the body is
+    `tl.max(t, ...)` or `exp(t - m)`."""
+    statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
+    terms_seen = 0
+    for i, statement in enumerate(statements):
+        wheres = [c for c in m.findall(statement, m.Call()) if dotted(c.func) == "tl.where"]  # type: ignore[union-attr]
+        uses = _causal_uses(statement, causal)
+        if not uses:
+            continue
+        target = _where_target(statement)
+        if target is None or len(wheres) != 1 or uses != _causal_uses(wheres[0].args[0].value, causal):  # type: ignore[union-attr]
+            return False  # a causal term outside one tl.where's condition
+        where = wheres[0]
+        assert isinstance(where, cst.Call)
+        if len(where.args) != 3 or code(where.args[2].value).replace("'", '"') not in _NEG_INF:
+            return False
+        terms_seen += uses
+        later = cst.IndentedBlock(body=statements[i + 1:])
+        total = len(m.findall(later, m.Name(target)))
+        maxes = len(m.findall(later, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("max")),
+                                            args=[m.Arg(value=m.Name(target)), m.ZeroOrMore()])))
+        exps = sum(1 for c in m.findall(later, m.Call()) if dotted(c.func) in _EXP  # type: ignore[union-attr]
+                   and c.args and m.matches(c.args[0].value, m.BinaryOperation(left=m.Name(target), operator=m.Subtract())))  # type: ignore[union-attr]
+        if total != maxes + exps:
+            return False
+    return terms_seen > 0
+
+
+def _causal_uses(node: cst.CSTNode, causal: _Causal) -> int:
+    found = 0
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Comparison(self, comparison: cst.Comparison) -> bool:
+            nonlocal found
+            found += causal.is_causal_term(comparison)
+            return False
+
+        def visit_Name(self, name: cst.Name) -> None:
+            nonlocal found
+            found += name.value in causal.names
+
+    node.visit(Visitor())
+    return found
+
+
+def _where_target(statement: cst.CSTNode) -> str | None:
+    if (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1
+            and isinstance(statement.body[0].targets[0].target, cst.Name)
+            and m.matches(statement.body[0].value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("where"))))):
+        return statement.body[0].targets[0].target.value
+    return None
+
+
+def _causal_of(loop_node: cst.For, kernel: cst.FunctionDef, aranges: dict[str, str]) -> _Causal | None:
+    loop = block_loop(loop_node, kernel, aranges)
+    if loop is None or loop.counter:
+        return None
+    causal = _Causal(loop, _row_blocks(kernel, loop_node), set())
+    counts = assigned_names(kernel.body)
+    for node in m.findall(loop_node.body, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+        assert isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name)
+        name = node.targets[0].target.value
+        if counts.get(name) == 1 and causal.is_causal_term(node.value):
+            causal.names.add(name)
+    # a named causal mask is used in the tl.where only; the binding itself is no use
+    body = loop_node.body.visit(_Unbind(causal.names))
+    assert isinstance(body, cst.BaseSuite)
+    if not _masked_scores_are_softmax_only(body, causal) or not causal.start:
+        return None
+    scores = {_where_target(s) for s in (body.body if isinstance(body, cst.IndentedBlock) else [])} - {None}
+    if any(counts.get(t, 0) > assigned_names(loop_node.body).get(t, 0) for t in scores if t):
+        return None  # the masked scores are carried in from before the loop
+    return causal
+
+
+class _Unbind(cst.CSTTransformer):
+    """The body without the bindings of the named causal masks (for counting their uses)."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+        if (len(updated.body) == 1 and isinstance(updated.body[0], cst.Assign)
+                and any(m.matches(t.target, m.Name()) and t.target.value in self.names  # type: ignore[attr-defined]
+                        for t in updated.body[0].targets)):
+            return cst.RemoveFromParent()
+        return updated
+
+
+class _Bound(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, split: bool) -> None:
+        self.split = split
+        self.kernels: list[tuple[cst.FunctionDef, dict[str, str]]] = []
+        self.bounded: list[CausalLoop] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.kernels.append((node, kernel_aranges(node) if is_jit(node) else {}))
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.kernels.pop()
+        return updated
+
+    def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        if not self.kernels or not is_jit(self.kernels[-1][0]) or original.orelse is not None:
+            return updated
+        causal = _causal_of(original, *self.kernels[-1])
+        if causal is None:
+            return updated
+        call = original.iter
+        assert isinstance(call, cst.Call)
+        step = [a.value for a in call.args if a.keyword is None][2]
+        bound = code(causal.loop.bound)
+        start = causal.start if _atomic(causal.start) else f"({causal.start})"
+        end = cst.parse_expression(f"tl.minimum({bound}, {start} + {causal.width})")
+        dropper = DropTrueTerms(causal.is_causal_term, causal.loop.masks | causal.names)
+        below_body = original.body.visit(dropper)
+        line = self.get_metadata(PositionProvider, original).start.line
+        self.bounded.append(CausalLoop(line, dropper.dropped))
+        if not self.split:
+            return with_range(original, cst.Integer("0"), end, step,
+                              "# key blocks past the rows' diagonal are all -inf: they add nothing, so they are skipped")
+        assert isinstance(below_body, cst.BaseSuite)
+        diagonal = cst.parse_expression(f"{start} // {causal.loop.width} * {causal.loop.width}")
+        below = with_range(original.with_changes(body=below_body), cst.Integer("0"), diagonal, step,
+                           "# key blocks wholly below the diagonal: every key precedes every row, no causal mask")
+        on = with_range(original.with_changes(leading_lines=[]), diagonal, end, step,
+                        "# the blocks on the diagonal, as written; those past it add nothing and are skipped")
+        return cst.FlattenSentinel([below, on])
+
+
+def _atomic(text: str) -> bool:
+    return text.replace("_", "").isalnum()
+
+
+def _bounded(source: str, split: bool) -> tuple[str, list[CausalLoop]]:
+    transformer = _Bound(split)
+    new = MetadataWrapper(cst.parse_module(source)).visit(transformer)
+    return new.code, transformer.bounded
+
+
+def causal_loops(source: str) -> list[CausalLoop]:
+    """The causal key loops that visit blocks past the diagonal (what L1 reports; the rewrite bounds them)."""
+    try:
+        return _bounded(source, split=False)[1]
+    except cst.ParserSyntaxError:
+        return []
+
+
+def causal_loop_bounds(source: str, context: dict[str, Any]) -> list[Variant]:
+    """Two variants: the loop stopped at the diagonal; and that, with the blocks below it unmasked."""
+    variants = []
+    for split in (False, True):
+        new, bounded = _bounded(source, split)
+        if bounded:
+            variants.append(Variant({"causal_loops": len(bounded), "below_diagonal_unmasked": split}, new))
+    return variants
+
+
+register("causal-loop-bounds")(causal_loop_bounds)

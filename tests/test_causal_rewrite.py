@@ -1,0 +1,90 @@
+"""Causal loop bounds (issue 27, attention): a causal key loop ends at its rows' diagonal and, in the
+split variant, runs the blocks wholly below it without the causal select; both give the reference's
+values under the real judge (interpreter); where a skipped block could change the result, or the term is
+not causal, the rewrite declines; L1 reports the loops it bounds."""
+
+from __future__ import annotations
+
+import pytest
+from test_peel_rewrite import CAUSAL, CAUSAL_REFERENCE
+
+from diagnose.features import kernel_features
+from diagnose.records import EvidenceLog
+from diagnose.rewriters import rewrite
+from diagnose.triage import triage
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec
+from kb.patterns import load_catalog
+
+PATTERN = "causal-loop-bounds"
+
+# the same kernel with a named causal mask, a row start bound to a name, and base-2 exponentials
+NAMED = (CAUSAL.replace("    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n",
+                        "    start_m = tl.program_id(0) * BLOCK_M\n    rm = start_m + tl.arange(0, BLOCK_M)\n")
+         .replace("        s = tl.where((rm[:, None] >= rn[None, :]) & (rn[None, :] < seq), s, -float(\"inf\"))\n",
+                  "        visible = rn[None, :] <= rm[:, None]\n"
+                  "        s = tl.where(visible & (rn[None, :] < seq), s * 1.4426950408889634, float(\"-inf\"))\n")
+         .replace("p = tl.exp(s - m_new[:, None])", "p = tl.exp2(s - m_new[:, None])")
+         .replace("alpha = tl.exp(m_i - m_new)", "alpha = tl.exp2(m_i - m_new)"))
+
+
+def _check(tmp_path, source: str, original: str, seq: int) -> None:
+    (tmp_path / "causal.py").write_text(original)
+    candidate = tmp_path / "causal_bounded.py"
+    candidate.write_text(source)
+    spec = TaskSpec(kernel=str(tmp_path / "causal.py"), reference=CAUSAL_REFERENCE,
+                    call=f"causal(torch.randn({seq}, 16), torch.randn({seq}, 16), torch.randn({seq}, 16))")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
+                      candidate_entry="causal")
+    assert report.run("candidate").correct, report.to_dict()
+
+
+def test_the_key_loop_ends_at_the_diagonal_and_the_blocks_below_it_drop_the_causal_select(tmp_path):
+    bounded, split = rewrite(PATTERN, CAUSAL, {})
+    assert not bounded.params["below_diagonal_unmasked"] and split.params["below_diagonal_unmasked"]
+    end = "tl.minimum(seq, (tl.program_id(0) * BLOCK_M) + BLOCK_M)"
+    assert f"for start_n in range(0, {end}, BLOCK_N):" in bounded.source
+    diagonal = "(tl.program_id(0) * BLOCK_M) // BLOCK_N * BLOCK_N"
+    below, on = split.source.split(f"for start_n in range({diagonal}, {end}, BLOCK_N):")
+    assert f"for start_n in range(0, {diagonal}, BLOCK_N):" in below
+    assert 's = tl.where((rn[None, :] < seq), s, -float("inf"))' in below  # the boundary term stays
+    assert "(rm[:, None] >= rn[None, :]) & (rn[None, :] < seq)" in on  # the diagonal blocks as written
+    for seq in (40, 32, 7):  # partial blocks, none, a single one
+        for variant in (bounded, split):
+            _check(tmp_path, variant.source, CAUSAL, seq)
+
+
+def test_a_named_mask_a_named_row_start_and_exp2_are_read_the_same_way(tmp_path):
+    bounded, split = rewrite(PATTERN, NAMED, {})
+    assert "range(0, tl.minimum(seq, start_m + BLOCK_M), BLOCK_N)" in bounded.source
+    below = split.source.split("for start_n in range(start_m // BLOCK_N * BLOCK_N")[0]
+    assert "s = tl.where((rn[None, :] < seq), s * 1.4426950408889634" in below
+    _check(tmp_path, split.source, NAMED, 40)
+
+
+@pytest.mark.parametrize("change, why", [
+    (("m_new = tl.maximum(m_i, tl.max(s, axis=1))", "m_new = tl.maximum(m_i, tl.max(s, axis=1))\n        l_i += tl.sum(s, 1) * 0"),
+     "the masked scores summed: a skipped block would be missing from it"),
+    (('s, -float("inf"))', "s, 0.0)"), "masked to 0, not -inf: exp(0) would count"),
+    (("rm[:, None] >= rn[None, :]", "rm[:, None] <= rn[None, :]"), "keys after the rows: not causal"),
+    (("rm[:, None] >= rn[None, :]", "rn[:, None] >= rn[None, :]"), "no row block on the other side"),
+    (("mask=in_seq[:, None], other=0.0)\n        s =", "mask=in_seq[:, None] & (rm[None, :] >= rn[:, None]), other=0.0)\n        s ="),
+     "the causal term in a load's mask too"),
+    (("for start_n in range(0, seq, BLOCK_N):", "for start_n in range(0, seq, 2 * BLOCK_N):"), "a step wider than the block"),
+])
+def test_it_declines_where_skipping_a_block_could_change_the_result(change, why):
+    old, new = change
+    source = CAUSAL.replace(old, new)
+    assert source != CAUSAL
+    assert rewrite(PATTERN, source, {}) == [], why
+
+
+def test_l1_reports_the_causal_loop_and_the_catalog_answers_with_the_rewrite(tmp_path):
+    kernel = tmp_path / "causal.py"
+    kernel.write_text(CAUSAL)
+    line = CAUSAL.splitlines().index("    for start_n in range(0, seq, BLOCK_N):") + 1
+    (finding,) = [f for f in triage(kernel_features(kernel), EvidenceLog()) if f.kind == "attention.causal-full-loop"]
+    assert finding.kernel_lines == [line] and finding.confidence == 0.8
+    assert [p.id for p in load_catalog() if finding.kind in p.symptoms] == [PATTERN]
+    kernel.write_text(CAUSAL.replace('s, -float("inf"))', "s, 0.0)"))
+    assert not any(f.kind == "attention.causal-full-loop" for f in triage(kernel_features(kernel), EvidenceLog()))
