@@ -5,6 +5,7 @@ judge of test_optimize, on the CPU interpreter."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -350,3 +351,21 @@ def test_a_job_runs_the_loop_from_the_options_record_in_a_process_of_its_own(tmp
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert failed.returncode == 2 and failed.stderr.splitlines()[-1].startswith("error: ")
     assert "Traceback" not in failed.stderr
+
+
+def test_the_suite_reports_the_share_of_log_headroom_taken_and_the_slowest_case():
+    """Issues 26/27's goals as the report computes them: ln(speedup) / ln(bound) over operators with a
+    bound above 1.2x, unclamped; the slowest single case against its initial kernel; roofline medians."""
+    from diagnose.bench.report import _suite
+
+    def row(speedup, bound, cases, before, after):
+        return {"status": "finished", "speedup": speedup, "speedup_bound": bound, "best_round": 1,
+                "per_case": cases, "roofline_initial": before, "roofline_best": after}
+
+    suite = _suite([row(2.0, 4.0, {"a": 2.5, "b": 1.6}, 0.25, 0.5),   # half the headroom, in log terms
+                    row(3.0, 1.5, {"a": 3.0}, 0.6, 0.9),              # past its bound: counted as measured
+                    row(1.05, 1.1, {"a": 1.2, "b": 0.97}, 0.9, 0.95)])  # too little headroom to count
+    assert suite["headroom_operators"] == 2
+    assert suite["headroom_captured"] == round((0.5 + math.log(3) / math.log(1.5)) / 2, 4)
+    assert suite["worst_case_vs_initial"] == 0.97
+    assert (suite["roofline_initial_median"], suite["roofline_best_median"]) == (0.6, 0.9)

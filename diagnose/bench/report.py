@@ -10,6 +10,7 @@ of a finished run; the suite figure is the geometric mean over operators.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,6 +128,13 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     memory = [f for r in done for f in r.get("memory_bound_fractions", [])]
     bounds = [r["speedup_bound"] for r in done if r.get("speedup_bound")]
+    # Issues 26/27's goal: of the headroom the roofline leaves (operators whose bound is above 1.2x),
+    # the share in log terms the optimized kernel took, ln(speedup) / ln(bound), averaged unclamped.
+    headroom = [math.log(r["speedup"]) / math.log(r["speedup_bound"]) for r in done
+                if (r.get("speedup_bound") or 0) > _HEADROOM_BOUND]
+    worst = [min(r["per_case"].values()) for r in done if r.get("per_case")]
+    rooflines = [(r["roofline_initial"], r["roofline_best"]) for r in done
+                 if r.get("roofline_initial") is not None and r.get("roofline_best") is not None]
     return {
         "operators": len(rows),
         "finished": sum(1 for r in rows if r.get("status") == "finished"),
@@ -147,6 +155,11 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "bound_median": round(statistics.median(bounds), 4) if bounds else None,
         "bound_above_2x": sum(1 for b in bounds if b > 2),
         "bound_above_5x": sum(1 for b in bounds if b > 5),
+        "headroom_operators": len(headroom),
+        "headroom_captured": round(statistics.mean(headroom), 4) if headroom else None,
+        "worst_case_vs_initial": round(min(worst), 4) if worst else None,
+        "roofline_initial_median": round(statistics.median(i for i, _ in rooflines), 4) if rooflines else None,
+        "roofline_best_median": round(statistics.median(b for _, b in rooflines), 4) if rooflines else None,
         "median_best_round": statistics.median([r["best_round"] for r in done]) if done else None,
         "mean_best_round_improved": round(statistics.mean([r["best_round"] for r in done if r["best_round"]]), 2)
         if any(r["best_round"] for r in done) else None,
@@ -201,6 +214,8 @@ def _fmt(value: Any, suffix: str = "") -> str:
 
 
 _X = ("geomean", "median", "initial_vs_eager", "best_vs_eager", "best_vs_compiled", "bound_geomean", "bound_median")
+_HEADROOM_BOUND = 1.2  # operators with less headroom than this are left out of the captured share
+
 _SUITE_ROWS = [  # (key of _suite's figures, label, key of PUBLISHED or None)
     ("operators", "operators", "operators"), ("finished", "runs finished", None),
     ("geomean", "geomean speedup vs initial", "geomean"), ("median", "median speedup", "median"),
@@ -210,6 +225,11 @@ _SUITE_ROWS = [  # (key of _suite's figures, label, key of PUBLISHED or None)
     ("bound_median", "roofline bound on the median speedup", None),
     ("bound_above_2x", "operators whose roofline bound is above 2x", None),
     ("bound_above_5x", "operators whose roofline bound is above 5x", None),
+    ("headroom_operators", "operators whose roofline bound is above 1.2x", None),
+    ("headroom_captured", "log-headroom captured: mean ln(speedup) / ln(bound) over those (goal 0.6 / 0.7)", None),
+    ("worst_case_vs_initial", "slowest case of any operator vs its initial kernel (goal >= 0.98)", None),
+    ("roofline_initial_median", "roofline position of the initial kernels (median)", None),
+    ("roofline_best_median", "roofline position of the optimized kernels (median)", None),
     ("initial_vs_eager", "initial kernel vs PyTorch eager (geomean)", None),
     ("best_vs_eager", "optimized kernel vs PyTorch eager (geomean; goal 1.0)", None),
     ("best_vs_compiled", "optimized kernel vs torch.compile (geomean)", None),
