@@ -33,6 +33,7 @@ from diagnose.records import (
     ranked_defects,
 )
 from diagnose.request import DEFAULT_TARGET, DiagnosisRequest
+from diagnose.triage import SOURCE_KINDS
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 from kb.home import KBHome
@@ -219,8 +220,9 @@ class _State:
             l3_kinds.setdefault(f.kind, f)
         kept = []
         for f in self.findings:
-            if f.level != "L1" or f.kind.startswith(LAUNCH_KINDS):
-                kept.append(f)  # the launch's own facts (its grid, its strides): no IR stage shows them
+            if f.level != "L1" or f.kind.startswith(LAUNCH_KINDS + SOURCE_KINDS):
+                kept.append(f)  # the launch's own facts (its grid, its strides), the loops' trip counts:
+                # no IR stage shows them
             elif f.kind in l3_kinds:
                 l3_kinds[f.kind].evidence = [*f.evidence, *l3_kinds[f.kind].evidence]
                 self.notes.append(f"L1 suspected {f.kind}; the IR confirms it")

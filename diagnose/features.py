@@ -11,10 +11,13 @@ from __future__ import annotations
 import ast
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserFacingError
 from harness.guards import is_kernel
+
+if TYPE_CHECKING:
+    from diagnose.rewriters.causal import CausalLoop
 
 __all__ = ["KernelFeatures", "Site", "access_mask", "dotted_name", "kernel_features", "kernel_functions"]
 
@@ -53,8 +56,8 @@ class KernelFeatures:
     block_pointers: list[Site] = field(default_factory=list)  # make_block_ptr / make_tensor_descriptor
     # loops whose full iterations evaluate boundary masks only the last needs; detail: how many terms
     boundary_loops: list[Site] = field(default_factory=list)
-    # causal key loops that visit the blocks past their rows' diagonal; detail: how many causal terms
-    causal_loops: list[Site] = field(default_factory=list)
+    # causal key loops that visit the blocks past their rows' diagonal (diagnose.rewriters.causal)
+    causal_loops: list[CausalLoop] = field(default_factory=list)
     launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
     launch_line: int = 0  # the line of the first kernel[grid](...) call
 
@@ -188,7 +191,7 @@ def kernel_features(path: str | Path) -> KernelFeatures:
 
     source = path.read_text()
     feats.boundary_loops = [Site(b.line, "for", str(b.terms), False) for b in boundary_loops(source)]
-    feats.causal_loops = [Site(c.line, "for", str(c.terms), False) for c in causal_loops(source)]
+    feats.causal_loops = causal_loops(source)
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values

@@ -52,6 +52,7 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
     # The launches of this file's kernels; one from another file is triaged with that file's source.
     mine = [f for f in launches if Path(f.source_file).resolve() == Path(feats.file).resolve()]
     kept = _temper(feats, kernels, launches, mine, findings, log, notes)
+    _causal_gains(feats, kernels, mine, kept, log)
     for facts in mine:
         kept += _parallelism(feats, facts, log)
         kernel = kernels.get(facts.kernel)
@@ -275,6 +276,68 @@ def _terms(node: ast.expr) -> Iterator[ast.expr]:
 
 def _is_arange(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and dotted_name(node.func) in ("tl.arange", "triton.language.arange")
+
+
+# ---------------------------------------------------------------------------- causal key loops
+def _causal_gains(feats: KernelFeatures, kernels: dict[str, ast.FunctionDef], mine: list[LaunchFacts],
+                  findings: list[Finding], log: EvidenceLog) -> None:
+    """A causal loop's gain at this launch: the key blocks its programs visit over those they would
+    visit stopping at their rows' diagonal (evidence: both counts)."""
+    for f in findings:
+        if f.kind != "attention.causal-full-loop" or not f.kernel_lines:
+            continue
+        loop = next((c for c in feats.causal_loops if c.line == f.kernel_lines[0]), None)
+        for facts in mine:
+            kernel = kernels.get(facts.kernel)
+            if loop is None or kernel is None or not kernel.lineno <= loop.line <= (kernel.end_lineno or 0):
+                continue
+            counts = _causal_blocks(loop, kernel, facts)
+            if counts is None:
+                continue
+            total, visited = counts
+            f.gain = round(total / visited, 2)
+            f.evidence = [*f.evidence, log.add(
+                "L1", "launch", f"at this launch its programs visit {total} key blocks, {total - visited} of them "
+                f"wholly past their rows' diagonal", f"{Path(feats.file).name}:{loop.line}",
+                f"for ... in range(0, {loop.bound}, {loop.step}); rows {loop.rows_start} + arange({loop.rows_width})")]
+            break
+
+
+def _causal_blocks(loop: Any, kernel: ast.FunctionDef, facts: LaunchFacts) -> tuple[int, int] | None:
+    """(blocks visited as written, blocks up to the diagonal) over the grid's programs, where the row
+    start is an expression of one program id and the launch's integers; None where it is not."""
+    values, definitions = facts.integers(), single_assignments(kernel)
+
+    def value(text: str, extra: dict[str, int] | None = None) -> int | None:
+        try:
+            node = expand(ast.parse(text, mode="eval").body, definitions, 4)
+        except SyntaxError:
+            return None
+        return evaluate(_PidAsName().visit(node), {**values, **(extra or {})})
+
+    bound, step, width = value(loop.bound), value(loop.step), value(loop.rows_width)
+    axes = {c.args[0].value for c in ast.walk(expand(ast.parse(loop.rows_start, mode="eval").body, definitions, 4))
+            if isinstance(c, ast.Call) and dotted_name(c.func) == "tl.program_id" and c.args
+            and isinstance(c.args[0], ast.Constant)}
+    if None in (bound, step, width) or not step or len(axes) != 1 or not facts.grid or len(facts.grid) <= min(axes):
+        return None
+    total = visited = 0
+    for pid in range(min(facts.grid[min(axes)], 1 << 16)):
+        start = value(loop.rows_start, {"__pid": pid})
+        if start is None:
+            return None
+        total += math.ceil(bound / step)
+        visited += math.ceil(max(0, min(bound, start + width)) / step)
+    return (total, visited) if visited else None
+
+
+class _PidAsName(ast.NodeTransformer):
+    """`tl.program_id(k)` -> the name `__pid`, which `evaluate` reads from the values it is given."""
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        if dotted_name(node.func) == "tl.program_id":
+            return ast.Name("__pid", ast.Load())
+        return self.generic_visit(node)
 
 
 # ------------------------------------------------------------------------- values vs the source rules

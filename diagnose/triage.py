@@ -12,7 +12,11 @@ from __future__ import annotations
 from diagnose.features import KernelFeatures, Site
 from diagnose.records import EvidenceLog, Finding
 
-__all__ = ["source_line", "triage"]
+__all__ = ["SOURCE_KINDS", "source_line", "triage"]
+
+# Findings the source settles and no IR stage shows: how many blocks a loop visits, which masks hold in
+# all but its last iteration. L3 keeps them as they are (as it keeps the launch's own facts).
+SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask")
 
 _SHARED_LIMIT_SM90 = 227 * 1024
 
@@ -125,14 +129,15 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                                "Whether it does depends on the trip count and tile sizes.",
                                [ev], [loop.line], "hivm-plan-memory", "L1", 0.5))
             break
-    for loop in feats.causal_loops:
+    for causal in feats.causal_loops:
+        loop = Site(causal.line, "for")
         ev = _ev(log, feats, loop, f"the key loop at {name}:{loop.line} runs over the whole sequence while a causal "
                                    "select sets every score past the rows' diagonal to -inf")
         out.append(Finding("attention.causal-full-loop", "attention",
                            f"the causal loop at {name}:{loop.line} visits the key blocks past the diagonal",
                            "Blocks wholly past the diagonal are loaded, multiplied and exponentiated only to be "
                            "masked out: for a square causal problem about half of the loop's work.",
-                           [ev], [loop.line], "", "L1", 0.8))
+                           [ev], [loop.line], "", "L1", 0.9))  # the source decides it: the blocks are visited
         break
     for loop in feats.boundary_loops if cuda else ():
         ev = _ev(log, feats, loop, f"every iteration of the loop at {name}:{loop.line} evaluates {loop.detail} boundary "

@@ -5,13 +5,21 @@ not causal, the rewrite declines; L1 reports the loops it bounds."""
 
 from __future__ import annotations
 
+import json
+import textwrap
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 from test_peel_rewrite import CAUSAL, CAUSAL_REFERENCE
 
+from cli import main
 from diagnose.features import kernel_features
+from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize
 from diagnose.records import EvidenceLog
 from diagnose.rewriters import rewrite
 from diagnose.triage import triage
+from harness.measurement import RunReport, Timing
 from harness.run import RunOptions, run_task
 from harness.task import TaskSpec
 from kb.patterns import load_catalog
@@ -84,7 +92,66 @@ def test_l1_reports_the_causal_loop_and_the_catalog_answers_with_the_rewrite(tmp
     kernel.write_text(CAUSAL)
     line = CAUSAL.splitlines().index("    for start_n in range(0, seq, BLOCK_N):") + 1
     (finding,) = [f for f in triage(kernel_features(kernel), EvidenceLog()) if f.kind == "attention.causal-full-loop"]
-    assert finding.kernel_lines == [line] and finding.confidence == 0.8
+    assert finding.kernel_lines == [line] and finding.confidence == 0.9
     assert [p.id for p in load_catalog() if finding.kind in p.symptoms] == [PATTERN]
+    # at a launch: 4 programs of 16 rows over 64 keys in blocks of 16 visit 16 blocks; 1 + 2 + 3 + 4 = 10
+    # reach no further than their diagonal, so stopping there can gain 1.6x at most
+    result = CliRunner().invoke(main, ["diagnose", "--json", "--level-max", "L1", "--kernel", str(kernel), "--call",
+                                       "causal(torch.randn(64, 16), torch.randn(64, 16), torch.randn(64, 16))"])
+    assert result.exit_code == 0, result.output
+    (found,) = [f for f in json.loads(result.output)["findings"] if f["kind"] == "attention.causal-full-loop"]
+    assert found["gain"] == 1.6
     kernel.write_text(CAUSAL.replace('s, -float("inf"))', "s, 0.0)"))
     assert not any(f.kind == "attention.causal-full-loop" for f in triage(kernel_features(kernel), EvidenceLog()))
+
+
+class _BoundPaysJudge(HarnessJudge):
+    """Checks with the real harness on the interpreter; times a kernel whose key loop stops at the
+    diagonal at 55 µs, others at 100 (half the blocks, plus the diagonal's)."""
+
+    def __init__(self, initial: Path) -> None:
+        super().__init__(OptimizeOptions(backend="interpreter", seeds=1), time=False)
+        self.initial = initial
+
+    def __call__(self, spec, baseline, candidate, entry) -> RunReport:
+        report = super().__call__(spec, baseline, candidate, entry)
+        sources = {"baseline": Path(baseline or self.initial).read_text(),
+                   "candidate": Path(candidate).read_text() if candidate else ""}
+        for run in report.runs:
+            for case in run.cases if run.correct else []:
+                if not case.heldout:
+                    t = 55.0 if "tl.minimum(seq," in sources[run.role] else 100.0
+                    case.timing = Timing(t, t, t, 100, repeat_spread=0.0)
+        return report
+
+    def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
+        return [self(spec, baseline, c, entry) for c in candidates]
+
+
+def test_the_loop_answers_a_causal_loop_over_every_key_block_with_its_bound(tmp_path):
+    """From the L1 finding to an accepted round that records the pattern's unblock, through the real judge."""
+    (tmp_path / "causal.py").write_text(CAUSAL)
+    (tmp_path / "task.py").write_text(textwrap.dedent(f'''\
+        import torch
+
+        from causal import causal as entry  # noqa: F401
+
+
+        def inputs(seq):
+            return tuple(torch.randn(seq, 16) for _ in range(3))
+
+
+        reference = {CAUSAL_REFERENCE}
+        cases = [dict(seq=64), dict(seq=40)]
+        '''))
+    judge = _BoundPaysJudge(tmp_path / "causal.py")
+    try:
+        store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
+                         OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
+    finally:
+        judge.close()
+    (first,) = store.rounds()
+    assert (first.hypothesis.finding, first.hypothesis.pattern) == ("attention.causal-full-loop", PATTERN)
+    assert first.outcome == "accepted", first.reason
+    assert first.hypothesis.unblock.startswith("each program's key loop ends at its rows' last visible key")
+    store.close()

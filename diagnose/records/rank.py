@@ -26,6 +26,7 @@ IMPACT: dict[str, float] = {
     "atomics": 0.85,
     "profile": 0.85,
     "parallelism": 1.0,  # idle SMs bound every other fix
+    "attention": 1.0,  # a causal loop over every key block does up to twice the work
     "ascend": 0.8,
     "spills": 0.75,
     "reduction": 0.7,

@@ -52,10 +52,16 @@ _INDEX_CALLS = {"tl.program_id", "tl.num_programs"}
 
 @dataclass(frozen=True)
 class CausalLoop:
-    """A key loop the rewrite bounds: its line and the causal terms its below-diagonal blocks drop."""
+    """A key loop the rewrite bounds: its line, the causal terms its below-diagonal blocks drop, and as
+    written: the loop's bound and step, the row block's start S and width (what a launch's values turn
+    into the blocks skipped)."""
 
     line: int
     terms: int
+    bound: str = ""
+    step: str = ""
+    rows_start: str = ""
+    rows_width: str = ""
 
 
 @dataclass
@@ -241,7 +247,7 @@ class _Bound(cst.CSTTransformer):
         dropper = DropTrueTerms(causal.is_causal_term, causal.loop.masks | causal.names)
         below_body = original.body.visit(dropper)
         line = self.get_metadata(PositionProvider, original).start.line
-        self.bounded.append(CausalLoop(line, dropper.dropped))
+        self.bounded.append(CausalLoop(line, dropper.dropped, bound, causal.loop.width, causal.start, causal.width))
         if not self.split:
             return with_range(original, cst.Integer("0"), end, step,
                               "# key blocks past the rows' diagonal are all -inf: they add nothing, so they are skipped")
