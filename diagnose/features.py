@@ -58,6 +58,8 @@ class KernelFeatures:
     boundary_loops: list[Site] = field(default_factory=list)
     # causal key loops that visit the blocks past their rows' diagonal (diagnose.rewriters.causal)
     causal_loops: list[CausalLoop] = field(default_factory=list)
+    # linear recurrences stepped one time step per iteration (diagnose.rewriters.scan); detail: the state
+    recurrences: list[Site] = field(default_factory=list)
     launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
     launch_line: int = 0  # the line of the first kernel[grid](...) call
 
@@ -188,10 +190,12 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     # the rewrites' own preconditions, so that what L1 reports is what they change
     from diagnose.rewriters.causal import causal_loops
     from diagnose.rewriters.peel import boundary_loops
+    from diagnose.rewriters.scan import linear_recurrences
 
     source = path.read_text()
     feats.boundary_loops = [Site(b.line, "for", str(b.terms), False) for b in boundary_loops(source)]
     feats.causal_loops = causal_loops(source)
+    feats.recurrences = [Site(r.line, "for", r.state, False) for r in linear_recurrences(source)]
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values

@@ -16,7 +16,7 @@ __all__ = ["SOURCE_KINDS", "source_line", "triage"]
 
 # Findings the source settles and no IR stage shows: how many blocks a loop visits, which masks hold in
 # all but its last iteration. L3 keeps them as they are (as it keeps the launch's own facts).
-SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask")
+SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.step-at-a-time")
 
 _SHARED_LIMIT_SM90 = 227 * 1024
 
@@ -138,6 +138,15 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                            "Blocks wholly past the diagonal are loaded, multiplied and exponentiated only to be "
                            "masked out: for a square causal problem about half of the loop's work.",
                            [ev], [loop.line], "", "L1", 0.9))  # the source decides it: the blocks are visited
+        break
+    for loop in feats.recurrences:
+        ev = _ev(log, feats, loop, f"the loop at {name}:{loop.line} updates {loop.detail} = a * {loop.detail} + b "
+                                   "one time step per iteration, loading and storing one step at a time")
+        out.append(Finding("recurrence.step-at-a-time", "recurrence",
+                           f"the linear recurrence at {name}:{loop.line} runs one step per iteration",
+                           "Each step's loads and update wait for the previous step's state, so a program keeps "
+                           "one vector of loads in flight; the update is associative, so a chunk of steps can be "
+                           "loaded at once and combined by a scan.", [ev], [loop.line], "", "L1", 0.7))
         break
     for loop in feats.boundary_loops if cuda else ():
         ev = _ev(log, feats, loop, f"every iteration of the loop at {name}:{loop.line} evaluates {loop.detail} boundary "

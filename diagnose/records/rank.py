@@ -27,6 +27,7 @@ IMPACT: dict[str, float] = {
     "profile": 0.85,
     "parallelism": 1.0,  # idle SMs bound every other fix
     "attention": 1.0,  # a causal loop over every key block does up to twice the work
+    "recurrence": 0.85,  # a step-at-a-time recurrence is latency-bound like an unpipelined loop
     "ascend": 0.8,
     "spills": 0.75,
     "reduction": 0.7,
