@@ -23,7 +23,7 @@ import ast
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diagnose.features import KernelFeatures, access_mask, dotted_name, kernel_functions
 from diagnose.launch_values import evaluate, expand, single_assignments, trip_count
@@ -32,6 +32,9 @@ from diagnose.triage import source_line
 from diagnose.work import operand_flops
 from harness.cuda_shim import device_model_for
 from harness.launches import LaunchFacts
+
+if TYPE_CHECKING:
+    from diagnose.rewriters.causal import CausalLoop
 
 __all__ = ["LAUNCH_KINDS", "launch_triage"]
 
@@ -303,7 +306,7 @@ def _causal_gains(feats: KernelFeatures, kernels: dict[str, ast.FunctionDef], mi
             break
 
 
-def _causal_blocks(loop: Any, kernel: ast.FunctionDef, facts: LaunchFacts) -> tuple[int, int] | None:
+def _causal_blocks(loop: CausalLoop, kernel: ast.FunctionDef, facts: LaunchFacts) -> tuple[int, int] | None:
     """(blocks visited as written, blocks up to the diagonal) over the grid's programs, where the row
     start is an expression of one program id and the launch's integers; None where it is not."""
     values, definitions = facts.integers(), single_assignments(kernel)
@@ -318,11 +321,14 @@ def _causal_blocks(loop: Any, kernel: ast.FunctionDef, facts: LaunchFacts) -> tu
     bound, step, width = value(loop.bound), value(loop.step), value(loop.rows_width)
     axes = {c.args[0].value for c in ast.walk(expand(ast.parse(loop.rows_start, mode="eval").body, definitions, 4))
             if isinstance(c, ast.Call) and dotted_name(c.func) == "tl.program_id" and c.args
-            and isinstance(c.args[0], ast.Constant)}
-    if None in (bound, step, width) or not step or len(axes) != 1 or not facts.grid or len(facts.grid) <= min(axes):
+            and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, int)}
+    if bound is None or width is None or not step or len(axes) != 1 or not facts.grid:
+        return None
+    (axis,) = axes
+    if not isinstance(axis, int) or len(facts.grid) <= axis:
         return None
     total = visited = 0
-    for pid in range(min(facts.grid[min(axes)], 1 << 16)):
+    for pid in range(min(facts.grid[axis], 1 << 16)):
         start = value(loop.rows_start, {"__pid": pid})
         if start is None:
             return None

@@ -76,8 +76,8 @@ def one_line(exc: BaseException) -> str | None:
     error = _compilation_error(exc)
     if error is None:
         return None
-    node = getattr(error, "node", None)
-    where = f" at {node.lineno}:{node.col_offset}" if getattr(node, "lineno", None) is not None else ""
+    line, column = getattr(getattr(error, "node", None), "lineno", None), getattr(getattr(error, "node", None), "col_offset", 0)
+    where = f" at {line}:{column}" if line is not None else ""
     return f"CompilationError{where}: {_cause(exc)}"
 
 

@@ -17,7 +17,7 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted
 
-__all__ = ["BlockLoop", "DropTrueTerms", "arange_width", "assigned_names", "bare", "block_loop", "code",
+__all__ = ["BlockLoop", "DropTrueTerms", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
            "kernel_aranges", "mask_like", "names_in", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
@@ -38,6 +38,11 @@ def bare(node: cst.BaseExpression) -> cst.BaseExpression:
             node = node.with_changes(lpar=[], rpar=[])
         else:
             return node
+
+
+def calls_in(node: cst.CSTNode, name: str | None = None) -> list[cst.Call]:
+    """The calls under `node` (to `name` as `dotted` spells it, when given), in source order."""
+    return [c for c in m.findall(node, m.Call()) if isinstance(c, cst.Call) and (name is None or dotted(c.func) == name)]
 
 
 def arange_width(node: cst.BaseExpression) -> str | None:

@@ -37,6 +37,7 @@ from diagnose.rewriters.blocks import (
     assigned_names,
     bare,
     block_loop,
+    calls_in,
     code,
     kernel_aranges,
     names_in,
@@ -105,7 +106,7 @@ class _Causal:
 
 def _invariant(start: cst.BaseExpression, loop: BlockLoop) -> bool:
     """S of a row block: names the loop does not assign, constants, program ids; no other calls."""
-    calls = {dotted(c.func) for c in m.findall(start, m.Call())}  # type: ignore[union-attr]
+    calls = {dotted(c.func) for c in calls_in(start)}
     return calls <= _INDEX_CALLS and loop.var not in names_in(start)
 
 
@@ -119,7 +120,7 @@ def _row_blocks(kernel: cst.FunctionDef, loop: cst.For) -> dict[str, tuple[str, 
         name = node.targets[0].target.value
         split = start_plus_arange(node.value)
         if split is not None and counts.get(name) == 1 and name not in in_loop:
-            calls = {dotted(c.func) for c in m.findall(split[0], m.Call())}  # type: ignore[union-attr]
+            calls = {dotted(c.func) for c in calls_in(split[0])}
             if calls <= _INDEX_CALLS and not names_in(split[0]) & set(in_loop):
                 out[name] = (code(bare(split[0])), code(split[1]))
     return out
@@ -131,12 +132,12 @@ def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> boo
     statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
     terms_seen = 0
     for i, statement in enumerate(statements):
-        wheres = [c for c in m.findall(statement, m.Call()) if dotted(c.func) == "tl.where"]  # type: ignore[union-attr]
+        wheres = calls_in(statement, "tl.where")
         uses = _causal_uses(statement, causal)
         if not uses:
             continue
         target = _where_target(statement)
-        if target is None or len(wheres) != 1 or uses != _causal_uses(wheres[0].args[0].value, causal):  # type: ignore[union-attr]
+        if target is None or len(wheres) != 1 or uses != _causal_uses(wheres[0].args[0].value, causal):
             return False  # a causal term outside one tl.where's condition
         where = wheres[0]
         assert isinstance(where, cst.Call)
@@ -147,8 +148,8 @@ def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> boo
         total = len(m.findall(later, m.Name(target)))
         maxes = len(m.findall(later, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("max")),
                                             args=[m.Arg(value=m.Name(target)), m.ZeroOrMore()])))
-        exps = sum(1 for c in m.findall(later, m.Call()) if dotted(c.func) in _EXP  # type: ignore[union-attr]
-                   and c.args and m.matches(c.args[0].value, m.BinaryOperation(left=m.Name(target), operator=m.Subtract())))  # type: ignore[union-attr]
+        exps = sum(1 for c in calls_in(later) if dotted(c.func) in _EXP
+                   and c.args and m.matches(c.args[0].value, m.BinaryOperation(left=m.Name(target), operator=m.Subtract())))
         if total != maxes + exps:
             return False
     return terms_seen > 0
@@ -160,12 +161,12 @@ def _causal_uses(node: cst.CSTNode, causal: _Causal) -> int:
     class Visitor(cst.CSTVisitor):
         def visit_Comparison(self, comparison: cst.Comparison) -> bool:
             nonlocal found
-            found += causal.is_causal_term(comparison)
+            found += int(causal.is_causal_term(comparison))
             return False
 
         def visit_Name(self, name: cst.Name) -> None:
             nonlocal found
-            found += name.value in causal.names
+            found += int(name.value in causal.names)
 
     node.visit(Visitor())
     return found

@@ -101,7 +101,7 @@ class _EmptyOutputs(cst.CSTTransformer):
 
 def _launch_arguments(module: cst.Module) -> set[str]:
     """Names passed (positionally or by keyword) to `kernel[grid](...)` launches of the module's kernels."""
-    kernels = {n.name.value for n in m.findall(module, m.FunctionDef()) if is_jit(n)}  # type: ignore[union-attr]
+    kernels = {n.name.value for n in m.findall(module, m.FunctionDef()) if isinstance(n, cst.FunctionDef) and is_jit(n)}
     names = set()
     for call in m.findall(module, m.Call(func=m.Subscript())):
         assert isinstance(call, cst.Call) and isinstance(call.func, cst.Subscript)

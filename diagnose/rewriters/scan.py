@@ -38,7 +38,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, register
-from diagnose.rewriters.blocks import assigned_names, code, names_in
+from diagnose.rewriters.blocks import assigned_names, calls_in, code, names_in
 
 __all__ = ["LinearRecurrence", "linear_recurrences", "chunked_linear_scan"]
 
@@ -74,8 +74,8 @@ def _paren(text: str) -> str:
 
 
 def _one_load(value: cst.BaseExpression) -> cst.Call | None:
-    loads = [c for c in m.findall(value, m.Call()) if dotted(c.func) == "tl.load"]  # type: ignore[union-attr]
-    return loads[0] if len(loads) == 1 and isinstance(loads[0], cst.Call) else None
+    loads = calls_in(value, "tl.load")
+    return loads[0] if len(loads) == 1 else None
 
 
 def _pointer(call: cst.Call) -> str | None:
@@ -156,7 +156,7 @@ def _recurrence(loop: cst.For, kernel: cst.FunctionDef) -> _Recurrence | None:
 def _one_d_state(kernel: cst.FunctionDef, state: str) -> bool:
     """h starts as `tl.zeros([BD], ...)` / `tl.full([BD], ...)` (a list or tuple of one size)."""
     for node in m.findall(kernel.body, m.Assign(targets=[m.AssignTarget(target=m.Name(state))])):
-        value = node.value  # type: ignore[union-attr]
+        value = node.value if isinstance(node, cst.Assign) else None
         if isinstance(value, cst.Call) and dotted(value.func) in ("tl.zeros", "tl.full") and value.args:
             shape = value.args[0].value
             return isinstance(shape, (cst.List, cst.Tuple)) and len(shape.elements) == 1
