@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import json
 import textwrap
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from marker_judge import MarkerJudge
 from test_peel_rewrite import CAUSAL, CAUSAL_REFERENCE
 
 from cli import main
 from diagnose.features import kernel_features
-from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize
+from diagnose.optimize import OptimizeOptions, optimize
 from diagnose.records import EvidenceLog
 from diagnose.rewriters import rewrite
 from diagnose.triage import triage
-from harness.measurement import RunReport, Timing
 from harness.run import RunOptions, run_task
 from harness.task import TaskSpec
 from kb.patterns import load_catalog
@@ -105,29 +104,6 @@ def test_l1_reports_the_causal_loop_and_the_catalog_answers_with_the_rewrite(tmp
     assert not any(f.kind == "attention.causal-full-loop" for f in triage(kernel_features(kernel), EvidenceLog()))
 
 
-class _BoundPaysJudge(HarnessJudge):
-    """Checks with the real harness on the interpreter; times a kernel whose key loop stops at the
-    diagonal at 55 µs, others at 100 (half the blocks, plus the diagonal's)."""
-
-    def __init__(self, initial: Path) -> None:
-        super().__init__(OptimizeOptions(backend="interpreter", seeds=1), time=False)
-        self.initial = initial
-
-    def __call__(self, spec, baseline, candidate, entry) -> RunReport:
-        report = super().__call__(spec, baseline, candidate, entry)
-        sources = {"baseline": Path(baseline or self.initial).read_text(),
-                   "candidate": Path(candidate).read_text() if candidate else ""}
-        for run in report.runs:
-            for case in run.cases if run.correct else []:
-                if not case.heldout:
-                    t = 55.0 if "tl.minimum(seq," in sources[run.role] else 100.0
-                    case.timing = Timing(t, t, t, 100, repeat_spread=0.0)
-        return report
-
-    def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
-        return [self(spec, baseline, c, entry) for c in candidates]
-
-
 def test_the_loop_answers_a_causal_loop_over_every_key_block_with_its_bound(tmp_path):
     """From the L1 finding to an accepted round that records the pattern's unblock, through the real judge."""
     (tmp_path / "causal.py").write_text(CAUSAL)
@@ -144,7 +120,7 @@ def test_the_loop_answers_a_causal_loop_over_every_key_block_with_its_bound(tmp_
         reference = {CAUSAL_REFERENCE}
         cases = [dict(seq=64), dict(seq=40)]
         '''))
-    judge = _BoundPaysJudge(tmp_path / "causal.py")
+    judge = MarkerJudge(tmp_path / "causal.py", "tl.minimum(seq,", fast_us=55.0)  # stopping at the diagonal pays
     try:
         store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
                          OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)

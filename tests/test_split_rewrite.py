@@ -4,14 +4,13 @@ same result under the real judge (interpreter); where splitting could change the
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 from conftest import REPO
+from marker_judge import MarkerJudge
 
-from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize
+from diagnose.optimize import OptimizeOptions, optimize
 from diagnose.rewriters import rewrite
-from harness.measurement import RunReport, Timing
 from harness.run import RunOptions, run_task
 from harness.task import TaskSpec
 
@@ -115,28 +114,6 @@ def test_later_knob_rounds_leave_the_second_kernel_its_own_parameters():
     assert "gemv_kernel_split[(n_blocks, n_split)](a, x, partial, m, k, a.stride(0), BLOCK_M=128" in blocks.source
 
 
-class _SplitPaysJudge(HarnessJudge):
-    """Checks with the real harness on the interpreter; times a kernel that splits at 40 µs, others at 100."""
-
-    def __init__(self, initial: Path) -> None:
-        super().__init__(OptimizeOptions(backend="interpreter", seeds=1), time=False)
-        self.initial = initial
-
-    def __call__(self, spec, baseline, candidate, entry) -> RunReport:
-        report = super().__call__(spec, baseline, candidate, entry)
-        sources = {"baseline": Path(baseline or self.initial).read_text(),
-                   "candidate": Path(candidate).read_text() if candidate else ""}
-        for run in report.runs:
-            for case in run.cases if run.correct else []:
-                if not case.heldout:
-                    t = 40.0 if "_split[" in sources[run.role] else 100.0
-                    case.timing = Timing(t, t, t, 100, repeat_spread=0.0)
-        return report
-
-    def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
-        return [self(spec, baseline, c, entry) for c in candidates]
-
-
 def test_the_loop_answers_an_underfilled_grid_with_the_split(tmp_path):
     """From the diagnosis (8-ish programs for 132 SMs) to an accepted split round, through the real judge."""
     (tmp_path / "col_sum.py").write_text(COL_SUM.read_text())
@@ -156,7 +133,7 @@ def test_the_loop_answers_an_underfilled_grid_with_the_split(tmp_path):
 
         cases = [dict(m=2048, n=200), dict(m=1500, n=130)]
         '''))
-    judge = _SplitPaysJudge(tmp_path / "col_sum.py")
+    judge = MarkerJudge(tmp_path / "col_sum.py", "_split[", fast_us=40.0)  # a split kernel pays
     try:
         store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
                          OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import PositionProvider
 
-from diagnose.rewriters.base import dotted
+from diagnose.rewriters.base import dotted, is_jit
 
-__all__ = ["BlockLoop", "DropTrueTerms", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
-           "kernel_aranges", "mask_like", "names_in", "reduced", "single_assigns", "with_range"]
+__all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
+           "kernel_aranges", "mask_like", "names_in", "ordered", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -38,6 +39,41 @@ def bare(node: cst.BaseExpression) -> cst.BaseExpression:
             node = node.with_changes(lpar=[], rpar=[])
         else:
             return node
+
+
+def ordered(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression, bool] | None:
+    """(lesser, greater, strict) of a single comparison `a < b`, `a <= b`, `b > a`, `b >= a`; else None."""
+    if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1):
+        return None
+    op, right = node.comparisons[0].operator, node.comparisons[0].comparator
+    if isinstance(op, (cst.LessThan, cst.LessThanEqual)):
+        return node.left, right, isinstance(op, cst.LessThan)
+    if isinstance(op, (cst.GreaterThan, cst.GreaterThanEqual)):
+        return right, node.left, isinstance(op, cst.GreaterThan)
+    return None
+
+
+class KernelLoops(cst.CSTTransformer):
+    """Base of the loop rewrites: `kernel()` is the @triton.jit function being visited (None outside
+    one) with the names it binds to `tl.arange(0, W)`; a subclass rewrites in `leave_For`."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self) -> None:
+        self._stack: list[tuple[cst.FunctionDef, dict[str, str]]] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._stack.append((node, kernel_aranges(node) if is_jit(node) else {}))
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self._stack.pop()
+        return updated
+
+    def kernel(self) -> tuple[cst.FunctionDef, dict[str, str]] | None:
+        return self._stack[-1] if self._stack and is_jit(self._stack[-1][0]) else None
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
 
 
 def calls_in(node: cst.CSTNode, name: str | None = None) -> list[cst.Call]:
@@ -136,15 +172,10 @@ class BlockLoop:
         node = bare(node)
         if isinstance(node, cst.Name):
             return node.value in self.true_names
-        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1):
+        sides = ordered(node)
+        if sides is None or not sides[2]:
             return False
-        op, right = node.comparisons[0].operator, node.comparisons[0].comparator
-        if isinstance(op, cst.LessThan):
-            small, big = node.left, right
-        elif isinstance(op, cst.GreaterThan):
-            small, big = right, node.left
-        else:
-            return False
+        small, big, _ = sides
         bound = code(bare(self.bound))
         if self.is_block(small) and code(bare(big)) == bound:
             return True

@@ -28,19 +28,20 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register, start_plus_arange
+from diagnose.rewriters.base import Variant, dotted, register, start_plus_arange
 from diagnose.rewriters.blocks import (
     BlockLoop,
     DropTrueTerms,
+    KernelLoops,
     assigned_names,
     bare,
     block_loop,
     calls_in,
     code,
-    kernel_aranges,
     names_in,
+    ordered,
     with_range,
 )
 
@@ -87,15 +88,10 @@ class _Causal:
         node = bare(node)
         if isinstance(node, cst.Name):
             return node.value in self.names
-        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1):
+        sides = ordered(node)
+        if sides is None:
             return False
-        op, right = node.comparisons[0].operator, node.comparisons[0].comparator
-        if isinstance(op, (cst.GreaterThanEqual, cst.GreaterThan)):
-            rows, keys = node.left, right
-        elif isinstance(op, (cst.LessThanEqual, cst.LessThan)):
-            rows, keys = right, node.left
-        else:
-            return False
+        keys, rows, _ = sides  # keys <= rows, or keys < rows
         row = self._row_block(rows)
         if row is None or not self.loop.is_block(keys):
             return False
@@ -218,25 +214,17 @@ class _Unbind(cst.CSTTransformer):
         return updated
 
 
-class _Bound(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
+class _Bound(KernelLoops):
     def __init__(self, split: bool) -> None:
+        super().__init__()
         self.split = split
-        self.kernels: list[tuple[cst.FunctionDef, dict[str, str]]] = []
         self.bounded: list[CausalLoop] = []
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.kernels.append((node, kernel_aranges(node) if is_jit(node) else {}))
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.kernels.pop()
-        return updated
-
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        if not self.kernels or not is_jit(self.kernels[-1][0]) or original.orelse is not None:
+        kernel = self.kernel()
+        if kernel is None or original.orelse is not None:
             return updated
-        causal = _causal_of(original, *self.kernels[-1])
+        causal = _causal_of(original, *kernel)
         if causal is None:
             return updated
         call = original.iter
@@ -247,8 +235,7 @@ class _Bound(cst.CSTTransformer):
         end = cst.parse_expression(f"tl.minimum({bound}, {start} + {causal.width})")
         dropper = DropTrueTerms(causal.is_causal_term, causal.loop.masks | causal.names)
         below_body = original.body.visit(dropper)
-        line = self.get_metadata(PositionProvider, original).start.line
-        self.bounded.append(CausalLoop(line, dropper.dropped, bound, causal.loop.width, causal.start, causal.width))
+        self.bounded.append(CausalLoop(self.line(original), dropper.dropped, bound, causal.loop.width, causal.start, causal.width))
         if not self.split:
             return with_range(original, cst.Integer("0"), end, step,
                               "# key blocks past the rows' diagonal are all -inf: they add nothing, so they are skipped")

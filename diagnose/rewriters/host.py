@@ -22,7 +22,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
 
 __all__ = ["trim_wrapper_overhead"]
 
@@ -38,17 +38,10 @@ def _is_overhead(statement: cst.BaseSmallStatement) -> bool:
             or name.startswith(_LOGGING_PREFIXES))
 
 
-class _DropOverhead(cst.CSTTransformer):
+class _DropOverhead(InJit):  # InJit.depth: inside a @triton.jit function, where nothing is touched
     def __init__(self) -> None:
-        self.depth = 0  # inside a @triton.jit function
+        super().__init__()
         self.dropped = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.depth += is_jit(node)
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.depth -= is_jit(original)
-        return updated
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
                                   ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
@@ -69,20 +62,12 @@ class _DropOverhead(cst.CSTTransformer):
         return updated
 
 
-class _EmptyOutputs(cst.CSTTransformer):
+class _EmptyOutputs(InJit):
     """`out = torch.zeros(...)` -> `torch.empty(...)` for names a kernel launch receives."""
 
     def __init__(self, launched: set[str]) -> None:
+        super().__init__()
         self.launched = launched
-        self.depth = 0
-        self.changed = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.depth += is_jit(node)
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.depth -= is_jit(original)
-        return updated
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         if self.depth or len(updated.targets) != 1 or not isinstance(updated.targets[0].target, cst.Name) \

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
-from diagnose.rewriters.base import Variant, is_jit, register
-from diagnose.rewriters.blocks import BlockLoop, DropTrueTerms, block_loop, code, kernel_aranges, with_range
+from diagnose.rewriters.base import Variant, register
+from diagnose.rewriters.blocks import BlockLoop, DropTrueTerms, KernelLoops, block_loop, code, with_range
 
 __all__ = ["BoundaryLoop", "boundary_loops", "peel_loop_boundary"]
 
@@ -52,32 +52,23 @@ def _split_bound(loop: BlockLoop) -> tuple[cst.BaseExpression, cst.BaseExpressio
     return cst.parse_expression(f"{bound} - {bound} % {loop.width}"), cst.parse_expression(bound)
 
 
-class _Peel(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
+class _Peel(KernelLoops):
     def __init__(self) -> None:
-        self.kernels: list[tuple[cst.FunctionDef, dict[str, str]]] = []
+        super().__init__()
         self.peeled: list[BoundaryLoop] = []
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.kernels.append((node, kernel_aranges(node) if is_jit(node) else {}))
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.kernels.pop()
-        return updated
-
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        if not self.kernels or not is_jit(self.kernels[-1][0]) or original.orelse is not None:
+        kernel = self.kernel()
+        if kernel is None or original.orelse is not None:
             return updated
-        kernel, aranges = self.kernels[-1]
-        loop = block_loop(original, kernel, aranges)
+        loop = block_loop(original, *kernel)
         if loop is None:
             return updated
         dropper = DropTrueTerms(loop.is_true_term, loop.masks)
         full_body = original.body.visit(dropper)
         if not dropper.dropped:
             return updated
-        self.peeled.append(BoundaryLoop(self.get_metadata(PositionProvider, original).start.line, dropper.dropped))
+        self.peeled.append(BoundaryLoop(self.line(original), dropper.dropped))
         assert isinstance(full_body, cst.BaseSuite)
         full_end, end = _split_bound(loop)
         call = original.iter

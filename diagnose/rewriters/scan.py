@@ -35,10 +35,10 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, register
-from diagnose.rewriters.blocks import assigned_names, calls_in, code, names_in
+from diagnose.rewriters.blocks import KernelLoops, assigned_names, calls_in, code, names_in
 
 __all__ = ["LinearRecurrence", "linear_recurrences", "chunked_linear_scan"]
 
@@ -223,28 +223,18 @@ class _Rename(cst.CSTTransformer):
         return updated.with_changes(value=self.new) if updated.value == self.old else updated
 
 
-class _Scan(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
+class _Scan(KernelLoops):
     def __init__(self, chunk: int) -> None:
+        super().__init__()
         self.chunk = chunk
-        self.kernels: list[cst.FunctionDef] = []
         self.found: list[LinearRecurrence] = []
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.kernels.append(node)
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.kernels.pop()
-        return updated
-
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement:
-        if not self.kernels or not is_jit(self.kernels[-1]):
-            return updated
-        rec = _recurrence(original, self.kernels[-1])
+        kernel = self.kernel()
+        rec = _recurrence(original, kernel[0]) if kernel is not None else None
         if rec is None:
             return updated
-        self.found.append(LinearRecurrence(self.get_metadata(PositionProvider, original).start.line, rec.state))
+        self.found.append(LinearRecurrence(self.line(original), rec.state))
         start = code(rec.start) if rec.start is not None else "0"
         header = cst.parse_statement(f"for _kb_t0 in range({start}, {code(rec.bound)}, {self.chunk}):\n    pass\n")
         assert isinstance(header, cst.For)
