@@ -83,6 +83,7 @@ def test_a_zero_fill_the_kernel_relies_on_is_kept_by_the_judge_or_the_rule(tmp_p
     assert [v.params["removed"] for v in rewrite(PATTERN, atomic, {})] == ["syncs-and-logging"]
 
 
-def test_host_bound_and_launch_bound_findings_reach_the_rewrite():
-    symptoms = {p.id: p.symptoms for p in load_catalog()}
-    assert {"profile.host-bound", "profile.launch-bound"} <= set(symptoms[PATTERN])
+def test_a_host_bound_finding_reaches_the_rewrite():
+    # host-bound: the device idles while the wrapper runs. Launch-bound (the kernel itself takes a few
+    # microseconds) is persistent-kernel's: a trimmed wrapper does not shorten a tiny kernel.
+    assert [p.id for p in load_catalog() if "profile.host-bound" in p.symptoms] == [PATTERN]

@@ -1,7 +1,8 @@
 """Wrapper overhead: host work around the launches that the result does not need.
 
 A host-bound kernel (the time flat across sizes, or the device idle for most of each call) pays for
-what its Python wrapper does between launches. Two removals need no knowledge of the kernel's values:
+what its Python wrapper does between launches (a launch-bound one, whose kernel itself takes a few
+microseconds, is persistent-kernel's). Two removals need no knowledge of the kernel's values:
 
 - `syncs-and-logging`: `torch.cuda.synchronize()` (the stream already orders the launches; the caller
   synchronizes when it reads the result), and `print(...)` / `logging.*(...)` / `logger.*(...)` /
