@@ -40,8 +40,8 @@ class Failure(enum.Enum):
     RAISED = "raised at runtime"
     OTHER = "other"
     # The check itself could not judge the draft: the reference failed on the operator's inputs, the
-    # judge cannot hand those inputs over, the task's formula failed. Every draft would meet it: the
-    # operator is set aside, and no draft keeps this as its verdict.
+    # judge cannot hand those inputs over, the task's formula failed. No draft keeps this as its verdict
+    # (it is judged again on the next run); once two drafts meet it, the operator is set aside.
     CHECK = "the check could not judge it"
 
 
