@@ -13,8 +13,8 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "InJit", "Rewriter", "Variant", "dotted", "is_jit", "one", "one_d_grid", "register",
-           "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
+__all__ = ["REWRITERS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "one", "one_d_grid",
+           "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,16 @@ class InJit(cst.CSTTransformer):
         if is_jit(original):
             self.depth -= 1
         return updated
+
+
+class SubstituteNames(cst.CSTTransformer):
+    """Every `Name` in `names` replaced by its expression (a template's placeholders, a renamed state)."""
+
+    def __init__(self, names: dict[str, cst.BaseExpression]) -> None:
+        self.names = names
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self.names.get(updated.value, updated)
 
 
 def one_d_grid(call: cst.Call) -> cst.BaseExpression | None:

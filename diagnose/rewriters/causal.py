@@ -30,7 +30,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper
 
-from diagnose.rewriters.base import Variant, dotted, register, start_plus_arange
+from diagnose.rewriters.base import Variant, dotted, register, simple_assign, start_plus_arange
 from diagnose.rewriters.blocks import (
     BlockLoop,
     DropTrueTerms,
@@ -42,6 +42,7 @@ from diagnose.rewriters.blocks import (
     code,
     names_in,
     ordered,
+    single_assigns,
     with_range,
 )
 
@@ -69,6 +70,7 @@ class CausalLoop:
 @dataclass
 class _Causal:
     loop: BlockLoop
+    in_loop: set[str]  # the loop's variable and the names its body assigns: no row start may read them
     rows: dict[str, tuple[str, str]]  # names bound to a row block -> (its start S, its width BLOCK_M)
     names: set[str]  # names the loop body binds to a causal term
     start: str = ""  # S and BLOCK_M of the row block the causal terms compare with
@@ -78,10 +80,7 @@ class _Causal:
         node = bare(node)
         if isinstance(node, cst.Name):
             return self.rows.get(node.value)
-        split = start_plus_arange(node)
-        if split is None or not _invariant(split[0], self.loop):
-            return None
-        return code(bare(split[0])), code(split[1])
+        return _row_block(node, self.in_loop)
 
     def is_causal_term(self, node: cst.BaseExpression) -> bool:
         """`rows >= keys`, `rows > keys` (or mirrored) for the row block this loop's terms all use."""
@@ -100,25 +99,23 @@ class _Causal:
         return row == (self.start, self.width)
 
 
-def _invariant(start: cst.BaseExpression, loop: BlockLoop) -> bool:
-    """S of a row block: names the loop does not assign, constants, program ids; no other calls."""
-    calls = {dotted(c.func) for c in calls_in(start)}
-    return calls <= _INDEX_CALLS and loop.var not in names_in(start)
+def _row_block(value: cst.BaseExpression, in_loop: set[str]) -> tuple[str, str] | None:
+    """(S, BLOCK_M) of `S + tl.arange(0, BLOCK_M)` where S is built from program ids, constants and names
+    the loop does not assign; no other calls."""
+    split = start_plus_arange(bare(value))
+    if split is None or not {dotted(c.func) for c in calls_in(split[0])} <= _INDEX_CALLS \
+            or names_in(split[0]) & in_loop:
+        return None
+    return code(bare(split[0])), code(split[1])
 
 
-def _row_blocks(kernel: cst.FunctionDef, loop: cst.For) -> dict[str, tuple[str, str]]:
-    """Names the kernel binds once, outside the loop, to `S + tl.arange(0, BLOCK_M)`."""
-    in_loop = assigned_names(loop.body)
+def _row_blocks(kernel: cst.FunctionDef, in_loop: set[str]) -> dict[str, tuple[str, str]]:
+    """Names the kernel binds once, outside the loop, to a row block."""
     out = {}
-    counts = assigned_names(kernel.body)
-    for node in m.findall(kernel.body, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
-        assert isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name)
-        name = node.targets[0].target.value
-        split = start_plus_arange(node.value)
-        if split is not None and counts.get(name) == 1 and name not in in_loop:
-            calls = {dotted(c.func) for c in calls_in(split[0])}
-            if calls <= _INDEX_CALLS and not names_in(split[0]) & set(in_loop):
-                out[name] = (code(bare(split[0])), code(split[1]))
+    for name, value in single_assigns(kernel.body).items():
+        row = _row_block(value, in_loop) if name not in in_loop else None
+        if row is not None:
+            out[name] = row
     return out
 
 
@@ -169,24 +166,22 @@ def _causal_uses(node: cst.CSTNode, causal: _Causal) -> int:
 
 
 def _where_target(statement: cst.CSTNode) -> str | None:
-    if (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1
-            and isinstance(statement.body[0].targets[0].target, cst.Name)
-            and m.matches(statement.body[0].value, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("where"))))):
-        return statement.body[0].targets[0].target.value
-    return None
+    """t of a statement `t = tl.where(...)`."""
+    assign = simple_assign(statement)
+    if assign is None or not isinstance(assign[1], cst.Call) or dotted(assign[1].func) != "tl.where":
+        return None
+    return assign[0]
 
 
 def _causal_of(loop_node: cst.For, kernel: cst.FunctionDef, aranges: dict[str, str]) -> _Causal | None:
     loop = block_loop(loop_node, kernel, aranges)
     if loop is None or loop.counter:
         return None
-    causal = _Causal(loop, _row_blocks(kernel, loop_node), set())
+    in_loop = set(assigned_names(loop_node.body)) | {loop.var}
+    causal = _Causal(loop, in_loop, _row_blocks(kernel, in_loop), set())
     counts = assigned_names(kernel.body)
-    for node in m.findall(loop_node.body, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
-        assert isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name)
-        name = node.targets[0].target.value
-        if counts.get(name) == 1 and causal.is_causal_term(node.value):
+    for name, value in single_assigns(loop_node.body).items():
+        if counts.get(name) == 1 and causal.is_causal_term(value):
             causal.names.add(name)
     # a named causal mask is used in the tl.where only; the binding itself is no use
     body = loop_node.body.visit(_Unbind(causal.names))

@@ -23,7 +23,8 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
+from diagnose.rewriters.base import InJit, Variant, dotted, register
+from diagnose.rewriters.launch import jit_names
 
 __all__ = ["trim_wrapper_overhead"]
 
@@ -87,7 +88,7 @@ class _EmptyOutputs(InJit):
 
 def _launch_arguments(module: cst.Module) -> set[str]:
     """Names passed (positionally or by keyword) to `kernel[grid](...)` launches of the module's kernels."""
-    kernels = {n.name.value for n in m.findall(module, m.FunctionDef()) if isinstance(n, cst.FunctionDef) and is_jit(n)}
+    kernels = jit_names(module)
     names = set()
     for call in m.findall(module, m.Call(func=m.Subscript())):
         assert isinstance(call, cst.Call) and isinstance(call.func, cst.Subscript)

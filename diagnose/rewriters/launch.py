@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
-import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, register
-from diagnose.rewriters.configs import widen_autotune_configs
+from diagnose.rewriters.configs import autotuned_kernels, widen_autotune_configs
 
 _MAX_VARIANTS = 6
 
@@ -132,14 +131,6 @@ def current_knobs(module: cst.Module, kernels: set[str], knobs: _LaunchKnobs | N
     return current
 
 
-def _autotuned(module: cst.Module, kernels: set[str]) -> bool:
-    """Whether a jit kernel of the module is under @triton.autotune."""
-    return any(isinstance(n, cst.FunctionDef) and n.name.value in kernels
-               and any(m.matches(d.decorator, m.Call(func=m.Attribute(attr=m.Name("autotune")) | m.Name("autotune")))
-                       for d in n.decorators)
-               for n in module.body)
-
-
 def cdiv_divisor(node: cst.CSTNode) -> int | None:
     """B of `triton.cdiv(x, B)` written as an integer literal, else None."""
     if (isinstance(node, cst.Call) and dotted(node.func) == "triton.cdiv" and len(node.args) == 2
@@ -158,7 +149,7 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     doubled. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both ways)."""
     module = cst.parse_module(source)
     kernels = jit_names(module)
-    if _autotuned(module, kernels):
+    if autotuned_kernels(module):
         # its configs own the knobs: a launch keyword would clash with them, so the list itself grows
         return widen_autotune_configs(source, context)
     current = current_knobs(module, kernels)

@@ -37,7 +37,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, register
 from diagnose.rewriters.blocks import KernelLoops, assigned_names, calls_in, code, names_in
 
 __all__ = ["LinearRecurrence", "linear_recurrences", "chunked_linear_scan"]
@@ -207,20 +207,12 @@ class _Chunk(cst.CSTTransformer):
                 out.append(statement.deep_replace(load, self.offsets(load, 1)))  # type: ignore[arg-type]
             else:
                 store = small.value
-                renamed = store.args[1].value.visit(_Rename(rec.state, "_kb_h"))
+                renamed = store.args[1].value.visit(SubstituteNames({rec.state: cst.Name("_kb_h")}))
                 store = store.with_changes(args=[store.args[0], store.args[1].with_changes(value=renamed), *store.args[2:]])
                 out.append(cst.SimpleStatementLine([cst.Expr(self.offsets(store, 2))]))
         out.append(cst.parse_statement(f"{rec.state} = tl.sum(tl.where(_kb_steps[:, None] == {c - 1}, _kb_h, 0.0), "
                                        "axis=0)  # the state after the chunk's last live step\n"))
         return out + advances
-
-
-class _Rename(cst.CSTTransformer):
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-        return updated.with_changes(value=self.new) if updated.value == self.old else updated
 
 
 class _Scan(KernelLoops):

@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, one_d_grid, register, sm_count_statement
+from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, one_d_grid, register, sm_count_statement
 from diagnose.rewriters.launch import jit_names
 
 __all__ = ["split_reduction"]
@@ -233,9 +233,9 @@ class _SplitKernel(cst.CSTTransformer):
         wrap = lambda e: e.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
             if isinstance(e, cst.BinaryOperation) else e  # noqa: E731
         new_start = cst.ensure_type(cst.parse_expression("__s + tl.program_id(1) * __c").visit(
-            _Subst({"__s": start, "__c": wrap(step)})), cst.BinaryOperation)
-        new_step = cst.ensure_type(cst.parse_expression("__c * tl.num_programs(1)").visit(_Subst({"__c": wrap(step)})),
-                                   cst.BinaryOperation)
+            SubstituteNames({"__s": start, "__c": wrap(step)})), cst.BinaryOperation)
+        new_step = cst.ensure_type(cst.parse_expression("__c * tl.num_programs(1)").visit(
+            SubstituteNames({"__c": wrap(step)})), cst.BinaryOperation)
         args = [cst.Arg(new_start), cst.Arg(stop), cst.Arg(new_step), *keywords]
         args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in args[:-1]] + [args[-1]]
         comment = cst.EmptyLine(comment=cst.Comment("# split: program (i, j) takes every num_programs(1)-th step, from the j-th"))
@@ -252,14 +252,6 @@ class _SplitKernel(cst.CSTTransformer):
                       equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
         args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in args] + [sem]
         return updated.with_changes(func=cst.parse_expression("tl.atomic_add"), args=args)
-
-
-class _Subst(cst.CSTTransformer):
-    def __init__(self, names: dict[str, cst.BaseExpression]) -> None:
-        self.names = names
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        return self.names.get(updated.value, updated)
 
 
 class _SplitLaunch(cst.CSTTransformer):
