@@ -20,6 +20,7 @@ launch's numbers; the stop rule and the ranking weigh it.
 from __future__ import annotations
 
 import ast
+import copy
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,29 +312,32 @@ def _causal_blocks(loop: CausalLoop, kernel: ast.FunctionDef, facts: LaunchFacts
     start is an expression of one program id and the launch's integers; None where it is not."""
     values, definitions = facts.integers(), single_assignments(kernel)
 
-    def value(text: str, extra: dict[str, int] | None = None) -> int | None:
+    def expression(text: str) -> ast.expr | None:
         try:
-            node = expand(ast.parse(text, mode="eval").body, definitions, 4)
+            return expand(ast.parse(text, mode="eval").body, definitions, 4)
         except SyntaxError:
             return None
-        return evaluate(_PidAsName().visit(node), {**values, **(extra or {})})
 
-    bound, step, width = value(loop.bound), value(loop.step), value(loop.rows_width)
-    axes = {c.args[0].value for c in ast.walk(expand(ast.parse(loop.rows_start, mode="eval").body, definitions, 4))
-            if isinstance(c, ast.Call) and dotted_name(c.func) == "tl.program_id" and c.args
-            and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, int)}
-    if bound is None or width is None or not step or len(axes) != 1 or not facts.grid:
+    bound, step, width, start = (expression(t) for t in (loop.bound, loop.step, loop.rows_width, loop.rows_start))
+    if bound is None or step is None or width is None or start is None:
+        return None
+    axes = {c.args[0].value for c in ast.walk(start) if isinstance(c, ast.Call) and dotted_name(c.func) == "tl.program_id"
+            and c.args and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, int)}
+    n, b, w = evaluate(bound, values), evaluate(step, values), evaluate(width, values)
+    if n is None or w is None or not b or len(axes) != 1 or not facts.grid:
         return None
     (axis,) = axes
     if not isinstance(axis, int) or len(facts.grid) <= axis:
         return None
+    # the row start as a function of `__pid`, evaluated per program (a copy: expand may share the kernel's nodes)
+    start = _PidAsName().visit(copy.deepcopy(start))
     total = visited = 0
     for pid in range(min(facts.grid[axis], 1 << 16)):
-        start = value(loop.rows_start, {"__pid": pid})
-        if start is None:
+        first = evaluate(start, {**values, "__pid": pid})
+        if first is None:
             return None
-        total += math.ceil(bound / step)
-        visited += math.ceil(max(0, min(bound, start + width)) / step)
+        total += math.ceil(n / b)
+        visited += math.ceil(max(0, min(n, first + w)) / b)
     return (total, visited) if visited else None
 
 

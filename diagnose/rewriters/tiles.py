@@ -21,9 +21,6 @@ from diagnose.rewriters.launch import (
     with_divisor,
 )
 
-# Hopper tile shapes (configs.DOT_TILES) set every knob at once: one-knob steps from a 64x64x32 start
-# need several rounds to get there.
-
 # A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
 # (BLOCK_M, BLOCK_N, num_stages, num_warps): six points of the space Triton's fused-attention tutorial
 # (06) autotunes over, BLOCK_M 64/128 x BLOCK_N 32/64/128 x stages x 4/8 warps, 8 warps only with
@@ -158,6 +155,7 @@ def _tile_plan(source: str) -> _TilePlan | None:
         del names["K"]
         shapes = [dict(zip((names["M"], names["N"], "num_stages", "num_warps"), t)) for t in _DOT_TILES_NO_K]
     else:
+        # Hopper tile shapes set every knob at once: one-knob steps from 64x64x32 need rounds to get there
         shapes = [dict(zip((names["M"], names["N"], names["K"], "num_stages", "num_warps"), t)) for t in DOT_TILES]
     blocks = _AxisBlocks()
     for node in module.body:
