@@ -9,6 +9,7 @@ is the exact parser for Python source; tree-sitter is for the compiler's C++.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,15 +188,8 @@ def kernel_features(path: str | Path) -> KernelFeatures:
         params = _runtime_params(fn)
         feats.params[fn.name] = params
         _KernelVisitor(feats, set(params)).visit(fn)
-    # the rewrites' own preconditions, so that what L1 reports is what they change
-    from diagnose.rewriters.causal import causal_loops
-    from diagnose.rewriters.peel import boundary_loops
-    from diagnose.rewriters.scan import linear_recurrences
-
-    source = path.read_text()
-    feats.boundary_loops = [Site(b.line, "for", str(b.terms), False) for b in boundary_loops(source)]
-    feats.causal_loops = causal_loops(source)
-    feats.recurrences = [Site(r.line, "for", r.state, False) for r in linear_recurrences(source)]
+    boundary, causal, recurrences = _loop_rewrite_sites(path.read_text())
+    feats.boundary_loops, feats.causal_loops, feats.recurrences = list(boundary), list(causal), list(recurrences)
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
@@ -205,6 +199,20 @@ def kernel_features(path: str | Path) -> KernelFeatures:
                 if kw.arg and isinstance(kw.value, ast.Constant):
                     feats.launch.setdefault(kw.arg, kw.value.value)
     return feats
+
+
+@functools.lru_cache(maxsize=32)
+def _loop_rewrite_sites(source: str) -> tuple[tuple[Site, ...], tuple[CausalLoop, ...], tuple[Site, ...]]:
+    """The loops the boundary, causal and scan rewrites would change: their own preconditions, so that
+    what L1 reports is what they change. Each reads the module with libcst (a few hundred ms together),
+    and one diagnosis and the optimize loop's rounds ask for the same source's features several times."""
+    from diagnose.rewriters.causal import causal_loops
+    from diagnose.rewriters.peel import boundary_loops
+    from diagnose.rewriters.scan import linear_recurrences
+
+    return (tuple(Site(b.line, "for", str(b.terms), False) for b in boundary_loops(source)),
+            tuple(causal_loops(source)),
+            tuple(Site(r.line, "for", r.state, False) for r in linear_recurrences(source)))
 
 
 def kernel_functions(path: str | Path) -> dict[str, ast.FunctionDef]:
