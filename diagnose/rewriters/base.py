@@ -13,8 +13,12 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "one", "one_d_grid",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "one", "one_d_grid",
            "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
+
+
+# What a launch (or a triton.Config) that names neither knob gets from Triton on CUDA.
+TRITON_DEFAULT_KNOBS = {"num_warps": 4, "num_stages": 3}
 
 
 @dataclass(frozen=True)

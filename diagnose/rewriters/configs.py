@@ -31,7 +31,8 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit
+from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, is_jit
+from diagnose.rewriters.blocks import calls_in
 
 __all__ = ["DOT_TILES", "autotuned_kernels", "widen_autotune_configs"]
 
@@ -79,7 +80,7 @@ def _literal_config(call: cst.Call) -> _Config | None:
                 and isinstance(element.value, cst.Integer)):
             return None
         meta.append((element.key.evaluated_value, int(element.value.value)))  # type: ignore[arg-type]
-    knobs = {"num_warps": 4, "num_stages": 3}  # triton.Config's defaults
+    knobs = dict(TRITON_DEFAULT_KNOBS)
     for arg in call.args[1:]:
         if arg.keyword is None or arg.keyword.value not in knobs:
             if arg.keyword is not None and arg.keyword.value in ("pre_hook", "num_ctas", "maxnreg"):
@@ -94,8 +95,7 @@ def _literal_config(call: cst.Call) -> _Config | None:
 def _configs_in(node: cst.CSTNode) -> tuple[list[_Config], set[str]]:
     """The literal configs under `node`, and the callee spelling (`triton.Config`, `Config`) they use."""
     configs, callees = [], set()
-    for call in m.findall(node, m.Call()):
-        assert isinstance(call, cst.Call)
+    for call in calls_in(node):
         callee = dotted(call.func)
         if callee.rsplit(".", 1)[-1] == "Config":
             callees.add(callee)

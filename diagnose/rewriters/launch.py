@@ -6,7 +6,7 @@ from typing import Any
 
 import libcst as cst
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, is_jit, register
 from diagnose.rewriters.configs import autotuned_kernels, widen_autotune_configs
 
 _MAX_VARIANTS = 6
@@ -17,9 +17,6 @@ _STAGES = (1, 2, 3, 4, 5)
 
 _WARPS = (1, 2, 4, 8, 16)
 
-
-# What a launch that names neither knob gets from Triton on CUDA (the tile tables above are CUDA's too).
-TRITON_DEFAULT_KNOBS = {"num_warps": 4, "num_stages": 3}
 
 
 def log2(v: int) -> float:
