@@ -6,7 +6,8 @@
 # Here, once: the T half of a TritonBench clone as a tarball (4 MB; the G half is never packed):
 #   git -C TRITONBENCH_CLONE archive --format=tar HEAD data/TritonBench_T_v1 performance_metrics/perf_T \
 #     LLM_generated/Bench_T_general_purpose LLM_generated/Bench_T_coder_specific | gzip -9 > build/tritonbench-T.tgz
-# Each call (repository root on the GPU host; carry build/device-wheels, build/tritonbench-T.tgz, $STATE):
+# Each call (repository root on the GPU host; carry build/device-wheels, build/tritonbench-T.tgz until the
+# import is finished, $STATE, and a KB home with KB_HOME for L4):
 #   OUT=/some/dir STATE=build/tb-h200 WHEELS=build/device-wheels scripts/device_tritonbench.sh
 # then untar $OUT/state.tgz over build/ here. The import runs until it is done, then the bench starts
 # (BENCH=0 stops after the import). STOP_AFTER: seconds after which no check, job or round starts;
@@ -21,10 +22,16 @@ mkdir -p "$FINAL" "$STATE"
 . "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
 left() { echo $(( STOP_AFTER - ($(date +%s) - start) )); }
-mkdir -p /tmp/tritonbench && tar xzf "$TARBALL" -C /tmp/tritonbench
-python3 -m cli import tritonbench /tmp/tritonbench --out "$STATE/tasks" --workers "${IMPORT_WORKERS:-4}" \
-  --timeout "${IMPORT_TIMEOUT:-90}" --stop-after "$(left)" > "$FINAL/import.txt" 2>> "$FINAL/log.txt"
-echo "import rc=$? after $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
+# A finished import (its IMPORT.md and the bench under way) is not run again: the call goes to the bench,
+# and the tarball need not be carried.
+if [ -f "$STATE/bench/bench.json" ] && [ -f "$STATE/tasks/IMPORT.md" ]; then
+  echo "import finished earlier: $(head -1 "$STATE/tasks/IMPORT.md")" > "$FINAL/import.txt"
+else
+  mkdir -p /tmp/tritonbench && tar xzf "$TARBALL" -C /tmp/tritonbench
+  python3 -m cli import tritonbench /tmp/tritonbench --out "$STATE/tasks" --workers "${IMPORT_WORKERS:-4}" \
+    --timeout "${IMPORT_TIMEOUT:-90}" --stop-after "$(left)" > "$FINAL/import.txt" 2>> "$FINAL/log.txt"
+  echo "import rc=$? after $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
+fi
 if [ "${BENCH:-1}" = 1 ] && ! grep -q "not finished" "$FINAL/import.txt" && [ "$(left)" -gt 60 ]; then
   windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
   if [ -f "$STATE/bench/bench.json" ]; then
