@@ -27,8 +27,8 @@ from cli.options import (
 from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
-    from diagnose.optimize import RunSummary
     from diagnose.rounds import RoundsStore
+    from diagnose.run_summary import RunSummary
     from harness.backends import BackendName
 
 
@@ -71,6 +71,17 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.option("--time-budget", "time_budget", type=float, default=None, help="Seconds after which no round starts.")
 @click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True,
               help="openai: also ask an OpenAI-compatible endpoint (KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY).")
+@click.option("--llm-model", "llm_model", default=None, help="The model to ask (default: KB_LLM_MODEL).")
+@click.option("--candidates", type=click.IntRange(min=1), default=2, show_default=True,
+              help="LLM candidates per round: the round's finding, then the next findings, then samples.")
+@click.option("--repairs", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Repair turns per LLM candidate that fails to parse, compile or pass a check (the exact error is sent).")
+@click.option("--context-tokens", "context_tokens", type=click.IntRange(min=500), default=8000, show_default=True,
+              help="Token budget of each LLM prompt; lower-ranked context (old history, patterns) is cut first.")
+@click.option("--llm-first", "llm_first", is_flag=True,
+              help="Ask the model before the catalog's deterministic rewrites of each finding (default: after).")
+@click.option("--max-tokens-per-run", "max_tokens_per_run", type=click.IntRange(min=1), default=None,
+              help="Stop asking the LLM once the run's calls have used this many tokens (in + out).")
 @strategy_option("How far each round's diagnosis escalates.")
 @backend_option()
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -89,7 +100,8 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.pass_context
 @user_errors
 def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
-             reference: str | None, rounds: int, time_budget: float | None, llm: str,
+             reference: str | None, rounds: int, time_budget: float | None, llm: str, llm_model: str | None,
+             candidates: int, repairs: int, context_tokens: int, llm_first: bool, max_tokens_per_run: int | None,
              strategy: str, backend: BackendName, run_dir: Path | None, resume_run: str | None, release: str | None,
              stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
              check_workers: int | None, as_json: bool) -> None:
@@ -114,7 +126,9 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
                               backend=backend, release=release,
                               references=stand_ins(versus), warmup_ms=warmup_ms, rep_ms=rep_ms,
-                              check_workers=check_workers)
+                              check_workers=check_workers, candidates=candidates, repairs=repairs,
+                              context_tokens=context_tokens, max_tokens_per_run=max_tokens_per_run, llm_model=llm_model,
+                              llm_first=llm_first)
     if options.backend == "interpreter":
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
@@ -148,7 +162,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
 
 def _show_run(store: RoundsStore, as_json: bool) -> None:
     """A run's summary, as JSON or as the table of its rounds; the store is closed after."""
-    from diagnose.optimize import report
+    from diagnose.run_summary import report
 
     summary = report(store)
     store.close()
@@ -170,13 +184,23 @@ def _echo_rounds(summary: RunSummary) -> None:
                    f"{h.pattern:<26} {h.outcome or h.state:<9} {speed:>8}")
         if h.outcome in ("rejected", "failed"):
             click.echo(f"{'':>13}why: {h.reason}")
+        if h.cost:
+            click.echo(f"{'':>13}LLM: {_cost_line(h.cost)}")
     if s.per_case_vs_initial:
         click.echo("best vs initial per case: " + ", ".join(f"{k} {v:.3f}x" for k, v in s.per_case_vs_initial.items()))
     elif s.per_case_best:
         click.echo("best round per case: " + ", ".join(f"{k} {v:.3f}x" for k, v in s.per_case_best.items()))
+    if s.llm_cost:
+        click.echo(f"LLM cost of the run: {_cost_line(s.llm_cost)}")
     if s.note:
         click.echo(f"note: {s.note}")
     click.echo(f"best kernel: {s.dir}/best.py" if s.best_round else "no round beat the initial kernel")
+
+
+def _cost_line(cost: dict) -> str:
+    estimated = " (estimated: the endpoint reported no usage)" if cost.get("estimated") else ""
+    return (f"{cost.get('calls', 0)} calls, {cost.get('tokens_in', 0)} tokens in, {cost.get('tokens_out', 0)} out, "
+            f"{cost.get('seconds', 0):.1f} s{estimated}")
 
 
 @main.group()
@@ -190,8 +214,8 @@ def rounds() -> None:
 @user_errors
 def rounds_list(ctx: click.Context, as_json: bool) -> None:
     """Runs under the KB home's runs/ directory."""
-    from diagnose.optimize import report
     from diagnose.rounds import RoundsStore
+    from diagnose.run_summary import report
 
     root = _runs_root(ctx)
     rows = []

@@ -9,28 +9,32 @@ pick is timed against its parent a second time, alone; that second figure is the
 A hypothesis (finding, pattern, rewriter) already tried on the same parent kernel is not tried again.
 
 Rewriters: the deterministic pattern rewriters (diagnose/rewriters/), and with `llm="openai"` an
-LLM through any OpenAI-compatible endpoint (diagnose/llm.py) when no deterministic rewrite is left.
+LLM through any OpenAI-compatible endpoint: several candidates a round, each repaired with the judge's
+exact error, asked with the round's evidence and the run's history (diagnose/llm_round.py).
 Timing goes through a `Judge`, by default the sandboxed harness (`HarnessJudge`); tests inject one
 that checks correctness through the same harness and times deterministically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
-import os
+import json
 import re
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from diagnose.judging import HarnessJudge, Judge, acceptable, verdict, why_rejected
+from diagnose.llm import EndpointError
+from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
 from diagnose.records import Answer
 from diagnose.rewriters import Variant, rewrite, unified_diff
 from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
-from harness.backends import BackendName
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
 from harness.task import Task, TaskSpec, entry_name
@@ -38,105 +42,10 @@ from harness.task import Task, TaskSpec, entry_name
 if TYPE_CHECKING:
     from kb.home import KBHome
 
-__all__ = ["HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "RunSummary", "optimize", "report"]
+__all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "optimize"]
 
-# judge(task_spec, baseline_file_or_None, candidate_file_or_None, entry_name) -> RunReport
-Judge = Callable[[TaskSpec, str | None, str | None, str], RunReport]
 # The generic search every kernel can try when its diagnosis offers nothing untried.
 _FALLBACK = ("autotune-configs", "launch configuration search")
-
-
-@dataclass
-class OptimizeOptions:
-    rounds: int = 5
-    time_budget_s: float | None = None
-    llm: str = "none"  # "none" | "openai"
-    strategy: str = "progressive"
-    backend: BackendName = "cuda"
-    seeds: int = 2
-    timeout_s: float = 300.0
-    # PyTorch stand-ins timed beside the initial and best kernels at the end ("eager", "compiled").
-    references: tuple[str, ...] = ("eager",)
-    noise_floor: float = 0.02
-    release: str | None = None
-    # do_bench windows of each timing (None: the harness defaults); each Timing record keeps its own.
-    warmup_ms: int | None = None
-    rep_ms: int | None = None
-    # Worker processes that check a round's variants side by side (None: by the host's cores).
-    check_workers: int | None = None
-
-
-class HarnessJudge:
-    """Checks and times through the harness's judge (harness.judge): one judging session per task for
-    the whole run, so the task's reference and the current parent keep their workers between rounds,
-    while each candidate gets a fresh worker, closed when the next round starts."""
-
-    def __init__(self, options: OptimizeOptions, time: bool = True) -> None:
-        from harness.run import RunOptions
-
-        windows: dict[str, Any] = {k: v for k, v in (("warmup_ms", options.warmup_ms), ("rep_ms", options.rep_ms)) if v}
-        self.check_workers = options.check_workers or default_check_workers()
-        self.options = RunOptions(backend=options.backend, seeds=options.seeds, timeout_s=options.timeout_s, time=time,
-                                  check_workers=self.check_workers, **windows)
-        self.references = tuple(options.references)
-        self._judges: dict[str, Any] = {}
-
-    def judge_for(self, spec: TaskSpec) -> Any:
-        import json
-
-        from harness.judge import Judge
-
-        key = json.dumps(spec.to_json(), sort_keys=True)
-        if key not in self._judges:
-            self._judges[key] = Judge(spec, self.options.backend, timeout_s=self.options.timeout_s,
-                                      spares=self.check_workers)
-        return self._judges[key]
-
-    def __call__(self, spec: TaskSpec, baseline: str | None, candidate: str | None, entry: str) -> RunReport:
-        from harness.run import run_task
-
-        return run_task(spec, self.options, candidate=candidate, candidate_entry=entry, judge=self.judge_for(spec),
-                        baseline=baseline)
-
-    def final(self, spec: TaskSpec, best: str | None, entry: str) -> RunReport:
-        """The end-of-run measurement: the best kernel (None: the initial one alone) against the task's
-        own, with the PyTorch stand-ins the options name."""
-        from dataclasses import replace
-
-        from harness.run import run_task
-
-        return run_task(spec, replace(self.options, references=self.references), candidate=best,
-                        candidate_entry=entry, judge=self.judge_for(spec))
-
-    def judge_all(self, spec: TaskSpec, baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
-        """A round's variants against their (already validated) parent: each variant checked in a fresh
-        worker, the parent timed once per case with all of them, not once per variant."""
-        from harness.run import run_candidates
-
-        judge = self.judge_for(spec)
-        judge.retire(keep=[baseline])  # the last round's variants are done; the parent stays warm
-        return run_candidates(spec, self.options, baseline, candidates, entry, judge)
-
-    def confirm(self, spec: TaskSpec, baseline: str, candidate: str, entry: str) -> RunReport | None:
-        """A round's pick timed against its parent again, alone (see `_confirmed`)."""
-        from harness.run import time_again
-
-        return time_again(spec, self.options, baseline, candidate, entry, self.judge_for(spec))
-
-    def close(self) -> None:
-        for judge in self._judges.values():
-            judge.close()
-        self._judges = {}
-
-
-def default_check_workers() -> int:
-    """A quarter of the cores this process may use, at most 4: the H200 hosts give each GPU 16 cores,
-    and `kb bench` runs one job per GPU; a small machine keeps one worker."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity API (macOS)
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores // 4))
 
 
 def _sha(text: str) -> str:
@@ -151,6 +60,12 @@ def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHo
     `stop_at` (a `time.time()` value) is this invocation's deadline, not the run's budget: no round
     starts after it and the run is left `paused`, to be resumed (a GPU machine lent for 10 minutes).
     One process at a time works in a run directory (an exclusive lock on `run_dir/.lock`)."""
+    with _locked(run_dir):
+        return _optimize(spec, options, run_dir, home, judge, log, resume, stop_at)
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".lock", "w") as lock:
         try:
@@ -158,7 +73,45 @@ def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHo
         except BlockingIOError:
             raise UserFacingError(f"another kb optimize is working in {run_dir}",
                                   "wait for it to finish, or stop it and resume the run") from None
-        return _optimize(spec, options, run_dir, home, judge, log, resume, stop_at)
+        yield
+
+
+def _open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Task,
+              resume: bool) -> tuple[RoundsStore, OptimizeOptions]:
+    """The run's store, new or resumed, and the options it runs with (a resumed run keeps its own)."""
+    if resume:
+        store = RoundsStore(run_dir)
+        info = store.run()
+        options = OptimizeOptions(**{**asdict(options), **{k: v for k, v in info.options.items()
+                                                           if k in KEPT_ON_RESUME}})
+        if info.status in (RunStatus.PAUSED, RunStatus.INTERRUPTED):
+            store.update_run(status=RunStatus.RUNNING, note=None)
+        return store, options
+    if RoundsStore.status_of(run_dir) is not None:
+        raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
+    store = RoundsStore(run_dir, create=True)  # new, or left empty by a kill before its record was written
+    shutil.copyfile(task.source_file, run_dir / "round-000.py")
+    # The family travels in the spec so that synthesis can file the rounds without loading the task.
+    store.create_run(run_dir.name, task.name, replace(spec, family=task.family), asdict(options))
+    return store, options
+
+
+def _ensure_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, say: Callable[[str], None]) -> None:
+    """The task's own kernel measured once per run, before any round; a run whose kernel fails is FAILED."""
+    if store.run().baseline is not None:
+        return
+    say("measuring the baseline")
+    base = judge(spec, None, None, entry)
+    if base.failure:  # the worker crashed or timed out: say so, and leave the run to resume
+        raise UserFacingError(f"measuring the task's own kernel failed: {base.failure}",
+                              f"check the device, then `kb optimize --resume {store.dir}`")
+    baseline_run = base.run("baseline")
+    if not (baseline_run and baseline_run.correct):
+        why = why_rejected(base, "baseline")
+        store.update_run(status=RunStatus.FAILED, note=f"the task's own kernel is not correct: {why}")
+        raise UserFacingError(f"the task's own kernel fails its checks: {why}",
+                              "fix the task or its kernel first (kb run TASK shows the cases)")
+    store.update_run(baseline=base.to_dict(), best_round=0, best_path=str(store.dir / "round-000.py"))
 
 
 def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHome | None, judge: Judge | None,
@@ -169,39 +122,13 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
     task = load_job_task(spec)
     entry = entry_name(task.entry)
     _check_rewritable(task, entry)
-    if resume:
-        store = RoundsStore(run_dir)
-        info = store.run()
-        options = OptimizeOptions(**{**asdict(options), **{k: v for k, v in info.options.items()
-                                                           if k in ("rounds", "llm", "strategy", "backend")}})
-        if info.status in (RunStatus.PAUSED, RunStatus.INTERRUPTED):
-            store.update_run(status=RunStatus.RUNNING, note=None)
-    else:
-        if RoundsStore.status_of(run_dir) is not None:
-            raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
-        store = RoundsStore(run_dir, create=True)  # new, or left empty by a kill before its record was written
-        original = run_dir / "round-000.py"
-        shutil.copyfile(task.source_file, original)
-        # The family travels in the spec so that synthesis can file the rounds without loading the task.
-        store.create_run(run_dir.name, task.name, replace(spec, family=task.family), asdict(options))
+    store, options = _open_run(spec, options, run_dir, task, resume)
     own_judge = None
     if judge is None:
         judge = own_judge = HarnessJudge(options)
     started = time.monotonic()
     try:
-        if store.run().baseline is None:
-            say("measuring the baseline")
-            base = judge(spec, None, None, entry)
-            if base.failure:  # the worker crashed or timed out: say so, and leave the run to resume
-                raise UserFacingError(f"measuring the task's own kernel failed: {base.failure}",
-                                      f"check the device, then `kb optimize --resume {run_dir}`")
-            baseline_run = base.run("baseline")
-            if not (baseline_run and baseline_run.correct):
-                why = _why_rejected(base, "baseline")
-                store.update_run(status=RunStatus.FAILED, note=f"the task's own kernel is not correct: {why}")
-                raise UserFacingError(f"the task's own kernel fails its checks: {why}",
-                                      "fix the task or its kernel first (kb run TASK shows the cases)")
-            store.update_run(baseline=base.to_dict(), best_round=0, best_path=str(run_dir / "round-000.py"))
+        _ensure_baseline(store, spec, judge, entry, say)
         while True:
             rounds = store.rounds()
             pending = next((r for r in rounds if r.state != "done"), None)
@@ -244,6 +171,9 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
     except KeyboardInterrupt:
         store.update_run(status=RunStatus.INTERRUPTED)
         raise
+    except EndpointError as exc:  # the model could not answer: its round stays open, to resume
+        store.update_run(status=RunStatus.INTERRUPTED, note=f"interrupted: {exc.problem}")
+        raise
     finally:
         if own_judge is not None:
             own_judge.close()
@@ -265,6 +195,108 @@ def _check_rewritable(task: Task, entry: str) -> None:
     if attribute_path(load_kernel_module(task.source_file), entry) is None:
         raise UserFacingError(f"{task.source_file} has no attribute path {entry!r} for the entry, so a rewrite of it "
                               "could not be called", "make the entry a module-level function or Function.apply there")
+
+
+# ------------------------------------------------------------------------------------ one step for an agent host
+@dataclass
+class AgentStep:
+    """One step of a run driven by an agent host (`kb mcp`'s optimize_round). Without a candidate: the
+    current best kernel's diagnosis and the rewrite prompt the LLM rewriter would get. With one: the
+    judge's verdict on it as a round of the run, under the loop's acceptance rules."""
+
+    run: str
+    round: int  # the round the candidate is (or would be) judged as
+    parent: int  # the round whose kernel it rewrites (0: the task's own)
+    judged: bool
+    kernel: str = ""
+    findings: list[dict[str, Any]] = field(default_factory=list)  # kind, title, level, confidence, evidence
+    rules: str = ""
+    prompt: str = ""
+    outcome: str | None = None  # accepted | rejected | failed
+    speedup: float | None = None
+    reason: str | None = None
+    best_round: int = 0
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def agent_step(spec: TaskSpec | None, options: OptimizeOptions, run_dir: Path, candidate: str | None = None,
+               finding: str = "", home: KBHome | None = None, judge: Judge | None = None,
+               log: Callable[[str], None] | None = None) -> AgentStep:
+    """Diagnose the run's best kernel (`candidate` None), or judge the host's `candidate` source as the
+    run's next round. The run is created from `spec` on the first step; the diagnosis a candidate
+    answers is the one the last step returned for the same kernel (or a fresh one)."""
+    from diagnose.llm_prompt import round_prompts
+    from harness.task import load_job_task
+    from kb.patterns import catalog_for
+
+    say = log or (lambda _msg: None)
+    with _locked(run_dir):
+        exists = RoundsStore.status_of(run_dir) is not None
+        if not exists and spec is None:
+            raise UserFacingError(f"{run_dir} holds no optimize run", "pass the task to start one there")
+        if exists:
+            with contextlib.closing(RoundsStore(run_dir)) as peek:
+                spec = peek.run().spec
+        assert spec is not None
+        task = load_job_task(spec)
+        entry = entry_name(task.entry)
+        _check_rewritable(task, entry)
+        store, options = _open_run(spec, options, run_dir, task, resume=exists)
+        own_judge = HarnessJudge(options) if judge is None else None
+        judge = judge or own_judge
+        assert judge is not None
+        try:
+            _ensure_baseline(store, spec, judge, entry, say)
+            for pending in [r for r in store.rounds() if r.state != "done"]:  # a step killed mid-way
+                _finish(store, pending, spec, task, entry, judge, options, home, say)
+            parent_idx, parent = _best_path(store)
+            idx = len(store.rounds()) + 1
+            kept = store.dir / "agent-diagnosis.json"
+            saved = json.loads(kept.read_text()) if kept.is_file() else {}
+            if saved.get("parent") == parent_idx and saved.get("round") == idx:
+                answer = Answer.from_dict(saved["answer"])
+            else:
+                say(f"diagnosing round {parent_idx}'s kernel")
+                answer = _diagnose(store, task, parent, entry, options, home)
+                kept.write_text(json.dumps({"parent": parent_idx, "round": idx, "answer": answer.to_dict()}))
+            kinds = [f.kind for f in answer.findings]
+            if finding and finding not in kinds:
+                raise UserFacingError(f"{finding!r} is not a finding of round {parent_idx}'s diagnosis",
+                                      f"name one of: {', '.join(kinds) or 'none (leave it empty)'}")
+            top = answer.ranked()
+            focus = next((f for f in answer.findings if f.kind == finding), top[0] if top else None)
+            step = AgentStep(str(run_dir), idx, parent_idx, candidate is not None,
+                             findings=[{"kind": f.kind, "title": f.title, "level": f.level, "confidence": f.confidence,
+                                        "evidence": f.evidence} for f in answer.findings if not f.healthy])
+            if candidate is None:
+                done = [r for r in store.rounds() if r.state == "done"]
+                prompt = round_prompts(answer, focus.kind if focus else "", parent.read_text(), entry,
+                                       catalog_for(home), done, _last_report(store), options.context_tokens, 1)[0]
+                step.kernel, step.rules, step.prompt = parent.read_text(), prompt.system, prompt.user
+                step.best_round = parent_idx
+                return step
+            hyp = Hypothesis(focus.kind if focus else "", focus.title if focus else "candidate from the agent host",
+                             "host-rewrite", "host", focus.level if focus else answer.stopped_at or "L1",
+                             list(focus.evidence) if focus else [])
+            hyp.reached = answer.stopped_at
+            (store.dir / f"round-{idx:03d}.host.py").write_text(candidate)
+            (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
+            r = Round(idx, parent_idx, "planned", hyp, f"{_sha(candidate)}:host", hyp.level, hyp.evidence, "host")
+            store.plan(r)
+            _finish(store, r, spec, task, entry, judge, options, home, say)
+            judged = next(x for x in store.rounds() if x.idx == idx)
+            step.outcome, step.speedup, step.reason = judged.outcome, judged.speedup, judged.reason
+            step.best_round = store.run().best_round or 0
+            if options.backend == "interpreter":
+                step.note = "timed on the CPU interpreter: the checks hold, the speedup is not kernel performance"
+            return step
+        finally:
+            store.close()
+            if own_judge is not None:
+                own_judge.close()
 
 
 # ------------------------------------------------------------------------------------ planning
@@ -289,6 +321,8 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
         what = (hyp.finding, hyp.pattern, hyp.rewriter)
         if rejected_on.get(what, -1) in lineage:
             continue  # rejected on this kernel or an ancestor: not retried blindly
+        if hyp.rewriter == "llm" and not _llm_budget_left(store, options):
+            continue
         if hyp.rewriter == "pattern":
             fresh = [v for v in rewrite(hyp.pattern, source, _context(task, hyp, parent)) if _sha(v.source) not in seen]
             if not fresh:
@@ -299,6 +333,8 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
         say(f"round {idx}: {hyp.finding or 'search'} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level}, "
             f"record {hyp.record:.2f})")
         (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
+        if hyp.rewriter == "llm":  # its prompt is built from the records, also when the round resumes
+            (store.dir / f"round-{idx:03d}.diagnosis.json").write_text(json.dumps(answer.to_dict()))
         return r
     return None
 
@@ -326,7 +362,7 @@ def _measured_sources(store: RoundsStore) -> set[str]:
 def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
     """Each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite of that
     finding after its patterns when an endpoint is in use; then the generic launch search; then a
-    free-form LLM rewrite. That diagnosis order is then re-ranked by record: a pattern that has won
+    free-form LLM rewrite (with `llm_first`, each LLM rewrite comes before the patterns it sits beside). That diagnosis order is then re-ranked by record: a pattern that has won
     for this finding before (`kb synthesize` statistics) moves up, one that kept failing moves down,
     behind the search if the search's record is better. The sort is stable, so without statistics
     (every record 0.5) the diagnosis order stands."""
@@ -338,14 +374,15 @@ def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | N
         if f.kind not in by_finding and catalog:
             by_finding[f.kind] = [p.id for p in catalog if f.kind in p.symptoms and "cuda" in p.backends]
     out: list[Hypothesis] = []
+    asks = options.llm == "openai"
     for f in findings:
-        for pattern in by_finding.get(f.kind, []):
-            out.append(Hypothesis(f.kind, f.title, pattern, "pattern", f.level, list(f.evidence)))
-        if options.llm == "openai":
-            out.append(Hypothesis(f.kind, f.title, "llm-rewrite", "llm", f.level, list(f.evidence)))
-    out.append(Hypothesis("", _FALLBACK[1], _FALLBACK[0], "pattern", answer.stopped_at or "L1"))
-    if options.llm == "openai":
-        out.append(Hypothesis("", "free-form optimization", "llm-rewrite", "llm", answer.stopped_at or "L1"))
+        patterns = [Hypothesis(f.kind, f.title, pattern, "pattern", f.level, list(f.evidence))
+                    for pattern in by_finding.get(f.kind, [])]
+        model = [Hypothesis(f.kind, f.title, "llm-rewrite", "llm", f.level, list(f.evidence))] if asks else []
+        out += model + patterns if options.llm_first else patterns + model
+    search = [Hypothesis("", _FALLBACK[1], _FALLBACK[0], "pattern", answer.stopped_at or "L1")]
+    free = [Hypothesis("", "free-form optimization", "llm-rewrite", "llm", answer.stopped_at or "L1")] if asks else []
+    out += free + search if options.llm_first else search + free
     records = {p.id: p for p in catalog or []}
     for hyp in out:
         hyp.reached = answer.stopped_at
@@ -402,12 +439,31 @@ def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str
     parent = store.dir / f"round-{r.parent or 0:03d}.py"
     source = parent.read_text()
     hyp = r.hypothesis
+    llm_file = store.dir / f"round-{r.idx:03d}.llm.json"
     if r.state == "planned":
+        llm = None
         try:
-            variants = _variants(hyp, source, task, store, r, options, parent)
-        except Exception as exc:  # noqa: BLE001 - a rewriter or an LLM reply that fails is a rejected round
+            if hyp.rewriter == "llm":
+                llm = _llm_variants(hyp, source, task, store, r, options, parent, judge, spec, home)
+                variants = llm.variants
+            elif hyp.rewriter == "host":  # written by an agent host (agent_step), kept since it was planned
+                variants = [Variant({"from": "agent host"}, (store.dir / f"round-{r.idx:03d}.host.py").read_text())]
+            else:
+                variants = rewrite(hyp.pattern, source, _context(task, hyp, parent))
+        except EndpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a rewriter that fails is a failed round, not a failed run
             store.done(r.idx, "failed", f"rewrite failed: {type(exc).__name__}: {first_line(exc)}")
             return
+        if llm is not None:
+            llm_file.write_text(json.dumps(llm.to_dict()))
+            store.set_cost(r.idx, llm.cost.to_dict())
+            if not variants:
+                judged = any(a.outcome == "rejected" for a in llm.attempts)
+                store.done(r.idx, "rejected" if judged else "failed",
+                           f"no candidate passed the checks: {llm.why_none_passed()}", {"llm": llm.to_dict()})
+                say(f"round {r.idx}: {'rejected' if judged else 'failed'} (no candidate passed the checks)")
+                return
         seen = _measured_sources(store)
         variants = [v for v in variants if _sha(v.source) not in seen]
         if not variants:
@@ -424,21 +480,23 @@ def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str
     judge_all = getattr(judge, "judge_all", None)
     reports = (judge_all(spec, str(parent), [str(f) for f in variant_files], entry) if judge_all
                else [judge(spec, str(parent), str(f), entry) for f in variant_files])
-    results = [(file, params[i] if i < len(params) else "", report, _acceptable(report, options))
+    results = [(file, params[i] if i < len(params) else "", report, acceptable(report, options))
                for i, (file, report) in enumerate(zip(variant_files, reports))]
     passing = [(file, p, report, (g, n, w)) for file, p, report, (g, n, w) in results if g is not None]
     best = max(passing, key=lambda x: x[3][0]) if passing else None
     summary = [{"variant": p, "sha": _sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}
                for f, p, _, v in results]
+    llm_record = {"llm": json.loads(llm_file.read_text())} if llm_file.is_file() else {}
     if best is None:
         store.done(r.idx, "rejected", "; ".join(f"{p or 'variant'}: {v[2]}" for _, p, _, v in results),
-                   {"variants": summary})
+                   {"variants": summary, **llm_record})
         return
     file, p, report, (geomean, noise, why) = best
     chosen = store.dir / f"round-{r.idx:03d}.py"
     shutil.copyfile(file, chosen)
     store.rewritten(r.idx, str(chosen), unified_diff(source, chosen.read_text()))
-    timings = {"variants": summary, "chosen": p, "report": report.to_dict(), "per_case": report.speedups()}
+    timings = {"variants": summary, "chosen": p, "report": report.to_dict(), "per_case": report.speedups(),
+               **llm_record}
     if geomean > 1 + noise:
         again = _confirmed(judge, spec, parent, file, entry, options)
         if again is not None:
@@ -487,21 +545,46 @@ def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: 
     report = confirm(spec, str(parent), str(chosen), entry)
     if report is not None and report.failure:  # a lost worker or a timeout: once more, in a fresh worker
         report = confirm(spec, str(parent), str(chosen), entry)
-    return (report, _acceptable(report, options)) if report is not None else None
+    return (report, acceptable(report, options)) if report is not None else None
 
 
-def _variants(hyp: Hypothesis, source: str, task: Task, store: RoundsStore, r: Round,
-              options: OptimizeOptions, parent: Path) -> list[Variant]:
-    if hyp.rewriter == "pattern":
-        return rewrite(hyp.pattern, source, _context(task, hyp, parent))
-    from diagnose.llm import LLMConfig, rewrite_kernel
+def _llm_variants(hyp: Hypothesis, source: str, task: Task, store: RoundsStore, r: Round, options: OptimizeOptions,
+                  parent: Path, judge: Judge, spec: TaskSpec, home: KBHome | None) -> Any:
+    """The LLM's candidates for the round (diagnose/llm_round.LLMRoundResult), checked by the judge."""
+    from diagnose.llm import LLMConfig
+    from diagnose.llm_prompt import round_prompts
+    from diagnose.llm_round import TokenBudget, Transcript, llm_round, tokens_spent
+    from kb.patterns import catalog_for
 
-    config = LLMConfig.from_env()
+    config = LLMConfig.from_env(options.llm_model)
     if config is None:
         raise UserFacingError("--llm openai needs KB_LLM_BASE_URL", "set KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY")
-    diagnosis = (store.dir / f"round-{r.idx:03d}.diagnosis.md").read_text()
-    new = rewrite_kernel(config, source, diagnosis, entry_name(task.entry))
-    return [Variant({"llm": config.model}, new)]
+    entry = entry_name(task.entry)
+    answer = Answer.from_dict(json.loads((store.dir / f"round-{r.idx:03d}.diagnosis.json").read_text()))
+    done = [x for x in store.rounds() if x.state == "done"]
+    prompts = round_prompts(answer, hyp.finding, source, entry, catalog_for(home), done, _last_report(store),
+                            options.context_tokens, options.candidates, hyp.unblock)
+    budget = TokenBudget(options.max_tokens_per_run, tokens_spent([x for x in store.rounds() if x.idx != r.idx]))
+    return llm_round(config, prompts, entry, _checker(judge, spec, parent, entry), store.dir, f"round-{r.idx:03d}",
+                     options.candidates, options.repairs, budget, Transcript(store.dir / f"round-{r.idx:03d}.llm.jsonl"))
+
+
+def _checker(judge: Judge, spec: TaskSpec, parent: Path, entry: str) -> Callable[[Path], str | None]:
+    """An LLM candidate's check: None when it passes every check against its parent, else why not."""
+    check = getattr(judge, "check", None) or judge
+
+    def verdict(candidate: Path) -> str | None:
+        report = check(spec, str(parent), str(candidate), entry)
+        run = report.run("candidate")
+        return None if not report.failure and run is not None and run.correct else why_rejected(report, "candidate")
+
+    return verdict
+
+
+def _llm_budget_left(store: RoundsStore, options: OptimizeOptions) -> bool:
+    from diagnose.llm_round import tokens_spent
+
+    return options.max_tokens_per_run is None or tokens_spent(store.rounds()) < options.max_tokens_per_run
 
 
 def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dict[str, Any]:
@@ -510,7 +593,7 @@ def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dic
     record: dict[str, Any] = {"best_round": best, "report": report.to_dict()}
     if best:
         record["per_case"] = report.speedups()
-        record["geomean"] = _verdict(report, options)[0]
+        record["geomean"] = verdict(report, options)[0]
     else:
         record["per_case"] = {label: 1.0 for label in report.speedups("baseline", "baseline")}
         baseline_run = report.run("baseline")
@@ -525,51 +608,6 @@ def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dic
     return record
 
 
-def _verdict(report: RunReport, options: OptimizeOptions) -> tuple[float | None, float, str]:
-    """(geomean speedup of candidate over baseline or None if it cannot be accepted, noise, reason)."""
-    cand = report.run("candidate")
-    if report.failure or cand is None or not cand.correct:
-        return None, 0.0, _why_rejected(report, "candidate")
-    speedups = [s for s in report.speedups().values() if s > 0]
-    if not speedups:
-        return None, 0.0, "no timed case"
-    spreads = [c.timing.repeat_spread for run in report.runs for c in run.cases
-               if c.timing and c.timing.repeat_spread is not None]
-    noise = max([options.noise_floor, *spreads])
-    return geomean(speedups), noise, "timed"
-
-
-def _acceptable(report: RunReport, options: OptimizeOptions) -> tuple[float | None, float, str]:
-    """`_verdict`, and no timed case slower than the parent by more than the noise bar: a geomean can
-    hide a regression (faster on large cases, slower on the small ones), and a chain of such rounds
-    left timed cases at 0.90x of the initial kernel on the H200 (issue 27). Such a variant is not
-    accepted as it is; dispatching on shape is a rewrite of its own."""
-    figure, noise, why = _verdict(report, options)
-    if figure is None:
-        return figure, noise, why
-    slower = sorted((s, label) for label, s in report.speedups().items() if 0 < s < 1 - noise)
-    if not slower:
-        return figure, noise, why
-    s, label = slower[0]
-    more = f" (and {len(slower) - 1} more case(s))" if len(slower) > 1 else ""
-    return None, noise, (f"geomean {figure:.3f}x, but case {label} is {s:.3f}x of the parent{more}: slower by more "
-                         f"than the noise {noise:.1%}")
-
-
-def _why_rejected(report: RunReport, role: str) -> str:
-    run = report.run(role)
-    if report.failure:
-        return report.failure
-    if run is None:
-        return f"no {role} run"
-    if run.rejected:
-        return run.rejected
-    bad = next((c for c in run.cases if not c.correct), None)
-    if bad is not None:
-        return f"case {bad.label}: " + (bad.error or "outputs differ from the reference")
-    return "not correct"
-
-
 def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float) -> None:
     chosen = Path(store.dir / f"round-{r.idx:03d}.py").read_text()
     info = store.run()
@@ -582,77 +620,3 @@ def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float) -
               f'History: kb rounds show {store.dir}\n"""\n')
     body = re.sub(r'^"""kernel-kb optimize:.*?"""\n', "", chosen, flags=re.DOTALL)
     (store.dir / "best.py").write_text(header + body)
-
-
-# ------------------------------------------------------------------------------------ report
-@dataclass(frozen=True)
-class RoundLine:
-    """One round as a run's summary lists it."""
-
-    round: int
-    parent: int | None
-    state: str
-    finding: str
-    pattern: str
-    rewriter: str | None
-    level: str | None
-    outcome: str | None
-    speedup: float | None
-    reason: str | None
-
-
-@dataclass(frozen=True)
-class Rejection:
-    round: int
-    pattern: str
-    why: str | None
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """What a run came to (`kb optimize`, `kb rounds show`, the bench's rows): `to_dict` is its JSON."""
-
-    run: str
-    task: str
-    status: RunStatus
-    note: str | None
-    dir: str
-    rounds: int
-    best_round: int
-    best_level: str | None
-    # Measured best-vs-initial when the run finished; the product of per-round speedups otherwise.
-    speedup_vs_initial: float
-    speedup_vs_initial_measured: bool
-    per_case_vs_initial: dict[str, float] | None
-    levels: dict[int, str | None]
-    rejected: list[Rejection]
-    per_case_best: dict[str, float] | None
-    history: list[RoundLine]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def report(store: RoundsStore) -> RunSummary:
-    info = store.run()
-    rounds = store.rounds()
-    accepted = [r for r in rounds if r.outcome == "accepted"]
-    best = next((r for r in rounds if r.idx == info.best_round), None)
-    chain = 1.0
-    for r in accepted:
-        chain *= r.speedup or 1.0
-    final = info.final if info.final and info.final.get("best_round") == info.best_round else None
-    measured = bool(final and final.get("geomean"))
-    return RunSummary(
-        run=info.id, task=info.task, status=info.status, note=info.note, dir=str(store.dir), rounds=len(rounds),
-        best_round=info.best_round or 0, best_level=best.level if best else None,
-        speedup_vs_initial=round(final["geomean"], 4) if final and measured else round(chain, 4),
-        speedup_vs_initial_measured=measured,
-        per_case_vs_initial=final["per_case"] if final else None,
-        levels={r.idx: r.level for r in rounds},
-        rejected=[Rejection(r.idx, r.hypothesis.pattern, r.reason) for r in rounds
-                  if r.outcome in ("rejected", "failed")],
-        per_case_best=(best.timings or {}).get("per_case") if best else None,
-        history=[RoundLine(r.idx, r.parent, r.state, r.hypothesis.finding, r.hypothesis.pattern, r.rewriter, r.level,
-                           r.outcome, r.speedup, r.reason) for r in rounds],
-    )

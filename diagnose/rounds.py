@@ -5,7 +5,7 @@ committed), the baseline and every candidate kernel file, and `best.py`. A round
 states, each committed before the next step starts:
 
     planned    hypothesis chosen (finding, pattern, rewriter, parameters, evidence ids, level)
-    rewritten  candidate file and diff written
+    rewritten  candidate file and diff written (an LLM round's cost with them)
     done       validated: accepted, or rejected with its reason, with per-case timings
 
 Resuming re-enters the first round that is not done: a planned round is rewritten again (the rewrite
@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS run (
 CREATE TABLE IF NOT EXISTS rounds (
     idx INTEGER PRIMARY KEY, parent INTEGER, state TEXT NOT NULL, hypothesis TEXT NOT NULL, key TEXT NOT NULL,
     level TEXT, evidence TEXT, rewriter TEXT, candidate TEXT, diff TEXT, outcome TEXT, reason TEXT,
-    timings TEXT, speedup REAL, started REAL, finished REAL
+    timings TEXT, speedup REAL, started REAL, finished REAL, cost TEXT
 );
 """
 
@@ -107,6 +107,8 @@ class Round:
     speedup: float | None = None
     started: float | None = None
     finished: float | None = None
+    # What the round's model calls cost (diagnose.llm.Usage as a dict); None for a round that asked none.
+    cost: dict[str, Any] | None = None
 
 
 class RoundsStore:
@@ -124,6 +126,8 @@ class RoundsStore:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(run)")}
         if "final" not in columns:  # a run written before the final measurement existed
             self._db.execute("ALTER TABLE run ADD COLUMN final TEXT")
+        if "cost" not in {row[1] for row in self._db.execute("PRAGMA table_info(rounds)")}:  # before LLM costs
+            self._db.execute("ALTER TABLE rounds ADD COLUMN cost TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -172,6 +176,9 @@ class RoundsStore:
         self._db.execute("UPDATE rounds SET state = 'rewritten', candidate = ?, diff = ? WHERE idx = ?",
                          (candidate, diff, idx))
 
+    def set_cost(self, idx: int, cost: dict[str, Any]) -> None:
+        self._db.execute("UPDATE rounds SET cost = ? WHERE idx = ?", (json.dumps(cost), idx))
+
     def done(self, idx: int, outcome: str, reason: str, timings: dict[str, Any] | None = None,
              speedup: float | None = None) -> None:
         self._db.execute("UPDATE rounds SET state = 'done', outcome = ?, reason = ?, timings = ?, speedup = ?, "
@@ -181,9 +188,10 @@ class RoundsStore:
 
     def rounds(self) -> list[Round]:
         rows = self._db.execute("SELECT idx, parent, state, hypothesis, key, level, evidence, rewriter, candidate, diff, "
-                                "outcome, reason, timings, speedup, started, finished FROM rounds ORDER BY idx")
+                                "outcome, reason, timings, speedup, started, finished, cost FROM rounds ORDER BY idx")
         return [Round(r[0], r[1], r[2], Hypothesis.from_json(json.loads(r[3])), r[4], r[5], json.loads(r[6] or "[]"), r[7], r[8], r[9],
-                      r[10], r[11], json.loads(r[12]) if r[12] else None, r[13], r[14], r[15]) for r in rows]
+                      r[10], r[11], json.loads(r[12]) if r[12] else None, r[13], r[14], r[15],
+                      json.loads(r[16]) if r[16] else None) for r in rows]
 
     def tried(self) -> dict[str, str]:
         """key -> outcome of every finished round (a rejected hypothesis on the same parent is not retried)."""

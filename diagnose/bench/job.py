@@ -47,7 +47,8 @@ class JobRequest:
 
 
 def main(argv: list[str]) -> int:
-    from diagnose.optimize import optimize, report
+    from diagnose.optimize import optimize
+    from diagnose.run_summary import report
     from harness.errors import UserFacingError
     from harness.task import TaskSpec
     from kb.home import KBHome

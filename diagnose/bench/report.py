@@ -59,8 +59,8 @@ def _speedup_bound(report: dict[str, Any] | None, role: str) -> float | None:
 
 
 def _operator_row(job: Job) -> dict[str, Any]:
-    from diagnose.optimize import report
     from diagnose.rounds import RoundsStore
+    from diagnose.run_summary import report
 
     row: dict[str, Any] = {"operator": job.operator, "condition": job.condition.name, "state": job.state}
     if job.state == "new":

@@ -35,3 +35,13 @@ class Answer:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Answer:
+        """The answer `to_dict` wrote (a round's diagnosis, read back when the round resumes)."""
+        records = {"findings": Finding, "recommendations": Recommendation, "reasons": CompilerReason,
+                   "evidence": Evidence, "escalations": Escalation}
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for name, record in records.items():
+            fields[name] = [record(**item) for item in data.get(name, [])]
+        return cls(**fields)
