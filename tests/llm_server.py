@@ -107,3 +107,23 @@ class ScriptedEndpoint:
 def module(code: str) -> str:
     """A reply as a model writes one: prose around one fenced module."""
     return f"Here is the rewritten kernel.\n\n```python\n{code.rstrip()}\n```\n\nIt keeps the wrapper's signature."
+
+
+def main() -> None:
+    """Serve replies from files until killed (scripts/device_llm_demo.sh): each --reply file's text,
+    fenced as a model writes it, answers one request in turn; the URL is written to --url-file."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--reply", action="append", required=True, type=Path)
+    parser.add_argument("--url-file", required=True, type=Path)
+    args = parser.parse_args()
+    endpoint = ScriptedEndpoint([module(path.read_text()) for path in args.reply])
+    args.url_file.write_text(endpoint.url)
+    print(f"serving {len(args.reply)} scripted replies at {endpoint.url}", flush=True)
+    endpoint.server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
