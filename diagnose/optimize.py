@@ -608,12 +608,17 @@ def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dic
     return record
 
 
+def _rewritten_by(hyp: Hypothesis) -> str:
+    return {"llm": "a rewrite by the LLM", "host": "a rewrite by the agent host"}.get(
+        hyp.rewriter, f"pattern {hyp.pattern} ({hyp.rewriter})")
+
+
 def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float) -> None:
     chosen = Path(store.dir / f"round-{r.idx:03d}.py").read_text()
     info = store.run()
     header = (f'"""kernel-kb optimize: best kernel of run {info.id} (task {info.task}).\n\n'
-              f"Round {r.idx} (parent round {r.parent or 0}): {hyp.finding or 'search'} -> pattern {hyp.pattern} "
-              f"({hyp.rewriter}); diagnosed at {hyp.level}; evidence {', '.join(hyp.evidence) or '-'} "
+              f"Round {r.idx} (parent round {r.parent or 0}): {hyp.finding or 'search'} -> {_rewritten_by(hyp)}; "
+              f"diagnosed at {hyp.level}; evidence {', '.join(hyp.evidence) or '-'} "
               f"in round-{r.idx:03d}.diagnosis.md.\n"
               + (f"The rewrite makes true: {hyp.unblock}\n" if hyp.unblock else "")
               + f"Geomean speedup over its parent: {geomean:.3f}x. "

@@ -107,20 +107,23 @@ def _check(path: Path) -> str | None:
 
 
 def test_a_candidate_is_repaired_with_the_exact_error_and_a_resumed_round_replays_its_transcript(tmp_path):
-    script = ["I would rather not write code.", module(UNDEFINED), module(GOOD)]
+    script = ["I would rather not write code.", module("def row_sum(x:\n    return x"), module(UNDEFINED),
+              module(GOOD)]
     with ScriptedEndpoint(script) as llm:
         result = llm_round(_config(llm), _prompts(), "row_sum", _check, tmp_path, "round-001", candidates=1,
-                           repairs=2, budget=TokenBudget(None), transcript=Transcript(tmp_path / "t.jsonl"))
-    assert [(a.turn, a.outcome) for a in result.attempts] == [(0, "unusable"), (1, "rejected"), (2, "passed")]
+                           repairs=3, budget=TokenBudget(None), transcript=Transcript(tmp_path / "t.jsonl"))
+    assert [(a.turn, a.outcome) for a in result.attempts] == [
+        (0, "unusable"), (1, "unusable"), (2, "rejected"), (3, "passed")]
     assert [v.source for v in result.variants] == [GOOD.rstrip() + "\n"]
     assert "no ```python code block" in llm.asked(1)
-    assert "NameError: name 'colz' is not defined" in llm.asked(2)  # the judge's words, not a paraphrase
-    assert [m["role"] for m in llm.requests[2]["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
-    assert result.cost.calls == 3 and result.cost.tokens_in > 0 and not result.cost.estimated
+    assert "does not parse: line 1" in llm.asked(2)
+    assert "NameError: name 'colz' is not defined" in llm.asked(3)  # the judge's words, not a paraphrase
+    assert [m["role"] for m in llm.requests[3]["messages"]] == ["system", "user"] + ["assistant", "user"] * 3
+    assert result.cost.calls == 4 and result.cost.tokens_in > 0 and not result.cost.estimated
     # The same round again (a resumed run): every answer comes from the transcript, none from the endpoint.
     with ScriptedEndpoint([]) as silent:
         again = llm_round(_config(silent), _prompts(), "row_sum", _check, tmp_path, "round-001", candidates=1,
-                          repairs=2, budget=TokenBudget(None), transcript=Transcript(tmp_path / "t.jsonl"))
+                          repairs=3, budget=TokenBudget(None), transcript=Transcript(tmp_path / "t.jsonl"))
     assert silent.requests == [] and [v.source for v in again.variants] == [GOOD.rstrip() + "\n"]
     assert again.cost == result.cost
 

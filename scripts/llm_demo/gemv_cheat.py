@@ -1,6 +1,5 @@
 """The demo's cheating answer for corpora/operators/gemv: the kernel is still defined, but the wrapper
 lets cuBLAS compute the result (a torch fallback). The judge must reject it, with that reason."""
-import torch
 import triton
 import triton.language as tl
 
