@@ -71,6 +71,16 @@ class Roofline:
     achieved_tflops: float | None
     bound: str  # "memory" or "compute" by arithmetic intensity vs the ridge point
     fraction: float  # achieved / attainable at this intensity (1.0 = on the roofline)
+    # The device's launch floor (µs) when it was measured: no launch is faster, whatever the roofline says.
+    floor_us: float | None = None
+
+    def bound_on_speedup(self, median_us: float) -> float:
+        """The most a rewrite could speed this case up: to the roofline, or to the launch floor when the
+        roofline time lies below it (1.0 for a case at or past its ceiling)."""
+        attainable_us = median_us * self.fraction
+        if self.floor_us:
+            attainable_us = max(attainable_us, self.floor_us)
+        return max(1.0, median_us / attainable_us) if attainable_us > 0 else 1.0
 
 
 @dataclass

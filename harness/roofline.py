@@ -1,8 +1,8 @@
 """Device ceilings, measured once per device and cached, and each case's place under them.
 
 Ceilings are what this device actually reaches through the library, not datasheet numbers
-(evaluation.md): device-to-device copy bandwidth (bytes read + written per second) and the torch
-matmul rate for bf16 and for fp32 (tf32 off). They are cached per device name, torch and triton
+(evaluation.md): device-to-device copy bandwidth (bytes read + written per second), the torch
+matmul rate per input dtype, and the launch floor (an empty Triton launch, harness/launch_floor.py). They are cached per device name, torch and triton
 version in `$KB_CACHE_DIR/ceilings.json` (default ~/.cache/kernel-kb).
 """
 
@@ -28,8 +28,8 @@ def _device_key() -> str:
     import torch
     import triton
 
-    # "ceilings 2": the set that has a ceiling per input dtype; caches of the older set are measured again.
-    return f"{torch.cuda.get_device_name()}|torch {torch.__version__}|triton {triton.__version__}|ceilings 2"
+    # "ceilings 3": the set with a ceiling per input dtype and the launch floor; older caches are measured again.
+    return f"{torch.cuda.get_device_name()}|torch {torch.__version__}|triton {triton.__version__}|ceilings 3"
 
 
 def ceilings(refresh: bool = False) -> dict[str, Any]:
@@ -63,9 +63,11 @@ def measure_ceilings() -> dict[str, Any]:
         "matmul_tf32_tflops": _matmul_tflops(torch.float32, tf32=True),
         "matmul_fp32_tflops": _matmul_tflops(torch.float32),
         "matmul_int8_tops": _matmul_tflops(torch.int8),
+        "launch_floor_us": _launch_floor_us(),
         "measured": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "how": "copy: 1 GiB fp32 tensor.copy_, read+write bytes; matmul: torch 8192^3 per input dtype (fp32 with "
-               "tf32 off and on; int8 through torch._int_mm); triton.testing.do_bench median, L2 flushed",
+               "tf32 off and on; int8 through torch._int_mm); triton.testing.do_bench median, L2 flushed; "
+               "launch floor: an empty one-program Triton launch timed as the harness times kernels",
     }
     torch.cuda.empty_cache()
     return result
@@ -80,6 +82,12 @@ def _copy_gbps() -> float:
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=500, return_mode="median")
     return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def _launch_floor_us() -> float:
+    from harness.launch_floor import launch_floor_us
+
+    return round(launch_floor_us(), 3)
 
 
 def _matmul_tflops(dtype: Any, m: int = 8192, tf32: bool = False) -> float:
@@ -149,5 +157,6 @@ def place(bytes_moved: float | None, flops: float | None, seconds: float, ceilin
         bound, fraction = "memory", (bytes_moved / seconds) / bw
     else:
         bound, fraction = "compute", ((flops or 0.0) / seconds) / peak
+    floor = ceiling.get("launch_floor_us")
     return Roofline(bytes=bytes_moved, flops=flops, achieved_gbps=gbps, achieved_tflops=tflops,
-                    bound=bound, fraction=fraction)
+                    bound=bound, fraction=fraction, floor_us=float(floor) if floor else None)

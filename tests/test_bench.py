@@ -258,13 +258,21 @@ def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
 def test_the_roofline_bound_is_what_every_case_at_its_ceiling_would_give():
     from diagnose.bench.report import _speedup_bound, _suite
 
-    def case(fraction):
-        return {"roofline": {"fraction": fraction, "bound": "memory"}}
+    def case(fraction, median_us=100.0, floor_us=None):
+        return {"timing": {"median_us": median_us},
+                "roofline": {"bytes": 1e6, "flops": None, "achieved_gbps": None, "achieved_tflops": None,
+                             "fraction": fraction, "bound": "memory", "floor_us": floor_us}}
 
     baseline = {"runs": [{"role": "baseline", "cases": [case(0.5), case(0.25), case(1.2), {"roofline": None}]}]}
     # 2x and 4x of headroom; a case past the measured ceiling has none (1.0), not less than none.
     assert _speedup_bound(baseline, "baseline") == pytest.approx((2 * 4 * 1) ** (1 / 3), rel=1e-3)
     assert _speedup_bound({"runs": []}, "baseline") is None
+    # A small case: 5 µs at 1% of the copy roofline is 100x from the bandwidth line, but no launch
+    # takes less than the 4 µs floor: 1.25x is all a rewrite could gain. Without a floor: 100x.
+    tiny = {"runs": [{"role": "baseline", "cases": [case(0.01, median_us=5.0, floor_us=4.0)]}]}
+    assert _speedup_bound(tiny, "baseline") == pytest.approx(1.25)
+    tiny["runs"][0]["cases"][0]["roofline"]["floor_us"] = None
+    assert _speedup_bound(tiny, "baseline") == pytest.approx(100.0)
     rows = [{"status": "finished", "speedup": 1.1, "best_round": 1, "speedup_bound": b} for b in (1.5, 2.5, 6.0)]
     suite = _suite(rows)
     assert suite["bound_geomean"] == pytest.approx((1.5 * 2.5 * 6.0) ** (1 / 3), rel=1e-3)

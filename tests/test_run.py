@@ -6,6 +6,8 @@ an LLM rewrite would try, and the honest kernels that must pass beside them: tes
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -273,6 +275,25 @@ def test_roofline_place_and_rotation():
     assert compute.bound == "compute" and compute.fraction == pytest.approx(0.5)
     assert rotation_count(ROTATE_BELOW_BYTES) == 1 and rotation_count(ROTATE_BELOW_BYTES // 4) == 4
     assert rotation_count(1) == 8
+
+
+def test_a_small_case_is_bounded_by_the_launch_floor_not_the_bandwidth_line():
+    ceiling = {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0, "launch_floor_us": 4.0}
+    tiny = place(32768, None, 4.5e-6, ceiling)  # 32 KB in 4.5 µs: 0.2% of the copy rate
+    assert tiny.fraction == pytest.approx(32768 / 4.5e-6 / 4e12) and tiny.floor_us == 4.0
+    assert tiny.bound_on_speedup(4.5) == pytest.approx(4.5 / 4.0)  # to the floor, not 550x to the line
+    big = place(4e9, None, 2e-3, ceiling)
+    assert big.bound_on_speedup(2000.0) == pytest.approx(2.0)  # far above the floor: the roofline decides
+    assert place(32768, None, 4.5e-6, {"copy_gbps": 4000.0}).bound_on_speedup(4.5) > 500  # no floor measured
+
+
+def test_the_launch_floor_is_timed_as_the_harness_times_kernels():
+    # On the interpreter the clock is the host's: this checks the procedure runs end to end, not the figure.
+    code = "from harness.launch_floor import launch_floor_us; print(launch_floor_us(warmup_ms=1, rep_ms=5))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=str(Path(__file__).resolve().parent.parent))
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip()) > 0
 
 
 def test_each_input_dtype_has_its_compute_ceiling_and_int8_is_never_below_bf16():
