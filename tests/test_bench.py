@@ -279,6 +279,22 @@ def test_the_roofline_bound_is_what_every_case_at_its_ceiling_would_give():
     assert (suite["bound_median"], suite["bound_above_2x"], suite["bound_above_5x"]) == (2.5, 2, 1)
 
 
+def test_the_suite_counts_what_every_runs_model_calls_cost():
+    from diagnose.bench.report import _suite, to_markdown
+
+    rows = [{"status": "finished", "speedup": 1.2, "best_round": 1, "llm_cost": {"calls": 3, "tokens_in": 900,
+                                                                                 "tokens_out": 100}},
+            {"status": "paused", "speedup": 1.0, "best_round": 0, "llm_cost": {"calls": 1, "tokens_in": 50,
+                                                                               "tokens_out": 50}},
+            {"status": "finished", "speedup": 1.0, "best_round": 0, "llm_cost": None}]
+    suite = _suite(rows)
+    assert (suite["llm_calls"], suite["llm_tokens"]) == (4, 1100)  # a paused run spent its tokens too
+    data = {"bench": "b", "created": "now", "suite": "s", "rounds": 3, "llm": "openai", "conditions": [{"name": "c"}],
+            "suite_by_condition": {"c": suite}, "operators": [], "published": {"operators": 37, "geomean": 4.35,
+            "median": 2.73, "above_2x": 22, "above_5x": 13, "median_best_round": 10}}
+    assert "| LLM tokens in + out (all runs) | 1100 |" in to_markdown(data)
+
+
 def test_trajectories_count_how_far_every_run_diagnosed_finished_or_not():
     from diagnose.bench.report import _suite
 

@@ -110,6 +110,7 @@ def _operator_row(job: Job) -> dict[str, Any]:
         "device": (info.baseline or {}).get("device"),
         "ceilings": (info.baseline or {}).get("ceilings"),
         "patterns_tried": [r.hypothesis.pattern for r in rounds],
+        "llm_cost": summary.llm_cost,
     })
     return row
 
@@ -174,6 +175,10 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "trajectories_reaching": reached,
         "rounds": sum(r.get("rounds", 0) for r in rows),
         "seconds": round(sum(r.get("seconds", 0.0) for r in rows), 1),
+        # What the model calls of every run cost (finished or not: the tokens were spent either way).
+        "llm_calls": sum((r.get("llm_cost") or {}).get("calls", 0) for r in rows),
+        "llm_tokens": sum((r.get("llm_cost") or {}).get("tokens_in", 0) + (r.get("llm_cost") or {}).get("tokens_out", 0)
+                          for r in rows),
     }
 
 
@@ -244,7 +249,8 @@ _SUITE_ROWS = [  # (key of _suite's figures, label, key of PUBLISHED or None)
     ("memory_bound_median_fraction", "memory-bound cases: median fraction of copy bandwidth (goal 0.80)", None),
     ("median_best_round", "median best-round index", "median_best_round"),
     ("mean_best_round_improved", "mean best-round index, improved operators", None),
-    ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None)]
+    ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None),
+    ("llm_calls", "LLM calls (all runs)", None), ("llm_tokens", "LLM tokens in + out (all runs)", None)]
 
 
 def _suite_table(columns: list[tuple[str, dict[str, Any]]], published: dict[str, Any]) -> list[str]:
