@@ -101,7 +101,8 @@ class Transcript:
 
 
 def extract_module(reply: str, entry: str) -> str:
-    """The module in a reply: its largest ```python block, which must parse and define `entry`."""
+    """The module in a reply: its largest ```python block, which must parse and define `entry` (for an
+    autograd Function's `Name.apply`, the class)."""
     blocks = _CODE_BLOCK.findall(reply)
     if not blocks:
         raise ReplyError("the reply has no ```python code block")
@@ -110,7 +111,8 @@ def extract_module(reply: str, entry: str) -> str:
         tree = ast.parse(code)
     except SyntaxError as exc:
         raise ReplyError(f"the reply's code does not parse: line {exc.lineno}: {exc.msg}") from exc
-    if not any(_defines(node, entry) for node in tree.body):
+    owner = entry.split(".")[0]  # "RMSNorm.apply": the module defines RMSNorm
+    if not any(_defines(node, owner) for node in tree.body):
         raise ReplyError(f"the reply's code does not define the launch wrapper {entry!r} at module level")
     return code
 

@@ -40,6 +40,7 @@ from harness.measurement import RunReport, geomean
 from harness.task import Task, TaskSpec, entry_name
 
 if TYPE_CHECKING:
+    from diagnose.llm_round import LLMRoundResult
     from kb.home import KBHome
 
 __all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "optimize"]
@@ -362,10 +363,11 @@ def _measured_sources(store: RoundsStore) -> set[str]:
 def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
     """Each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite of that
     finding after its patterns when an endpoint is in use; then the generic launch search; then a
-    free-form LLM rewrite (with `llm_first`, each LLM rewrite comes before the patterns it sits beside). That diagnosis order is then re-ranked by record: a pattern that has won
-    for this finding before (`kb synthesize` statistics) moves up, one that kept failing moves down,
-    behind the search if the search's record is better. The sort is stable, so without statistics
-    (every record 0.5) the diagnosis order stands."""
+    free-form LLM rewrite (with `llm_first`, each LLM rewrite comes before what it sits beside). That
+    diagnosis order is then re-ranked by record: a pattern that has won for this finding before (`kb
+    synthesize` statistics) moves up, one that kept failing moves down, behind the search if the
+    search's record is better. The sort is stable, so without statistics (every record 0.5) the
+    diagnosis order stands."""
     findings = answer.ranked() + [f for f in answer.findings if not f.healthy and not f.defect]
     by_finding: dict[str, list[str]] = {}
     for rec in answer.recommendations:
@@ -549,7 +551,7 @@ def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: 
 
 
 def _llm_variants(hyp: Hypothesis, source: str, task: Task, store: RoundsStore, r: Round, options: OptimizeOptions,
-                  parent: Path, judge: Judge, spec: TaskSpec, home: KBHome | None) -> Any:
+                  parent: Path, judge: Judge, spec: TaskSpec, home: KBHome | None) -> LLMRoundResult:
     """The LLM's candidates for the round (diagnose/llm_round.LLMRoundResult), checked by the judge."""
     from diagnose.llm import LLMConfig
     from diagnose.llm_prompt import round_prompts

@@ -56,6 +56,9 @@ def test_only_a_fenced_module_that_defines_the_entry_is_used():
     # The largest block is the module; an assignment defines the entry too (an autograd Function's apply).
     reply = "```python\nx = 1\n```\n" + module("class F:\n    pass\n\nrow_sum = F\n")
     assert extract_module(reply, "row_sum").endswith("row_sum = F\n")
+    assert "class RowSum" in extract_module(module("class RowSum:\n    apply = staticmethod(print)\n"), "RowSum.apply")
+    with pytest.raises(ReplyError, match="'RowSum.apply'"):
+        extract_module(module("def row_sum(x):\n    return x"), "RowSum.apply")
 
 
 # ------------------------------------------------------------------------------------------ the prompt
