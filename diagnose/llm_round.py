@@ -1,8 +1,9 @@
 """An LLM rewrite round: several candidates, each repaired with the judge's exact words.
 
 Candidate i is asked with its own prompt (the round's finding first, then the next findings, then
-samples of the same prompt at a higher temperature). Its reply is data: only the largest ```python
-block is used, it must parse and define the entry, and it is never imported here: the judge's
+samples of the same prompt at a higher temperature). Its reply is data: only its ```python blocks
+are used (joined when the kernel and the wrapper come in two, harness.answers), the module must
+parse and define the entry, and it is never imported here: the judge's
 sandboxed workers are the only place it runs (`check`). A reply that cannot be used, or a module the
 judge rejects (compile error, wrong values, a torch fallback or any other guard), is answered with
 that reason in the same conversation, up to `repairs` times. Candidates that pass every check are
@@ -20,7 +21,6 @@ import ast
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,13 +30,13 @@ from diagnose.llm import LLMConfig, Usage, complete
 from diagnose.llm_prompt import Prompt
 from diagnose.rewriters import Variant
 from diagnose.rounds import Round
+from harness.answers import answer_module, python_fences
 
 __all__ = ["Attempt", "LLMRoundResult", "ReplyError", "TokenBudget", "Transcript", "extract_module", "llm_round",
            "tokens_spent"]
 
 # candidate file -> None when it passed every check, else the judge's reason
 Check = Callable[[Path], str | None]
-_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _SAMPLED_TEMPERATURE = 0.8
 
 
@@ -101,12 +101,12 @@ class Transcript:
 
 
 def extract_module(reply: str, entry: str) -> str:
-    """The module in a reply: its largest ```python block, which must parse and define `entry` (for an
-    autograd Function's `Name.apply`, the class)."""
-    blocks = _CODE_BLOCK.findall(reply)
-    if not blocks:
+    """The module in a reply (its python fences, joined when the kernel and the wrapper come apart:
+    harness.answers), which must parse and define `entry` (for an autograd Function's `Name.apply`,
+    the class)."""
+    if not python_fences(reply):
         raise ReplyError("the reply has no ```python code block")
-    code = max(blocks, key=len).strip() + "\n"
+    code = answer_module(reply).strip() + "\n"
     try:
         tree = ast.parse(code)
     except SyntaxError as exc:

@@ -53,9 +53,13 @@ def test_only_a_fenced_module_that_defines_the_entry_is_used():
         extract_module(module("def row_sum(x:\n    pass"), "row_sum")
     with pytest.raises(ReplyError, match="does not define the launch wrapper 'row_sum'"):
         extract_module(module("def helper(x):\n    return x"), "row_sum")
-    # The largest block is the module; an assignment defines the entry too (an autograd Function's apply).
-    reply = "```python\nx = 1\n```\n" + module("class F:\n    pass\n\nrow_sum = F\n")
-    assert extract_module(reply, "row_sum").endswith("row_sum = F\n")
+    # Kernel and wrapper in two fences are one module; an assignment defines the entry too.
+    reply = "The kernel:\n```python\nimport triton\n```\nThe wrapper:\n" + module("class F:\n    pass\n\nrow_sum = F\n")
+    joined = extract_module(reply, "row_sum")
+    assert joined.startswith("import triton") and joined.endswith("row_sum = F\n")
+    # A fence that does not parse beside one that does: the one that parses is the module.
+    assert extract_module("```python\ndef (:\n```\n" + module("def row_sum(x):\n    return x"), "row_sum").startswith(
+        "def row_sum")
     assert "class RowSum" in extract_module(module("class RowSum:\n    apply = staticmethod(print)\n"), "RowSum.apply")
     with pytest.raises(ReplyError, match="'RowSum.apply'"):
         extract_module(module("def row_sum(x):\n    return x"), "RowSum.apply")

@@ -17,10 +17,10 @@ import enum
 import re
 from dataclasses import dataclass
 
+from harness.answers import answer_module
+
 __all__ = ["Failure", "Screened", "extract_code", "screen"]
 
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
-_PYTHON_TAGS = {"", "python", "py", "python3"}
 
 
 class Failure(enum.Enum):
@@ -56,16 +56,9 @@ class Screened:
 
 
 def extract_code(predict: str) -> str:
-    """The module in an answer: the python fences joined when they parse together, else the largest
-    one that parses, else the answer as it is (raw code)."""
-    blocks = [body for tag, body in _FENCE.findall(predict) if tag.lower() in _PYTHON_TAGS]
-    if not blocks:
-        return predict
-    joined = "\n\n".join(blocks)
-    if _parses(joined):
-        return joined
-    parsing = [b for b in blocks if _parses(b)]
-    return max(parsing, key=len) if parsing else joined
+    """The module in an answer (harness.answers: the python fences joined when they parse together,
+    else the largest one that parses, else the answer as it is)."""
+    return answer_module(predict)
 
 
 def screen(code: str, wrappers: list[str]) -> Screened:
