@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli.app import main
-from cli.options import backend_option, json_option, open_home, progress_bar, timing_window_options, user_errors
+from cli.options import (
+    backend_option,
+    json_option,
+    llm_options,
+    open_home,
+    progress_bar,
+    timing_window_options,
+    user_errors,
+)
 from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
@@ -27,7 +35,9 @@ if TYPE_CHECKING:
 @click.option("--strategy", default="progressive", show_default=True,
               help="Diagnosis strategies, comma-separated; each one is a condition run over the whole suite.")
 @click.option("--workers", default=1, show_default=True, help="Jobs at once, one per GPU (CUDA_VISIBLE_DEVICES).")
-@click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True)
+@click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True,
+              help="openai: the runs also ask an OpenAI-compatible endpoint (KB_LLM_BASE_URL, KB_LLM_MODEL).")
+@llm_options
 @backend_option()
 @click.option("--bench-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the bench lives (default: bench/<time> under the KB home).")
@@ -48,7 +58,7 @@ if TYPE_CHECKING:
 @click.pass_context
 @user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
-          strategy: str, workers: int, llm: str, backend: BackendName, bench_dir: Path | None, resume_dir: Path | None,
+          strategy: str, workers: int, llm: str, llm_settings: dict[str, Any], backend: BackendName, bench_dir: Path | None, resume_dir: Path | None,
           stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, retime_ops: str | None,
           warmup_ms: int | None, rep_ms: int | None, as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
@@ -89,7 +99,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         home = str(Path(ctx.obj["home"]).resolve()) if ctx.obj.get("home") else None
         spec = BenchSpec(str(suite_dir.resolve()), names, [Condition(x, x, home) for x in strategies], rounds,
                          time_budget, llm, chosen, references=list(dict.fromkeys(versus)), warmup_ms=warmup_ms,
-                         rep_ms=rep_ms)
+                         rep_ms=rep_ms, llm_options=llm_settings if llm == "openai" else {})
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         directory = bench_dir or open_home(ctx, create=True).root / "bench" / stamp
         create_bench(directory, spec)

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +16,7 @@ from cli.options import (
     cite_releases,
     diagnosis_home,
     json_option,
+    llm_options,
     open_home,
     stand_ins,
     strategy_option,
@@ -71,17 +72,7 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.option("--time-budget", "time_budget", type=float, default=None, help="Seconds after which no round starts.")
 @click.option("--llm", type=click.Choice(["none", "openai"]), default="none", show_default=True,
               help="openai: also ask an OpenAI-compatible endpoint (KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY).")
-@click.option("--llm-model", "llm_model", default=None, help="The model to ask (default: KB_LLM_MODEL).")
-@click.option("--candidates", type=click.IntRange(min=1), default=2, show_default=True,
-              help="LLM candidates per round: the round's finding, then the next findings, then samples.")
-@click.option("--repairs", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Repair turns per LLM candidate that fails to parse, compile or pass a check (the exact error is sent).")
-@click.option("--context-tokens", "context_tokens", type=click.IntRange(min=500), default=8000, show_default=True,
-              help="Token budget of each LLM prompt; lower-ranked context (old history, patterns) is cut first.")
-@click.option("--llm-first", "llm_first", is_flag=True,
-              help="Ask the model before the catalog's deterministic rewrites of each finding (default: after).")
-@click.option("--max-tokens-per-run", "max_tokens_per_run", type=click.IntRange(min=1), default=None,
-              help="Stop asking the LLM once the run's calls have used this many tokens (in + out).")
+@llm_options
 @strategy_option("How far each round's diagnosis escalates.")
 @backend_option()
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -100,8 +91,7 @@ def _run_dir(ctx: click.Context, run: str) -> Path:
 @click.pass_context
 @user_errors
 def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
-             reference: str | None, rounds: int, time_budget: float | None, llm: str, llm_model: str | None,
-             candidates: int, repairs: int, context_tokens: int, llm_first: bool, max_tokens_per_run: int | None,
+             reference: str | None, rounds: int, time_budget: float | None, llm: str, llm_settings: dict[str, Any],
              strategy: str, backend: BackendName, run_dir: Path | None, resume_run: str | None, release: str | None,
              stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
              check_workers: int | None, as_json: bool) -> None:
@@ -126,9 +116,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
                               backend=backend, release=release,
                               references=stand_ins(versus), warmup_ms=warmup_ms, rep_ms=rep_ms,
-                              check_workers=check_workers, candidates=candidates, repairs=repairs,
-                              context_tokens=context_tokens, max_tokens_per_run=max_tokens_per_run, llm_model=llm_model,
-                              llm_first=llm_first)
+                              check_workers=check_workers, **llm_settings)
     if options.backend == "interpreter":
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")

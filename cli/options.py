@@ -142,6 +142,37 @@ def timing_window_options(fn: F) -> F:
                         help="Warm-up of each timing in ms (harness default 200).")(fn)
 
 
+def llm_options(fn: F) -> F:
+    """The LLM rewriter's options (`kb optimize`, `kb bench`), handed to the command as one dict
+    `llm_settings` whose keys are `OptimizeOptions` fields."""
+    options = [
+        click.option("--llm-model", "llm_model", default=None, help="The model to ask (default: KB_LLM_MODEL)."),
+        click.option("--candidates", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="LLM candidates per round: the round's finding, then the next findings, then samples."),
+        click.option("--repairs", type=click.IntRange(min=0), default=2, show_default=True,
+                     help="Repair turns per LLM candidate that fails to parse, compile or pass a check (the exact "
+                          "error is sent)."),
+        click.option("--context-tokens", "context_tokens", type=click.IntRange(min=500), default=8000,
+                     show_default=True,
+                     help="Token budget of each LLM prompt; lower-ranked context (old history, patterns) is cut first."),
+        click.option("--llm-first", "llm_first", is_flag=True,
+                     help="Ask the model before the catalog's deterministic rewrites of each finding (default: after)."),
+        click.option("--max-tokens-per-run", "max_tokens_per_run", type=click.IntRange(min=1), default=None,
+                     help="Stop asking the LLM once a run's calls have used this many tokens (in + out)."),
+    ]
+    keys = ("llm_model", "candidates", "repairs", "context_tokens", "llm_first", "max_tokens_per_run")
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["llm_settings"] = {k: kwargs.pop(k) for k in keys}
+        return fn(*args, **kwargs)
+
+    decorated: Any = wrapper
+    for option in reversed(options):
+        decorated = option(decorated)
+    return decorated
+
+
 def stand_ins(versus: tuple[str, ...]) -> tuple[str, ...]:
     """`--vs` values as the loop takes them: `none` alone means no stand-in."""
     if "none" in versus:

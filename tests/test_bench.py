@@ -240,6 +240,20 @@ def test_stand_ins_are_timed_once_per_operator_and_windows_reach_every_job(tmp_p
     assert again.options.warmup_ms == 50
 
 
+def test_a_bench_hands_its_llm_settings_to_every_run(tmp_path):
+    from diagnose.bench import optimize_command
+    from diagnose.bench.job import JobRequest
+
+    bench_dir = tmp_path / "bench"
+    settings = {"candidates": 3, "repairs": 1, "max_tokens_per_run": 50000, "llm_first": True}
+    spec = create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a"], [Condition("a")], backend="cuda",
+                                             llm="openai", llm_options=settings))
+    options = JobRequest.from_json(optimize_command(jobs(bench_dir, spec)[0], spec, None)[-1]).options
+    assert (options.llm, options.candidates, options.repairs, options.max_tokens_per_run, options.llm_first) == (
+        "openai", 3, 1, 50000, True)
+    assert load_bench(bench_dir).llm_options == settings  # kept in bench.json: a resumed bench asks the same way
+
+
 def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
     from diagnose.bench.report import _borrow_references
 
