@@ -1,7 +1,7 @@
 """An LLM rewrite round: several candidates, each repaired with the judge's exact words.
 
 Candidate i is asked with its own prompt (the round's finding first, then the next findings, then
-samples of the same prompt at a higher temperature). Its reply is data: only its ```python blocks
+the same prompts again at a higher temperature). Its reply is data: only its ```python blocks
 are used (joined when the kernel and the wrapper come in two, harness.answers), the module must
 parse and define the entry, and it is never imported here: the judge's
 sandboxed workers are the only place it runs (`check`). A reply that cannot be used, or a module the
