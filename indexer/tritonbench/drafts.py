@@ -110,14 +110,6 @@ def _missing_imports(tree: ast.Module) -> list[str]:
     return [line for name, line in _STANDARD.items() if name in used and name not in bound]
 
 
-def _parses(text: str) -> bool:
-    try:
-        ast.parse(text)
-    except SyntaxError:
-        return False
-    return True
-
-
 def _is_kernel(fn: ast.FunctionDef) -> bool:
     return any("jit" in ast.unparse(d) for d in fn.decorator_list)
 
