@@ -23,7 +23,7 @@ from diagnose.records import Answer
 from diagnose.render import to_markdown
 from harness.errors import UserFacingError, first_line
 
-__all__ = ["EndpointError", "LLMConfig", "Usage", "chat", "complete", "narrate"]
+__all__ = ["EndpointError", "LLMConfig", "RequestRefused", "Usage", "chat", "complete", "narrate"]
 
 _SYSTEM = (
     "You explain Triton kernel performance diagnoses to kernel engineers. Use only the evidence given; "
@@ -96,14 +96,20 @@ class EndpointError(UserFacingError):
     known, so the round is left to be asked again when the run resumes."""
 
 
+class RequestRefused(ValueError):
+    """The endpoint answered this request with HTTP 400/413/422 (a prompt past the model's context, a
+    parameter it does not take): asking the same again would get the same, but the endpoint works, so
+    the candidate is dropped and the round goes on."""
+
+
 def estimate_tokens(text: str) -> int:
     """A model-independent token estimate (about four characters a token for English and code)."""
     return (len(text) + 3) // 4
 
 
 def complete(config: LLMConfig, messages: list[dict[str, Any]], temperature: float = 0.2) -> tuple[str, Usage]:
-    """One chat completion and its cost; `EndpointError` when the endpoint cannot give one, ValueError
-    when it answers with nothing."""
+    """One chat completion and its cost; `EndpointError` when the endpoint cannot give one,
+    `RequestRefused` when it refuses this request (400, 413, 422), ValueError when it answers nothing."""
     import openai
 
     client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.timeout_s,
@@ -128,10 +134,16 @@ def complete(config: LLMConfig, messages: list[dict[str, Any]], temperature: flo
     except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
         raise EndpointError(f"the LLM endpoint {config.base_url} refused the API key (HTTP {exc.status_code})",
                             f"set KB_LLM_API_KEY; {resume}") from exc
+    except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
+        raise RequestRefused(f"the endpoint refused the request (HTTP {exc.status_code}): {first_line(exc)}; "
+                             "a prompt past the model's context needs a lower --context-tokens") from exc
     except openai.RateLimitError as exc:
         raise EndpointError(f"the LLM endpoint {config.base_url} is still rate-limiting (HTTP 429) after {tries}",
                             f"wait, or raise KB_LLM_RETRIES; {resume}") from exc
     except openai.APIStatusError as exc:
+        if exc.status_code == 413:
+            raise RequestRefused(f"the endpoint refused the request as too large (HTTP 413): {first_line(exc)}; "
+                                 "a lower --context-tokens sends less") from exc
         raise EndpointError(f"the LLM endpoint {config.base_url} answered HTTP {exc.status_code} ({tries}): "
                             f"{first_line(exc)}", f"check the server's log; {resume}") from exc
     seconds = round(time.monotonic() - started, 3)

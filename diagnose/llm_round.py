@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diagnose.llm import LLMConfig, Usage, complete
+from diagnose.llm import LLMConfig, RequestRefused, Usage, complete
 from diagnose.llm_prompt import Prompt
 from diagnose.rewriters import Variant
 from diagnose.rounds import Round
@@ -50,7 +50,7 @@ class Attempt:
 
     candidate: int
     turn: int  # 0: the first ask; 1..: repair turns
-    outcome: str  # passed | unusable | rejected | duplicate
+    outcome: str  # passed | unusable | rejected | duplicate | refused (the endpoint refused the request)
     detail: str
     sha: str | None = None
 
@@ -169,7 +169,11 @@ def llm_round(config: LLMConfig, prompts: list[Prompt], entry: str, check: Check
                 if not budget.allows_another_call():
                     note = f"the run's token budget ({budget.limit}) is spent"
                     break
-                reply, usage = complete(config, messages, heat)
+                try:
+                    reply, usage = complete(config, messages, heat)
+                except RequestRefused as exc:  # the same request would be refused again: next candidate
+                    attempts.append(Attempt(c, turn, "refused", str(exc)))
+                    break
                 transcript.put(key, c, turn, messages, reply, usage)
             else:
                 reply, usage = cached

@@ -14,7 +14,7 @@ from conftest import FIXTURES
 from llm_server import ScriptedEndpoint, Slow, Status, module
 from marker_judge import MarkerJudge
 
-from diagnose.llm import EndpointError, LLMConfig, complete
+from diagnose.llm import EndpointError, LLMConfig, RequestRefused, complete
 from diagnose.llm_prompt import CaseFacts, RewriteContext, Tried, rewrite_prompt
 from diagnose.llm_round import ReplyError, TokenBudget, Transcript, extract_module, llm_round
 from diagnose.optimize import OptimizeOptions, optimize
@@ -164,6 +164,17 @@ def test_the_run_token_budget_is_checked_before_every_call(tmp_path):
     assert "token budget" in result.why_none_passed()
 
 
+def test_a_request_the_endpoint_refuses_drops_that_candidate_not_the_run(tmp_path):
+    # A 400 (a prompt past the model's context, say) would come back for the same request: that
+    # candidate ends there, with the reason, and the next one is asked.
+    with ScriptedEndpoint([Status(400), module(GOOD)]) as llm:
+        result = llm_round(_config(llm), _prompts(), "row_sum", _check, tmp_path, "r", candidates=2, repairs=2,
+                           budget=TokenBudget(None), transcript=Transcript(tmp_path / "c.jsonl"))
+    assert [(a.candidate, a.outcome) for a in result.attempts] == [(0, "refused"), (1, "passed")]
+    assert "HTTP 400" in result.attempts[0].detail and "--context-tokens" in result.attempts[0].detail
+    assert len(llm.requests) == 2 and len(result.variants) == 1
+
+
 # ------------------------------------------------------------------------------------------ the endpoint
 def test_endpoint_failures_are_one_line_errors_and_429_is_retried(tmp_path):
     messages = [{"role": "user", "content": "hi"}]
@@ -176,6 +187,8 @@ def test_endpoint_failures_are_one_line_errors_and_429_is_retried(tmp_path):
         with pytest.raises(EndpointError) as wrong:
             complete(_config(llm, model="gpt-9"), messages)
     assert "does not serve model 'gpt-9' (it serves: llama, qwen-coder)" in str(wrong.value)
+    with ScriptedEndpoint([Status(413)]) as llm, pytest.raises(RequestRefused, match="too large"):
+        complete(_config(llm), messages)
     with ScriptedEndpoint([Slow(3, "late")]) as llm, pytest.raises(EndpointError, match=r"did not answer within 0.5 s"):
         complete(_config(llm, timeout_s=0.5), messages)
     with ScriptedEndpoint([]) as llm:
