@@ -287,6 +287,8 @@ def test_the_roofline_bound_is_what_every_case_at_its_ceiling_would_give():
     assert _speedup_bound(tiny, "baseline") == pytest.approx(1.25)
     tiny["runs"][0]["cases"][0]["roofline"]["floor_us"] = None
     assert _speedup_bound(tiny, "baseline") == pytest.approx(100.0)
+    # Placed before the floor was measured: the device's floor measured since serves it.
+    assert _speedup_bound(tiny, "baseline", floor_us=4.0) == pytest.approx(1.25)
     rows = [{"status": "finished", "speedup": 1.1, "best_round": 1, "speedup_bound": b} for b in (1.5, 2.5, 6.0)]
     suite = _suite(rows)
     assert suite["bound_geomean"] == pytest.approx((1.5 * 2.5 * 6.0) ** (1 / 3), rel=1e-3)

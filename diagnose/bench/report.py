@@ -50,22 +50,24 @@ def _memory_fractions(report: dict[str, Any] | None, role: str) -> list[float]:
     return [round(r["fraction"], 4) for r in _rooflines(report, role) if r.get("bound") == "memory"]
 
 
-def _speedup_bound(report: dict[str, Any] | None, role: str) -> float | None:
+def _speedup_bound(report: dict[str, Any] | None, role: str, floor_us: float | None = None) -> float | None:
     """The most any rewrite of this kernel could gain: the geometric mean over its cases of attainable /
     achieved, where attainable is the roofline's time or the device's launch floor, whichever is longer
-    (`Roofline.bound_on_speedup`); 1.0 for a case already at or past its ceiling. Ceilings measured
-    before the launch floor was (no `floor_us`) give the roofline alone, which overstates the bound of
-    small cases: a 4096-element copy cannot run in the 0.02 µs its bytes take at 4 TB/s."""
+    (`Roofline.bound_on_speedup`); 1.0 for a case already at or past its ceiling. A case placed against
+    ceilings measured before the launch floor was (no `floor_us`) takes `floor_us`, the device's floor
+    measured since; without one, the roofline alone, which overstates the bound of small cases: a
+    4096-element copy cannot run in the 0.02 µs its bytes take at 4 TB/s."""
     from harness.measurement import Roofline
 
     run = next((r for r in (report or {}).get("runs", []) if r.get("role") == role), None)
-    bounds = [Roofline(**c["roofline"]).bound_on_speedup(c["timing"]["median_us"])
+    bounds = [Roofline(**{**c["roofline"], "floor_us": c["roofline"].get("floor_us") or floor_us})
+              .bound_on_speedup(c["timing"]["median_us"])
               for c in (run or {}).get("cases", [])
               if c.get("roofline") and c["roofline"].get("fraction") and c.get("timing")]
     return _rounded(geomean(bounds)) if bounds else None
 
 
-def _operator_row(job: Job) -> dict[str, Any]:
+def _operator_row(job: Job, floor_us: float | None = None) -> dict[str, Any]:
     from diagnose.rounds import RoundsStore
     from diagnose.run_summary import report
 
@@ -101,7 +103,7 @@ def _operator_row(job: Job) -> dict[str, Any]:
         "seconds_to_best": _round_seconds(r for r in rounds if best and r.idx <= best.idx),
         "seconds": _round_seconds(rounds),
         "roofline_initial": _fraction(info.baseline, "baseline"),
-        "speedup_bound": _speedup_bound(info.baseline, "baseline"),
+        "speedup_bound": _speedup_bound(info.baseline, "baseline", floor_us),
         "roofline_best": _fraction((best.timings or {}).get("report"), "candidate") if best else
         _fraction(info.baseline, "baseline"),
         "vs_eager": {k: (final.get("vs_eager") or {}).get(k, {}).get("geomean") for k in ("initial", "best")},
@@ -203,10 +205,16 @@ def _borrow_references(rows: list[dict[str, Any]]) -> None:
 def bench_report(bench_dir: Path) -> dict[str, Any]:
     spec = load_bench(bench_dir)
     rows = [_operator_row(j) for j in jobs(bench_dir, spec)]
+    device = next((r["device"] for r in rows if r.get("device")), None)
+    # The launch floor is the device's: one measured in any run of this device serves every run,
+    # the ones whose ceilings were measured before there was a floor too.
+    floored = next((r["ceilings"] for r in rows if (r.get("ceilings") or {}).get("launch_floor_us")
+                    and r.get("device") == device), None)
+    if floored and any(not (r.get("ceilings") or {}).get("launch_floor_us") for r in rows if r.get("ceilings")):
+        rows = [_operator_row(j, floored["launch_floor_us"]) for j in jobs(bench_dir, spec)]
     _borrow_references(rows)
     by_condition = {c.name: [r for r in rows if r["condition"] == c.name] for c in spec.conditions}
-    device = next((r["device"] for r in rows if r.get("device")), None)
-    ceilings = next((r["ceilings"] for r in rows if r.get("ceilings")), None)
+    ceilings = floored or next((r["ceilings"] for r in rows if r.get("ceilings")), None)
     return {
         "bench": str(bench_dir), "created": spec.created, "suite": spec.suite, "rounds": spec.rounds,
         "time_budget_s": spec.time_budget_s, "llm": spec.llm, "backend": spec.backend, "note": spec.note,
