@@ -24,16 +24,22 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diagnose.llm import LLMConfig, RequestRefused, Usage, complete
 from diagnose.llm_prompt import Prompt
+from diagnose.records import Answer
 from diagnose.rewriters import Variant
-from diagnose.rounds import Round
+from diagnose.rounds import Round, RoundsStore
 from harness.answers import answer_module, python_fences
 
-__all__ = ["Attempt", "LLMRoundResult", "ReplyError", "TokenBudget", "Transcript", "extract_module", "llm_round",
-           "tokens_spent"]
+if TYPE_CHECKING:
+    from diagnose.loop_options import OptimizeOptions
+    from harness.measurement import RunReport
+    from kb.patterns import Pattern
+
+__all__ = ["Attempt", "LLMRoundResult", "ReplyError", "TokenBudget", "Transcript", "ask_for_round", "budget_left",
+           "extract_module", "llm_round", "tokens_spent"]
 
 # candidate file -> None when it passed every check, else the judge's reason
 Check = Callable[[Path], str | None]
@@ -206,3 +212,29 @@ def llm_round(config: LLMConfig, prompts: list[Prompt], entry: str, check: Check
         if note:
             break
     return LLMRoundResult(variants, attempts, budget.spent, note)
+
+
+def budget_left(rounds: list[Round], limit: int | None) -> bool:
+    """Whether a run whose rounds these are may still ask the model (`--max-tokens-per-run`)."""
+    return limit is None or tokens_spent(rounds) < limit
+
+
+def ask_for_round(store: RoundsStore, r: Round, source: str, entry: str, options: OptimizeOptions,
+                  catalog: list[Pattern], report: RunReport | None, check: Check) -> LLMRoundResult:
+    """A loop round's candidates: its diagnosis as planned (round-NNN.diagnosis.json), the run's
+    finished rounds as the history, `report` (the parent's last measurements) for the cases; each
+    candidate checked by `check`, every call kept in the round's transcript."""
+    from diagnose.llm_prompt import round_prompts
+    from harness.errors import UserFacingError
+
+    config = LLMConfig.from_env(options.llm_model)
+    if config is None:
+        raise UserFacingError("--llm openai needs KB_LLM_BASE_URL", "set KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY")
+    answer = Answer.from_dict(json.loads((store.dir / f"round-{r.idx:03d}.diagnosis.json").read_text()))
+    rounds = store.rounds()
+    prompts = round_prompts(answer, r.hypothesis.finding, source, entry, catalog,
+                            [x for x in rounds if x.state == "done"], report, options.context_tokens,
+                            options.candidates, r.hypothesis.unblock)
+    budget = TokenBudget(options.max_tokens_per_run, tokens_spent([x for x in rounds if x.idx != r.idx]))
+    return llm_round(config, prompts, entry, check, store.dir, f"round-{r.idx:03d}", options.candidates,
+                     options.repairs, budget, Transcript(store.dir / f"round-{r.idx:03d}.llm.jsonl"))

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from diagnose.judging import HarnessJudge, Judge, acceptable, verdict, why_rejected
 from diagnose.llm import EndpointError
+from diagnose.llm_round import ask_for_round, budget_left
 from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
 from diagnose.records import Answer
 from diagnose.rewriters import Variant, rewrite, unified_diff
@@ -40,7 +41,6 @@ from harness.measurement import RunReport, geomean
 from harness.task import Task, TaskSpec, entry_name
 
 if TYPE_CHECKING:
-    from diagnose.llm_round import LLMRoundResult
     from kb.home import KBHome
 
 __all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "optimize"]
@@ -322,7 +322,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
         what = (hyp.finding, hyp.pattern, hyp.rewriter)
         if rejected_on.get(what, -1) in lineage:
             continue  # rejected on this kernel or an ancestor: not retried blindly
-        if hyp.rewriter == "llm" and not _llm_budget_left(store, options):
+        if hyp.rewriter == "llm" and not budget_left(store.rounds(), options.max_tokens_per_run):
             continue
         if hyp.rewriter == "pattern":
             fresh = [v for v in rewrite(hyp.pattern, source, _context(task, hyp, parent)) if _sha(v.source) not in seen]
@@ -446,7 +446,10 @@ def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str
         llm = None
         try:
             if hyp.rewriter == "llm":
-                llm = _llm_variants(hyp, source, task, store, r, options, parent, judge, spec, home)
+                from kb.patterns import catalog_for
+
+                llm = ask_for_round(store, r, source, entry, options, catalog_for(home), _last_report(store),
+                                    _checker(judge, spec, parent, entry))
                 variants = llm.variants
             elif hyp.rewriter == "host":  # written by an agent host (agent_step), kept since it was planned
                 variants = [Variant({"from": "agent host"}, (store.dir / f"round-{r.idx:03d}.host.py").read_text())]
@@ -550,27 +553,6 @@ def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: 
     return (report, acceptable(report, options)) if report is not None else None
 
 
-def _llm_variants(hyp: Hypothesis, source: str, task: Task, store: RoundsStore, r: Round, options: OptimizeOptions,
-                  parent: Path, judge: Judge, spec: TaskSpec, home: KBHome | None) -> LLMRoundResult:
-    """The LLM's candidates for the round (diagnose/llm_round.LLMRoundResult), checked by the judge."""
-    from diagnose.llm import LLMConfig
-    from diagnose.llm_prompt import round_prompts
-    from diagnose.llm_round import TokenBudget, Transcript, llm_round, tokens_spent
-    from kb.patterns import catalog_for
-
-    config = LLMConfig.from_env(options.llm_model)
-    if config is None:
-        raise UserFacingError("--llm openai needs KB_LLM_BASE_URL", "set KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY")
-    entry = entry_name(task.entry)
-    answer = Answer.from_dict(json.loads((store.dir / f"round-{r.idx:03d}.diagnosis.json").read_text()))
-    done = [x for x in store.rounds() if x.state == "done"]
-    prompts = round_prompts(answer, hyp.finding, source, entry, catalog_for(home), done, _last_report(store),
-                            options.context_tokens, options.candidates, hyp.unblock)
-    budget = TokenBudget(options.max_tokens_per_run, tokens_spent([x for x in store.rounds() if x.idx != r.idx]))
-    return llm_round(config, prompts, entry, _checker(judge, spec, parent, entry), store.dir, f"round-{r.idx:03d}",
-                     options.candidates, options.repairs, budget, Transcript(store.dir / f"round-{r.idx:03d}.llm.jsonl"))
-
-
 def _checker(judge: Judge, spec: TaskSpec, parent: Path, entry: str) -> Callable[[Path], str | None]:
     """An LLM candidate's check: None when it passes every check against its parent, else why not."""
     check = getattr(judge, "check", None) or judge
@@ -581,12 +563,6 @@ def _checker(judge: Judge, spec: TaskSpec, parent: Path, entry: str) -> Callable
         return None if not report.failure and run is not None and run.correct else why_rejected(report, "candidate")
 
     return verdict
-
-
-def _llm_budget_left(store: RoundsStore, options: OptimizeOptions) -> bool:
-    from diagnose.llm_round import tokens_spent
-
-    return options.max_tokens_per_run is None or tokens_spent(store.rounds()) < options.max_tokens_per_run
 
 
 def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dict[str, Any]:
