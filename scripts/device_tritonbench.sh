@@ -18,13 +18,17 @@ FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/tb-h200}
 TARBALL=${TARBALL:-build/tritonbench-T.tgz}
 STOP_AFTER=${STOP_AFTER:-430}
+# BENCH_NAME: the bench's folder under $STATE (default bench): a second bench over the same tasks (the
+# other strategies, once the first is done) lives beside it, e.g. BENCH_NAME=bench-others
+# STRATEGIES=profile-only,always-deep; `kb bench-report A B` puts them side by side.
+BENCH_NAME=${BENCH_NAME:-bench}
 mkdir -p "$FINAL" "$STATE"
 . "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
 left() { echo $(( STOP_AFTER - ($(date +%s) - start) )); }
 # A finished import (its IMPORT.md and the bench under way) is not run again: the call goes to the bench,
 # and the tarball need not be carried.
-if [ -f "$STATE/bench/bench.json" ] && [ -f "$STATE/tasks/IMPORT.md" ]; then
+if [ -f "$STATE/tasks/IMPORT.md" ] && ls "$STATE"/*/bench.json > /dev/null 2>&1; then
   echo "import finished earlier: $(head -1 "$STATE/tasks/IMPORT.md")" > "$FINAL/import.txt"
 else
   mkdir -p /tmp/tritonbench && tar xzf "$TARBALL" -C /tmp/tritonbench
@@ -34,10 +38,10 @@ else
 fi
 if [ "${BENCH:-1}" = 1 ] && ! grep -q "not finished" "$FINAL/import.txt" && [ "$(left)" -gt 60 ]; then
   windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
-  if [ -f "$STATE/bench/bench.json" ]; then
-    python3 -m cli bench --resume "$STATE/bench" "${windows[@]}" --stop-after "$(left)" > "$FINAL/report.md" 2>> "$FINAL/log.txt"
+  if [ -f "$STATE/$BENCH_NAME/bench.json" ]; then
+    python3 -m cli bench --resume "$STATE/$BENCH_NAME" "${windows[@]}" --stop-after "$(left)" > "$FINAL/report.md" 2>> "$FINAL/log.txt"
   else
-    python3 -m cli bench --suite "$STATE/tasks" --bench-dir "$STATE/bench" --strategy "${STRATEGIES:-progressive}" \
+    python3 -m cli bench --suite "$STATE/tasks" --bench-dir "$STATE/$BENCH_NAME" --strategy "${STRATEGIES:-progressive}" \
       --rounds "${ROUNDS:-5}" --vs eager --vs compiled "${windows[@]}" --stop-after "$(left)" \
       > "$FINAL/report.md" 2>> "$FINAL/log.txt"
   fi
