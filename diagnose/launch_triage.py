@@ -57,6 +57,7 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
     mine = [f for f in launches if Path(f.source_file).resolve() == Path(feats.file).resolve()]
     kept = _temper(feats, kernels, launches, mine, findings, log, notes)
     _causal_gains(feats, kernels, mine, kept, log)
+    kept += _wrapper_work(feats, launches, log)
     for facts in mine:
         kept += _parallelism(feats, facts, log)
         kernel = kernels.get(facts.kernel)
@@ -65,6 +66,34 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
             kept += _coalescing(feats, facts, kernel, values, definitions, log)
             kept = _masks(feats, facts, kernel, values, definitions, kept, log, notes)
     return kept
+
+
+# ----------------------------------------------------------------------------------- the wrapper's own work
+_WRAPPER_SHARE = 0.1  # PyTorch work below a tenth of the kernels' bytes is left unsaid
+
+
+def _wrapper_work(feats: KernelFeatures, launches: list[LaunchFacts], log: EvidenceLog) -> list[Finding]:
+    """The call's PyTorch ops beside its Triton launches (harness.wrapper_work, recorded while the
+    launches were intercepted): each is a kernel of its own and a pass over its bytes, which a timing
+    of the whole call charges to the Triton kernel (first drafts scale an input, clone it or copy a
+    permuted view before the launch). The gain, if the kernel did that work as it loads and stores:
+    the call's bytes over the kernels' own, both at the same bandwidth."""
+    work = [w for facts in launches for w in facts.wrapper_work]
+    kernel_bytes = sum(f.tensor_bytes() for f in launches)
+    extra = sum(b for _, _, b in work)
+    if not work or not kernel_bytes or extra < _WRAPPER_SHARE * kernel_bytes:
+        return []
+    ops = ", ".join(f"aten.{op}" + (f" x{n}" if n > 1 else "") + f" ({b / 1e6:.1f} MB)" for op, n, b in work[:4])
+    line = feats.launch_line or 1
+    claim = (f"besides its Triton launch(es), the call runs {sum(n for _, n, _ in work)} PyTorch op(s) that make data: "
+             f"{ops}; {extra / 1e6:.1f} MB against the kernels' own {kernel_bytes / 1e6:.1f} MB")
+    ev = log.add("L1", "launch", claim, f"{Path(feats.file).name}:{line}", ops)
+    gain = (kernel_bytes + extra) / kernel_bytes
+    return [Finding("host.torch-work", "host", f"the wrapper does PyTorch work beside the kernel: {ops}",
+                    "Each PyTorch op is a kernel launch and a pass over its tensors of its own, timed with the call "
+                    "but not part of the Triton kernel: a scaling, a cast or a clone of an input can be done by the "
+                    "kernel as it loads, and a copy to make a view contiguous by the kernel reading the view's "
+                    "strides.", [ev], [line], "", "L1", 0.8, gain=round(gain, 2))]
 
 
 # ----------------------------------------------------------------------------------- parallelism

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from harness.errors import UserFacingError, first_line
 from harness.ir.artifacts import SCHEMA_VERSION, Artifacts
 from harness.launches import LaunchFacts
 from harness.loading import load_kernel_module
+from harness.wrapper_work import TorchWork, WorkLog, recording
 
 __all__ = ["Interception", "Launch", "capture_call", "compile_launch", "intercept_call", "intercept_callable",
            "intercept_launches", "parse_target"]
@@ -280,7 +281,9 @@ def intercept_call(kernel_file: str | os.PathLike[str], call: str, target: str |
     # to put on stdout, where `--json` answers go.
     with device_for(target), contextlib.redirect_stdout(sys.stderr):
         module = load_kernel_module(kernel_file)
-    return intercept_callable(lambda ns: _eval_call(call, ns), vars(module), target, what=f"`{call}`")
+    work = WorkLog()
+    return intercept_callable(lambda ns: _eval_call(call, ns, work), vars(module), target, what=f"`{call}`",
+                              work=work)
 
 
 @dataclass
@@ -291,9 +294,16 @@ class Interception:
     launches: list[Launch]
     target: Any  # GPUTarget
     on_device: bool
+    wrapper_work: list[TorchWork] = field(default_factory=list)  # the call's own PyTorch ops
 
     def facts(self) -> list[LaunchFacts]:
-        return [LaunchFacts.of_launch(launch, target_name(self.target)) for launch in self.launches]
+        from dataclasses import replace
+
+        facts = [LaunchFacts.of_launch(launch, target_name(self.target)) for launch in self.launches]
+        if facts and self.wrapper_work:
+            work = tuple((w.op, w.calls, w.bytes) for w in self.wrapper_work)
+            facts[0] = replace(facts[0], wrapper_work=work)
+        return facts
 
     def compile(self, cache_dir: str | os.PathLike[str] | None = None) -> list[Artifacts]:
         return [compile_launch(launch, self.target, cache_dir, launched_on="device" if self.on_device else "cpu")
@@ -329,8 +339,10 @@ def device_for(target: str | None) -> Iterator[None]:
         driver.set_active(previous)
 
 
-def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, what: str) -> Interception:
-    """Run user code with its Triton launches intercepted; one line when it launches none."""
+def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, what: str,
+                       work: WorkLog | None = None) -> Interception:
+    """Run user code with its Triton launches intercepted; one line when it launches none. `work`: where
+    `run` recorded the PyTorch work of the entry's call (harness.wrapper_work.recording)."""
     import torch
     import triton
     import triton.language as tl
@@ -358,7 +370,7 @@ def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, 
     unique: dict[str, Launch] = {}
     for launch in launches:
         unique.setdefault(launch.key, launch)
-    return Interception(list(unique.values()), tgt, on_device)
+    return Interception(list(unique.values()), tgt, on_device, work.items() if work else [])
 
 
 def _active_target() -> Any:
@@ -367,7 +379,11 @@ def _active_target() -> Any:
     return driver.active.get_current_target()
 
 
-def _eval_call(call: str, ns: dict[str, Any]) -> Any:
+def _eval_call(call: str, ns: dict[str, Any], work: WorkLog | None = None) -> Any:
+    """The user's call expression, evaluated. `f(args)`: its arguments first, then the call alone with
+    its PyTorch work recorded into `work` (making the inputs is not the wrapper's work)."""
+    import ast
+
     try:
         code = compile(call, "<call>", "eval")
     except SyntaxError as exc:
@@ -375,7 +391,18 @@ def _eval_call(call: str, ns: dict[str, Any]) -> Any:
             f"the call expression {call!r} is not a Python expression ({exc.msg})",
             'pass one expression, e.g. --call "scale(torch.randn(1000003), 2.0)"',
         ) from exc
-    return eval(code, ns)  # noqa: S307 - the user's own expression, run on the user's machine
+    tree = ast.parse(call, mode="eval").body
+    if work is None or not isinstance(tree, ast.Call) or any(isinstance(a, ast.Starred) for a in tree.args) \
+            or any(k.arg is None for k in tree.keywords):
+        return eval(code, ns)  # noqa: S307 - the user's own expression, run on the user's machine
+
+    def value(node: ast.expr) -> Any:
+        return eval(compile(ast.Expression(node), "<call>", "eval"), ns)  # noqa: S307 - as above
+
+    fn, args = value(tree.func), [value(a) for a in tree.args]
+    kwargs = {k.arg: value(k.value) for k in tree.keywords if k.arg}
+    with recording(work):
+        return fn(*args, **kwargs)
 
 
 @contextlib.contextmanager

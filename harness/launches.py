@@ -27,6 +27,7 @@ class LaunchFacts:
         num_warps, num_stages: the launch's options.
         divisible_16: parameters the launch specialized as divisible by 16 (pointers: aligned).
         target: what it was specialized for ("cuda:90").
+        wrapper_work: the call's PyTorch ops beside its launches (first launch only).
     """
 
     kernel: str
@@ -38,6 +39,9 @@ class LaunchFacts:
     num_stages: int = 3
     divisible_16: tuple[str, ...] = ()
     target: str = "cuda:90"
+    # The PyTorch work of the call that made this launch, beside its Triton kernels: (aten op, calls,
+    # bytes read and written), on the call's first launch only (harness.wrapper_work).
+    wrapper_work: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def programs(self) -> int | None:
@@ -74,6 +78,7 @@ class LaunchFacts:
         if known.get("grid") is not None:
             known["grid"] = tuple(int(g) for g in known["grid"])
         known["divisible_16"] = tuple(known.get("divisible_16", ()))
+        known["wrapper_work"] = tuple((str(op), int(n), int(b)) for op, n, b in known.get("wrapper_work", ()))
         return cls(**known)
 
     @classmethod

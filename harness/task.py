@@ -296,6 +296,7 @@ def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None
 def intercept_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None) -> Interception:
     """The launches of one case of a task, intercepted (nothing compiles yet)."""
     from harness.capture import device_for
+    from harness.wrapper_work import WorkLog, recording
 
     with device_for(target), contextlib.redirect_stdout(sys.stderr):  # a module may ask the device at import
         task = load_task(path)
@@ -303,11 +304,14 @@ def intercept_task(path: str | os.PathLike[str], case: int = 0, target: str | No
         raise UserFacingError(f"task {task.name} has {len(task.cases)} cases, not {case + 1}", "pick a valid case")
     params = task.cases[case]
 
+    work = WorkLog()
+
     def call(_ns: dict[str, Any]) -> Any:
         args, kwargs = task.arguments(params)
-        return task.entry(*args, **kwargs)
+        with recording(work):
+            return task.entry(*args, **kwargs)
 
-    return intercept_callable(call, task.namespace, target, what=f"task {task.name} case {params}")
+    return intercept_callable(call, task.namespace, target, what=f"task {task.name} case {params}", work=work)
 
 
 def task_name(path: str | os.PathLike[str]) -> str:

@@ -58,6 +58,23 @@ def test_a_grid_that_cannot_fill_the_device_outranks_what_each_program_does():
     assert "split-work-over-programs" in text and "the split work can be combined" in text
 
 
+def test_the_wrappers_own_pytorch_work_is_seen_beside_its_launch():
+    path = FIXTURES / "wrapper_work" / "scaled_add.py"
+    n = 1 << 20
+    found, _, log, facts = l1(path, f"add(torch.randn({n}), torch.randn({n}), 2.0)")
+    # y * alpha before the launch: read 4 MB, write 4 MB; making the inputs is the call's, not the wrapper's.
+    assert facts[0].wrapper_work == (("mul", 1, 8 * n),)
+    work = next(f for f in found if f.kind == "host.torch-work")
+    assert "aten.mul (8.4 MB)" in work.title and work.gain == pytest.approx((12 * n + 8 * n) / (12 * n), abs=0.01)
+    assert "12.6 MB" in next(e.claim for e in log.items if e.id == work.evidence[0])
+    answer = diagnose(request_from(KernelInput(kernel=str(path), call=f"add(torch.randn({n}), torch.randn({n}), 2.0)")),
+                      None, level_max="L1")
+    assert answer.findings[0].kind == "host.torch-work" and "fold-wrapper-work" in to_markdown(answer)
+    # The same kernel launched by a wrapper that does nothing else: no finding.
+    clean, _, _, facts = l1(path, f"add_clean(torch.randn({n}), torch.randn({n}))")
+    assert facts[0].wrapper_work == () and not any(f.kind == "host.torch-work" for f in clean)
+
+
 def test_few_programs_over_little_work_are_not_a_parallelism_problem():
     found, _, _, _ = l1(WILD / "column_scan.py", "scan(torch.randn(64, 1024))")  # 0.5 MB: launch-sized
     assert not any(f.kind.startswith("parallelism") for f in found)

@@ -28,6 +28,7 @@ IMPACT: dict[str, float] = {
     "parallelism": 1.0,  # idle SMs bound every other fix
     "attention": 1.0,  # a causal loop over every key block does up to twice the work
     "recurrence": 0.85,  # a step-at-a-time recurrence is latency-bound like an unpipelined loop
+    "host": 0.9,  # a PyTorch pass in the wrapper costs what an unvectorized access does: a pass over memory
     "ascend": 0.8,
     "spills": 0.75,
     "reduction": 0.7,
