@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.guards import tensors_in
+
 __all__ = ["TorchWork", "WorkLog", "recording"]
 
 # Ops that make no data: views, metadata, allocations whose contents nobody wrote yet.
@@ -42,18 +44,6 @@ class WorkLog:
         return sorted((TorchWork(op, c, b) for op, (c, b) in self.ops.items()), key=lambda w: -w.bytes)
 
 
-def _tensors(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def _storage(t: Any) -> int | None:
     try:
         return int(t.untyped_storage().data_ptr())
@@ -72,8 +62,8 @@ def recording(log: WorkLog) -> Iterator[None]:
             name = func.overloadpacket.__name__
             if name in _NO_WORK:
                 return out
-            inputs = _tensors(args) + _tensors(kwargs or {})
-            outputs = _tensors(out)
+            inputs = tensors_in(args) + tensors_in(kwargs or {})
+            outputs = tensors_in(out)
             read = {_storage(t) for t in inputs}
             in_place = name.endswith("_") or bool(kwargs and "out" in kwargs)
             made = [t for t in outputs if in_place or _storage(t) not in read]
