@@ -31,6 +31,7 @@ from harness.errors import UserFacingError
 __all__ = ["build_server"]
 
 T = TypeVar("T")
+_RUN_FIX = "call rounds to list them, or pass task to start one"
 Progress = Callable[[str], None]
 
 _INSTRUCTIONS = """kernel-kb answers why a Triton kernel is slow from compiler evidence (IR, remarks, ptxas,
@@ -168,55 +169,23 @@ def _diagnose(home: str | None, kernel: str | None, call: str | None, task: str 
     return dict(json.loads(to_json(answer)))
 
 
-def _open_home(home: str | None) -> Any:
-    from kb.home import KBHome
-
-    found = KBHome.resolve(home)
-    found.validate()
-    return found
-
-
 def _search(home: str | None, query: str, corpus: str, k: int, release: str | None, mode: str) -> dict[str, Any]:
-    from kb.retrieve import Searcher
-    from kb.symbols import SymbolStore
+    from cli.options import home_at
+    from cli.query import search_hits
 
-    if not query.strip():
-        raise UserFacingError("the query is empty", 'ask a question or name a symbol, e.g. "tritongpu-coalesce"')
     if mode not in ("hybrid", "bm25", "vector"):
         raise UserFacingError(f"mode {mode!r} is not known", "mode is hybrid, bm25 or vector")
-    kb_home = _open_home(home)
-    with kb_home.lock(write=False):
-        searcher = Searcher(kb_home, corpus, release)
-        store = SymbolStore(kb_home.symbols_db) if kb_home.symbols_db.exists() else None
-        try:
-            hits = searcher.answer(query, k=max(1, k), mode=mode, store=store)
-        finally:
-            if store is not None:
-                store.close()
+    searcher, hits = search_hits(home_at(home), query, corpus, release, max(1, k), mode)
     return {"corpus": corpus, "release": searcher.release,
             "hits": [{"cite": h.cite(), "via": h.via, "score": h.score, "text": h.cited_text(),
                       "metadata": h.metadata} for h in hits]}
 
 
 def _symbols(home: str | None, name: str, release: str | None, max_refs: int) -> dict[str, Any]:
-    from cli.views.symbols import describe
-    from kb.symbols import SymbolStore
+    from cli.options import home_at
+    from cli.query import symbol_view
 
-    kb_home = _open_home(home)
-    with kb_home.lock(write=False):
-        store = SymbolStore(kb_home.symbols_db)
-        try:
-            known = store.releases()
-            if release and release not in known:
-                raise UserFacingError(f"release {release!r} is not indexed (known: {', '.join(sorted(known)) or 'none'})",
-                                      "see `kb releases list`")
-            view = describe(store, name, release, max(0, max_refs))
-        finally:
-            store.close()
-    if not view.found:
-        raise UserFacingError(f"no symbol {name!r}" + (f" (similar: {', '.join(view.similar)})" if view.similar else ""),
-                              "check the spelling, or search for it")
-    return dict(json.loads(view.to_json()))
+    return dict(json.loads(symbol_view(home_at(home), name, release, max(0, max_refs)).to_json()))
 
 
 def _backend(name: str) -> Any:
@@ -265,24 +234,9 @@ def _scratch_file(home: str | None, source: str) -> Path:
     return path
 
 
-def _runs_root(home: str | None) -> Path:
-    from kb.home import KBHome
-
-    return Path(KBHome.resolve(home).runs_dir)
-
-
-def _run_dir(home: str | None, run: str) -> Path:
-    if (Path(run) / "rounds.sqlite").is_file():
-        return Path(run)
-    named = _runs_root(home) / run
-    if (named / "rounds.sqlite").is_file():
-        return named
-    raise UserFacingError(f"no optimize run {run!r} (neither a run directory nor an id under {_runs_root(home)})",
-                          "call rounds to list them, or pass task to start one")
-
-
 def _optimize_round(home: str | None, run: str | None, task: str | None, candidate: str | None, finding: str,
                     backend: str, say: Progress) -> dict[str, Any]:
+    from cli.optimize import find_run, runs_root
     from diagnose.optimize import OptimizeOptions, agent_step
     from harness.task import TaskSpec, task_name
     from kb.home import KBHome
@@ -296,11 +250,11 @@ def _optimize_round(home: str | None, run: str | None, task: str | None, candida
         spec = TaskSpec.of_file(task)
     if run is not None:
         try:
-            run_dir = _run_dir(home, run)
+            run_dir = find_run(home, run, _RUN_FIX)
         except UserFacingError:
             if spec is None:
                 raise
-            run_dir = Path(run) if "/" in run else _runs_root(home) / run  # a new run, named by the host
+            run_dir = Path(run) if "/" in run else runs_root(home) / run  # a new run, named by the host
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = KBHome.resolve(home).ensure().runs_dir / f"{task_name(str(task))}-{stamp}"
@@ -311,10 +265,11 @@ def _optimize_round(home: str | None, run: str | None, task: str | None, candida
 
 
 def _rounds(home: str | None, run: str | None) -> dict[str, Any]:
+    from cli.optimize import find_run, runs_in, runs_root
     from diagnose.rounds import RoundsStore
     from diagnose.run_summary import report
 
-    dirs = [_run_dir(home, run)] if run else sorted(p.parent for p in _runs_root(home).glob("*/rounds.sqlite"))
+    dirs = [find_run(home, run, _RUN_FIX)] if run else runs_in(runs_root(home))
     summaries = []
     for d in dirs:
         store = RoundsStore(d)

@@ -33,13 +33,14 @@ if TYPE_CHECKING:
     from harness.backends import BackendName
 
 
-def _runs_root(ctx: click.Context) -> Path:
+def runs_root(home: str | None) -> Path:
+    """The KB home's runs/ (`home`: --home as given, None for $KB_HOME or the default)."""
     from kb.home import KBHome
 
-    return KBHome.resolve(ctx.obj.get("home")).runs_dir
+    return KBHome.resolve(home).runs_dir
 
 
-def _runs_in(root: Path) -> list[Path]:
+def runs_in(root: Path) -> list[Path]:
     """Optimize run directories directly under `root` (each holds a rounds.sqlite)."""
     return sorted(p.parent for p in root.glob("*/rounds.sqlite")) if root.is_dir() else []
 
@@ -50,19 +51,18 @@ def _runs_of(ctx: click.Context, run: str) -> list[Path]:
         from diagnose.bench import bench_runs
 
         return bench_runs(Path(run))
-    return [_run_dir(ctx, run)]
+    return [find_run(ctx.obj.get("home"), run)]
 
 
-def _run_dir(ctx: click.Context, run: str) -> Path:
+def find_run(home: str | None, run: str, fix: str = "see `kb rounds list`") -> Path:
     """A run given as a directory, or as a run id under the KB home's runs/."""
     path = Path(run)
     if (path / "rounds.sqlite").is_file():
         return path
-    named = _runs_root(ctx) / run
+    named = runs_root(home) / run
     if (named / "rounds.sqlite").is_file():
         return named
-    raise UserFacingError(f"no optimize run {run!r} (neither a run directory nor an id under {_runs_root(ctx)})",
-                          "see `kb rounds list`")
+    raise UserFacingError(f"no optimize run {run!r} (neither a run directory nor an id under {runs_root(home)})", fix)
 
 
 @main.command()
@@ -121,7 +121,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
     if resume_run is not None:
-        directory = _run_dir(ctx, resume_run)
+        directory = find_run(ctx.obj.get("home"), resume_run)
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         # The default place is the KB home's runs/, so the home must be one (created if new).
@@ -205,9 +205,9 @@ def rounds_list(ctx: click.Context, as_json: bool) -> None:
     from diagnose.rounds import RoundsStore
     from diagnose.run_summary import report
 
-    root = _runs_root(ctx)
+    root = runs_root(ctx.obj.get("home"))
     rows = []
-    for d in _runs_in(root):
+    for d in runs_in(root):
         store = RoundsStore(d)
         rows.append(report(store))
         store.close()
@@ -230,7 +230,7 @@ def rounds_show(ctx: click.Context, run: str, as_json: bool) -> None:
     """One run's rounds: hypothesis, level, rewrite, outcome and why."""
     from diagnose.rounds import RoundsStore
 
-    store = RoundsStore(_run_dir(ctx, run))
+    store = RoundsStore(find_run(ctx.obj.get("home"), run))
     _show_run(store, as_json)
 
 
@@ -248,7 +248,7 @@ def synthesize(ctx: click.Context, runs: tuple[str, ...], into: Path | None, as_
     from diagnose.synthesis import synthesize as fold
 
     home = open_home(ctx, create=True)
-    dirs = [d for r in runs for d in _runs_of(ctx, r)] or _runs_in(home.runs_dir)
+    dirs = [d for r in runs for d in _runs_of(ctx, r)] or runs_in(home.runs_dir)
     if not dirs:
         raise UserFacingError(f"no optimize runs under {home.runs_dir}", "run `kb optimize TASK` first, or name RUN dirs")
     with home.lock(write=True):

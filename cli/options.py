@@ -186,9 +186,14 @@ def stand_ins(versus: tuple[str, ...]) -> tuple[str, ...]:
 def open_home(ctx: click.Context, create: bool = False, build_hint: str | None = None) -> KBHome:
     """The KB home this command works on (--home, else $KB_HOME, else the default): created when asked,
     else it must already be a sound one."""
+    return home_at(ctx.obj.get("home"), create, build_hint)
+
+
+def home_at(home: str | None, create: bool = False, build_hint: str | None = None) -> KBHome:
+    """`open_home` for a front door without a click context (`kb mcp`): `home` as --home gives it."""
     from kb.home import KBHome
 
-    found = KBHome.resolve(ctx.obj.get("home"))
+    found = KBHome.resolve(home)
     if create:
         return found.ensure()
     found.validate(*([build_hint] if build_hint else []))

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli.app import main
 from cli.options import json_option, open_home, user_errors
 from harness.errors import UserFacingError
+
+if TYPE_CHECKING:
+    from kb.home import KBHome
 
 
 @main.command()
@@ -23,21 +27,8 @@ from harness.errors import UserFacingError
 @user_errors
 def search(ctx: click.Context, query: str, corpus: str, release: str | None, k: int, mode: str, as_json: bool) -> None:
     """Search the KB: exact symbol hits first for names; for sentences BM25 + vectors fused by score, with symbol hits joining by rank."""
-    from kb.retrieve import Searcher
-    from kb.symbols import SymbolStore
-
-    if not query.strip():
-        raise UserFacingError("the query is empty",
-                              'ask a question or name a symbol, e.g. kb search "tritongpu-coalesce"')
     home = open_home(ctx, build_hint="`kb index ir PATH --name NAME`" if corpus == "ir" else None)
-    with home.lock(write=False):
-        searcher = Searcher(home, corpus, release)
-        store = SymbolStore(home.symbols_db) if home.symbols_db.exists() else None
-        try:
-            hits = searcher.answer(query, k=k, mode=mode, store=store)
-        finally:
-            if store is not None:
-                store.close()
+    searcher, hits = search_hits(home, query, corpus, release, k, mode)
     if as_json:
         click.echo(json.dumps([h.__dict__ for h in hits], indent=2))
         return
@@ -74,12 +65,39 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
     NAME is a function, class, pass argument or def name, op (`ttg.convert_layout`), pipeline call
     (`passes.ttgpuir.add_coalesce`) or a diagnostic message as printed (`"vectorization fails"`).
     """
-    from cli.views.symbols import describe, render
+    from cli.views.symbols import render
+
+    view = symbol_view(open_home(ctx), name, release, max_refs)
+    click.echo(view.to_json() if as_json else render(view))
+
+
+def search_hits(home: KBHome, query: str, corpus: str, release: str | None, k: int, mode: str) -> tuple[Any, list[Any]]:
+    """`kb search`'s answer (and `kb mcp`'s search tool's): the searcher (its release) and its hits."""
+    from kb.retrieve import Searcher
+    from kb.symbols import SymbolStore
+
+    if not query.strip():
+        raise UserFacingError("the query is empty",
+                              'ask a question or name a symbol, e.g. kb search "tritongpu-coalesce"')
+    with home.lock(write=False):
+        searcher = Searcher(home, corpus, release)
+        store = SymbolStore(home.symbols_db) if home.symbols_db.exists() else None
+        try:
+            hits = searcher.answer(query, k=k, mode=mode, store=store)
+        finally:
+            if store is not None:
+                store.close()
+    return searcher, hits
+
+
+def symbol_view(home: KBHome, name: str, release: str | None, max_refs: int) -> Any:
+    """`kb symbols`'s view of a symbol (and `kb mcp`'s symbols tool's); a half-published release the
+    answer draws on, an unindexed release or an unknown name is one line."""
+    from cli.views.symbols import describe
     from kb.index import list_manifests
     from kb.releases import check_published
     from kb.symbols import SymbolStore
 
-    home = open_home(ctx)
     with home.lock(write=False):
         store = SymbolStore(home.symbols_db)
         try:
@@ -101,7 +119,7 @@ def symbols(ctx: click.Context, name: str, release: str | None, max_refs: int, a
         raise UserFacingError(f"no symbol {name!r}" + (f" in release {release}" if release else "")
                               + (f" (similar: {', '.join(view.similar)})" if view.similar else ""),
                               "check the spelling, or `kb releases list` for what is indexed")
-    click.echo(view.to_json() if as_json else render(view))
+    return view
 
 
 # ---------------------------------------------------------------------------------------------- ir
