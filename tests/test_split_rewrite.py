@@ -132,6 +132,9 @@ def test_the_loop_answers_an_underfilled_grid_with_the_split(tmp_path):
 
 
         cases = [dict(m=2048, n=200), dict(m=1500, n=130)]
+        # fp32 sums of up to 2048 terms: a column summing near 0 is off by ~1e-4 absolute, past the
+        # fp32 default atol of 1e-5 (as corpora/operators/col_sum/task.py says for its own sums).
+        tolerances = {"atol": 1e-3, "rtol": 1e-4}
         '''))
     judge = MarkerJudge(tmp_path / "col_sum.py", "_split[", fast_us=40.0)  # a split kernel pays
     try:
