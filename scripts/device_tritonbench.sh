@@ -18,6 +18,8 @@ FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/tb-h200}
 TARBALL=${TARBALL:-build/tritonbench-T.tgz}
 STOP_AFTER=${STOP_AFTER:-430}
+# IMPORT_OPS / BENCH_OPS: comma-separated operators the import / the bench take (default: all); a state
+# rebuilt on a fresh machine imports only the operators a session can bench.
 # BENCH_NAME: the bench's folder under $STATE (default bench): a second bench over the same tasks (the
 # other strategies, once the first is done) lives beside it, e.g. BENCH_NAME=bench-others
 # STRATEGIES=profile-only,always-deep; `kb bench-report A B` puts them side by side.
@@ -33,6 +35,7 @@ if [ -f "$STATE/tasks/IMPORT.md" ] && ls "$STATE"/*/bench.json > /dev/null 2>&1;
 else
   mkdir -p /tmp/tritonbench && tar xzf "$TARBALL" -C /tmp/tritonbench
   python3 -m cli import tritonbench /tmp/tritonbench --out "$STATE/tasks" --workers "${IMPORT_WORKERS:-4}" \
+    ${IMPORT_OPS:+--ops "$IMPORT_OPS"} \
     --timeout "${IMPORT_TIMEOUT:-90}" --stop-after "$(left)" > "$FINAL/import.txt" 2>> "$FINAL/log.txt"
   echo "import rc=$? after $(( $(date +%s) - start )) s" >> "$FINAL/log.txt"
 fi
@@ -42,6 +45,7 @@ if [ "${BENCH:-1}" = 1 ] && ! grep -q "not finished" "$FINAL/import.txt" && [ "$
     python3 -m cli bench --resume "$STATE/$BENCH_NAME" "${windows[@]}" --stop-after "$(left)" > "$FINAL/report.md" 2>> "$FINAL/log.txt"
   else
     python3 -m cli bench --suite "$STATE/tasks" --bench-dir "$STATE/$BENCH_NAME" --strategy "${STRATEGIES:-progressive}" \
+      ${BENCH_OPS:+--ops "$BENCH_OPS"} \
       --rounds "${ROUNDS:-5}" --vs eager --vs compiled "${windows[@]}" --stop-after "$(left)" \
       > "$FINAL/report.md" 2>> "$FINAL/log.txt"
   fi
