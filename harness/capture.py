@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from harness.loading import load_kernel_module
 from harness.wrapper_work import TorchWork, WorkLog, recording
 
 __all__ = ["Interception", "Launch", "capture_call", "compile_launch", "intercept_call", "intercept_callable",
-           "intercept_launches", "parse_target"]
+           "intercept_entry", "intercept_launches", "parse_target"]
 
 # Environment that makes the compiler explain itself. Read by Triton's C++ at pass-manager setup
 # and by knobs at access time, so setting it around one compile is enough.
@@ -371,6 +371,21 @@ def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, 
     for launch in launches:
         unique.setdefault(launch.key, launch)
     return Interception(list(unique.values()), tgt, on_device, work.items() if work else [])
+
+
+def intercept_entry(entry: Callable[..., Any], arguments: Callable[[], tuple[Any, dict[str, Any]]],
+                    namespace: dict[str, Any], target: str | None, what: str) -> Interception:
+    """`entry(*args, **kwargs)` intercepted, with `arguments()` -> (args, kwargs) made first, on the
+    capture's device, and only the entry's own call recorded as the wrapper's PyTorch work (making the
+    inputs is not the wrapper's work)."""
+    work = WorkLog()
+
+    def call(_ns: dict[str, Any]) -> Any:
+        args, kwargs = arguments()
+        with recording(work):
+            return entry(*args, **kwargs)
+
+    return intercept_callable(call, namespace, target, what, work=work)
 
 
 def _active_target() -> Any:

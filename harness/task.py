@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.capture import Interception, intercept_callable
+from harness.capture import Interception, device_for, intercept_entry
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 from harness.loading import load_kernel_module
@@ -295,23 +295,13 @@ def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None
 
 def intercept_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None) -> Interception:
     """The launches of one case of a task, intercepted (nothing compiles yet)."""
-    from harness.capture import device_for
-    from harness.wrapper_work import WorkLog, recording
-
     with device_for(target), contextlib.redirect_stdout(sys.stderr):  # a module may ask the device at import
         task = load_task(path)
     if not 0 <= case < len(task.cases):
         raise UserFacingError(f"task {task.name} has {len(task.cases)} cases, not {case + 1}", "pick a valid case")
     params = task.cases[case]
-
-    work = WorkLog()
-
-    def call(_ns: dict[str, Any]) -> Any:
-        args, kwargs = task.arguments(params)
-        with recording(work):
-            return task.entry(*args, **kwargs)
-
-    return intercept_callable(call, task.namespace, target, what=f"task {task.name} case {params}", work=work)
+    return intercept_entry(task.entry, lambda: task.arguments(params), task.namespace, target,
+                           what=f"task {task.name} case {params}")
 
 
 def task_name(path: str | os.PathLike[str]) -> str:

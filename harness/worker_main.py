@@ -170,25 +170,16 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
     """One case of a kernel file's entry, intercepted: its launches' facts (grid, arguments, options),
     and unless `compile` is false, each launch compiled as it specializes it (the diagnosis of a
     rewritten kernel imports it here, not in the optimize loop's own process)."""
-    from harness.capture import intercept_callable
+    from harness.capture import intercept_entry
     from harness.loading import load_kernel_module
     from harness.task import TaskSpec, load_job_task
-    from harness.wrapper_work import WorkLog, recording
 
     task = load_job_task(TaskSpec.from_json(r["task"]))
     module = load_kernel_module(r["file"])
-    fn = getattr(module, r["entry"])
     case = task.cases[int(r.get("case", 0))]
-
-    work = WorkLog()
-
-    def call(_ns: dict[str, Any]) -> Any:
-        args, kwargs = task.arguments(case)  # inside: on the capture's device, from its seed
-        with recording(work):
-            return fn(*args, **kwargs)
-
-    intercepted = intercept_callable(call, vars(module), r.get("target"), what=f"{Path(r['file']).name} case {case}",
-                                     work=work)
+    # the arguments are made inside the capture: on its device, from its seed
+    intercepted = intercept_entry(getattr(module, r["entry"]), lambda: task.arguments(case), vars(module), r.get("target"),
+                                  what=f"{Path(r['file']).name} case {case}")
     answer: dict[str, Any] = {"facts": [f.to_dict() for f in intercepted.facts()]}
     if r.get("compile", True):
         answer["artifacts"] = [a.to_json() for a in intercepted.compile(r.get("cache_dir"))]
