@@ -23,7 +23,24 @@ from cli.options import (
 from harness.errors import UserFacingError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from diagnose.records import Answer
+    from diagnose.request import DiagnosisRequest, KernelInput
+    from harness.measurement import RunReport
+    from kb.home import KBHome
+
+
+def answer_for(kernel: KernelInput, kb_home: KBHome | None, target: str | None,
+               engine: Callable[[DiagnosisRequest, KBHome | None], Answer], report: RunReport | None = None) -> Answer:
+    """The kernel's request (compiled into the home's cache), answered by `engine` under the home's read
+    lock, so an index being published meanwhile is never read half-written. `kb why`, `kb diagnose` and
+    the MCP server's tools all answer through here."""
+    from diagnose.request import request_from
+
+    request = request_from(kernel, target, kb_home.compile_cache if kb_home else None, report)
+    with kb_home.lock(write=False) if kb_home else contextlib.nullcontext():
+        return engine(request, kb_home)
 
 
 def _echo_answer(answer: Answer, as_json: bool, as_md: bool = False) -> None:
@@ -63,17 +80,14 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
     """Answer QUESTION about a kernel from compiler evidence (IR, remarks, ptxas, compiler source)."""
     from diagnose.engine import question_topics
     from diagnose.engine import why as answer_why
-    from diagnose.request import KernelInput, request_from
+    from diagnose.request import KernelInput
 
     if task_file is None and dump_dir is None and (kernel_file is None or call is None):
         raise UserFacingError("give --kernel FILE with --call EXPR, --task FILE, or --dump DIR [--kernel FILE]",
                               'e.g. --kernel k.py --call "scale(torch.randn(1000003), 2.0)"')
     question_topics(question)  # reject unanswerable questions before compiling anything
-    kb_home = diagnosis_home(ctx)
-    request = request_from(KernelInput(task=task_file, kernel=kernel_file, call=call, dump=dump_dir), target,
-                           kb_home.compile_cache if kb_home else None)
-    with kb_home.lock(write=False) if kb_home else contextlib.nullcontext():
-        answer = answer_why(question, request, kb_home, release)
+    answer = answer_for(KernelInput(task=task_file, kernel=kernel_file, call=call, dump=dump_dir), diagnosis_home(ctx),
+                        target, lambda request, kb_home: answer_why(question, request, kb_home, release))
     _narrate(answer)
     _echo_answer(answer, as_json)
 
@@ -96,7 +110,7 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
              strategy: str, release: str | None, as_json: bool, as_md: bool) -> None:
     """Why is this kernel slow? Escalates L1 pattern triage -> L2 profile -> L3 IR -> L4 compiler source."""
     from diagnose.engine import diagnose as run_diagnosis
-    from diagnose.request import KernelInput, request_from
+    from diagnose.request import KernelInput
     from harness.measurement import RunReport
 
     kernel = KernelInput(task=task_file, kernel=kernel_file, call=call, dump=dump_dir, case=case_index)
@@ -112,10 +126,8 @@ def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None,
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UserFacingError(f"{measurements} is not a run report ({type(exc).__name__}: {exc})",
                                   "pass the JSON that `kb run --json` prints") from exc
-    kb_home = diagnosis_home(ctx)
-    request = request_from(kernel, target, kb_home.compile_cache if kb_home else None, report)
-    with kb_home.lock(write=False) if kb_home else contextlib.nullcontext():
-        answer = run_diagnosis(request, kb_home, release, strategy, level_max)
+    answer = answer_for(kernel, diagnosis_home(ctx), target,
+                        lambda request, kb_home: run_diagnosis(request, kb_home, release, strategy, level_max), report)
     _narrate(answer)
     _echo_answer(answer, as_json, as_md)
 

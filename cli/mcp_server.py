@@ -137,35 +137,33 @@ def _diagnosis_home(home: str | None) -> Any:
 
 def _why(home: str | None, question: str, kernel: str | None, call: str | None, task: str | None,
          release: str | None, say: Progress) -> dict[str, Any]:
+    from cli.diagnose import answer_for
     from diagnose.engine import question_topics
     from diagnose.engine import why as answer_why
     from diagnose.render import to_json
-    from diagnose.request import request_from
 
     question_topics(question)  # an unanswerable question is refused before anything compiles
-    kb_home = _diagnosis_home(home)
-    request = request_from(_kernel_input(kernel, call, task), None, kb_home.compile_cache if kb_home else None)
+    given = _kernel_input(kernel, call, task)
     say("compiling the kernel and reading its IR")
-    with kb_home.lock(write=False) if kb_home else contextlib.nullcontext():
-        answer = answer_why(question, request, kb_home, release)
+    answer = answer_for(given, _diagnosis_home(home), None,
+                        lambda request, kb_home: answer_why(question, request, kb_home, release))
     return dict(json.loads(to_json(answer)))
 
 
 def _diagnose(home: str | None, kernel: str | None, call: str | None, task: str | None, case: int, strategy: str,
               level_max: str, release: str | None, say: Progress) -> dict[str, Any]:
+    from cli.diagnose import answer_for
     from diagnose.engine import diagnose as run_diagnosis
     from diagnose.records import LEVELS, STRATEGIES
     from diagnose.render import to_json
-    from diagnose.request import request_from
 
     if strategy not in STRATEGIES or level_max not in LEVELS:
         raise UserFacingError(f"strategy {strategy!r} / level_max {level_max!r} is not known",
                               f"strategy is one of {', '.join(STRATEGIES)}; level_max one of {', '.join(LEVELS)}")
-    kb_home = _diagnosis_home(home)
-    request = request_from(_kernel_input(kernel, call, task, case), None, kb_home.compile_cache if kb_home else None)
+    given = _kernel_input(kernel, call, task, case)
     say("diagnosing: L1 triage, then as deep as the strategy goes")
-    with kb_home.lock(write=False) if kb_home else contextlib.nullcontext():
-        answer = run_diagnosis(request, kb_home, release, strategy, level_max)
+    answer = answer_for(given, _diagnosis_home(home), None,
+                        lambda request, kb_home: run_diagnosis(request, kb_home, release, strategy, level_max))
     return dict(json.loads(to_json(answer)))
 
 
