@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 @main.command()
 @click.option("--suite", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Operator folders, each with task.py (default: corpora/operators).")
-@click.option("--ops", default=None, help="Comma-separated operators (default: the whole suite).")
+@click.option("--ops", default=None, help="Comma-separated operators (default: the whole suite); with --resume, "
+              "operators of the suite added to the bench.")
 @click.option("--rounds", default=5, show_default=True, help="Rounds per operator.")
 @click.option("--time-budget", "time_budget", type=float, default=None, help="Seconds per operator run.")
 @click.option("--strategy", default="progressive", show_default=True,
@@ -68,6 +69,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         DEFAULT_SUITE,
         BenchSpec,
         Condition,
+        add_operators,
         create_bench,
         load_suite,
         retime,
@@ -82,6 +84,9 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         if retime_ops:  # first: an unknown operator stops the command before anything is changed
             again = retime(directory, [x.strip() for x in retime_ops.split(",") if x.strip()])
             click.echo(f"{len(again)} finished run(s) will take their end-of-run measurement again", err=True)
+        if ops:  # a bench run session by session: the operators the earlier sessions did not take
+            added = add_operators(directory, [x.strip() for x in ops.split(",") if x.strip()])
+            click.echo(f"{len(added)} operator(s) added to the bench", err=True)
         set_timing_windows(directory, warmup_ms, rep_ms)  # the jobs still to run take the new windows
     elif retime_ops:
         raise UserFacingError("--retime works on an existing bench", "use it with --resume DIR")

@@ -18,8 +18,8 @@ FINAL=${OUT:-/tmp/kb-device}
 STATE=${STATE:-build/tb-h200}
 TARBALL=${TARBALL:-build/tritonbench-T.tgz}
 STOP_AFTER=${STOP_AFTER:-430}
-# IMPORT_OPS / BENCH_OPS: comma-separated operators the import / the bench take (default: all); a state
-# rebuilt on a fresh machine imports only the operators a session can bench.
+# IMPORT_OPS / BENCH_OPS: comma-separated operators the import / the bench take (default: all); a later
+# call's BENCH_OPS adds the operators the bench does not have yet (a bench run session by session).
 # BENCH_NAME: the bench's folder under $STATE (default bench): a second bench over the same tasks (the
 # other strategies, once the first is done) lives beside it, e.g. BENCH_NAME=bench-others
 # STRATEGIES=profile-only,always-deep; `kb bench-report A B` puts them side by side.
@@ -42,7 +42,8 @@ fi
 if [ "${BENCH:-1}" = 1 ] && ! grep -q "not finished" "$FINAL/import.txt" && [ "$(left)" -gt 60 ]; then
   windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
   if [ -f "$STATE/$BENCH_NAME/bench.json" ]; then
-    python3 -m cli bench --resume "$STATE/$BENCH_NAME" "${windows[@]}" --stop-after "$(left)" > "$FINAL/report.md" 2>> "$FINAL/log.txt"
+    python3 -m cli bench --resume "$STATE/$BENCH_NAME" ${BENCH_OPS:+--ops "$BENCH_OPS"} "${windows[@]}" \
+      --stop-after "$(left)" > "$FINAL/report.md" 2>> "$FINAL/log.txt"
   else
     python3 -m cli bench --suite "$STATE/tasks" --bench-dir "$STATE/$BENCH_NAME" --strategy "${STRATEGIES:-progressive}" \
       ${BENCH_OPS:+--ops "$BENCH_OPS"} \

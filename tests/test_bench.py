@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from conftest import FIXTURES
 
 from cli import main
-from diagnose.bench import BenchSpec, Condition, create_bench, jobs, load_bench, run_bench, write_report
+from diagnose.bench import BenchSpec, Condition, add_operators, create_bench, jobs, load_bench, run_bench, write_report
+from harness.errors import UserFacingError
 
 JOB = Path(__file__).resolve().parent / "bench_job.py"
 
@@ -409,3 +410,21 @@ def test_the_suite_reports_the_share_of_log_headroom_taken_and_the_slowest_case(
     assert suite["headroom_captured"] == round((0.5 + math.log(3) / math.log(1.5)) / 2, 4)
     assert suite["worst_case_vs_initial"] == 0.97
     assert (suite["roofline_initial_median"], suite["roofline_best_median"]) == (0.6, 0.9)
+
+
+def test_a_resumed_bench_takes_operators_a_later_session_adds(tmp_path):
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a"], [Condition("a"), Condition("b")], rounds=1,
+                                      backend="interpreter"))
+    assert add_operators(bench_dir, ["rowsum_a", "rowsum_b", "rowsum_b"]) == ["rowsum_b"]
+    spec = load_bench(bench_dir)
+    assert spec.operators == ["rowsum_a", "rowsum_b"] and "Operators added on" in spec.note and "rowsum_b" in spec.note
+    assert sorted((j.condition.name, j.operator, j.state) for j in jobs(bench_dir, spec)) == [
+        ("a", "rowsum_a", "new"), ("a", "rowsum_b", "new"), ("b", "rowsum_a", "new"), ("b", "rowsum_b", "new")]
+    assert add_operators(bench_dir, ["rowsum_b"]) == [] and load_bench(bench_dir).note == spec.note
+    with pytest.raises(UserFacingError, match="no operator nope in"):
+        add_operators(bench_dir, ["nope"])
+    assert load_bench(bench_dir).operators == ["rowsum_a", "rowsum_b"]  # the bad call changed nothing
+    out = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "bench", "--resume", str(bench_dir), "--ops", "nope",
+                                    "--stop-after", "0"])
+    assert out.exit_code == 2 and "no operator nope in" in out.output

@@ -12,6 +12,7 @@ from diagnose.bench.schedule import (
                                      BenchSpec,
                                      Condition,
                                      Job,
+                                     add_operators,
                                      bench_runs,
                                      create_bench,
                                      jobs,
@@ -23,6 +24,6 @@ from diagnose.bench.schedule import (
                                      set_timing_windows,
 )
 
-__all__ = ["DEFAULT_SUITE", "PUBLISHED", "BenchSpec", "Condition", "Job", "bench_report", "bench_runs", "compare_markdown",
+__all__ = ["DEFAULT_SUITE", "PUBLISHED", "BenchSpec", "Condition", "Job", "add_operators", "bench_report", "bench_runs", "compare_markdown",
            "create_bench", "jobs", "load_bench", "load_suite", "optimize_command", "retime", "run_bench",
            "set_timing_windows", "write_report"]

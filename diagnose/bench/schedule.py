@@ -141,6 +141,23 @@ def set_timing_windows(bench_dir: Path, warmup_ms: int | None, rep_ms: int | Non
     return spec
 
 
+def add_operators(bench_dir: Path, operators: list[str]) -> list[str]:
+    """Widen a bench to more operators of its suite (a bench run session by session, the operators a
+    session could not reach given to a later one): each condition gets a new job per added operator, the
+    finished runs stay, and the note says when the operators came. Returns those added (names it
+    already has are skipped)."""
+    spec = load_bench(bench_dir)
+    load_suite(Path(spec.suite), operators)  # an unknown operator stops it before anything is changed
+    added = [op for op in dict.fromkeys(operators) if op not in spec.operators]
+    if not added:
+        return []
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    spec.operators += added
+    spec.note = (spec.note + " " if spec.note else "") + f"Operators added on {stamp}: {', '.join(added)}."
+    _write_spec(bench_dir, spec)
+    return added
+
+
 def retime(bench_dir: Path, operators: list[str]) -> list[Job]:
     """Make the finished runs of `operators` measure their end again (their stand-ins or initial kernel
     changed): each forgets its end-of-run record and takes the status `to-retime` (resumable, and unlike
