@@ -53,7 +53,7 @@ def _check(tmp_path, source: str, name: str, call: str, reference: str) -> None:
 
 def test_a_column_sum_on_few_programs_is_split_and_stays_correct(tmp_path):
     variants = rewrite(PATTERN, COL_SUM.read_text(), {})
-    assert [(v.params["per_sm"], v.params["max_split"]) for v in variants] == [(2, 16), (2, 64), (4, 64)]
+    assert [(v.params["per_sm"], v.params["max_split"]) for v in variants] == [(2, 16), (2, 64), (4, 64), (4, 256)]
     source = variants[1].source
     assert "for start in range(0 + tl.program_id(1) * BLOCK_M, n_rows, BLOCK_M * tl.num_programs(1)):" in source
     assert 'tl.atomic_add(out_ptr + cols, tl.sum(acc, axis=0), mask=col_mask, sem="relaxed")' in source
@@ -66,6 +66,49 @@ def test_a_column_sum_on_few_programs_is_split_and_stays_correct(tmp_path):
     _check(tmp_path, source, "col_sum", "col_sum(torch.randn(300, 70))", "lambda x: x.double().sum(0).float()")
     # 40,000 columns: 313 blocks fill the 132 SMs twice over, so the original kernel runs
     _check(tmp_path, source, "col_sum", "col_sum(torch.randn(3, 40000))", "lambda x: x.double().sum(0).float()")
+
+
+# The shape of TritonBench-T's first draft of torch.sum: rows of a 2-D view, one program per 128 rows,
+# the grid a lambda of the launch's meta-parameters, the sum named after the loop, the output pointer
+# computed before the store. Summing a whole vector gives M = 1: one program walks the whole loop.
+ROW_SUM_DRAFT = HEADER + textwrap.dedent('''\
+    @triton.jit
+    def row_sum_kernel(X, Sum, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_rows = rows < M
+        x_ptr = X + rows[:, None] * N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for off in range(0, N, BLOCK_N):
+            cols = off + tl.arange(0, BLOCK_N)
+            acc += tl.load(x_ptr + cols, mask=mask_rows[:, None] & (cols < N)[None, :], other=0.0).to(tl.float32)
+        total = tl.sum(acc, axis=1)
+        sum_ptr = Sum + rows
+        tl.store(sum_ptr, total.to(Sum.dtype.element_ty), mask=mask_rows)
+
+
+    def row_sum(x):
+        M, N = x.shape
+        out = torch.empty(M, dtype=x.dtype, device=x.device)
+        grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]),)
+        row_sum_kernel[grid](x, out, M, N, BLOCK_M=32, BLOCK_N=64)
+        return out
+    ''')
+
+
+def test_a_draft_with_a_lambda_grid_and_named_sums_is_split(tmp_path):
+    variants = rewrite(PATTERN, ROW_SUM_DRAFT, {})
+    assert [v.params["max_split"] for v in variants] == [16, 64, 64, 256]
+    source = variants[-1].source
+    assert "    n_blocks = triton.cdiv(M, 32)\n" in source  # META["BLOCK_M"]: the launch's own BLOCK_M
+    assert 'tl.atomic_add(sum_ptr, total, mask=mask_rows, sem="relaxed")' in source
+    assert "row_sum_kernel_split[(n_blocks, n_split)](x, partial, M, N, BLOCK_M=32, BLOCK_N=64)" in source
+    reference = "lambda x: x.double().sum(1).to(x.dtype)"
+    _check(tmp_path, source, "row_sum", "row_sum(torch.randn(1, 5000))", reference)  # one block: split 256 ways
+    _check(tmp_path, source, "row_sum", "row_sum(torch.randn(3, 700).half())", reference)
+    # a grid whose lambda reads META other than META["KEY"], or a KEY the launch computes, is not resolved
+    for grid in ('lambda META: (triton.cdiv(M, META.get("BLOCK_M")),)', "lambda META: (triton.cdiv(M, META['BLOCK_M']), 2)"):
+        assert rewrite(PATTERN, ROW_SUM_DRAFT.replace('lambda META: (triton.cdiv(M, META["BLOCK_M"]),)', grid), {}) == []
+    assert rewrite(PATTERN, ROW_SUM_DRAFT.replace("BLOCK_M=32, BLOCK_N", "BLOCK_M=min(32, M), BLOCK_N"), {}) == []
 
 
 def test_a_mean_after_the_loop_is_linear_and_tl_range_keeps_its_stages(tmp_path):

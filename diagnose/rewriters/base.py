@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "one", "one_d_grid",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "launch_grid", "one", "one_d_grid",
            "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
@@ -99,6 +99,71 @@ def one_d_grid(call: cst.Call) -> cst.BaseExpression | None:
     if isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) and len(index.value.elements) == 1:
         return index.value.elements[0].value
     return None
+
+
+def launch_grid(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None:
+    """G of a launch on a 1-D grid, as an expression the launching function can evaluate where the
+    launch is: `kernel[(G,)](...)`, or `kernel[grid](...)` where that function binds `grid` once to
+    `(G,)` or to `lambda meta: (G,)` (the first drafts' usual form). In a lambda, `meta['KEY']` becomes
+    the launch's own argument for KEY (by keyword, or by position through the kernel's parameters),
+    which must be a name, an attribute or a number, so that repeating it computes nothing. None
+    otherwise (a grid from a function, a 2-D grid, a lambda that reads meta another way)."""
+    literal = one_d_grid(call)
+    if literal is not None:
+        return literal
+    if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
+        return None
+    index = call.func.slice[0].slice
+    if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Name)):
+        return None
+    name = index.value.value
+    scope = next((fn for fn in m.findall(module, m.FunctionDef())
+                  if any(c is call for c in m.findall(fn, m.Call(func=m.Subscript())))), None)
+    if scope is None:
+        return None
+    bound = [a.value for a in m.findall(scope, m.Assign())
+             if isinstance(a, cst.Assign) and [dotted(t.target) for t in a.targets] == [name]]
+    if len(bound) != 1:
+        return None
+    value = bound[0]
+    if isinstance(value, cst.Tuple) and len(value.elements) == 1:
+        return value.elements[0].value
+    if not (isinstance(value, cst.Lambda) and len(value.params.params) == 1 and isinstance(value.body, cst.Tuple)
+            and len(value.body.elements) == 1):
+        return None
+    meta = value.params.params[0].name.value
+    kernel = next((fn for fn in module.body if isinstance(fn, cst.FunctionDef) and is_jit(fn)
+                   and fn.name.value == dotted(call.func.value)), None)
+    params = [p.name.value for p in kernel.params.params] if kernel else []
+    arguments = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    arguments.update({params[i]: a.value for i, a in enumerate(a for a in call.args if a.keyword is None)
+                      if i < len(params)})
+    grid = value.body.elements[0].value
+    reads = m.findall(grid, m.Name(meta))
+    keys = m.findall(grid, m.Subscript(value=m.Name(meta), slice=[m.SubscriptElement(m.Index(m.SimpleString()))]))
+    if len(reads) != len(keys):
+        return None  # meta used other than as meta['KEY']
+    replaced: dict[str, cst.BaseExpression] = {}
+    for key in keys:
+        assert isinstance(key, cst.Subscript)
+        text = cst.ensure_type(cst.ensure_type(key.slice[0].slice, cst.Index).value, cst.SimpleString).evaluated_value
+        argument = arguments.get(str(text))
+        if not isinstance(argument, (cst.Name, cst.Attribute, cst.Integer)):
+            return None
+        replaced[str(text)] = argument
+    new = grid.visit(_MetaKeys(meta, replaced))
+    return new if isinstance(new, cst.BaseExpression) else None
+
+
+class _MetaKeys(cst.CSTTransformer):
+    def __init__(self, meta: str, values: dict[str, cst.BaseExpression]) -> None:
+        self.meta, self.values = meta, values
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+        if m.matches(updated.value, m.Name(self.meta)):
+            key = cst.ensure_type(cst.ensure_type(updated.slice[0].slice, cst.Index).value, cst.SimpleString)
+            return self.values[str(key.evaluated_value)]
+        return updated
 
 
 def sm_count_statement(fallback: str) -> cst.BaseStatement:

@@ -4,12 +4,14 @@ output with `tl.atomic_add` (the output zeroed first).
 
 It applies where splitting cannot change the result but by summation order (issue 27, family 1):
 
-- the wrapper launches the kernel on a literal 1-D grid `(G,)`, and the kernel uses program_id(0) only;
+- the wrapper launches the kernel on a 1-D grid: `(G,)`, or a name bound to `(G,)` or to
+  `lambda meta: (G,)` (`base.launch_grid`), and the kernel uses program_id(0) only;
 - the kernel has one top-level `for` over `range(a, b[, c])` / `tl.range(...)`, without nested loops,
   whose only loop-carried values are accumulators: `acc = tl.zeros(...)` before it, `acc += ...` in it,
   and no other use of `acc` in the loop;
 - its one write is a `tl.store` after the loop whose value is linear in the accumulators (`acc`,
-  `tl.sum(acc, axis=k)`, either times or divided by something without them), or a cast of such a
+  `tl.sum(acc, axis=k)`, either times or divided by something without them, directly or through names
+  assigned such a value once after the loop), through a pointer computed from one parameter, or a cast of such a
   value (`acc.to(out.dtype)`): then the partials go to an fp32 workspace and a second small kernel casts
   it into the output, since atomics into an fp16 output round the running sum at every add (a gemv of
   1000 terms split 16 ways was 2.5% off);
@@ -28,12 +30,24 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, one_d_grid, register, sm_count_statement
+from diagnose.rewriters.base import (
+    SubstituteNames,
+    Variant,
+    dotted,
+    is_jit,
+    launch_grid,
+    register,
+    simple_assign,
+    sm_count_statement,
+)
 from diagnose.rewriters.launch import jit_names
 
 __all__ = ["split_reduction"]
 
-_VARIANTS = ({"per_sm": 2, "max_split": 16}, {"per_sm": 2, "max_split": 64}, {"per_sm": 4, "max_split": 64})
+# The last is for a grid of one or a few blocks over a long loop (a whole-tensor sum): up to 256
+# programs per block, a few per SM.
+_VARIANTS = ({"per_sm": 2, "max_split": 16}, {"per_sm": 2, "max_split": 64}, {"per_sm": 4, "max_split": 64},
+             {"per_sm": 4, "max_split": 256})
 
 
 def _names(node: cst.CSTNode) -> set[str]:
@@ -57,10 +71,11 @@ class _Plan:
         self.kernel: str | None = None
         self.out_param: str | None = None  # the kernel parameter the store writes through
         self.out_arg: str | None = None  # the wrapper's name for that tensor
+        self.grid: cst.BaseExpression | None = None  # G of the launch's 1-D grid
         launch = self._launch(module)
         if launch is None:
             return
-        name, call = launch
+        name, call, grid = launch
         fn = next(n for n in module.body if isinstance(n, cst.FunctionDef) and n.name.value == name)
         param = self._kernel_ok(fn)
         if param is None:
@@ -69,18 +84,19 @@ class _Plan:
         arg = self._launch_arg(call, params, param)
         if arg is None:
             return
-        self.kernel, self.out_param, self.out_arg = name, param, arg
+        self.kernel, self.out_param, self.out_arg, self.grid = name, param, arg, grid
 
     @staticmethod
-    def _launch(module: cst.Module) -> tuple[str, cst.Call] | None:
+    def _launch(module: cst.Module) -> tuple[str, cst.Call, cst.BaseExpression] | None:
         jit = jit_names(module)
         launches = [c for c in m.findall(module, m.Call(func=m.Subscript())) if dotted(c.func.value) in jit]  # type: ignore[attr-defined]
         if len(launches) != 1:
             return None
         call = cst.ensure_type(launches[0], cst.Call)
-        if one_d_grid(call) is None:
+        grid = launch_grid(module, call)
+        if grid is None:
             return None
-        return dotted(call.func.value), call  # type: ignore[attr-defined]
+        return dotted(call.func.value), call, grid  # type: ignore[attr-defined]
 
     def _kernel_ok(self, fn: cst.FunctionDef) -> str | None:
         """The parameter the kernel's one store writes through, when the split keeps its result."""
@@ -118,6 +134,14 @@ class _Plan:
         if not carried:
             return None
         after = body[at + 1:]
+        # What the loop's sums become after it (`total = tl.sum(acc, axis=1)`, assigned once) are sums too.
+        before_and_in = set().union(*(_assigned(st) for st in body[:at + 1]))
+        derived: set[int] = set()
+        for i, stmt in enumerate(after):
+            assign = simple_assign(stmt)
+            if assign is not None and assign[0] not in before_and_in and _linear(assign[1], carried):
+                carried.add(assign[0])
+                derived.add(i)
         writes = [c for c in m.findall(fn, m.Call()) if dotted(c.func).startswith("tl.atomic") or dotted(c.func) == "tl.store"]  # type: ignore[attr-defined]
         stores = [c for st in after for c in m.findall(st, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store"))))]
         if len(writes) != 1 or len(stores) != 1:
@@ -134,10 +158,13 @@ class _Plan:
             self.cast = True  # partials go to an fp32 workspace; a second kernel casts it into the output
         elif not _linear(value, carried):
             return None
-        if any(_names(st) & carried for st in after if not m.findall(st, m.Call(func=m.Attribute(attr=m.Name("store"))))):
+        if any(_reads(stmt) & carried for i, stmt in enumerate(after)
+               if i not in derived and not m.findall(stmt, m.Call(func=m.Attribute(attr=m.Name("store"))))):
             return None
-        params = {p.name.value for p in fn.params.params}
-        pointers = _names(positional[0].value) & params
+        # a constexpr (a block size in the offsets) is never the pointer
+        params = {p.name.value for p in fn.params.params
+                  if not (p.annotation and dotted(p.annotation.annotation).endswith("constexpr"))}
+        pointers = _pointer_params(positional[0].value, fn, params)
         return next(iter(pointers)) if len(pointers) == 1 else None
 
     @staticmethod
@@ -147,6 +174,25 @@ class _Plan:
                                                                              and params[i] == param):
                 return arg.value.value if isinstance(arg.value, cst.Name) else None
         return None
+
+
+def _pointer_params(pointer: cst.BaseExpression, fn: cst.FunctionDef, params: set[str]) -> set[str]:
+    """The kernel parameters a pointer expression derives from, through the kernel's top-level
+    assignments (`out_ptrs = Out + rows` before `tl.store(out_ptrs, ...)`)."""
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+    for st in fn.body.body:
+        assign = simple_assign(st)
+        if assign is not None:
+            assigned.setdefault(assign[0], []).append(assign[1])
+    found, todo, seen = set(), set(_names(pointer)), set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        if name in params:
+            found.add(name)
+        for value in assigned.get(name, []):
+            todo |= _names(value) - seen
+    return found
 
 
 def _reads(stmt: cst.CSTNode) -> set[str]:
@@ -258,8 +304,8 @@ class _SplitLaunch(cst.CSTTransformer):
     """In the wrapper, `K[(G,)](args)` becomes: the split sized from the SM count, then
     `if n_split > 1: out.zero_(); K_split[(G, n_split)](args)` else the launch as it was."""
 
-    def __init__(self, kernel: str, out: str, per_sm: int, max_split: int, cast: bool) -> None:
-        self.kernel, self.out, self.per_sm, self.max_split, self.cast = kernel, out, per_sm, max_split, cast
+    def __init__(self, kernel: str, out: str, grid: cst.BaseExpression, per_sm: int, max_split: int, cast: bool) -> None:
+        self.kernel, self.out, self.grid, self.per_sm, self.max_split, self.cast = kernel, out, grid, per_sm, max_split, cast
         self.allocated = 0
         self.launched = 0
 
@@ -275,10 +321,7 @@ class _SplitLaunch(cst.CSTTransformer):
                 and m.matches(updated.body[0].value, m.Call(func=m.Subscript(value=m.Name(self.kernel))))):
             return updated
         call = cst.ensure_type(updated.body[0].value, cst.Call)
-        grid = one_d_grid(call)
-        if grid is None:
-            return updated
-        first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], grid)])
+        first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], self.grid)])
         sms = sm_count_statement("132").with_changes(leading_lines=[cst.EmptyLine(
             comment=cst.Comment(f"# split the loop over programs until each SM has {self.per_sm} "
                                 f"(none when the grid fills them)"))])
@@ -310,11 +353,11 @@ class _SplitLaunch(cst.CSTTransformer):
 def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
     plan = _Plan(module)
-    if plan.kernel is None or plan.out_arg is None:
+    if plan.kernel is None or plan.out_arg is None or plan.grid is None:
         return []
     out = []
     for params in _VARIANTS:
-        launch = _SplitLaunch(plan.kernel, plan.out_arg, params["per_sm"], params["max_split"], plan.cast)
+        launch = _SplitLaunch(plan.kernel, plan.out_arg, plan.grid, params["per_sm"], params["max_split"], plan.cast)
         new = module.visit(launch).visit(_AddSplitKernel(plan.kernel, plan.cast))
         if launch.allocated == 1 and launch.launched == 1:
             out.append(Variant({"split": "loop over programs, atomics", **params}, new.code))
