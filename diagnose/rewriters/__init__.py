@@ -20,6 +20,7 @@ survive and the result reads like the input.
 | causal-loop-bounds          | causal | a causal key loop -> ended at the rows' diagonal (`tl.minimum(seq, S + BLOCK_M)`), optionally split so the blocks below it run without the causal select |
 | chunked-linear-scan         | scan | a step-at-a-time recurrence `h = a * h + b` -> chunks of 16 or 64 steps loaded as tiles and combined by `tl.associative_scan`, the state carried between chunks |
 | trim-wrapper-overhead       | host | the wrapper without `torch.cuda.synchronize()`, printing and logging; outputs a kernel writes made with `torch.empty*` instead of `zeros*` (no atomics in the module) |
+| fit-tile-to-extent          | fit | a program axis `start + tl.arange(0, BLOCK)` whose mask bounds it by a smaller extent M -> `BLOCK = min(BLOCK, next_power_of_2(M))` at launch, and (second variant) the lanes freed given to the block the loop steps by |
 | fold-wrapper-work           | fold | `T = X * S` / `X / S` / `X.clone()` in the wrapper, T reaching one read-only kernel argument through layout steps -> the kernel scales the tiles it loads (`T = X.to(result dtype)`), the clone dropped |
 | divisibility-hints          | hints | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
 | persistent-kernel           | persistent | a 1-D grid `(G,)` -> a loop over the G tiles on at most 1, 2 or 4 programs per SM |
@@ -37,6 +38,7 @@ from typing import Any
 
 from diagnose.rewriters import (  # noqa: F401 - register
     causal,
+    fit,
     fold,
     hints,
     host,

@@ -1,0 +1,259 @@
+"""Fit a tile to the extent it covers (issue 27, parallelism; pattern fit-tile-to-extent, found by L1's
+`parallelism.masked-lanes`): a block wider than the axis it tiles leaves most lanes masked off.
+
+TritonBench-T's first draft of torch.sum tiles rows by `BLOCK_M = 128` and sums a vector as one row:
+127 of every 128 lanes of each step load nothing, on one program. The block of such an axis is sized
+at launch to the axis, `min(BLOCK, triton.next_power_of_2(extent))` (never above what was written, so
+large extents run as before), and in a second variant the lanes freed go to the kernel's other block,
+the one its loop steps by (`BLOCK_N * (BLOCK // new BLOCK)`): the same tile size, along the axis that is
+long.
+
+It applies where the change keeps every element covered:
+
+- the kernel's axis is `offs = start + tl.arange(0, BLOCK)` at its top level, `start` being 0 or
+  computed from `tl.program_id`, BLOCK a constexpr parameter, and some mask compares the axis with a
+  parameter (`offs < M`, `offs[:, None] < M`): M is the extent;
+- the kernel has one launch; it passes M as a name, and BLOCK as a name the launching function binds
+  once to a number before that launch (the grid, if it reads the name, follows), or as a number where
+  the grid reads it back as `meta['BLOCK']`;
+- a kernel with `tl.dot` keeps blocks of at least 16.
+
+The judge checks every case: a grid that did not follow the block leaves rows unwritten, which its
+poisoned outputs reject.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import Variant, dotted, is_jit, register, simple_assign, start_plus_arange
+from diagnose.rewriters.launch import jit_names
+
+__all__ = ["fit_tile_to_extent"]
+
+
+@dataclass(frozen=True)
+class _Axis:
+    block: str  # the constexpr parameter the axis's arange spans
+    extent: str  # the parameter its mask compares it with
+    split: bool  # whether programs split the axis (its start comes from tl.program_id); else one tile spans it
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+
+
+def _axes(kernel: cst.FunctionDef) -> list[_Axis]:
+    """The kernel's program axes whose mask bounds them by a parameter."""
+    params = {p.name.value for p in kernel.params.params}
+    constexpr = {p.name.value for p in kernel.params.params
+                 if p.annotation and dotted(p.annotation.annotation).endswith("constexpr")}
+    top: dict[str, list[cst.BaseExpression]] = {}
+    for stmt in kernel.body.body:
+        assign = simple_assign(stmt)
+        if assign is not None:
+            top.setdefault(assign[0], []).append(assign[1])
+
+    def from_program_id(expr: cst.BaseExpression, seen: set[str]) -> bool:
+        if m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("program_id")))):
+            return True
+        return any(len(top.get(n, [])) == 1 and from_program_id(top[n][0], seen | {n})
+                   for n in _names(expr) - seen)
+
+    offsets: dict[str, tuple[str, bool]] = {}  # axis name -> its block, and whether programs split it
+    for name, values in top.items():
+        parts = start_plus_arange(values[0]) if len(values) == 1 else None
+        if parts is None and len(values) == 1 and isinstance(values[0], cst.Call) and dotted(values[0].func) == "tl.arange" \
+                and len(values[0].args) == 2 and m.matches(values[0].args[0].value, m.Integer("0")):
+            parts = (cst.Integer("0"), values[0].args[1].value)
+        if parts is None or not isinstance(parts[1], cst.Name) or parts[1].value not in constexpr:
+            continue
+        start = parts[0]
+        if m.matches(start, m.Integer("0")):
+            offsets[name] = (parts[1].value, False)
+        elif from_program_id(start, {name}):
+            offsets[name] = (parts[1].value, True)
+    axes = []
+    for comparison in m.findall(kernel.body, m.Comparison()):
+        assert isinstance(comparison, cst.Comparison)
+        if len(comparison.comparisons) != 1 or not isinstance(comparison.comparisons[0].operator, cst.LessThan):
+            continue
+        left, right = comparison.left, comparison.comparisons[0].comparator
+        if isinstance(left, cst.Subscript):
+            left = left.value
+        if isinstance(left, cst.Name) and left.value in offsets and isinstance(right, cst.Name) \
+                and right.value in params - constexpr:
+            axis = _Axis(*offsets[left.value][:1], right.value, offsets[left.value][1])
+            if axis not in axes:
+                axes.append(axis)
+    return axes
+
+
+def _launch(module: cst.Module, kernel: str) -> tuple[cst.FunctionDef, cst.Call] | None:
+    found = [(fn, c) for fn in m.findall(module, m.FunctionDef()) if isinstance(fn, cst.FunctionDef) and not is_jit(fn)
+             for c in m.findall(fn, m.Call(func=m.Subscript(value=m.Name(kernel))))]
+    launches = {id(c) for _, c in found}
+    if len(launches) != 1:
+        return None
+    fn, call = found[-1]  # the innermost function holding it (findall lists the outer first)
+    return fn, cst.ensure_type(call, cst.Call)
+
+
+def _argument(call: cst.Call, params: list[str], name: str) -> cst.BaseExpression | None:
+    for i, arg in enumerate(a for a in call.args if a.keyword is None):
+        if i < len(params) and params[i] == name:
+            return arg.value
+    return next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+
+
+def _binding(fn: cst.FunctionDef, name: str) -> tuple[cst.SimpleStatementLine, int] | None:
+    """The one statement of `fn`'s top level that binds `name` to a number, and the number."""
+    statements = [s for s in m.findall(fn, m.Assign()) if isinstance(s, cst.Assign)
+                  and any(m.matches(t.target, m.Name(name)) for t in s.targets)]
+    if len(statements) != 1:
+        return None
+    line = next((s for s in fn.body.body if isinstance(s, cst.SimpleStatementLine)
+                 and any(small is statements[0] for small in s.body)), None)
+    assign = simple_assign(line) if line is not None else None
+    if assign is None or not isinstance(assign[1], cst.Integer):
+        return None
+    return line, int(assign[1].value)  # type: ignore[return-value]
+
+
+def _defined_before(fn: cst.FunctionDef, line: cst.SimpleStatementLine, names: set[str]) -> bool:
+    """Whether each name is a parameter of `fn` or bound by a top-level statement before `line`."""
+    known = {p.name.value for p in [*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params]}
+    for stmt in fn.body.body:
+        if stmt is line:
+            return names <= known
+        for target in m.findall(stmt, m.AssignTarget()):
+            known |= _names(cst.ensure_type(target, cst.AssignTarget).target)
+    return False
+
+
+class _Set(cst.CSTTransformer):
+    """Replace the given nodes (by identity) with new expressions."""
+
+    def __init__(self, values: dict[int, cst.BaseExpression]) -> None:
+        self.values = values
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> Any:
+        return self.values.get(id(original), updated)
+
+
+def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: _Axis, compensate: bool) -> tuple[str, dict[str, Any]] | None:
+    launch = _launch(module, kernel.name.value)
+    if launch is None:
+        return None
+    fn, call = launch
+    params = [p.name.value for p in kernel.params.params]
+    extent = _argument(call, params, axis.extent)
+    block = _argument(call, params, axis.block)
+    if extent is None or block is None or not _plain(extent):
+        return None
+    floor = 16 if m.findall(kernel, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))) else 1
+    code = cst.Module([]).code_for_node
+    fitted = f"max({floor}, min({{block}}, triton.next_power_of_2({code(extent)})))" if floor > 1 \
+        else f"min({{block}}, triton.next_power_of_2({code(extent)}))"
+    changes: dict[int, cst.BaseExpression] = {}
+    if not axis.split and isinstance(block, (cst.Name, cst.Integer, cst.Attribute)):
+        # One tile spans the axis: no grid depends on its block, so the launch's own argument changes.
+        written = code(block)
+        changes[id(block)] = cst.parse_expression(fitted.format(block=written))
+    elif isinstance(block, cst.Name):
+        binding = _binding(fn, block.value)
+        if binding is None or not _defined_before(fn, binding[0], _roots(extent)):
+            return None
+        line, number = binding
+        written = str(number)
+        value = simple_assign(line)[1]  # type: ignore[index]
+        changes[id(value)] = cst.parse_expression(fitted.format(block=written))
+    elif isinstance(block, cst.Integer):
+        if not _grid_reads_meta(fn, call, axis.block):
+            return None  # the grid would not follow a block changed at the launch
+        written = block.value
+        changes[id(block)] = cst.parse_expression(fitted.format(block=written))
+    else:
+        return None
+    params_out: dict[str, Any] = {"fit": f"{axis.block} to {axis.extent}"}
+    if compensate:
+        other = _loop_block(kernel, axis.block)
+        given = _argument(call, params, other) if other else None
+        if other is None or given is None:
+            return None
+        factor = f"({written} // {fitted.format(block=written)})"  # the lanes the fitted block frees
+        if isinstance(given, cst.Integer):
+            changes[id(given)] = cst.parse_expression(f"{given.value} * {factor}")
+        elif isinstance(given, cst.Name) and (binding := _binding(fn, given.value)) is not None \
+                and _defined_before(fn, binding[0], _roots(extent)):
+            value = simple_assign(binding[0])[1]  # type: ignore[index]
+            changes[id(value)] = cst.parse_expression(f"{binding[1]} * {factor}")
+        else:
+            return None
+        params_out["grow"] = other
+    new = module.visit(_Set(changes))
+    return new.code, params_out
+
+
+def _roots(node: cst.BaseExpression) -> set[str]:
+    """The variable a plain expression reads (`x` of `x.shape[1]`)."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return {node.value} if isinstance(node, cst.Name) else set()
+
+
+def _plain(node: cst.BaseExpression) -> bool:
+    """A name, an attribute or an integer subscript of one (`M`, `x.shape[1]`): evaluating it again
+    computes nothing."""
+    if isinstance(node, cst.Name):
+        return True
+    if isinstance(node, cst.Attribute):
+        return _plain(node.value)
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        return _plain(node.value) and isinstance(node.slice[0].slice.value, cst.Integer)
+    return False
+
+
+def _grid_reads_meta(fn: cst.FunctionDef, call: cst.Call, block: str) -> bool:
+    """Whether the launch's grid is a name `fn` binds once to a lambda that reads `meta['<block>']`."""
+    if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
+        return False
+    index = call.func.slice[0].slice
+    if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Name)):
+        return False
+    bound = [a.value for a in m.findall(fn, m.Assign()) if isinstance(a, cst.Assign)
+             and any(m.matches(t.target, m.Name(index.value.value)) for t in a.targets)]
+    return len(bound) == 1 and isinstance(bound[0], cst.Lambda) and any(
+        cst.ensure_type(key, cst.SimpleString).evaluated_value == block for key in m.findall(bound[0].body, m.SimpleString()))
+
+
+def _loop_block(kernel: cst.FunctionDef, besides: str) -> str | None:
+    """The constexpr block a loop of the kernel steps by (`for k in range(0, K, BLOCK_K)`), other than `besides`."""
+    constexpr = {p.name.value for p in kernel.params.params
+                 if p.annotation and dotted(p.annotation.annotation).endswith("constexpr")}
+    steps = set()
+    for loop in m.findall(kernel, m.For()):
+        assert isinstance(loop, cst.For)
+        if isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range") and len(loop.iter.args) >= 3:
+            steps |= _names(loop.iter.args[2].value) & constexpr
+    steps.discard(besides)
+    return steps.pop() if len(steps) == 1 else None
+
+
+def fit_tile_to_extent(source: str, context: dict[str, Any]) -> list[Variant]:
+    module = cst.parse_module(source)
+    variants = []
+    for kernel in (n for n in module.body if isinstance(n, cst.FunctionDef) and n.name.value in jit_names(module)):
+        for axis in _axes(kernel):
+            for compensate in (False, True):
+                fitted = _fitted(module, kernel, axis, compensate)
+                if fitted is not None:
+                    variants.append(Variant(fitted[1], fitted[0]))
+    return variants
+
+
+register("fit-tile-to-extent")(fit_tile_to_extent)

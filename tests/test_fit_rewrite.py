@@ -1,0 +1,113 @@
+"""Fitting a tile to the extent it covers (issue 27, parallelism; pattern fit-tile-to-extent, found by
+L1's `parallelism.masked-lanes`): a block wider than its axis is sized at launch to the axis, and the
+lanes it frees can go to the axis the loop walks. Each variant is judged on the interpreter, on
+extents below and above the block as written."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from conftest import FIXTURES
+
+from diagnose.engine import diagnose
+from diagnose.render import to_markdown
+from diagnose.request import KernelInput, request_from
+from diagnose.rewriters import rewrite
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec
+
+PATTERN = "fit-tile-to-extent"
+
+# The shape of TritonBench-T's first draft of torch.sum: 128 rows per program, 64 columns a step, the
+# blocks bound to names the grid reads too; summing a vector is one row.
+ROWS = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def row_sum_kernel(X, Sum, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_rows = rows < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for off in range(0, N, BLOCK_N):
+            cols = off + tl.arange(0, BLOCK_N)
+            acc += tl.load(X + rows[:, None] * N + cols[None, :], mask=mask_rows[:, None] & (cols < N)[None, :], other=0.0)
+        tl.store(Sum + rows, tl.sum(acc, axis=1), mask=mask_rows)
+
+
+    def row_sum(x):
+        M, N = x.shape
+        out = torch.empty(M, dtype=x.dtype, device=x.device)
+        BLOCK_M = 128
+        BLOCK_N = 64
+        grid = lambda META: (triton.cdiv(M, BLOCK_M),)
+        row_sum_kernel[grid](x, out, M, N, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        return out
+    ''')
+
+
+def _rejection(tmp_path, original: str, candidate: str, entry: str, call: str, reference: str) -> str:
+    (tmp_path / "original.py").write_text(original)
+    (tmp_path / "candidate.py").write_text(candidate)
+    spec = TaskSpec(kernel=str(tmp_path / "original.py"), call=call, reference=reference)
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(tmp_path / "candidate.py"),
+                      candidate_entry=entry)
+    assert report.run("baseline").correct, report.to_dict()
+    return "" if report.run("candidate").correct else json.dumps(report.to_dict()["runs"][-1])
+
+
+def test_a_row_block_wider_than_the_rows_is_sized_to_them_and_its_lanes_go_to_the_loop(tmp_path):
+    fitted, grown = rewrite(PATTERN, ROWS, {})
+    assert fitted.params == {"fit": "BLOCK_M to M"} and grown.params == {"fit": "BLOCK_M to M", "grow": "BLOCK_N"}
+    assert "    BLOCK_M = min(128, triton.next_power_of_2(M))\n    BLOCK_N = 64\n" in fitted.source
+    assert "    BLOCK_N = 64 * (128 // min(128, triton.next_power_of_2(M)))\n" in grown.source
+    reference = "lambda x: x.sum(1)"
+    for variant in (fitted, grown):
+        # one row (the vector sum), a few rows, and more rows than the block as written
+        for shape in ("1, 3000", "5, 200", "300, 70"):
+            assert _rejection(tmp_path, ROWS, variant.source, "row_sum", f"row_sum(torch.randn({shape}))", reference) == ""
+
+
+def test_one_tile_across_a_short_row_takes_the_rows_width_at_the_launch(tmp_path):
+    source = (FIXTURES / "wild" / "narrow_rows.py").read_text()
+    (variant,) = rewrite(PATTERN, source, {})
+    assert "BLOCK=min(block, triton.next_power_of_2(x.shape[1]))" in variant.source  # the grid never reads it
+    for shape in ("64, 4", "10, 200"):
+        assert _rejection(tmp_path, source, variant.source, "scale_rows", f"scale_rows(torch.randn({shape}))",
+                          "lambda x, block=256: x * 2") == ""
+    # L1's finding at such a launch now names the pattern
+    answer = diagnose(request_from(KernelInput(kernel=str(FIXTURES / "wild" / "narrow_rows.py"),
+                                               call="scale_rows(torch.randn(65536, 4))")), None, level_max="L1")
+    assert answer.findings[0].kind == "parallelism.masked-lanes" and "fit-tile-to-extent" in to_markdown(answer)
+
+
+@pytest.mark.parametrize("replacements, applies", [
+    # a number at the launch that the grid reads back as META["BLOCK_M"]: the grid follows
+    ([("    BLOCK_M = 128\n", ""), ("BLOCK_M=BLOCK_M", "BLOCK_M=128"),
+      ("triton.cdiv(M, BLOCK_M)", "triton.cdiv(M, META['BLOCK_M'])")], True),
+    # a number at the launch that the grid does not read: programs would skip rows
+    ([("    BLOCK_M = 128\n", ""), ("BLOCK_M=BLOCK_M", "BLOCK_M=128"), ("triton.cdiv(M, BLOCK_M)", "triton.cdiv(M, 128)")],
+     False),
+    # the block is bound before the extent is known
+    ([("    M, N = x.shape\n", ""), ("    BLOCK_N = 64\n", "    BLOCK_N = 64\n    M, N = x.shape\n"),
+      ("torch.empty(M,", "torch.empty(x.shape[0],")], False),
+])
+def test_the_block_changes_only_where_the_grid_follows_it(replacements, applies):
+    source = ROWS
+    for before, after in replacements:
+        assert before in source
+        source = source.replace(before, after)
+    variants = rewrite(PATTERN, source, {})
+    assert bool(variants) == applies
+    if applies:
+        assert "BLOCK_M=min(128, triton.next_power_of_2(M))" in variants[0].source
+
+
+def test_a_dot_kernel_keeps_blocks_of_sixteen():
+    source = ROWS.replace("tl.sum(acc, axis=1)", "tl.sum(tl.dot(acc, acc.T), axis=1)")
+    (fitted, _) = rewrite(PATTERN, source, {})
+    assert "BLOCK_M = max(16, min(128, triton.next_power_of_2(M)))" in fitted.source
