@@ -70,6 +70,11 @@ def test_the_wrappers_own_pytorch_work_is_seen_beside_its_launch():
     answer = diagnose(request_from(KernelInput(kernel=str(path), call=f"add(torch.randn({n}), torch.randn({n}), 2.0)")),
                       None, level_max="L1")
     assert answer.findings[0].kind == "host.torch-work" and "fold-wrapper-work" in to_markdown(answer)
+    # No IR stage shows the wrapper's work: a deeper diagnosis keeps it (L3 dropped it as a suspicion the
+    # IR does not confirm, so the H200 bench's add never tried the fold).
+    deep = diagnose(request_from(KernelInput(kernel=str(path), call=f"add(torch.randn({n}), torch.randn({n}), 2.0)")),
+                    None, strategy="always-deep", level_max="L3")
+    assert "L3" in deep.levels and any(f.kind == "host.torch-work" for f in deep.findings)
     # The same kernel launched by a wrapper that does nothing else: no finding.
     clean, _, _, facts = l1(path, f"add_clean(torch.randn({n}), torch.randn({n}))")
     assert facts[0].wrapper_work == () and not any(f.kind == "host.torch-work" for f in clean)
