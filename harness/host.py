@@ -236,13 +236,16 @@ class KernelHost:
             _merge_log(merged, log)
             if pending:
                 pending.clear()
-                kept.append((value, args))
+                # Copied now, outside the timed window: an output that is an argument is the set's live
+                # buffer, and an input updated in place (y += a * x) changes again each time the set
+                # comes round; at the end of the run it would no longer be this call's result.
+                kept.append([o.clone() for o in outputs_of(value, args, exempt)])
 
         with self._untuned(entry):
             samples = sample_calls(call, len(sets), warm_cache=warm_cache, warmup_ms=warmup_ms, rep_ms=rep_ms,
                                    probe=(float(probe["at"]), before))
         _sync()
-        outputs = [o.clone() for o in outputs_of(kept[0][0], kept[0][1], exempt)] if kept else []
+        outputs = kept[0] if kept else []
         for index, args, kwargs in saved:  # the set's own values back, for the next timing of this case
             _write_in_place(sets[index][0], args, [])
             _write_in_place(tuple(sets[index][1].values()), tuple(kwargs.values()), [])
