@@ -380,9 +380,31 @@ def _merge_stats(check: CaseCheck, stats: dict[str, Any]) -> None:
         check.first_bad = stats["first_bad"]
 
 
+# A check holds about this many copies of a case's input bytes per seed in its worker: the staged set,
+# the copy its arguments are compared with afterwards, the outputs poisoned twice. Four check workers of
+# TritonBench-T's fused_mv_sigmoid_sub (a 4 GiB matrix at its largest case) held 30 GiB each and ran the
+# H200 out of memory.
+_CHECK_COPIES = 4
+
+
+def checks_that_fit(free_bytes: int | None, case_bytes: list[float | None], seeds: int) -> int | None:
+    """How many checks fit on the device side by side, from its free memory and the largest case's
+    bytes (the task's own figure); None where either is unknown. Never below one: one check at a time
+    is what a single worker would do anyway."""
+    known = [b for b in case_bytes if b]
+    if not free_bytes or not known:
+        return None
+    per_check = _CHECK_COPIES * max(1, seeds) * max(known)
+    return max(1, int(0.6 * free_bytes // per_check))
+
+
 def check_in_parallel(judge: Judge, kernels: list[KernelSpec], workers: int, **kwargs: Any) -> list[Checked]:
-    """`judge.check` of every kernel, each in its own worker, up to `workers` at a time, in order.
-    Ctrl-C closes every worker at once, so no check left running holds the device after the caller."""
+    """`judge.check` of every kernel, each in its own worker, up to `workers` at a time, in order, and no
+    more at a time than the device's free memory holds (`checks_that_fit`). Ctrl-C closes every worker
+    at once, so no check left running holds the device after the caller."""
+    if workers > 1 and len(kernels) > 1 and judge.backend == "cuda" and judge.info is not None:
+        fit = checks_that_fit(judge.device_memory().get("free"), list(judge.info.bytes), int(kwargs.get("seeds", 3)))
+        workers = min(workers, fit or workers)
     if workers <= 1 or len(kernels) <= 1:
         return [judge.check(k, **kwargs) for k in kernels]
     pool = ThreadPoolExecutor(max_workers=min(workers, len(kernels)))

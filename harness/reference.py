@@ -156,6 +156,15 @@ class ReferenceHost:
             torch.cuda.synchronize()  # the copies are in the arena before the worker opens it
         return {"sets": out}
 
+    def memory(self) -> dict[str, Any]:
+        """The device's free and total memory in bytes (empty off CUDA): how many checks fit side by side."""
+        import torch
+
+        if exchange.device_kind(self.device) != "cuda":
+            return {}
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"free": int(free), "total": int(total)}
+
     def release(self, keys: list[str] | None = None, worker: str | None = None) -> dict[str, Any]:
         for key in keys if keys is not None else list(self.sets):
             self.sets.pop(key, None)

@@ -132,6 +132,10 @@ class Session:
                 raise UserFacingError(f"the judge's reference worker failed ({op}): {exc}",
                                       "check the task's inputs and reference (kb run TASK shows them)") from None
 
+    def device_memory(self) -> dict[str, int]:
+        """The device's free and total bytes, as the reference worker (on the device) sees them; empty off CUDA."""
+        return dict(self._ref("memory"))
+
     def _host(self, kernel: KernelSpec) -> Hosted:
         """The worker hosting `kernel`, started and loaded on first use."""
         assert self.info is not None

@@ -23,7 +23,7 @@ from typing import Any
 MARK = "@@kernel-kb@@ "
 
 _KERNEL_OPS = {"load", "stage", "unstage", "check", "time", "burn_in", "forget_tunings", "profile", "artifacts"}
-_REFERENCE_OPS = {"task", "make", "share", "release", "expect", "contract", "compare", "ceilings"}
+_REFERENCE_OPS = {"task", "make", "share", "release", "expect", "contract", "compare", "ceilings", "memory"}
 
 
 def main() -> None:
@@ -161,6 +161,8 @@ class _Service:
             return ref.contract(int(r["case"]), r["outputs"])
         if op == "compare":
             return ref.compare(r["keys"], r["calls"], r["dir"], int(r["case"]))
+        if op == "memory":
+            return ref.memory()
         from harness.roofline import ceilings
 
         return {"ceilings": ceilings()}

@@ -326,3 +326,13 @@ def test_an_optimize_round_records_the_cheat_that_rejected_its_rewrite(tmp_path,
     assert llm_rounds and all(r.outcome == "rejected" for r in llm_rounds)
     assert "torch fallback at runtime: aten::sum" in llm_rounds[0].reason
     store.close()
+
+
+def test_the_reference_worker_reports_free_memory_on_cuda_only(judge):
+    """check_in_parallel caps parallel checks by the device's free memory, asked of the reference worker;
+    off CUDA there is nothing to cap and it answers nothing."""
+    judge.begin()
+    try:
+        assert judge.device_memory() == {}
+    finally:
+        judge.end()

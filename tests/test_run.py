@@ -577,3 +577,14 @@ def test_a_worker_shared_by_threads_answers_each_request_with_its_own_answer():
             return "unknown request 'nope'" in worker.submit({"op": "nope"}, 60)["failure"]
         with ThreadPoolExecutor(8) as pool:
             assert all(pool.map(ask, range(200)))
+
+
+def test_checks_side_by_side_are_as_many_as_the_devices_free_memory_holds():
+    from harness.judge import checks_that_fit
+
+    gib = 1 << 30
+    # TritonBench-T's fused_mv_sigmoid_sub at its largest case: a 4 GiB matrix, 2 seeds, ~139 GiB free.
+    assert checks_that_fit(139 * gib, [16e6, None, 4 * gib], seeds=2) == 2
+    assert checks_that_fit(139 * gib, [4e6], seeds=2) > 4  # small cases: the worker count decides
+    assert checks_that_fit(10 * gib, [4 * gib], seeds=3) == 1  # never below one
+    assert checks_that_fit(None, [4 * gib], seeds=2) is None and checks_that_fit(139 * gib, [None], seeds=2) is None
