@@ -16,7 +16,7 @@ __all__ = ["SOURCE_KINDS", "source_line", "triage"]
 
 # Findings the source settles and no IR stage shows: how many blocks a loop visits, which masks hold in
 # all but its last iteration. L3 keeps them as they are (as it keeps the launch's own facts).
-SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.step-at-a-time")
+SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.step-at-a-time", "memory.scalar-loop")
 
 _SHARED_LIMIT_SM90 = 227 * 1024
 
@@ -147,6 +147,15 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                            "Each step's loads and update wait for the previous step's state, so a program keeps "
                            "one vector of loads in flight; the update is associative, so a chunk of steps can be "
                            "loaded at once and combined by a scan.", [ev], [loop.line], "", "L1", 0.7))
+        break
+    for loop in feats.scalar_loops:
+        ev = _ev(log, feats, loop, f"each iteration of the loop at {name}:{loop.line} loads one element and adds it "
+                                   f"to {loop.detail}")
+        out.append(Finding("memory.scalar-loop", "memory",
+                           f"the loop at {name}:{loop.line} loads one element per iteration",
+                           "A program that walks its data one scalar load at a time keeps one load in flight and "
+                           "uses one lane of its warps: the loads of many iterations can be issued together as a "
+                           "tile and summed with tl.sum.", [ev], [loop.line], "", "L1", 0.9))
         break
     for loop in feats.boundary_loops if cuda else ():
         ev = _ev(log, feats, loop, f"every iteration of the loop at {name}:{loop.line} evaluates {loop.detail} boundary "

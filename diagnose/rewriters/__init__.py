@@ -18,6 +18,7 @@ survive and the result reads like the input.
 | masked-tail-split           | tail | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | peel-loop-boundary          | peel | a loop over blocks with boundary masks -> its full iterations unmasked, then the last (partial) iteration as written |
 | causal-loop-bounds          | causal | a causal key loop -> ended at the rows' diagonal (`tl.minimum(seq, S + BLOCK_M)`), optionally split so the blocks below it run without the causal select |
+| vectorize-scalar-loop       | vectorize | a loop that loads one element per iteration and sums it -> chunks of 16, 64 or 256 lanes loaded at once (masked past the end) and summed with `tl.sum` |
 | chunked-linear-scan         | scan | a step-at-a-time recurrence `h = a * h + b` -> chunks of 16 or 64 steps loaded as tiles and combined by `tl.associative_scan`, the state carried between chunks |
 | trim-wrapper-overhead       | host | the wrapper without `torch.cuda.synchronize()`, printing and logging; outputs a kernel writes made with `torch.empty*` instead of `zeros*` (no atomics in the module) |
 | fit-tile-to-extent          | fit | a program axis `start + tl.arange(0, BLOCK)` whose mask bounds it by a smaller extent M -> `BLOCK = min(BLOCK, next_power_of_2(M))` at launch, and (second variant) the lanes freed given to the block the loop steps by |
@@ -52,6 +53,7 @@ from diagnose.rewriters import (  # noqa: F401 - register
     tail,
     tiles,
     tma,
+    vectorize,
 )
 from diagnose.rewriters.base import REWRITERS, Rewriter, Variant, unified_diff
 from diagnose.rewriters.tiles import dot_tile_autotune, dot_tile_configs
