@@ -399,16 +399,18 @@ def test_the_suite_reports_the_share_of_log_headroom_taken_and_the_slowest_case(
     bound above 1.2x, unclamped; the slowest single case against its initial kernel; roofline medians."""
     from diagnose.bench.report import _suite
 
-    def row(speedup, bound, cases, before, after):
+    def row(speedup, bound, cases, before, after, noise=0.02):
         return {"status": "finished", "speedup": speedup, "speedup_bound": bound, "best_round": 1,
-                "per_case": cases, "roofline_initial": before, "roofline_best": after}
+                "per_case": cases, "roofline_initial": before, "roofline_best": after, "final_noise": noise}
 
     suite = _suite([row(2.0, 4.0, {"a": 2.5, "b": 1.6}, 0.25, 0.5),   # half the headroom, in log terms
                     row(3.0, 1.5, {"a": 3.0}, 0.6, 0.9),              # past its bound: counted as measured
-                    row(1.05, 1.1, {"a": 1.2, "b": 0.97}, 0.9, 0.95)])  # too little headroom to count
+                    row(1.05, 1.1, {"a": 1.2, "b": 0.97}, 0.9, 0.95),  # too little headroom to count
+                    row(0.97, 1.1, {"a": 0.82, "b": 1.05}, None, None, noise=0.234)])  # at the launch floor
     assert suite["headroom_operators"] == 2
     assert suite["headroom_captured"] == round((0.5 + math.log(3) / math.log(1.5)) / 2, 4)
-    assert suite["worst_case_vs_initial"] == 0.97
+    assert suite["worst_case_vs_initial"] == 0.82
+    assert suite["cases_below_initial_beyond_noise"] == 1  # 0.97 beyond a 2% noise; 0.82 within 23.4%
     assert (suite["roofline_initial_median"], suite["roofline_best_median"]) == (0.6, 0.9)
 
 
