@@ -344,6 +344,32 @@ def test_persistent_launch_is_correct(tmp_path):
     assert "scf.for" in ttgir
 
 
+def test_persistent_launch_reads_a_lambda_grid_and_converts_each_launch_once(tmp_path):
+    """The first drafts' grid, `grid = lambda meta: (triton.cdiv(n, meta['BLOCK']),)`, inside a wrapper
+    nested in another function: the launch is converted once, its tile count taken from its own BLOCK."""
+    from harness.run import RunOptions, run_task
+
+    gelu = (FIXTURES.parent.parent / "corpora" / "operators" / "gelu" / "gelu.py").read_text()
+    nested = gelu.replace(
+        "def gelu(x):\n    out = torch.empty_like(x)\n    n = x.numel()\n"
+        "    gelu_kernel[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024)\n    return out\n",
+        "def make_gelu():\n    def run(x):\n        out = torch.empty_like(x)\n        n = x.numel()\n"
+        "        grid = lambda meta: (triton.cdiv(n, meta['BLOCK']),)\n"
+        "        gelu_kernel[grid](x, out, n, BLOCK=512)\n        return out\n    return run\n\n\n"
+        "def gelu(x):\n    return make_gelu()(x)\n")
+    assert nested != gelu
+    variants = rewrite("persistent-kernel", nested, {})
+    assert [v.params["programs_per_sm"] for v in variants] == [1, 2, 4]
+    source = variants[0].source
+    assert source.count("n_tiles = triton.cdiv(n, 512)") == 1 and source.count("n_tiles=n_tiles") == 1
+    (tmp_path / "gelu.py").write_text(nested)
+    (tmp_path / "gelu_persistent.py").write_text(source)
+    spec = TaskSpec(kernel=str(tmp_path / "gelu.py"), call="gelu(torch.randn(5000))", reference="torch.nn.functional.gelu")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
+                      candidate=str(tmp_path / "gelu_persistent.py"), candidate_entry="gelu")
+    assert report.run("candidate").correct, report.to_dict()
+
+
 def test_tensor_descriptor_rewrite_dispatches_on_tma_rules(tmp_path):
     from harness.capture import capture_call
     from harness.run import RunOptions, run_task

@@ -1,4 +1,6 @@
-"""Persistent launch: a 1-D grid becomes a loop over its tiles on at most 1, 2 or 4 programs per SM."""
+"""Persistent launch: a 1-D grid becomes a loop over its tiles on at most 1, 2 or 4 programs per SM.
+The grid may be written as the launch's literal `(G,)` or as a name bound to `(G,)` or to
+`lambda meta: (G,)` (`base.launch_grid`); every launch of the kernel must be one of those."""
 
 from __future__ import annotations
 
@@ -7,8 +9,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, one_d_grid, register, sm_count_statement
-from diagnose.rewriters.launch import jit_names
+from diagnose.rewriters.base import Variant, dotted, is_jit, launch_grid, register, sm_count_statement
 
 
 class _ProgramIdToTile(cst.CSTTransformer):
@@ -26,15 +27,21 @@ class _Persistent(cst.CSTTransformer):
     def __init__(self, per_sm: int) -> None:
         self.per_sm = per_sm
         self.kernel: str | None = None
+        self.grids: list[cst.BaseExpression] = []  # G of each of its launches, in source order
         self.changed = 0
 
     def visit_Module(self, node: cst.Module) -> None:
-        # The kernel to convert: launched on a literal 1-tuple grid, using only program_id(0).
-        jit = jit_names(node)
-        for call in m.findall(node, m.Call(func=m.Subscript())):
-            name = dotted(call.func.value)  # type: ignore[attr-defined]
-            if name in jit and one_d_grid(cst.ensure_type(call, cst.Call)) is not None:
-                self.kernel = name
+        # The kernel to convert: every launch of it on a 1-D grid (a literal 1-tuple, or a name bound to
+        # one or to `lambda meta: (G,)`), no parameter with a default (n_tiles is appended after them).
+        jit = {n.name.value: n for n in node.body if isinstance(n, cst.FunctionDef) and is_jit(n)}
+        launches = [cst.ensure_type(c, cst.Call) for c in m.findall(node, m.Call(func=m.Subscript()))]
+        for name in dict.fromkeys(dotted(c.func.value) for c in launches if dotted(c.func.value) in jit):  # type: ignore[attr-defined]
+            grids = [launch_grid(node, c) for c in launches if dotted(c.func.value) == name]  # type: ignore[attr-defined]
+            shared = any(len(m.findall(line, m.Call(func=m.Subscript(value=m.Name(name))))) > 1
+                         for line in m.findall(node, m.SimpleStatementLine()))  # two launches in one statement
+            if all(g is not None for g in grids) and not shared \
+                    and not any(p.default is not None for p in jit[name].params.params):
+                self.kernel, self.grids = name, [g for g in grids if g is not None]
                 return
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
@@ -53,21 +60,20 @@ class _Persistent(cst.CSTTransformer):
             params = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name("n_tiles"))])
             self.changed += 1
             return updated.with_changes(params=params, body=updated.body.with_changes(body=[loop]))
-        return updated.with_changes(body=updated.body.visit(_PersistentLaunch(self.kernel, self.per_sm)))
+        return updated.with_changes(body=updated.body.visit(_PersistentLaunch(self.kernel, self.per_sm, self.grids)))
 
 
 class _PersistentLaunch(cst.CSTTransformer):
-    def __init__(self, kernel: str, per_sm: int) -> None:
-        self.kernel, self.per_sm = kernel, per_sm
+    def __init__(self, kernel: str, per_sm: int, grids: list[cst.BaseExpression]) -> None:
+        self.kernel, self.per_sm, self.grids = kernel, per_sm, grids  # the grids are taken in source order
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
                                   ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         calls = m.findall(updated, m.Call(func=m.Subscript(value=m.Name(self.kernel))))
-        if not calls:
-            return updated
+        if not calls or m.findall(calls[0], m.Arg(keyword=m.Name("n_tiles"))):
+            return updated  # none, or a launch an inner function's visit already converted
         call = calls[0]
-        grid = one_d_grid(cst.ensure_type(call, cst.Call))
-        assert grid is not None  # visit_Module chose this kernel for its 1-tuple grid
+        grid = self.grids.pop(0)  # visit_Module resolved every launch of this kernel
         tiles = cst.parse_statement("n_tiles = 0").with_changes(
             body=[cst.Assign([cst.AssignTarget(cst.Name("n_tiles"))], grid)])
         sms = sm_count_statement("n_tiles")
