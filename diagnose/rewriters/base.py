@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "launch_grid", "one", "one_d_grid",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "one", "one_d_grid",
            "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
@@ -54,6 +54,22 @@ def is_jit(fn: cst.FunctionDef) -> bool:
     """Whether `fn` is a Triton kernel: the harness's rule (harness.guards.KERNEL_DECORATORS) on libcst's tree."""
     return any(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator).rsplit(".", 1)[-1]
                in KERNEL_DECORATORS for d in fn.decorators)
+
+
+def jit_functions(module: cst.Module) -> dict[str, cst.FunctionDef]:
+    """The module's top-level Triton kernels by name."""
+    return {n.name.value: n for n in module.body if isinstance(n, cst.FunctionDef) and is_jit(n)}
+
+
+def launch_arguments(kernel: cst.FunctionDef | None, call: cst.Call) -> dict[str, cst.Arg]:
+    """A launch's arguments by the kernel parameter each binds: keyword ones by their name, positional
+    ones in the order of the kernel's parameters (none where the call unpacks `*args`: positions are
+    then unknown; a `**kwargs` binds no position)."""
+    params = [p.name.value for p in kernel.params.params] if kernel is not None else []
+    positional = [a for a in call.args if a.keyword is None and a.star != "**"]
+    bound = {} if any(a.star == "*" for a in positional) else dict(zip(params, positional))
+    bound.update({a.keyword.value: a for a in call.args if a.keyword is not None})
+    return bound
 
 
 def dotted(node: cst.BaseExpression) -> str:
@@ -132,12 +148,8 @@ def launch_grid(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None
             and len(value.body.elements) == 1):
         return None
     meta = value.params.params[0].name.value
-    kernel = next((fn for fn in module.body if isinstance(fn, cst.FunctionDef) and is_jit(fn)
-                   and fn.name.value == dotted(call.func.value)), None)
-    params = [p.name.value for p in kernel.params.params] if kernel else []
-    arguments = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    arguments.update({params[i]: a.value for i, a in enumerate(a for a in call.args if a.keyword is None)
-                      if i < len(params)})
+    arguments = {name: a.value for name, a in
+                 launch_arguments(jit_functions(module).get(dotted(call.func.value)), call).items()}
     grid = value.body.elements[0].value
     reads = m.findall(grid, m.Name(meta))
     keys = m.findall(grid, m.Subscript(value=m.Name(meta), slice=[m.SubscriptElement(m.Index(m.SimpleString()))]))

@@ -30,8 +30,17 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register, simple_assign, start_plus_arange
-from diagnose.rewriters.launch import jit_names
+from diagnose.rewriters.base import (
+    Variant,
+    dotted,
+    is_jit,
+    jit_functions,
+    launch_arguments,
+    register,
+    simple_assign,
+    start_plus_arange,
+)
+from diagnose.rewriters.blocks import names_in
 
 __all__ = ["fit_tile_to_extent"]
 
@@ -41,10 +50,6 @@ class _Axis:
     block: str  # the constexpr parameter the axis's arange spans
     extent: str  # the parameter its mask compares it with
     split: bool  # whether programs split the axis (its start comes from tl.program_id); else one tile spans it
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
 
 
 def _axes(kernel: cst.FunctionDef) -> list[_Axis]:
@@ -62,7 +67,7 @@ def _axes(kernel: cst.FunctionDef) -> list[_Axis]:
         if m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("program_id")))):
             return True
         return any(len(top.get(n, [])) == 1 and from_program_id(top[n][0], seen | {n})
-                   for n in _names(expr) - seen)
+                   for n in names_in(expr) - seen)
 
     offsets: dict[str, tuple[str, bool]] = {}  # axis name -> its block, and whether programs split it
     for name, values in top.items():
@@ -103,13 +108,6 @@ def _launch(module: cst.Module, kernel: str) -> tuple[cst.FunctionDef, cst.Call]
     return fn, cst.ensure_type(call, cst.Call)
 
 
-def _argument(call: cst.Call, params: list[str], name: str) -> cst.BaseExpression | None:
-    for i, arg in enumerate(a for a in call.args if a.keyword is None):
-        if i < len(params) and params[i] == name:
-            return arg.value
-    return next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
-
-
 def _binding(fn: cst.FunctionDef, name: str) -> tuple[cst.SimpleStatementLine, int] | None:
     """The one statement of `fn`'s top level that binds `name` to a number, and the number."""
     statements = [s for s in m.findall(fn, m.Assign()) if isinstance(s, cst.Assign)
@@ -131,7 +129,7 @@ def _defined_before(fn: cst.FunctionDef, line: cst.SimpleStatementLine, names: s
         if stmt is line:
             return names <= known
         for target in m.findall(stmt, m.AssignTarget()):
-            known |= _names(cst.ensure_type(target, cst.AssignTarget).target)
+            known |= names_in(cst.ensure_type(target, cst.AssignTarget).target)
     return False
 
 
@@ -150,9 +148,8 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: _Axis, compensate
     if launch is None:
         return None
     fn, call = launch
-    params = [p.name.value for p in kernel.params.params]
-    extent = _argument(call, params, axis.extent)
-    block = _argument(call, params, axis.block)
+    arguments = {name: a.value for name, a in launch_arguments(kernel, call).items()}
+    extent, block = arguments.get(axis.extent), arguments.get(axis.block)
     if extent is None or block is None or not _plain(extent):
         return None
     floor = 16 if m.findall(kernel, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))) else 1
@@ -182,7 +179,7 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: _Axis, compensate
     params_out: dict[str, Any] = {"fit": f"{axis.block} to {axis.extent}"}
     if compensate:
         other = _loop_block(kernel, axis.block)
-        given = _argument(call, params, other) if other else None
+        given = arguments.get(other) if other else None
         if other is None or given is None:
             return None
         factor = f"({written} // {fitted.format(block=written)})"  # the lanes the fitted block frees
@@ -239,7 +236,7 @@ def _loop_block(kernel: cst.FunctionDef, besides: str) -> str | None:
     for loop in m.findall(kernel, m.For()):
         assert isinstance(loop, cst.For)
         if isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range") and len(loop.iter.args) >= 3:
-            steps |= _names(loop.iter.args[2].value) & constexpr
+            steps |= names_in(loop.iter.args[2].value) & constexpr
     steps.discard(besides)
     return steps.pop() if len(steps) == 1 else None
 
@@ -247,7 +244,7 @@ def _loop_block(kernel: cst.FunctionDef, besides: str) -> str | None:
 def fit_tile_to_extent(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
     variants = []
-    for kernel in (n for n in module.body if isinstance(n, cst.FunctionDef) and n.name.value in jit_names(module)):
+    for kernel in jit_functions(module).values():
         for axis in _axes(kernel):
             for compensate in (False, True):
                 fitted = _fitted(module, kernel, axis, compensate)

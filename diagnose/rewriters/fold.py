@@ -33,8 +33,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register, simple_assign
-from diagnose.rewriters.launch import jit_names
+from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_arguments, register, simple_assign
+from diagnose.rewriters.blocks import assigned_names
 
 __all__ = ["fold_wrapper_work"]
 
@@ -73,21 +73,10 @@ def _scalar_parameters(fn: cst.FunctionDef) -> set[str]:
     return out
 
 
-def _assign_counts(fn: cst.FunctionDef) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in m.findall(fn, m.Assign() | m.AugAssign() | m.AnnAssign()):
-        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
-        for target in targets:
-            for name in m.findall(target, m.Name()) if isinstance(target, (cst.Tuple, cst.List)) else [target]:
-                if isinstance(name, cst.Name):
-                    counts[name.value] = counts.get(name.value, 0) + 1
-    return counts
-
-
 def _work_in(fn: cst.FunctionDef) -> list[_Work]:
     """The foldable ops at the top level of the wrapper's body (not conditional)."""
     scalars = _scalar_parameters(fn)
-    counts = _assign_counts(fn)
+    counts = assigned_names(fn)
 
     def scalar(e: cst.BaseExpression) -> bool:
         return _number(e) or (isinstance(e, cst.Name) and e.value in scalars and counts.get(e.value, 0) == 0)
@@ -197,14 +186,6 @@ class _Flow:
         return False
 
 
-def _parameter_of(kernel: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> str | None:
-    params = kernel.params.params
-    if arg.keyword is not None:
-        return arg.keyword.value if any(p.name.value == arg.keyword.value for p in params) else None
-    index = [a for a in call.args if a.keyword is None].index(arg)
-    return params[index].name.value if index < len(params) and not any(a.star for a in call.args) else None
-
-
 def _zero_or_absent(load: cst.Call) -> bool:
     other = [a.value for a in load.args[1:] if (a.keyword and a.keyword.value == "other")] + \
         [a.value for a in load.args[2:3] if a.keyword is None]
@@ -270,19 +251,6 @@ def _appended(items: list[Any], new: Any) -> list[Any]:
     between = items[-2].comma if len(items) > 1 and isinstance(items[-2].comma, cst.Comma) \
         else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     return [*items[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
-
-
-class _Replace(cst.CSTTransformer):
-    """The value of one assignment statement replaced."""
-
-    def __init__(self, statement: cst.SimpleStatementLine, value: cst.BaseExpression) -> None:
-        self.statement, self.value = statement, value
-
-    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
-                                  ) -> cst.SimpleStatementLine:
-        if original is not self.statement or not isinstance(updated.body[0], cst.Assign):
-            return updated
-        return updated.with_changes(body=[updated.body[0].with_changes(value=self.value)])
 
 
 class _Fold(cst.CSTTransformer):
@@ -360,6 +328,11 @@ def _metadata_use(name: cst.Name, parents: Any) -> bool:
         isinstance(t.operator, (cst.Is, cst.IsNot)) for t in comparison.comparisons)
 
 
+def _value(work: _Work) -> cst.BaseExpression:
+    """The value the work's statement assigns (the clone or the product)."""
+    return cst.ensure_type(work.statement.body[0], cst.Assign).value
+
+
 def _with_torch(module: cst.Module) -> cst.Module:
     """The module with `import torch` first where it has no top-level import of it (a draft that only
     calls methods of the tensors it is given may never import torch; the rewrite's torch calls need it)."""
@@ -377,23 +350,25 @@ def _fold(source: str, index: int) -> tuple[str, dict[str, Any]] | None:
     wrapper = MetadataWrapper(cst.parse_module(source))
     module = wrapper.module
     parents = wrapper.resolve(ParentNodeProvider)
-    kernel_names = jit_names(module)
-    kernels = {n.name.value: n for n in module.body if isinstance(n, cst.FunctionDef) and is_jit(n)}
+    kernels = jit_functions(module)
     candidates = [(fn, w) for fn in m.findall(module, m.FunctionDef())
                   if isinstance(fn, cst.FunctionDef) and not is_jit(fn) for w in _work_in(fn)]
     if index >= len(candidates):
         return None
     fn, work = candidates[index]
     assert isinstance(fn, cst.FunctionDef)
-    flow = _Flow(fn, parents, work, kernel_names)
-    output = _launch_of_output(fn, parents, work, kernel_names) if work.op == "clone" else None
-    launch_arg = flow.launches[0] if flow.ok and _assign_counts(fn).get(work.target) == 1 else output
+    flow = _Flow(fn, parents, work, set(kernels))
+    output = _launch_of_output(fn, parents, work, set(kernels)) if work.op == "clone" else None
+    launch_arg = flow.launches[0] if flow.ok and assigned_names(fn).get(work.target) == 1 else output
     if launch_arg is None:
         return None
     launch, arg = launch_arg
     assert isinstance(launch.func, cst.Subscript)
     kernel = kernels[dotted(launch.func.value)]
-    param = _parameter_of(kernel, launch, arg)
+    params = {p.name.value for p in kernel.params.params}
+    param = next((name for name, bound in launch_arguments(kernel, launch).items() if bound is arg and name in params), None)
+    if any(a.star for a in launch.args):
+        return None  # a launch that unpacks arguments may pass the scale's parameter name already
     if param is None or kernel.params.star_arg is not cst.MaybeSentinel.DEFAULT \
             or any(p.default is not None for p in kernel.params.params):
         return None
@@ -402,10 +377,10 @@ def _fold(source: str, index: int) -> tuple[str, dict[str, Any]] | None:
         return None
     if loads is None:  # a clone the kernel only writes over: its copy of the input is never read
         replacement = cst.parse_expression(f"torch.empty_like({work.tensor})")
-        new = _with_torch(module.visit(_Replace(work.statement, replacement)))
+        new = _with_torch(cst.ensure_type(module.deep_replace(_value(work), replacement), cst.Module))
         return new.code, {"folded": "clone", "into": f"{kernel.name.value}.{param}", "as": "empty_like (written over)"}
     if work.op == "clone":
-        new = module.visit(_Replace(work.statement, cst.Name(work.tensor)))
+        new = cst.ensure_type(module.deep_replace(_value(work), cst.Name(work.tensor)), cst.Module)
         return new.code, {"folded": "clone", "into": f"{kernel.name.value}.{param}", "as": "the input (read only)"}
     launch_count = sum(1 for c in m.findall(module, m.Call(func=m.Subscript()))
                        if isinstance(c, cst.Call) and isinstance(c.func, cst.Subscript)

@@ -6,7 +6,7 @@ from typing import Any
 
 import libcst as cst
 
-from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, is_jit, register
+from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, jit_functions, register
 from diagnose.rewriters.configs import autotuned_kernels, widen_autotune_configs
 
 _MAX_VARIANTS = 6
@@ -98,7 +98,7 @@ class SetKnob(cst.CSTTransformer):
 
 
 def jit_names(module: cst.Module) -> set[str]:
-    return {n.name.value for n in module.body if isinstance(n, cst.FunctionDef) and is_jit(n)}
+    return set(jit_functions(module))
 
 
 # Keywords Triton's launch takes for every kernel, parameters or not.
@@ -106,8 +106,7 @@ LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "w
 
 
 def kernel_parameters(module: cst.Module) -> dict[str, set[str]]:
-    return {n.name.value: {p.name.value for p in n.params.params} for n in module.body
-            if isinstance(n, cst.FunctionDef) and is_jit(n)}
+    return {name: {p.name.value for p in fn.params.params} for name, fn in jit_functions(module).items()}
 
 
 def launch_knobs(module: cst.Module, kernels: set[str]) -> _LaunchKnobs:

@@ -9,7 +9,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, launch_grid, register, sm_count_statement
+from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_grid, register, sm_count_statement
 
 
 class _ProgramIdToTile(cst.CSTTransformer):
@@ -33,7 +33,7 @@ class _Persistent(cst.CSTTransformer):
     def visit_Module(self, node: cst.Module) -> None:
         # The kernel to convert: every launch of it on a 1-D grid (a literal 1-tuple, or a name bound to
         # one or to `lambda meta: (G,)`), no parameter with a default (n_tiles is appended after them).
-        jit = {n.name.value: n for n in node.body if isinstance(n, cst.FunctionDef) and is_jit(n)}
+        jit = jit_functions(node)
         launches = [cst.ensure_type(c, cst.Call) for c in m.findall(node, m.Call(func=m.Subscript()))]
         for name in dict.fromkeys(dotted(c.func.value) for c in launches if dotted(c.func.value) in jit):  # type: ignore[attr-defined]
             grids = [launch_grid(node, c) for c in launches if dotted(c.func.value) == name]  # type: ignore[attr-defined]

@@ -35,6 +35,8 @@ from diagnose.rewriters.base import (
     Variant,
     dotted,
     is_jit,
+    jit_functions,
+    launch_arguments,
     launch_grid,
     register,
     simple_assign,
@@ -76,14 +78,14 @@ class _Plan:
         if launch is None:
             return
         name, call, grid = launch
-        fn = next(n for n in module.body if isinstance(n, cst.FunctionDef) and n.name.value == name)
+        fn = jit_functions(module)[name]
         param = self._kernel_ok(fn)
         if param is None:
             return
-        params = [p.name.value for p in fn.params.params]
-        arg = self._launch_arg(call, params, param)
-        if arg is None:
+        bound = launch_arguments(fn, call).get(param)
+        if bound is None or not isinstance(bound.value, cst.Name):
             return
+        arg = bound.value.value
         self.kernel, self.out_param, self.out_arg, self.grid = name, param, arg, grid
 
     @staticmethod
@@ -166,14 +168,6 @@ class _Plan:
                   if not (p.annotation and dotted(p.annotation.annotation).endswith("constexpr"))}
         pointers = _pointer_params(positional[0].value, fn, params)
         return next(iter(pointers)) if len(pointers) == 1 else None
-
-    @staticmethod
-    def _launch_arg(call: cst.Call, params: list[str], param: str) -> str | None:
-        for i, arg in enumerate(call.args):
-            if (arg.keyword is not None and arg.keyword.value == param) or (arg.keyword is None and i < len(params)
-                                                                             and params[i] == param):
-                return arg.value.value if isinstance(arg.value, cst.Name) else None
-        return None
 
 
 def _pointer_params(pointer: cst.BaseExpression, fn: cst.FunctionDef, params: set[str]) -> set[str]:
