@@ -9,7 +9,7 @@ tl.load / tl.store masks and tl.where conditions the terms a predicate proves tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -19,7 +19,7 @@ from libcst.metadata import PositionProvider
 from diagnose.rewriters.base import dotted, is_jit
 
 __all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
-           "kernel_aranges", "mask_like", "names_in", "ordered", "reduced", "single_assigns", "with_range"]
+           "kernel_aranges", "mask_like", "names_in", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -119,6 +119,51 @@ def names_in(node: cst.CSTNode) -> set[str]:
 
     node.visit(Visitor())
     return found
+
+
+def reaching_literal(name: str, node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]
+                     ) -> tuple[int, cst.FunctionDef | None] | None:
+    """The integer literal `name` holds where `node` runs (`reaching_value`), with the function that
+    assigns it (None: the module)."""
+    reaching = reaching_value(name, node, parents)
+    if reaching is None or not isinstance(reaching[0], cst.Integer):
+        return None
+    return int(reaching[0].value), reaching[1]
+
+
+def reaching_value(name: str, node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]
+                   ) -> tuple[cst.BaseExpression, cst.FunctionDef | None] | None:
+    """The value `name` holds where `node` runs, when one plain `name = value` before it in the same
+    function (or at the module's top level) is the only assignment that can reach it, with the function
+    that holds it (None: the module); None otherwise: a parameter, an assignment in a branch or in a
+    loop between them, a tuple unpacked. `parents`: libcst's ParentNodeProvider."""
+    child, loops = node, []
+    while child in parents:
+        parent = parents[child]
+        if isinstance(parent, (cst.For, cst.While)) and child is parent.body:
+            loops.append(parent)  # a later iteration may see an assignment below the node
+        if isinstance(parent, cst.FunctionDef) and name in {p.name.value for p in
+                                                          (*parent.params.params, *parent.params.kwonly_params)}:
+            return None
+        if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+            for stmt in reversed(parent.body[:parent.body.index(child)]):
+                assign = m.findall(stmt, m.Assign(targets=[m.AssignTarget(target=m.Name(name))]))
+                if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and assign \
+                        and stmt.body[0] is assign[0]:
+                    if any(name in assigned_names(loop.body) for loop in loops):
+                        return None  # the loops between them assign it after the node: a later iteration sees that
+                    owner = next((p for p in _ancestors(stmt, parents) if isinstance(p, cst.FunctionDef)), None)
+                    return assign[0].value, owner  # type: ignore[attr-defined]
+                if name in assigned_names(stmt):
+                    return None
+        child = parent
+    return None
+
+
+def _ancestors(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    while node in parents:
+        node = parents[node]
+        yield node
 
 
 def single_assigns(block: cst.CSTNode) -> dict[str, cst.BaseExpression]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, jit_functions, register
+from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, jit_functions, launch_arguments, register
+from diagnose.rewriters.blocks import reaching_literal
 from diagnose.rewriters.configs import autotuned_kernels, widen_autotune_configs
 
 _MAX_VARIANTS = 6
@@ -25,15 +30,38 @@ def log2(v: int) -> float:
     return math.log2(max(v, 1))
 
 
-class _LaunchKnobs(cst.CSTVisitor):
-    """Integer launch keywords of `kernel[grid](...)` calls, and wrapper defaults they are bound to."""
+@dataclass(frozen=True)
+class Knob:
+    """A launch knob's integer value and where it is written: at the launch itself (a keyword, or a
+    position bound to a constexpr parameter), as the default of the wrapper parameter `param` the launch
+    passes, or as the literal that `local`, a name the launching function (or the module) assigns once,
+    is bound to. A rewrite changes it where it is written, so whatever else reads that name (the grid,
+    a second launch) changes with it."""
 
-    def __init__(self, kernels: set[str]) -> None:
-        self.kernels = kernels
-        self.literal: dict[str, int] = {}  # keyword -> value written at the launch
+    value: int
+    param: str | None = None
+    local: str | None = None
+    scope: str = ""  # with `local`: the function that assigns it ("" for the module)
+
+
+def _is_block_name(name: str) -> bool:
+    """A constexpr that is a tile size, not a problem size: only such names are read from positions and
+    local names (a positional `N: tl.constexpr` of 4096 is a size, and sizes are never searched)."""
+    return any(word in name.upper() for word in ("BLOCK", "TILE", "GROUP"))
+
+
+class _LaunchKnobs(cst.CSTVisitor):
+    """Integer launch keywords of `kernel[grid](...)` calls, and the wrapper defaults and local literals
+    they are bound to."""
+
+    def __init__(self, kernels: dict[str, cst.FunctionDef], parents: Mapping[cst.CSTNode, cst.CSTNode]) -> None:
+        self.kernels, self.parents = kernels, parents
+        self.literal: dict[str, int] = {}  # knob -> value written at the launch (keyword or position)
         self.bound: dict[str, str] = {}  # keyword -> wrapper parameter name it is passed from
         self.defaults: dict[str, int] = {}  # wrapper parameter -> its integer default
+        self.locals: dict[str, Knob] = {}  # knob -> the name it is passed as, bound to a literal where the launch runs
         self.named: set[str] = set()  # every keyword a launch passes, whatever its value
+        self.positional: set[str] = set()  # the knobs a launch passes by position
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for p in node.params.params:
@@ -41,32 +69,47 @@ class _LaunchKnobs(cst.CSTVisitor):
                 self.defaults[p.name.value] = int(p.default.value)
 
     def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Subscript) and dotted(node.func.value) in self.kernels:
-            for arg in node.args:
-                if arg.keyword is None:
-                    continue
-                key = arg.keyword.value
+        if not (isinstance(node.func, cst.Subscript) and dotted(node.func.value) in self.kernels):
+            return
+        kernel = self.kernels[dotted(node.func.value)]
+        constexprs = {p.name.value for p in kernel.params.params if p.annotation is not None
+                      and dotted(p.annotation.annotation).endswith("constexpr")}
+        for key, arg in launch_arguments(kernel, node).items():
+            keyword = arg.keyword is not None
+            if keyword:
                 self.named.add(key)
-                if isinstance(arg.value, cst.Integer):
-                    self.literal[key] = int(arg.value.value)
-                elif isinstance(arg.value, cst.Name):
-                    self.bound[key] = arg.value.value
+            elif key not in constexprs:
+                continue
+            else:
+                self.positional.add(key)
+            if isinstance(arg.value, cst.Integer) and (keyword or _is_block_name(key)):
+                self.literal[key] = int(arg.value.value)
+            elif isinstance(arg.value, cst.Name) and keyword and arg.value.value in self.defaults:
+                self.bound[key] = arg.value.value
+            elif isinstance(arg.value, cst.Name) and (keyword or _is_block_name(key)) \
+                    and (reaching := reaching_literal(arg.value.value, node, self.parents)) is not None:
+                value, owner = reaching
+                self.locals[key] = Knob(value, local=arg.value.value, scope=owner.name.value if owner else "")
 
 
 class SetKnob(cst.CSTTransformer):
-    """Sets one launch keyword. A block size written twice, as the keyword and as the divisor of the
-    wrapper's `triton.cdiv(n, 64)` grid, changes in both places, so the grid still covers the data."""
+    """Sets one launch knob where it is written (`Knob`). A block size written twice, as the keyword
+    and as the divisor of the wrapper's `triton.cdiv(n, 64)` grid, changes in both places, so the grid
+    still covers the data."""
 
-    def __init__(self, kernels: set[str], key: str, value: int, param: str | None, old: int | None = None) -> None:
-        self.kernels, self.key, self.value, self.param, self.old = kernels, key, value, param, old
-        # each kernel's parameters: a keyword a launch lacks is added only where the kernel takes it (a
+    def __init__(self, kernels: set[str], key: str, value: int, knob: Knob | None, old: int | None = None) -> None:
+        self.kernels, self.key, self.value, self.old = kernels, key, value, old
+        self.knob = knob
+        self.param = knob.param if knob else None
+        self.local = knob.local if knob else None
+        self.functions: list[str] = []
+        # each kernel's definition: a keyword a launch lacks is added only where the kernel takes it (a
         # module with a second kernel, a split's cast, must not get the first one's BLOCK_M)
-        self.parameters: dict[str, set[str]] = {}
+        self.definitions: dict[str, cst.FunctionDef] = {}
         self.done = False
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.parameters = kernel_parameters(node)
-
+        self.definitions = jit_functions(node)
 
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
         if self.param and original.name.value == self.param and isinstance(original.default, cst.Integer):
@@ -74,25 +117,47 @@ class SetKnob(cst.CSTTransformer):
             return updated.with_changes(default=cst.Integer(str(self.value)))
         return updated
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node.name.value)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions.pop()
+        return updated
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        # Every `NAME = <old value>` of the function that binds the launch's: a wrapper's two branches
+        # that each set the same block for their own launch move together.
+        if self.knob and self.local and (self.functions[-1] if self.functions else "") == self.knob.scope and m.matches(
+                updated, m.Assign(targets=[m.AssignTarget(target=m.Name(self.local))], value=m.Integer(str(self.knob.value)))):
+            self.done = True
+            return updated.with_changes(value=cst.Integer(str(self.value)))
+        return updated
+
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if self.old is not None and not self.param and cdiv_divisor(updated) == self.old:
             return with_divisor(updated, self.value)
-        if self.param or not (isinstance(original.func, cst.Subscript) and dotted(original.func.value) in self.kernels):
+        if not (isinstance(original.func, cst.Subscript) and dotted(original.func.value) in self.kernels):
+            return updated
+        kernel = self.definitions.get(dotted(original.func.value))
+        arg = launch_arguments(kernel, updated).get(self.key)
+        if arg is not None:
+            if not isinstance(arg.value, cst.Integer) and (self.param or self.local or self.key not in LAUNCH_OPTIONS):
+                # A name bound where the reader found it changes there; a block from an expression it could not
+                # read stays, since the grid may compute with the same expression. Warps and stages size nothing
+                # else, so a heuristic's value (`num_warps=nw`) gives way to the literal.
+                return updated
+            self.done = True
+            return updated.with_changes(args=[a.with_changes(value=cst.Integer(str(self.value))) if a is arg else a
+                                              for a in updated.args])
+        if self.param or self.local or self.key not in LAUNCH_OPTIONS \
+                and (kernel is None or self.key not in {p.name.value for p in kernel.params.params}):
             return updated
         args = list(updated.args)
-        for i, arg in enumerate(args):
-            if arg.keyword is not None and arg.keyword.value == self.key:
-                args[i] = arg.with_changes(value=cst.Integer(str(self.value)))
-                break
-        else:
-            kernel = dotted(original.func.value)
-            if self.key not in LAUNCH_OPTIONS and self.key not in self.parameters.get(kernel, set()):
-                return updated
-            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            if args:
-                args[-1] = args[-1].with_changes(comma=comma)
-            args.append(cst.Arg(keyword=cst.Name(self.key), value=cst.Integer(str(self.value)),
-                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        if args:
+            args[-1] = args[-1].with_changes(comma=comma)
+        args.append(cst.Arg(keyword=cst.Name(self.key), value=cst.Integer(str(self.value)),
+                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
         self.done = True
         return updated.with_changes(args=args)
 
@@ -105,25 +170,21 @@ def jit_names(module: cst.Module) -> set[str]:
 LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "warp_specialize"})
 
 
-def kernel_parameters(module: cst.Module) -> dict[str, set[str]]:
-    return {name: {p.name.value for p in fn.params.params} for name, fn in jit_functions(module).items()}
-
-
 def launch_knobs(module: cst.Module, kernels: set[str]) -> _LaunchKnobs:
-    knobs = _LaunchKnobs(kernels)
+    parents = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    knobs = _LaunchKnobs({name: fn for name, fn in jit_functions(module).items() if name in kernels}, parents)
     module.visit(knobs)
     return knobs
 
 
-def current_knobs(module: cst.Module, kernels: set[str], knobs: _LaunchKnobs | None = None
-                   ) -> dict[str, tuple[int, str | None]]:
-    """Launch keyword -> (its value, the wrapper parameter it is bound to or None when written at the launch).
-    `knobs`: the module's launch keywords when the caller has visited them already."""
+def current_knobs(module: cst.Module, kernels: set[str], knobs: _LaunchKnobs | None = None) -> dict[str, Knob]:
+    """Launch knob -> its value and where it is written. `knobs`: the module's launches when the caller
+    has visited them already."""
     knobs = knobs or launch_knobs(module, kernels)
-    current: dict[str, tuple[int, str | None]] = {k: (v, None) for k, v in knobs.literal.items()}
-    for key, param in knobs.bound.items():
-        if param in knobs.defaults:
-            current[key] = (knobs.defaults[param], param)
+    current = {k: Knob(v) for k, v in knobs.literal.items()}
+    current.update(knobs.locals)
+    current.update({key: Knob(knobs.defaults[param], param=param) for key, param in knobs.bound.items()
+                    if param in knobs.defaults})
     return current
 
 
@@ -151,11 +212,11 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     current = current_knobs(module, kernels)
     direction = context.get("direction", "")
     proposals: list[tuple[str, int]] = []
-    warps = current.get("num_warps", (TRITON_DEFAULT_KNOBS["num_warps"], None))[0]
+    warps = current["num_warps"].value if "num_warps" in current else TRITON_DEFAULT_KNOBS["num_warps"]
     for w in _WARPS:
         if w != warps and (direction != "fewer-warps" or w < warps) and (direction != "more-warps" or w > warps):
             proposals.append(("num_warps", w))
-    stages = current.get("num_stages", (3, None))[0]
+    stages = current["num_stages"].value if "num_stages" in current else 3
     warps_only = direction in ("fewer-warps", "more-warps")
     if not warps_only and ("loop" in context.get("features", "") or direction == "fewer-stages"
                            or "num_stages" in current):
@@ -165,7 +226,8 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     # Block sizes that are equal move together (BLOCK_M = BLOCK_N = 64 -> 128): a grid written as
     # cdiv(m, 64), cdiv(n, 64) then stays consistent with every block it divides by.
     groups: dict[int, list[str]] = {}
-    for key, (value, _) in current.items():
+    for key, knob in current.items():
+        value = knob.value
         if key.upper() == key and value >= 16 and value & (value - 1) == 0 and direction != "fewer-stages" \
                 and not warps_only:
             groups.setdefault(value, []).append(key)
@@ -174,16 +236,17 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     # Nearest first: the search stays small and each variant is one step from the parent.
     def distance(kv: tuple[str, int]) -> float:
         first = kv[0].split("+")[0]
-        return abs(log2(kv[1]) - log2(current.get(first, (4 if first == "num_warps" else 3,))[0]))
+        now = current[first].value if first in current else 4 if first == "num_warps" else 3
+        return abs(log2(kv[1]) - log2(now))
 
     proposals.sort(key=distance)  # nearest first: each variant one step from the parent
     variants = []
     for joined, value in proposals[:_MAX_VARIANTS]:
         new, done = module, False
         for key in joined.split("+"):
-            old, param = current.get(key, (None, None))
+            was = current.get(key)
             block = key not in ("num_warps", "num_stages")
-            setter = SetKnob(kernels, key, value, param, old if block else None)
+            setter = SetKnob(kernels, key, value, was, was.value if was and block else None)
             new = new.visit(setter)
             done = done or setter.done
         if done:

@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.base import InJit, Variant, dotted, register
+from diagnose.rewriters.base import InJit, Variant, dotted, jit_functions, register
+from diagnose.rewriters.blocks import names_in, reaching_value
 from diagnose.rewriters.configs import DOT_TILES
 from diagnose.rewriters.launch import (
     TRITON_DEFAULT_KNOBS,
+    Knob,
     SetKnob,
     cdiv_divisor,
     current_knobs,
@@ -59,49 +63,39 @@ class _AxisBlocks(cst.CSTVisitor):
 
 
 class _LaunchGrids(cst.CSTVisitor):
-    """Outside the kernels: the tuples that are launch grids (`kernel[(..)]`, or `grid = (..)` with
-    `kernel[grid]`), and every `triton.cdiv(x, <literal>)` call, wherever it is."""
+    """Outside the kernels: each launched kernel's grid tuples (`kernel[(..)]`, or `kernel[grid]` where
+    `grid = (..)` is the assignment that reaches the launch), and every `triton.cdiv(x, <literal>)` call,
+    wherever it is."""
 
-    def __init__(self, kernels: set[str]) -> None:
-        self.kernels = kernels
-        # (enclosing function, name): a `grid = (..)` counts only in the function that launches with it.
-        self.grid_names: set[tuple[str, str]] = set()
-        self.tuples: list[cst.Tuple] = []
-        self.assigned: dict[tuple[str, str], list[cst.Tuple]] = {}
+    def __init__(self, kernels: set[str], parents: Mapping[cst.CSTNode, cst.CSTNode]) -> None:
+        self.kernels, self.parents = kernels, parents
+        self.grids_of: dict[str, list[cst.Tuple]] = {}
         self.literal_cdivs = 0
         self.launched: set[str] = set()  # the jit functions launched with a grid (not helpers they call)
-        self.scopes: list[str] = [""]
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        if node.name.value in self.kernels:
-            return False
-        self.scopes.append(node.name.value)
-        return True
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        if original_node.name.value not in self.kernels:
-            self.scopes.pop()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Tuple):
-            self.assigned.setdefault((self.scopes[-1], node.targets[0].target.value), []).append(node.value)
+        return node.name.value not in self.kernels
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if dotted(node.value) in self.kernels and len(node.slice) == 1:
-            self.launched.add(dotted(node.value))
-            index = node.slice[0].slice
-            if isinstance(index, cst.Index):
-                if isinstance(index.value, cst.Name):
-                    self.grid_names.add((self.scopes[-1], index.value.value))
-                elif isinstance(index.value, cst.Tuple):
-                    self.tuples.append(index.value)
+        kernel = dotted(node.value)
+        if kernel not in self.kernels or len(node.slice) != 1:
+            return
+        self.launched.add(kernel)
+        index = node.slice[0].slice
+        value = index.value if isinstance(index, cst.Index) else None
+        if isinstance(value, cst.Name):
+            reaching = reaching_value(value.value, node, self.parents)
+            value = reaching[0] if reaching else None
+        if isinstance(value, cst.Tuple):  # a lambda of meta follows the blocks by itself
+            self.grids_of.setdefault(kernel, []).append(value)
 
     def visit_Call(self, node: cst.Call) -> None:
         if cdiv_divisor(node) is not None:
             self.literal_cdivs += 1
 
-    def grids(self) -> list[cst.Tuple]:
-        return self.tuples + [t for key in self.grid_names for t in self.assigned.get(key, [])]
+    def grids(self, kernels: set[str] | None = None) -> list[cst.Tuple]:
+        """The grid tuples of `kernels`' launches (default: every launch's)."""
+        return [t for k, tuples in self.grids_of.items() if kernels is None or k in kernels for t in tuples]
 
 
 class _GridDivisors(cst.CSTTransformer):
@@ -134,10 +128,13 @@ class _TilePlan:
     block name of each axis (M, N and maybe K), the tile shapes to try, and the grid axes tied to a block."""
     module: cst.Module
     kernels: set[str]
-    current: dict[str, tuple[int, str | None]]
+    current: dict[str, Knob]
     named: set[str]  # every keyword the launches pass, known value or not
+    positional: set[str]  # the knobs the launches pass by position
     shapes: list[dict[str, int]]
     grids: _LaunchGrids
+    tiled: set[str]  # the kernels that take the tile's blocks
+    tile_grids: list[cst.Tuple]  # their launches' grids
     axes: dict[int, str]  # grid axis -> the block name its program id steps by
 
 
@@ -161,14 +158,22 @@ def _tile_plan(source: str) -> _TilePlan | None:
     for node in module.body:
         if isinstance(node, cst.FunctionDef) and node.name.value in kernels:
             node.visit(blocks)
-    found = _LaunchGrids(kernels)
+    found = _LaunchGrids(kernels, MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider))
     module.visit(found)
+    tiled = {name for name, fn in jit_functions(module).items()
+             if {names["M"], names["N"]} <= {p.name.value for p in fn.params.params}}
     axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
-    # Each grid must count its tile axes as `triton.cdiv(.., B)`: `(m + 63) // 64` would keep the old size.
-    for grid in found.grids():
-        if any(a < len(grid.elements) and cdiv_divisor(grid.elements[a].value) is None for a in axes):
-            return None
-    return _TilePlan(module, kernels, current, launched.named, shapes, found, axes)
+    # Each grid must count its tile axes as `triton.cdiv(.., B)`, or by the name the block is bound to
+    # (`BLOCK_M = 64` in the wrapper, the grid `(m + BLOCK_M - 1) // BLOCK_M`), which changes with it:
+    # `(m + 63) // 64` would keep the old size.
+    for grid in found.grids(tiled):
+        for a, block in axes.items():
+            knob = current.get(block)
+            binding = knob and (knob.local or knob.param)
+            if a < len(grid.elements) and cdiv_divisor(grid.elements[a].value) is None \
+                    and not (binding and binding in names_in(grid.elements[a].value)):
+                return None
+    return _TilePlan(module, kernels, current, launched.named, launched.positional, shapes, found, tiled, found.grids(tiled), axes)
 
 
 def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
@@ -182,14 +187,15 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
         return []
     variants = []
     for values in plan.shapes:
-        grid = _GridDivisors(plan.grids.grids(), {a: values[b] for a, b in plan.axes.items()})
+        grid = _GridDivisors(plan.tile_grids, {a: values[b] for a, b in plan.axes.items()})
         new = plan.module.visit(grid)  # the grids first, while their nodes are the ones `found` saw
         # Every literal `triton.cdiv` outside the kernels must be a grid divisor of an axis whose block
         # is one of the tile's; one elsewhere (a tile count, a grouped 1-D grid) would keep the old size.
         if grid.changed != plan.grids.literal_cdivs:
             return []
         for key, value in values.items():
-            new = new.visit(SetKnob(plan.kernels, key, value, plan.current.get(key, (None, None))[1]))
+            # only the tiled kernels' launches: a second kernel beside them keeps its warps and stages
+            new = new.visit(SetKnob(plan.tiled, key, value, plan.current.get(key)))
         variants.append(Variant(values, new.code))
     return variants
 
@@ -253,7 +259,10 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     if plan is None or len(plan.grids.launched) != 1:
         return []
     knobs = list(plan.shapes[0])
-    if any(plan.current.get(k, (None, None))[1] for k in knobs):
+    # The tuner owns the knobs: they leave the launch, which a knob bound to a name or passed by position
+    # cannot (the name would still size the grid; a position would shift the arguments after it).
+    if any(k in plan.current and (plan.current[k].param or plan.current[k].local) for k in knobs) \
+            or plan.positional & set(knobs):
         return []
     name = next(iter(plan.grids.launched))
     kernel = next(n for n in plan.module.body if isinstance(n, cst.FunctionDef) and n.name.value == name)
@@ -270,14 +279,14 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     # The kernel's own launch first, so the tuner can keep it: on the H200 attention's 64 x 64 tile beat
     # all six tutorial tiles, and a tuner without it measured 0.92x of the parent.
     # A knob passed as an expression (`num_warps=nw`) has no value here: then the launch is not known.
-    own = {k: plan.current.get(k, (None if k in plan.named else TRITON_DEFAULT_KNOBS.get(k), None))[0]
+    own = {k: plan.current[k].value if k in plan.current else None if k in plan.named else TRITON_DEFAULT_KNOBS.get(k)
            for k in knobs}
     shapes = ([own] if None not in own.values() and own not in plan.shapes else []) + list(plan.shapes)
     configs = ",\n".join(
         "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "
         f"num_stages={shape['num_stages']}, num_warps={shape['num_warps']})" for shape in shapes)
     decorator = cst.Decorator(cst.parse_expression(f"triton.autotune(configs=[\n{configs},\n], key={key!r})"))
-    grid = _GridDivisors(plan.grids.grids(), {a: cst.parse_expression(f'meta["{b}"]') for a, b in plan.axes.items()},
+    grid = _GridDivisors(plan.tile_grids, {a: cst.parse_expression(f'meta["{b}"]') for a, b in plan.axes.items()},
                          as_lambda=True)
     new = plan.module.visit(grid)  # the grids first, while their nodes are the ones the plan saw
     # As in the tile search: every literal `triton.cdiv` must be a grid divisor tied to a tile block.

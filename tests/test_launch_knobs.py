@@ -1,0 +1,172 @@
+"""Launch knobs where first drafts write them (issue 27): a block size bound to a name the wrapper
+assigns once (`BLOCK_SIZE = 1024`, then `BLOCK_SIZE=BLOCK_SIZE` or by position), or passed by position,
+is a knob the launch search and the dot-tile search change where it is written, so the grid that
+reads the same name follows. A name whose value depends on a branch or a loop is not a knob."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from diagnose.rewriters import dot_tile_autotune, dot_tile_configs, rewrite
+from diagnose.rewriters.launch import Knob, current_knobs, jit_names
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec
+
+SCALE = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def scale_kernel(x_ptr, out_ptr, n, alpha, BLOCK_SIZE: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * alpha, mask=mask)
+
+
+    def scale(x, alpha):
+        out = torch.empty_like(x)
+        n = x.numel()
+        BLOCK_SIZE = 256
+        grid = (triton.cdiv(n, BLOCK_SIZE),)
+        scale_kernel[grid](x, out, n, alpha, BLOCK_SIZE=BLOCK_SIZE)
+        return out
+    ''')
+
+
+def _knobs(source: str) -> dict[str, Knob]:
+    module = cst.parse_module(source)
+    return current_knobs(module, jit_names(module))
+
+
+def _correct(tmp_path, original: str, candidate: str, entry: str, call: str, reference: str) -> bool:
+    (tmp_path / "original.py").write_text(original)
+    (tmp_path / "candidate.py").write_text(candidate)
+    spec = TaskSpec(kernel=str(tmp_path / "original.py"), call=call, reference=reference)
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(tmp_path / "candidate.py"),
+                      candidate_entry=entry)
+    assert report.run("baseline").correct, report.to_dict()
+    return report.run("candidate").correct
+
+
+def test_a_block_bound_to_a_local_name_changes_where_it_is_assigned_and_the_grid_follows(tmp_path):
+    assert _knobs(SCALE)["BLOCK_SIZE"] == Knob(256, local="BLOCK_SIZE", scope="scale")
+    variants = {tuple(v.params.items()): v.source for v in rewrite("block-size-num-warps", SCALE, {})}
+    halved = variants[(("BLOCK_SIZE", 128),)]
+    assert "    BLOCK_SIZE = 128\n" in halved and "BLOCK_SIZE=BLOCK_SIZE)" in halved
+    # The grid reads the name: at 128 a grid left at 256 would cover half of x.
+    assert _correct(tmp_path, SCALE, halved, "scale", "scale(torch.randn(1000), 3.0)", "lambda x, a: x * a")
+
+
+def test_a_block_passed_by_position_is_a_knob_and_a_size_passed_by_position_is_not():
+    source = SCALE.replace("BLOCK_SIZE: tl.constexpr)", "N: tl.constexpr, BLOCK_SIZE: tl.constexpr)")
+    source = source.replace("    BLOCK_SIZE = 256\n    grid = (triton.cdiv(n, BLOCK_SIZE),)\n",
+                            "    grid = (triton.cdiv(n, 256),)\n")
+    source = source.replace("scale_kernel[grid](x, out, n, alpha, BLOCK_SIZE=BLOCK_SIZE)",
+                            "scale_kernel[grid](x, out, n, alpha, 4096, 256)")
+    assert _knobs(source) == {"BLOCK_SIZE": Knob(256)}  # N is a problem size: never searched
+    doubled = next(v.source for v in rewrite("block-size-num-warps", source, {}) if v.params == {"BLOCK_SIZE": 512})
+    assert "scale_kernel[grid](x, out, n, alpha, 4096, 512)" in doubled
+    assert "grid = (triton.cdiv(n, 512),)" in doubled  # the literal divisor moves with it, as for a keyword
+
+
+def test_a_name_a_branch_or_a_loop_may_change_is_not_a_knob():
+    branch = SCALE.replace("    BLOCK_SIZE = 256\n", "    BLOCK_SIZE = 256\n    if n < 4096:\n        BLOCK_SIZE = 64\n")
+    assert "BLOCK_SIZE" not in _knobs(branch)
+    looped = SCALE.replace("    BLOCK_SIZE = 256\n    grid = (triton.cdiv(n, BLOCK_SIZE),)\n"
+                           "    scale_kernel[grid](x, out, n, alpha, BLOCK_SIZE=BLOCK_SIZE)\n",
+                           "    BLOCK_SIZE = 256\n    for _ in range(2):\n"
+                           "        scale_kernel[(triton.cdiv(n, BLOCK_SIZE),)](x, out, n, alpha, BLOCK_SIZE=BLOCK_SIZE)\n"
+                           "        BLOCK_SIZE = 512\n")
+    assert "BLOCK_SIZE" not in _knobs(looped)
+    parameter = SCALE.replace("def scale(x, alpha):", "def scale(x, alpha, BLOCK_SIZE):").replace("    BLOCK_SIZE = 256\n", "")
+    assert "BLOCK_SIZE" not in _knobs(parameter)
+    # Warps from a heuristic size nothing else: the search sets them at the launch, the heuristic stays.
+    heuristic = branch.replace("BLOCK_SIZE=BLOCK_SIZE)", "BLOCK_SIZE=BLOCK_SIZE, num_warps=nw)").replace(
+        "    out = torch.empty_like(x)\n", "    out = torch.empty_like(x)\n    nw = 4 if x.numel() < 4096 else 8\n")
+    variants = {tuple(v.params.items()): v.source for v in rewrite("block-size-num-warps", heuristic, {})}
+    assert "BLOCK_SIZE=BLOCK_SIZE, num_warps=2)" in variants[(("num_warps", 2),)]
+    assert not any(k[0][0] == "BLOCK_SIZE" for k in variants)  # the branch's block is no knob
+    # The same literal reached in each branch that launches (the drafts' 2-D and batched paths): a knob,
+    # and both assignments move together.
+    both = SCALE.replace("    BLOCK_SIZE = 256\n    grid = (triton.cdiv(n, BLOCK_SIZE),)\n"
+                         "    scale_kernel[grid](x, out, n, alpha, BLOCK_SIZE=BLOCK_SIZE)\n",
+                         "    if n < 4096:\n        BLOCK_SIZE = 256\n"
+                         "        scale_kernel[(triton.cdiv(n, BLOCK_SIZE),)](x, out, n, alpha, BLOCK_SIZE=BLOCK_SIZE)\n"
+                         "        return out\n    BLOCK_SIZE = 256\n"
+                         "    scale_kernel[(triton.cdiv(n, BLOCK_SIZE),)](x, out, n, alpha, BLOCK_SIZE=BLOCK_SIZE)\n")
+    doubled = next(v.source for v in rewrite("block-size-num-warps", both, {}) if v.params == {"BLOCK_SIZE": 512})
+    assert doubled.count("BLOCK_SIZE = 512\n") == 2
+
+
+# The shape of TritonBench-T's first draft of torch.matmul: the tile blocks are locals passed by
+# position, the grid divides by the same names, and a second kernel (the 1-D dot product) is launched
+# on a grid of its own from the same wrapper.
+MATMUL = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def dot_kernel(x_ptr, y_ptr, out_ptr, N, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out_ptr, tl.sum(tl.load(x_ptr + offs, mask=offs < N) * tl.load(y_ptr + offs, mask=offs < N)))
+
+
+    @triton.jit
+    def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            rk = k + tl.arange(0, BLOCK_K)
+            a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+            b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+            acc += tl.dot(a, b)
+        tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+    def matmul(a, b):
+        if a.dim() == 1:
+            out = torch.empty((), dtype=torch.float32, device=a.device)
+            grid = (1,)
+            dot_kernel[grid](a, b, out, a.numel(), 1024)
+            return out
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), dtype=torch.float32, device=a.device)
+        BLOCK_M = 32
+        BLOCK_N = 32
+        BLOCK_K = 16
+        grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)
+        matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        return c
+    ''')
+
+
+def test_a_draft_matmul_with_local_blocks_gets_whole_tiles_and_its_grid_follows(tmp_path):
+    variants = dot_tile_configs(MATMUL, {})
+    assert len(variants) == 6
+    wide = variants[0]
+    assert wide.params == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8}
+    assert "    BLOCK_M = 128\n    BLOCK_N = 256\n    BLOCK_K = 64\n" in wide.source
+    # warps and stages go to the tiled kernel's launch only; the dot product's launch is as written
+    assert "dot_kernel[grid](a, b, out, a.numel(), 1024)\n" in wide.source
+    assert "matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, num_stages=3, num_warps=8)" in wide.source
+    # 128 x 32 tiles: a grid that kept 32 x 32 would compute a quarter of the rows' blocks
+    narrow = next(v for v in variants if v.params["BLOCK_M"] == 128 and v.params["BLOCK_N"] == 32)
+    assert _correct(tmp_path, MATMUL, narrow.source, "matmul", "matmul(torch.randn(130, 40), torch.randn(40, 70))",
+                    "lambda a, b: a @ b")
+    # The tuner would own knobs that are locals passed by position: no autotuned variant.
+    assert dot_tile_autotune(MATMUL, {}) == []
+    # A grid that counts the tiles by a literal the blocks do not bind would keep the old size.
+    fixed = MATMUL.replace("grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)",
+                           "grid = ((M + 31) // 32, (N + 31) // 32)")
+    assert dot_tile_configs(fixed, {}) == []
