@@ -95,7 +95,9 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
 @main.command()
 @click.argument("task_file", required=False, type=click.Path(dir_okay=False))
 @kernel_input
-@click.option("--case", "case_index", default=0, show_default=True, help="Which case of the task to compile.")
+@click.option("--case", "case_index", type=int, default=None,
+              help="Which case of the task to compile (default: where --measurements leave the most headroom, "
+                   "else the case that moves the most bytes).")
 @click.option("--measurements", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A RunReport JSON from `kb run --json [--profile]` on the device: enables L2.")
 @level_max_option
@@ -106,7 +108,7 @@ def why(ctx: click.Context, question: str, kernel_file: str | None, call: str | 
 @click.pass_context
 @user_errors
 def diagnose(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
-             dump_dir: str | None, case_index: int, target: str | None, measurements: str | None, level_max: str,
+             dump_dir: str | None, case_index: int | None, target: str | None, measurements: str | None, level_max: str,
              strategy: str, release: str | None, as_json: bool, as_md: bool) -> None:
     """Why is this kernel slow? Escalates L1 pattern triage -> L2 profile -> L3 IR -> L4 compiler source."""
     from diagnose.engine import diagnose as run_diagnosis

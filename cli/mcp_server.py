@@ -57,7 +57,7 @@ def build_server(home: str | None = None) -> MCPServer:
                              "compiler source, escalating only as far as needed (strategy progressive) or to "
                              "level_max. Findings cite evidence ids; recommendations name catalog patterns.")
     async def diagnose(ctx: Context, kernel: str | None = None, call: str | None = None, task: str | None = None,
-                       case: int = 0, strategy: str = "progressive", level_max: str = "L4",
+                       case: int | None = None, strategy: str = "progressive", level_max: str = "L4",
                        release: str | None = None) -> dict[str, Any]:
         return await _in_thread(ctx, lambda say: _diagnose(home, kernel, call, task, case, strategy, level_max,
                                                            release, say))
@@ -118,7 +118,7 @@ async def _in_thread(ctx: Context, work: Callable[[Progress], T]) -> T:
 
 
 # ------------------------------------------------------------------------------------------------ the tools
-def _kernel_input(kernel: str | None, call: str | None, task: str | None, case: int = 0) -> Any:
+def _kernel_input(kernel: str | None, call: str | None, task: str | None, case: int | None = None) -> Any:
     from diagnose.request import KernelInput
 
     if task is None and (kernel is None or call is None):
@@ -150,7 +150,7 @@ def _why(home: str | None, question: str, kernel: str | None, call: str | None, 
     return dict(json.loads(to_json(answer)))
 
 
-def _diagnose(home: str | None, kernel: str | None, call: str | None, task: str | None, case: int, strategy: str,
+def _diagnose(home: str | None, kernel: str | None, call: str | None, task: str | None, case: int | None, strategy: str,
               level_max: str, release: str | None, say: Progress) -> dict[str, Any]:
     from cli.diagnose import answer_for
     from diagnose.engine import diagnose as run_diagnosis

@@ -133,7 +133,7 @@ class _State:
         self.findings: list[Finding] = []
         self.levels: list[str] = []
         self.escalations: list[Escalation] = []
-        self.notes: list[str] = []
+        self.notes: list[str] = [request.case_note] if request.case_note else []
         self.timings: dict[str, float] = {}
         self.recommendations: list[Recommendation] = []
         self.reasons: list[Any] = []

@@ -18,7 +18,7 @@ from harness.measurement import RunReport
 if TYPE_CHECKING:
     from harness.capture import Interception
 
-__all__ = ["DEFAULT_TARGET", "DiagnosisRequest", "KernelInput", "request_from"]
+__all__ = ["DEFAULT_TARGET", "DiagnosisRequest", "KernelInput", "diagnosed_case", "request_from"]
 
 DEFAULT_TARGET = "cuda:90"  # what is compiled for without a GPU present, and what the patterns assume then
 
@@ -34,6 +34,7 @@ class DiagnosisRequest:
         target: "cuda:90", "npu", ...; chooses the patterns' backend.
         launch_facts: a callable that intercepts the kernel's launches (no compile): the grid and the
             arguments' values L1 reads; None where there is no call to intercept (a dump, a rewrite).
+        case_note: which case of a task L1 and L3 read, and why that one (`diagnosed_case`).
     """
 
     kernel_file: str | None
@@ -41,6 +42,7 @@ class DiagnosisRequest:
     report: RunReport | None = None
     target: str = DEFAULT_TARGET
     launch_facts: Callable[[], list[LaunchFacts]] | None = None
+    case_note: str = ""
     _compiled: list[Artifacts] | None = field(default=None, repr=False)
     _facts: list[LaunchFacts] | None = field(default=None, repr=False)
 
@@ -60,7 +62,8 @@ class DiagnosisRequest:
 class KernelInput:
     """A kernel as a user (or the loop) names it; one of:
 
-    - `task` (case `case` of a task file: its kernel, compiled on that case's inputs);
+    - `task` (case `case` of a task file: its kernel, compiled on that case's inputs; None: the case
+      `diagnosed_case` picks);
     - `kernel` with `call` (a kernel file from the wild and an expression that launches it);
     - `dump` (a triton-ascend TRITON_DEBUG dump directory), with `kernel` for its source if known;
     - `task` with `rewrite` (and its `entry`): a rewrite standing in for the task's kernel, compiled in
@@ -71,7 +74,7 @@ class KernelInput:
     kernel: str | None = None
     call: str | None = None
     dump: str | None = None
-    case: int = 0
+    case: int | None = None
     rewrite: str | None = None
     entry: str | None = None
 
@@ -103,6 +106,8 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
     if kernel.dump is not None:
         dump, source = kernel.dump, str(Path(kernel.kernel).resolve()) if kernel.kernel else ""
         return DiagnosisRequest(kernel.kernel, lambda: _ascend_dumps(dump, source), report, "npu")
+    case, case_note = (kernel.case, "") if kernel.case is not None or kernel.task is None else \
+        diagnosed_case(kernel.task, report, target)
     if kernel.task is not None and kernel.rewrite is not None:
         task, rewrite, entry = kernel.task, kernel.rewrite, str(kernel.entry)
 
@@ -110,7 +115,8 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
             from harness.run import capture_kernel
             from harness.task import TaskSpec
 
-            return capture_kernel(TaskSpec.of_file(task), rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None)
+            return capture_kernel(TaskSpec.of_file(task), rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None,
+                                  case=case or 0)
 
         def rewrite_launches() -> list[LaunchFacts]:
             # The optimize loop diagnoses each round's parent this way: without its launches, L1 knew nothing
@@ -119,28 +125,69 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
             from harness.task import TaskSpec
 
             try:
-                return kernel_launch_facts(TaskSpec.of_file(task), rewrite, entry, target=target)
+                return kernel_launch_facts(TaskSpec.of_file(task), rewrite, entry, case=case or 0, target=target)
             except UserFacingError as exc:  # the judge ran it; a failed interception costs L1 its launch only
                 print(f"note: L1 without the launch of {Path(rewrite).name}: {exc}", file=sys.stderr)
                 return []
 
         return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET,
-                                launch_facts=rewrite_launches)
+                                launch_facts=rewrite_launches, case_note=case_note)
     if kernel.task is not None:
         from harness.capture import device_for
         from harness.task import intercept_task, load_task
 
-        task_file, case = kernel.task, kernel.case
+        task_file = kernel.task
         with device_for(target):
             source = load_task(task_file).source_file
-        intercepted = _once(lambda: intercept_task(task_file, case, target))
+        intercepted = _once(lambda: intercept_task(task_file, case or 0, target))
     else:
         from harness.capture import intercept_call
 
         source, call = str(kernel.kernel), str(kernel.call)
         intercepted = _once(lambda: intercept_call(source, call, target))
     return DiagnosisRequest(source, lambda: intercepted().compile(cache_dir), report, target or DEFAULT_TARGET,
-                            launch_facts=lambda: intercepted().facts())
+                            launch_facts=lambda: intercepted().facts(), case_note=case_note)
+
+
+def diagnosed_case(task_file: str, report: RunReport | None, target: str | None = None) -> tuple[int, str]:
+    """The timed case of a task whose launch and IR the diagnosis reads, and a note saying why.
+
+    Where the headroom is: the case the last measurement (`report`'s baseline) leaves the most room on,
+    to the roofline or the launch floor (ties: the later case). Without measurements, the case that moves
+    the most bytes (else does the most FLOPs, else the first listed): the sizes a kernel is slow at are
+    the large ones, and a task may list its cases smallest first (TritonBench-T's sweeps do), where a
+    grid of one program on a 4096-element vector is no finding at all."""
+    from harness.capture import device_for
+    from harness.task import load_task
+
+    with device_for(target):
+        task = load_task(task_file)
+    if len(task.cases) <= 1:
+        return 0, ""
+    labels = [task.case_label(c) for c in task.cases]
+    baseline = report.run("baseline") if report is not None else None
+    room = {c.label: c.roofline.bound_on_speedup(c.timing.median_us) for c in (baseline.cases if baseline else [])
+            if not c.heldout and c.roofline is not None and c.timing is not None and c.label in labels}
+    if room:
+        best = max(range(len(labels)), key=lambda i: (room.get(labels[i], 0.0), i))
+        return best, f"L1 and L3 read case {labels[best]}: the most headroom in the last measurement ({room[labels[best]]:.1f}x)"
+    for name, figure in (("bytes", task.bytes), ("FLOPs", task.flops)):
+        sizes = [_figure(figure, c) for c in task.cases]
+        if any(s is not None for s in sizes):
+            best = max(range(len(labels)), key=lambda i: (sizes[i] or 0.0, i))
+            return best, f"L1 and L3 read case {labels[best]}: the most {name} of the task's cases (no measurement yet)"
+    return 0, ""  # a task that counts neither is read at its first case, as its author listed it
+
+
+def _figure(fn: Callable[..., float] | None, case: dict[str, object]) -> float | None:
+    """A task's bytes or FLOPs formula on one case; None where it has none or it fails there."""
+    if fn is None:
+        return None
+    try:
+        value = fn(**case)
+    except Exception:  # noqa: BLE001 - a task's own formula: a case it cannot count is not counted
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _once(make: Callable[[], Interception]) -> Callable[[], Interception]:
