@@ -1,20 +1,22 @@
 """How the optimize loop's kernels are checked and timed, and when a measurement makes a verdict: the
 sandboxed harness behind one interface (`Judge`), so tests can put a deterministic clock behind the same
 correctness checks; the acceptance rules (`verdict`, `acceptable`) and the one-line reason a kernel
-was not (`why_rejected`)."""
+was not (`why_rejected`); a round's variants judged within the device's memory (`validate_variants`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from diagnose.loop_options import OptimizeOptions
+from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
 from harness.task import TaskSpec
 
-__all__ = ["HarnessJudge", "Judge", "acceptable", "default_check_workers", "verdict", "why_rejected"]
+__all__ = ["HarnessJudge", "Judge", "acceptable", "default_check_workers", "validate_variants", "verdict", "why_rejected"]
 
 # judge(task_spec, baseline_file_or_None, candidate_file_or_None, entry_name) -> RunReport
 Judge = Callable[[TaskSpec, str | None, str | None, str], RunReport]
@@ -144,3 +146,42 @@ def why_rejected(report: RunReport, role: str) -> str:
     if bad is not None:
         return f"case {bad.label}: " + (bad.error or "outputs differ from the reference")
     return "not correct"
+
+
+def validate_variants(judge: Judge, spec: TaskSpec, parent: Path, variants: list[Path], entry: str,
+                      say: Callable[[str], None]) -> list[RunReport] | str:
+    """A round's variants, each checked and timed against its parent (the judge's `judge_all` when it has
+    one), or why the round fails. Every variant's worker holds the largest case's input sets, and on a
+    task of gigabytes they may not fit side by side: then one at a time (each retiring the last one's
+    worker), and if even that runs out of memory the round fails, so that a resumed run goes on instead
+    of meeting the same wall again (TritonBench-T's fused_mv_sigmoid_sub, a 4 GiB matrix, did, three
+    calls in a row)."""
+    try:
+        return _judged(judge, spec, parent, variants, entry)
+    except UserFacingError as exc:
+        if not _out_of_memory(exc):
+            raise
+        failure = f"the device ran out of memory validating the variants: {first_line(exc)}"
+    if len(variants) == 1:
+        return failure
+    say(f"the device ran out of memory validating {len(variants)} variants together: one at a time")
+    try:
+        return [report for f in variants for report in _judged(judge, spec, parent, [f], entry)]
+    except UserFacingError as exc:
+        if not _out_of_memory(exc):
+            raise
+        return f"the device ran out of memory validating the variants, one at a time too: {first_line(exc)}"
+
+
+def _judged(judge: Judge, spec: TaskSpec, parent: Path, variants: list[Path], entry: str) -> list[RunReport]:
+    """Each variant checked and timed against its parent (the judge's `judge_all` when it has one)."""
+    judge_all = getattr(judge, "judge_all", None)
+    if judge_all is not None:
+        return list(judge_all(spec, str(parent), [str(f) for f in variants], entry))
+    return [judge(spec, str(parent), str(f), entry) for f in variants]
+
+
+def _out_of_memory(exc: UserFacingError) -> bool:
+    """Whether the judge gave up because the device's memory ran out (torch's OutOfMemoryError, as a
+    worker reports it), not because of the kernel or the task."""
+    return "out of memory" in str(exc).lower()

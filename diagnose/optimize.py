@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from diagnose.judging import HarnessJudge, Judge, acceptable, verdict, why_rejected
+from diagnose.judging import HarnessJudge, Judge, acceptable, validate_variants, verdict, why_rejected
 from diagnose.llm import EndpointError
 from diagnose.llm_round import ask_for_round, budget_left
 from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
@@ -482,9 +482,11 @@ def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str
     variant_files = sorted(store.dir.glob(f"round-{r.idx:03d}.v*.py"))
     params = (store.dir / f"round-{r.idx:03d}.variants").read_text().splitlines()
     say(f"round {r.idx}: validating {len(variant_files)} variant(s): " + ", ".join(params[:len(variant_files)]))
-    judge_all = getattr(judge, "judge_all", None)
-    reports = (judge_all(spec, str(parent), [str(f) for f in variant_files], entry) if judge_all
-               else [judge(spec, str(parent), str(f), entry) for f in variant_files])
+    reports = validate_variants(judge, spec, parent, variant_files, entry, lambda msg: say(f"round {r.idx}: {msg}"))
+    if isinstance(reports, str):
+        store.done(r.idx, "failed", reports)
+        say(f"round {r.idx}: failed (device memory)")
+        return
     results = [(file, params[i] if i < len(params) else "", report, acceptable(report, options))
                for i, (file, report) in enumerate(zip(variant_files, reports))]
     passing = [(file, p, report, (g, n, w)) for file, p, report, (g, n, w) in results if g is not None]

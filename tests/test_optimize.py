@@ -203,6 +203,41 @@ def test_a_confirmation_that_cannot_be_timed_fails_the_round_instead_of_rejectin
     store.close()
 
 
+class ShortOfMemoryJudge(TimedJudge):
+    """A device that holds `fits` variants' workers at once: more raise the judge's out-of-memory error,
+    as the reference worker reports torch's."""
+
+    def __init__(self, fits: int) -> None:
+        super().__init__()
+        self.fits, self.batches = fits, []
+
+    def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
+        self.batches.append(len(candidates))
+        if len(candidates) > self.fits:
+            raise UserFacingError("the judge's reference worker failed (make): OutOfMemoryError: CUDA out of memory. "
+                                  "Tried to allocate 4.00 GiB", "check the task's inputs and reference")
+        return super().judge_all(spec, baseline, candidates, entry)
+
+
+def test_variants_that_do_not_fit_the_device_together_are_judged_one_at_a_time(tmp_path):
+    judge = ShortOfMemoryJudge(fits=1)
+    store = _run(tmp_path, rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.batches[0] > 1 and set(judge.batches[1:]) == {1}  # all at once, then one by one
+    assert first.outcome == "accepted", first.reason  # pipelining's 1.43x, found one variant at a time
+    store.close()
+
+
+def test_a_round_that_cannot_fit_the_device_fails_and_the_run_goes_on(tmp_path):
+    store = _run(tmp_path, rounds=2, judge=ShortOfMemoryJudge(fits=0))
+    rounds = store.rounds()
+    assert rounds[0].outcome == "failed" and "ran out of memory validating the variants, one at a time too" \
+        in rounds[0].reason
+    assert rounds[1].hypothesis.pattern != rounds[0].hypothesis.pattern  # the next hypothesis, not the same wall
+    assert store.run().status == RunStatus.FINISHED
+    store.close()
+
+
 def _killed_run(run_dir: str) -> None:
     judge = TimedJudge(die_on_call=4)  # baseline, round 1 (3 variants): dies validating round 1's last variant
     optimize(TaskSpec(path=str(TASK)), OptimizeOptions(rounds=2, backend="interpreter", seeds=1), Path(run_dir),
