@@ -52,3 +52,21 @@ def scale_artifacts(tmp_path_factory: pytest.TempPathFactory):
 
     cache = tmp_path_factory.mktemp("compile-cache")
     return capture_call(EXAMPLES / "scale.py", "scale(torch.randn(1000003), 2.0)", cache_dir=cache)
+
+
+def candidate_rejection(tmp_path: Path, original: str, candidate: str, entry: str, call: str, reference: str,
+                        seeds: int = 2) -> str:
+    """Why the interpreter rejects a rewritten kernel module against its original on one call ("" when it
+    passes); the original must pass."""
+    import json
+
+    from harness.run import RunOptions, run_task
+    from harness.task import TaskSpec
+
+    (tmp_path / "original.py").write_text(original)
+    (tmp_path / "candidate.py").write_text(candidate)
+    spec = TaskSpec(kernel=str(tmp_path / "original.py"), call=call, reference=reference)
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=seeds),
+                      candidate=str(tmp_path / "candidate.py"), candidate_entry=entry)
+    assert report.run("baseline").correct, report.to_dict()
+    return "" if report.run("candidate").correct else json.dumps(report.to_dict()["runs"][-1])

@@ -5,18 +5,15 @@ extents below and above the block as written."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, candidate_rejection
 
 from diagnose.engine import diagnose
 from diagnose.render import to_markdown
 from diagnose.request import KernelInput, request_from
 from diagnose.rewriters import rewrite
-from harness.run import RunOptions, run_task
-from harness.task import TaskSpec
 
 PATTERN = "fit-tile-to-extent"
 
@@ -50,16 +47,6 @@ ROWS = textwrap.dedent('''\
     ''')
 
 
-def _rejection(tmp_path, original: str, candidate: str, entry: str, call: str, reference: str) -> str:
-    (tmp_path / "original.py").write_text(original)
-    (tmp_path / "candidate.py").write_text(candidate)
-    spec = TaskSpec(kernel=str(tmp_path / "original.py"), call=call, reference=reference)
-    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(tmp_path / "candidate.py"),
-                      candidate_entry=entry)
-    assert report.run("baseline").correct, report.to_dict()
-    return "" if report.run("candidate").correct else json.dumps(report.to_dict()["runs"][-1])
-
-
 def test_a_row_block_wider_than_the_rows_is_sized_to_them_and_its_lanes_go_to_the_loop(tmp_path):
     fitted, grown = rewrite(PATTERN, ROWS, {})
     assert fitted.params == {"fit": "BLOCK_M to M"} and grown.params == {"fit": "BLOCK_M to M", "grow": "BLOCK_N"}
@@ -69,7 +56,7 @@ def test_a_row_block_wider_than_the_rows_is_sized_to_them_and_its_lanes_go_to_th
     for variant in (fitted, grown):
         # one row (the vector sum), a few rows, and more rows than the block as written
         for shape in ("1, 3000", "5, 200", "300, 70"):
-            assert _rejection(tmp_path, ROWS, variant.source, "row_sum", f"row_sum(torch.randn({shape}))", reference) == ""
+            assert candidate_rejection(tmp_path, ROWS, variant.source, "row_sum", f"row_sum(torch.randn({shape}))", reference) == ""
 
 
 def test_one_tile_across_a_short_row_takes_the_rows_width_at_the_launch(tmp_path):
@@ -77,7 +64,7 @@ def test_one_tile_across_a_short_row_takes_the_rows_width_at_the_launch(tmp_path
     (variant,) = rewrite(PATTERN, source, {})
     assert "BLOCK=min(block, triton.next_power_of_2(x.shape[1]))" in variant.source  # the grid never reads it
     for shape in ("64, 4", "10, 200"):
-        assert _rejection(tmp_path, source, variant.source, "scale_rows", f"scale_rows(torch.randn({shape}))",
+        assert candidate_rejection(tmp_path, source, variant.source, "scale_rows", f"scale_rows(torch.randn({shape}))",
                           "lambda x, block=256: x * 2") == ""
     # L1's finding at such a launch now names the pattern
     answer = diagnose(request_from(KernelInput(kernel=str(FIXTURES / "wild" / "narrow_rows.py"),

@@ -8,11 +8,10 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
+from conftest import candidate_rejection
 
 from diagnose.rewriters import dot_tile_autotune, dot_tile_configs, rewrite
 from diagnose.rewriters.launch import Knob, current_knobs, jit_names
-from harness.run import RunOptions, run_task
-from harness.task import TaskSpec
 
 SCALE = textwrap.dedent('''\
     import torch
@@ -42,23 +41,14 @@ def _knobs(source: str) -> dict[str, Knob]:
     return current_knobs(module, jit_names(module))
 
 
-def _correct(tmp_path, original: str, candidate: str, entry: str, call: str, reference: str) -> bool:
-    (tmp_path / "original.py").write_text(original)
-    (tmp_path / "candidate.py").write_text(candidate)
-    spec = TaskSpec(kernel=str(tmp_path / "original.py"), call=call, reference=reference)
-    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(tmp_path / "candidate.py"),
-                      candidate_entry=entry)
-    assert report.run("baseline").correct, report.to_dict()
-    return report.run("candidate").correct
-
-
 def test_a_block_bound_to_a_local_name_changes_where_it_is_assigned_and_the_grid_follows(tmp_path):
     assert _knobs(SCALE)["BLOCK_SIZE"] == Knob(256, local="BLOCK_SIZE", scope="scale")
     variants = {tuple(v.params.items()): v.source for v in rewrite("block-size-num-warps", SCALE, {})}
     halved = variants[(("BLOCK_SIZE", 128),)]
     assert "    BLOCK_SIZE = 128\n" in halved and "BLOCK_SIZE=BLOCK_SIZE)" in halved
     # The grid reads the name: at 128 a grid left at 256 would cover half of x.
-    assert _correct(tmp_path, SCALE, halved, "scale", "scale(torch.randn(1000), 3.0)", "lambda x, a: x * a")
+    assert candidate_rejection(tmp_path, SCALE, halved, "scale", "scale(torch.randn(1000), 3.0)", "lambda x, a: x * a",
+                               seeds=1) == ""
 
 
 def test_a_block_passed_by_position_is_a_knob_and_a_size_passed_by_position_is_not():
@@ -162,8 +152,8 @@ def test_a_draft_matmul_with_local_blocks_gets_whole_tiles_and_its_grid_follows(
     assert "matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, num_stages=3, num_warps=8)" in wide.source
     # 128 x 32 tiles: a grid that kept 32 x 32 would compute a quarter of the rows' blocks
     narrow = next(v for v in variants if v.params["BLOCK_M"] == 128 and v.params["BLOCK_N"] == 32)
-    assert _correct(tmp_path, MATMUL, narrow.source, "matmul", "matmul(torch.randn(130, 40), torch.randn(40, 70))",
-                    "lambda a, b: a @ b")
+    assert candidate_rejection(tmp_path, MATMUL, narrow.source, "matmul",
+                               "matmul(torch.randn(130, 40), torch.randn(40, 70))", "lambda a, b: a @ b", seeds=1) == ""
     # The tuner would own knobs that are locals passed by position: no autotuned variant.
     assert dot_tile_autotune(MATMUL, {}) == []
     # A grid that counts the tiles by a literal the blocks do not bind would keep the old size.
