@@ -160,3 +160,8 @@ def test_a_draft_matmul_with_local_blocks_gets_whole_tiles_and_its_grid_follows(
     fixed = MATMUL.replace("grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)",
                            "grid = ((M + 31) // 32, (N + 31) // 32)")
     assert dot_tile_configs(fixed, {}) == []
+    # The same when branches bind the grid: every tuple the wrapper binds to that name is checked.
+    branched = fixed.replace("    grid = ((M + 31) // 32, (N + 31) // 32)\n",
+                             "    if M > 4096:\n        grid = ((M + 31) // 32, (N + 31) // 32)\n"
+                             "    else:\n        grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)\n")
+    assert branched != fixed and dot_tile_configs(branched, {}) == []

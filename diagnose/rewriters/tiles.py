@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from diagnose.rewriters.base import InJit, Variant, dotted, jit_functions, register
@@ -83,11 +84,20 @@ class _LaunchGrids(cst.CSTVisitor):
         self.launched.add(kernel)
         index = node.slice[0].slice
         value = index.value if isinstance(index, cst.Index) else None
+        tuples: list[cst.BaseExpression] = [value] if isinstance(value, cst.Tuple) else []
         if isinstance(value, cst.Name):
             reaching = reaching_value(value.value, node, self.parents)
-            value = reaching[0] if reaching else None
-        if isinstance(value, cst.Tuple):  # a lambda of meta follows the blocks by itself
-            self.grids_of.setdefault(kernel, []).append(value)
+            # Where branches assign it, every tuple the launching function binds to that name is a grid to check.
+            tuples = [reaching[0]] if reaching else [
+                a.value for a in m.findall(self._function_of(node), m.Assign(targets=[m.AssignTarget(m.Name(value.value))]))
+                if isinstance(a, cst.Assign)]
+        # a lambda of meta follows the blocks by itself
+        self.grids_of.setdefault(kernel, []).extend(t for t in tuples if isinstance(t, cst.Tuple))
+
+    def _function_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        while node in self.parents and not isinstance(node, cst.FunctionDef):
+            node = self.parents[node]
+        return node
 
     def visit_Call(self, node: cst.Call) -> None:
         if cdiv_divisor(node) is not None:
