@@ -17,6 +17,7 @@ from harness.measurement import RunReport
 
 if TYPE_CHECKING:
     from harness.capture import Interception
+    from harness.task import Task
 
 __all__ = ["DEFAULT_TARGET", "DiagnosisRequest", "KernelInput", "diagnosed_case", "request_from"]
 
@@ -106,8 +107,16 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
     if kernel.dump is not None:
         dump, source = kernel.dump, str(Path(kernel.kernel).resolve()) if kernel.kernel else ""
         return DiagnosisRequest(kernel.kernel, lambda: _ascend_dumps(dump, source), report, "npu")
-    case, case_note = (kernel.case, "") if kernel.case is not None or kernel.task is None else \
-        diagnosed_case(kernel.task, report, target)
+    task_source, case, case_note = None, kernel.case, ""
+    if kernel.task is not None:
+        from harness.capture import device_for
+        from harness.task import load_task
+
+        with device_for(target):
+            loaded = load_task(kernel.task)
+        task_source = loaded.source_file
+        if case is None:
+            case, case_note = diagnosed_case(loaded, report)
     if kernel.task is not None and kernel.rewrite is not None:
         task, rewrite, entry = kernel.task, kernel.rewrite, str(kernel.entry)
 
@@ -133,12 +142,9 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
         return DiagnosisRequest(rewrite, compile_rewrite, report, target or DEFAULT_TARGET,
                                 launch_facts=rewrite_launches, case_note=case_note)
     if kernel.task is not None:
-        from harness.capture import device_for
-        from harness.task import intercept_task, load_task
+        from harness.task import intercept_task
 
-        task_file = kernel.task
-        with device_for(target):
-            source = load_task(task_file).source_file
+        task_file, source = kernel.task, str(task_source)
         intercepted = _once(lambda: intercept_task(task_file, case or 0, target))
     else:
         from harness.capture import intercept_call
@@ -149,7 +155,7 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
                             launch_facts=lambda: intercepted().facts(), case_note=case_note)
 
 
-def diagnosed_case(task_file: str, report: RunReport | None, target: str | None = None) -> tuple[int, str]:
+def diagnosed_case(task: Task, report: RunReport | None) -> tuple[int, str]:
     """The timed case of a task whose launch and IR the diagnosis reads, and a note saying why.
 
     Where the headroom is: the case the last measurement (`report`'s baseline) leaves the most room on,
@@ -157,11 +163,6 @@ def diagnosed_case(task_file: str, report: RunReport | None, target: str | None 
     the most bytes (else does the most FLOPs, else the first listed): the sizes a kernel is slow at are
     the large ones, and a task may list its cases smallest first (TritonBench-T's sweeps do), where a
     grid of one program on a 4096-element vector is no finding at all."""
-    from harness.capture import device_for
-    from harness.task import load_task
-
-    with device_for(target):
-        task = load_task(task_file)
     if len(task.cases) <= 1:
         return 0, ""
     labels = [task.case_label(c) for c in task.cases]
@@ -171,23 +172,12 @@ def diagnosed_case(task_file: str, report: RunReport | None, target: str | None 
     if room:
         best = max(range(len(labels)), key=lambda i: (room.get(labels[i], 0.0), i))
         return best, f"L1 and L3 read case {labels[best]}: the most headroom in the last measurement ({room[labels[best]]:.1f}x)"
-    for name, figure in (("bytes", task.bytes), ("FLOPs", task.flops)):
-        sizes = [_figure(figure, c) for c in task.cases]
+    for name, figure in (("bytes", task.case_bytes), ("FLOPs", task.case_flops)):
+        sizes = [figure(c) for c in task.cases]
         if any(s is not None for s in sizes):
             best = max(range(len(labels)), key=lambda i: (sizes[i] or 0.0, i))
             return best, f"L1 and L3 read case {labels[best]}: the most {name} of the task's cases (no measurement yet)"
     return 0, ""  # a task that counts neither is read at its first case, as its author listed it
-
-
-def _figure(fn: Callable[..., float] | None, case: dict[str, object]) -> float | None:
-    """A task's bytes or FLOPs formula on one case; None where it has none or it fails there."""
-    if fn is None:
-        return None
-    try:
-        value = fn(**case)
-    except Exception:  # noqa: BLE001 - a task's own formula: a case it cannot count is not counted
-        return None
-    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _once(make: Callable[[], Interception]) -> Callable[[], Interception]:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import exchange
-from harness.errors import UserFacingError
 from harness.host import POISON_A, POISON_B, fill_poison, outputs_of
 
 __all__ = ["Expected", "ReferenceHost", "TaskInfo"]
@@ -96,7 +95,7 @@ class ReferenceHost:
             labels=[task.case_label(c) for c in cases], timed=len(task.cases), generated=len(generated_cases),
             exempt=outputs + inouts, inouts=inouts, allow_torch=list(task.allow_torch), has_reference=task.reference is not None,
             warm_cache=task.warm_cache, family=task.family, files=task_files(task),
-            bytes=[_maybe(task.bytes, c) for c in task.cases], flops=[_maybe(task.flops, c) for c in task.cases],
+            bytes=[task.case_bytes(c) for c in task.cases], flops=[task.case_flops(c) for c in task.cases],
             seed=seed)
         self._cases = cases
         return asdict(self.info)
@@ -342,16 +341,3 @@ def _plain(case: dict[str, Any]) -> dict[str, Any]:
     """A case as JSON: dtypes and other objects by their printed name."""
     return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v).replace("torch.", "")
             for k, v in case.items()}
-
-
-def _maybe(fn: Any, case: dict[str, Any]) -> float | None:
-    """The task's bytes/flops figure for a case; None where it has none (no formula, or the formula
-    returns None for this case: an imported perf script may count only some of its input sets)."""
-    if fn is None:
-        return None
-    try:
-        value = fn(**case)
-        return None if value is None else float(value)
-    except Exception as exc:  # noqa: BLE001 - the task's own formula
-        raise UserFacingError(f"the task's bytes/flops formula fails on {case}: {type(exc).__name__}: {exc}",
-                              "fix bytes(**case) / flops(**case) in the task file") from exc

@@ -110,6 +110,12 @@ class Task:
     def case_label(self, case: dict[str, Any]) -> str:
         return ",".join(f"{k}={_short(v)}" for k, v in case.items()) or "default"
 
+    def case_bytes(self, case: dict[str, Any]) -> float | None:
+        return _figure(self.bytes, case)
+
+    def case_flops(self, case: dict[str, Any]) -> float | None:
+        return _figure(self.flops, case)
+
     def arguments(self, case: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """One call's positional and keyword arguments for `case`, freshly made."""
         made = self.inputs(**case)
@@ -291,6 +297,19 @@ def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None
                  cache_dir: str | os.PathLike[str] | None = None) -> list[Artifacts]:
     """Compile the launches of one case of a task (the first by default)."""
     return intercept_task(path, case, target).compile(cache_dir)
+
+
+def _figure(formula: Callable[..., float] | None, case: dict[str, Any]) -> float | None:
+    """The task's bytes or flops figure for a case; None where it has none (no formula, or the formula
+    returns None for this case: an imported perf script may count only some of its input sets)."""
+    if formula is None:
+        return None
+    try:
+        value = formula(**case)
+        return None if value is None else float(value)
+    except Exception as exc:  # noqa: BLE001 - the task's own formula
+        raise UserFacingError(f"the task's bytes/flops formula fails on {case}: {type(exc).__name__}: {exc}",
+                              "fix bytes(**case) / flops(**case) in the task file") from exc
 
 
 def intercept_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None) -> Interception:

@@ -9,6 +9,7 @@ import textwrap
 from diagnose.engine import diagnose
 from diagnose.request import KernelInput, diagnosed_case, request_from
 from harness.measurement import CaseResult, KernelRun, Roofline, RunReport, Timing
+from harness.task import Task, load_task
 
 # One program sums the whole vector, 1024 lanes a step: fine at 4096 elements, 1/132 of the device at 2^20.
 KERNEL = textwrap.dedent('''\
@@ -54,10 +55,14 @@ TASK = textwrap.dedent('''\
     ''')
 
 
-def _task(tmp_path, task: str = TASK) -> str:
+def _task_file(tmp_path, task: str = TASK) -> str:
     (tmp_path / "vsum.py").write_text(KERNEL)
     (tmp_path / "task.py").write_text(task)
     return str(tmp_path / "task.py")
+
+
+def _task(tmp_path, task: str = TASK) -> Task:
+    return load_task(_task_file(tmp_path, task))
 
 
 def _measured(medians: list[float], fractions: list[float]) -> RunReport:
@@ -85,7 +90,7 @@ def test_with_measurements_the_case_with_the_most_headroom_is_read(tmp_path):
 
 
 def test_the_underfilled_grid_is_found_at_the_size_it_costs_and_the_answer_says_which_case(tmp_path):
-    task = _task(tmp_path)
+    task = _task_file(tmp_path)
     answer = diagnose(request_from(KernelInput(task=task)), None, level_max="L1")
     idle = [f for f in answer.findings if f.kind == "parallelism.grid-underfilled"]
     assert idle and "1 program(s) for" in idle[0].title
