@@ -9,7 +9,7 @@ tl.load / tl.store masks and tl.where conditions the terms a predicate proves tr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -19,7 +19,7 @@ from libcst.metadata import PositionProvider
 from diagnose.rewriters.base import dotted, is_jit
 
 __all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
-           "kernel_aranges", "mask_like", "names_in", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
+           "enclosing_function", "kernel_aranges", "mask_like", "names_in", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -152,18 +152,20 @@ def reaching_value(name: str, node: cst.CSTNode, parents: Mapping[cst.CSTNode, c
                         and stmt.body[0] is assign[0]:
                     if any(name in assigned_names(loop.body) for loop in loops):
                         return None  # the loops between them assign it after the node: a later iteration sees that
-                    owner = next((p for p in _ancestors(stmt, parents) if isinstance(p, cst.FunctionDef)), None)
-                    return assign[0].value, owner  # type: ignore[attr-defined]
+                    return assign[0].value, enclosing_function(stmt, parents)  # type: ignore[attr-defined]
                 if name in assigned_names(stmt):
                     return None
         child = parent
     return None
 
 
-def _ancestors(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> Iterator[cst.CSTNode]:
+def enclosing_function(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.FunctionDef | None:
+    """The innermost function holding `node` (None: the module's top level)."""
     while node in parents:
         node = parents[node]
-        yield node
+        if isinstance(node, cst.FunctionDef):
+            return node
+    return None
 
 
 def single_assigns(block: cst.CSTNode) -> dict[str, cst.BaseExpression]:

@@ -99,9 +99,7 @@ class SetKnob(cst.CSTTransformer):
 
     def __init__(self, kernels: set[str], key: str, value: int, knob: Knob | None, old: int | None = None) -> None:
         self.kernels, self.key, self.value, self.old = kernels, key, value, old
-        self.knob = knob
-        self.param = knob.param if knob else None
-        self.local = knob.local if knob else None
+        self.knob = knob or Knob(0)  # none read: written at the launch, if anywhere
         self.functions: list[str] = []
         # each kernel's definition: a keyword a launch lacks is added only where the kernel takes it (a
         # module with a second kernel, a split's cast, must not get the first one's BLOCK_M)
@@ -112,7 +110,7 @@ class SetKnob(cst.CSTTransformer):
         self.definitions = jit_functions(node)
 
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
-        if self.param and original.name.value == self.param and isinstance(original.default, cst.Integer):
+        if self.knob.param and original.name.value == self.knob.param and isinstance(original.default, cst.Integer):
             self.done = True
             return updated.with_changes(default=cst.Integer(str(self.value)))
         return updated
@@ -127,21 +125,23 @@ class SetKnob(cst.CSTTransformer):
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         # Every `NAME = <old value>` of the function that binds the launch's: a wrapper's two branches
         # that each set the same block for their own launch move together.
-        if self.knob and self.local and (self.functions[-1] if self.functions else "") == self.knob.scope and m.matches(
-                updated, m.Assign(targets=[m.AssignTarget(target=m.Name(self.local))], value=m.Integer(str(self.knob.value)))):
+        knob = self.knob
+        if knob.local and (self.functions[-1] if self.functions else "") == knob.scope and m.matches(
+                updated, m.Assign(targets=[m.AssignTarget(target=m.Name(knob.local))], value=m.Integer(str(knob.value)))):
             self.done = True
             return updated.with_changes(value=cst.Integer(str(self.value)))
         return updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if self.old is not None and not self.param and cdiv_divisor(updated) == self.old:
+        bound = self.knob.param or self.knob.local  # written at a name, not at the launch
+        if self.old is not None and not self.knob.param and cdiv_divisor(updated) == self.old:
             return with_divisor(updated, self.value)
         if not (isinstance(original.func, cst.Subscript) and dotted(original.func.value) in self.kernels):
             return updated
         kernel = self.definitions.get(dotted(original.func.value))
         arg = launch_arguments(kernel, updated).get(self.key)
         if arg is not None:
-            if not isinstance(arg.value, cst.Integer) and (self.param or self.local or self.key not in LAUNCH_OPTIONS):
+            if not isinstance(arg.value, cst.Integer) and (bound or self.key not in LAUNCH_OPTIONS):
                 # A name bound where the reader found it changes there; a block from an expression it could not
                 # read stays, since the grid may compute with the same expression. Warps and stages size nothing
                 # else, so a heuristic's value (`num_warps=nw`) gives way to the literal.
@@ -149,7 +149,7 @@ class SetKnob(cst.CSTTransformer):
             self.done = True
             return updated.with_changes(args=[a.with_changes(value=cst.Integer(str(self.value))) if a is arg else a
                                               for a in updated.args])
-        if self.param or self.local or self.key not in LAUNCH_OPTIONS \
+        if bound or self.key not in LAUNCH_OPTIONS \
                 and (kernel is None or self.key not in {p.name.value for p in kernel.params.params}):
             return updated
         args = list(updated.args)
@@ -170,8 +170,10 @@ def jit_names(module: cst.Module) -> set[str]:
 LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "warp_specialize"})
 
 
-def launch_knobs(module: cst.Module, kernels: set[str]) -> _LaunchKnobs:
-    parents = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+def launch_knobs(module: cst.Module, kernels: set[str], parents: Mapping[cst.CSTNode, cst.CSTNode] | None = None
+                 ) -> _LaunchKnobs:
+    """The module's launches read; `parents`: its ParentNodeProvider metadata where the caller has it."""
+    parents = parents or MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
     knobs = _LaunchKnobs({name: fn for name, fn in jit_functions(module).items() if name in kernels}, parents)
     module.visit(knobs)
     return knobs

@@ -12,7 +12,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from diagnose.rewriters.base import InJit, Variant, dotted, jit_functions, register
-from diagnose.rewriters.blocks import names_in, reaching_value
+from diagnose.rewriters.blocks import enclosing_function, names_in, reaching_value
 from diagnose.rewriters.configs import DOT_TILES
 from diagnose.rewriters.launch import (
     TRITON_DEFAULT_KNOBS,
@@ -68,8 +68,8 @@ class _LaunchGrids(cst.CSTVisitor):
     `grid = (..)` is the assignment that reaches the launch), and every `triton.cdiv(x, <literal>)` call,
     wherever it is."""
 
-    def __init__(self, kernels: set[str], parents: Mapping[cst.CSTNode, cst.CSTNode]) -> None:
-        self.kernels, self.parents = kernels, parents
+    def __init__(self, module: cst.Module, kernels: set[str], parents: Mapping[cst.CSTNode, cst.CSTNode]) -> None:
+        self.module, self.kernels, self.parents = module, kernels, parents
         self.grids_of: dict[str, list[cst.Tuple]] = {}
         self.literal_cdivs = 0
         self.launched: set[str] = set()  # the jit functions launched with a grid (not helpers they call)
@@ -88,16 +88,12 @@ class _LaunchGrids(cst.CSTVisitor):
         if isinstance(value, cst.Name):
             reaching = reaching_value(value.value, node, self.parents)
             # Where branches assign it, every tuple the launching function binds to that name is a grid to check.
+            scope = enclosing_function(node, self.parents) or self.module
             tuples = [reaching[0]] if reaching else [
-                a.value for a in m.findall(self._function_of(node), m.Assign(targets=[m.AssignTarget(m.Name(value.value))]))
+                a.value for a in m.findall(scope, m.Assign(targets=[m.AssignTarget(m.Name(value.value))]))
                 if isinstance(a, cst.Assign)]
         # a lambda of meta follows the blocks by itself
         self.grids_of.setdefault(kernel, []).extend(t for t in tuples if isinstance(t, cst.Tuple))
-
-    def _function_of(self, node: cst.CSTNode) -> cst.CSTNode:
-        while node in self.parents and not isinstance(node, cst.FunctionDef):
-            node = self.parents[node]
-        return node
 
     def visit_Call(self, node: cst.Call) -> None:
         if cdiv_divisor(node) is not None:
@@ -153,7 +149,8 @@ def _tile_plan(source: str) -> _TilePlan | None:
         return None
     module = cst.parse_module(source)
     kernels = jit_names(module)
-    launched = launch_knobs(module, kernels)
+    parents = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    launched = launch_knobs(module, kernels, parents)
     current = current_knobs(module, kernels, launched)
     names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
     if names["M"] is None or names["N"] is None:
@@ -168,7 +165,7 @@ def _tile_plan(source: str) -> _TilePlan | None:
     for node in module.body:
         if isinstance(node, cst.FunctionDef) and node.name.value in kernels:
             node.visit(blocks)
-    found = _LaunchGrids(kernels, MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider))
+    found = _LaunchGrids(module, kernels, parents)
     module.visit(found)
     tiled = {name for name, fn in jit_functions(module).items()
              if {names["M"], names["N"]} <= {p.name.value for p in fn.params.params}}
