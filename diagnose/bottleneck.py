@@ -5,7 +5,8 @@ roofline position against the device's measured ceilings, and, with --profile, N
 msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' symptoms):
 
 - launch-bound: every case finishes in a few microseconds, the launch overhead's order;
-- host-bound: the time stays flat while the work grows many-fold across cases, or the device works
+- host-bound: the time stays flat while the work grows many-fold across the cases (the small ones at
+  least: a fixed cost per call that the large cases hide), or the device works
   a small part of the time a call takes (ncu's kernel time against the timed call);
 - memory-bound far from the roofline: memory-bound by intensity, below 60% of the copy ceiling;
 - latency-bound: counters show the warps stalled on memory (long scoreboard) with DRAM far from busy,
@@ -39,6 +40,8 @@ __all__ = ["classify"]
 
 LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
 FAR_FROM_ROOF = 0.6
+HOST_FLAT = 1.5  # times within this ratio of each other are flat
+HOST_WORK_SPAN = 8.0  # ... while the work grows at least this many-fold
 FORMULA_OFF = 2.0  # a task formula this far from the kernel's own work is not trusted
 # Sectors per request: a coalesced warp moves 4 (4-byte lanes) to 16 (16-byte vectors); more than 16
 # only when lanes touch sectors of their own (32 for 4-byte lanes).
@@ -225,19 +228,22 @@ def _flops_from(work: KernelWork) -> str:
 def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Finding]:
     """Time that does not follow the work: flat across cases whose work differs many-fold, or a device
     busy for a small part of each call (the wrapper's Python, syncs, copies between launches)."""
-    sized = [(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases if c.roofline and c.roofline.bytes]
-    if len(sized) >= 3:
-        work_span = max(b for b, _, _ in sized) / max(min(b for b, _, _ in sized), 1.0)
-        time_span = max(t for _, t, _ in sized) / max(min(t for _, t, _ in sized), 1e-9)
-        if work_span >= 8 and time_span <= 1.5 and min(t for _, t, _ in sized) >= LAUNCH_US:
-            ev = log.add("L2", "timing", f"the time stays within {time_span:.2f}x while the work grows {work_span:.0f}x "
-                         "across the timed cases", where, ", ".join(f"{label}: {b / 1e6:.2f} MB in {t:.1f} us"
-                                                                   for b, t, label in sized))
-            return [Finding("profile.host-bound", "launch", "host-bound: the time does not follow the work",
-                            "Something other than the kernel's work sets the time at every size: the wrapper's host "
-                            "code (autotune lookups, device contexts, .item(), Python loops of launches, copies), "
-                            "or a fixed serial part. Remove it, batch the launches, or capture a CUDA graph.",
-                            [ev], [], "", "L2", 0.8)]
+    flat = _flat_floor([(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases
+                        if c.roofline and c.roofline.bytes])
+    if flat is not None:
+        work_span = flat[-1][0] / max(flat[0][0], 1.0)
+        times = [t for _, t, _ in flat]
+        time_span = max(times) / min(times)
+        which = "the timed cases" if len(flat) == len(cases) else f"the {len(flat)} smallest of the {len(cases)} timed cases"
+        ev = log.add("L2", "timing", f"the time stays within {time_span:.2f}x while the work grows {work_span:.0f}x "
+                     f"across {which}", where, ", ".join(f"{label}: {b / 1e6:.2f} MB in {t:.1f} us"
+                                                         for b, t, label in flat))
+        return [Finding("profile.host-bound", "launch", "host-bound: the time does not follow the work"
+                        + ("" if len(flat) == len(cases) else f" up to case {flat[-1][2]}"),
+                        "Something other than the kernel's work sets the time at these sizes: the wrapper's host "
+                        "code (autotune lookups, device contexts, syncs, .item(), Python loops of launches, copies), "
+                        "or a fixed serial part. Remove it, batch the launches, or capture a CUDA graph.",
+                        [ev], [], "", "L2", 0.8, gain=round(_geomean_bound(times, len(cases)), 2))]
     for c in cases:
         device_us = (c.profile or {}).get("duration_us")
         if isinstance(device_us, (int, float)) and device_us > 0 and c.timing.median_us > 3 * device_us \
@@ -249,6 +255,30 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
                             "of each call", "The GPU idles while the wrapper's host code runs between launches.",
                             [ev], [], "", "L2", 0.8, gain=round(c.timing.median_us / max(device_us, LAUNCH_US), 2))]
     return []
+
+
+def _flat_floor(sized: list[tuple[float, float, str]]) -> list[tuple[float, float, str]] | None:
+    """The (bytes, us, label) cases, smallest work first, over which the time stays flat (within
+    HOST_FLAT) while the work grows at least HOST_WORK_SPAN-fold, above a launch's time: the fixed cost
+    a call pays whatever its size. The longest such run from the smallest case, or None. A kernel whose
+    large cases follow the work is host-bound at its small ones all the same (a sync in the wrapper
+    costs 150 us at 4096 elements as at 8M), and the small cases weigh as much in the suite's geomean."""
+    ordered = sorted(sized)
+    if len(ordered) < 3:
+        return None  # two sizes alone say too little about how the time scales
+    flat = None
+    for end in range(2, len(ordered) + 1):
+        times = [t for _, t, _ in ordered[:end]]
+        if max(times) / max(min(times), 1e-9) > HOST_FLAT:
+            break
+        if ordered[end - 1][0] / max(ordered[0][0], 1.0) >= HOST_WORK_SPAN and min(times) >= LAUNCH_US:
+            flat = ordered[:end]
+    return flat
+
+
+def _geomean_bound(flat_us: list[float], timed: int) -> float:
+    """What the run's geomean over its `timed` cases gains at most if the flat cases drop to a launch."""
+    return math.prod(t / LAUNCH_US for t in flat_us) ** (1 / max(timed, 1))
 
 
 BUSY_PCT = 60.0  # DRAM or SM throughput (% of peak) from which the kernel runs at a roof
