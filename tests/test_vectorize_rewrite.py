@@ -33,7 +33,8 @@ def _rejection(tmp_path, source: str, call: str) -> str:
 
 def test_the_innermost_scalar_loop_loads_a_chunk_of_lanes_and_sums_them(tmp_path):
     variants = rewrite(PATTERN, WINDOW.read_text(), {})
-    assert [v.params for v in variants] == [{"chunk": c, "loops": 1} for c in (16, 64, 256)]
+    assert [v.params for v in variants] == [{"chunk": c, "loops": 1} for c in (16, 64, 256)] + \
+        [{"tile": t, "loops": 1} for t in ("16x16", "32x32", "8x128")]
     source = variants[0].source
     assert "        _kb_w_end = min((w_out + 1) * w_size, in_w)\n" in source  # the bound, once
     assert "        for _kb_w0 in range(w_out * w_size, _kb_w_end, 16):\n            w = _kb_w0 + tl.arange(0, 16)\n" in source
@@ -44,6 +45,39 @@ def test_the_innermost_scalar_loop_loads_a_chunk_of_lanes_and_sums_them(tmp_path
     for shape, out in (("12, 12", "4, 4"), ("32, 64", "2, 4"), ("37, 74", "1, 2")):
         assert _rejection(tmp_path, source, f"window_mean(torch.randn({shape}), {out})") == ""
     assert _rejection(tmp_path, variants[2].source, "window_mean(torch.randn(37, 74), 1, 2)") == ""
+
+
+def test_a_row_loop_around_the_scalar_loop_becomes_a_loop_over_tiles_of_the_window(tmp_path):
+    tiled = {v.params["tile"]: v.source for v in rewrite(PATTERN, WINDOW.read_text(), {}) if "tile" in v.params}
+    source = tiled["16x16"]
+    assert "    _kb_h_end = (h_out + 1) * h_size\n    _kb_w_end = min((w_out + 1) * w_size, in_w)\n" in source
+    assert "        h = (_kb_h0 + tl.arange(0, 16))[:, None]\n        _kb_h_live = h < _kb_h_end\n" in source
+    assert "            _kb_hw_live = _kb_h_live & (w < _kb_w_end)\n" in source
+    assert "count += tl.sum(tl.where(_kb_hw_live, 1, 0))" in source
+    # windows of 3x3 and 37x37: smaller than a tile, and partial last tiles on both axes
+    for shape, out in (("12, 12", "4, 4"), ("74, 74", "2, 2")):
+        assert _rejection(tmp_path, source, f"window_mean(torch.randn({shape}), {out})") == ""
+    assert _rejection(tmp_path, tiled["8x128"], "window_mean(torch.randn(74, 37), 2, 1)") == ""
+    # a row value computed in the outer loop travels with the rows
+    with_row = WINDOW.read_text().replace("            idx = h * stride_h + w * stride_w\n", "            idx = row + w * stride_w\n") \
+        .replace("        for w in range(", "        row = h * stride_h\n        for w in range(")
+    source = next(v.source for v in rewrite(PATTERN, with_row, {}) if v.params.get("tile") == "16x16")
+    assert "        _kb_h_live = h < _kb_h_end\n        row = h * stride_h\n" in source
+    assert _rejection(tmp_path, source, "window_mean(torch.randn(74, 74), 2, 2)") == ""
+
+
+@pytest.mark.parametrize("before, after", [
+    # the scalar loop's bound follows the row: a triangle, not a tile
+    ("for w in range(w_out * w_size, min((w_out + 1) * w_size, in_w)):", "for w in range(w_out * w_size, h):"),
+    # the row value is read after the loops
+    ("    tl.store(out_ptr + pid, total / count)\n", "    tl.store(out_ptr + pid, total / count + h)\n"),
+    # a load per row outside the scalar loop
+    ("        for w in range(", "        r = tl.load(x_ptr + h)\n        for w in range("),
+])
+def test_nests_that_are_not_a_window_get_no_tile(before, after):
+    source = WINDOW.read_text()
+    assert before in source
+    assert not any("tile" in v.params for v in rewrite(PATTERN, source.replace(before, after), {}))
 
 
 def test_l1_names_the_scalar_loop_above_its_missing_pipelining():

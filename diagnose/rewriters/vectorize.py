@@ -21,6 +21,13 @@ assignments of values computed from the loop variable and loads (the lanes' own 
 accumulations `acc += expr` whose expr reads no accumulator; at least one expr loads; every load takes a
 pointer alone (no mask of its own); no name the body assigns, the loop variable included, is read after
 the loop. Anything else and the rewrite declines.
+
+A row loop around such a loop (a 2-D window: pooling, a box filter) is a loop over H x W tiles in the
+variants named `tile`: rows on the first axis (`h = (h0 + tl.arange(0, H))[:, None]`), the scalar loop's
+lanes on the second, both masked. One chunk of 16 lanes walks a 16x16 window in 16 trips; a tile, in one.
+The row loop may compute per-row values first (`row = h * stride_h`: no loads or calls of its own); the
+scalar loop's bounds may not read the row (a triangle is no tile), and no row value is read after the
+loops. The 1-D variants stay: where windows are one row high, lanes along the row are all there is.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from diagnose.rewriters.blocks import KernelLoops, code, names_in
 __all__ = ["ScalarLoop", "scalar_loops", "vectorize_scalar_loop"]
 
 _CHUNKS = (16, 64, 256)
+_TILES = ((16, 16), (32, 32), (8, 128))  # rows x lanes of a window's tile
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,8 @@ class _Plan:
     accumulators: tuple[str, ...]
 
 
-def _plan(loop: cst.For, kernel: cst.FunctionDef) -> _Plan | None:
+def _unit_range(loop: cst.For) -> tuple[str, cst.BaseExpression | None, cst.BaseExpression] | None:
+    """(variable, start, end) of `for v in range(end)` / `range(start, end[, 1])` (or tl.range)."""
     if not (isinstance(loop.target, cst.Name) and isinstance(loop.iter, cst.Call)
             and dotted(loop.iter.func) in ("range", "tl.range") and loop.orelse is None):
         return None
@@ -66,7 +75,14 @@ def _plan(loop: cst.For, kernel: cst.FunctionDef) -> _Plan | None:
     if len(args) == 3 and not m.matches(args[2].value, m.Integer("1")):
         return None
     start, end = (None, args[0].value) if len(args) == 1 else (args[0].value, args[1].value)
-    var = loop.target.value
+    return loop.target.value, start, end
+
+
+def _plan(loop: cst.For, kernel: cst.FunctionDef) -> _Plan | None:
+    unit = _unit_range(loop)
+    if unit is None:
+        return None
+    var, start, end = unit
     body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
     if not body or m.findall(loop.body, m.For() | m.While() | m.If() | m.IfExp()) \
             or m.findall(loop.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange")))):
@@ -110,6 +126,51 @@ def _plan(loop: cst.For, kernel: cst.FunctionDef) -> _Plan | None:
     return _Plan(var, start, end, tuple(accumulators))
 
 
+@dataclass(frozen=True)
+class _Nest:
+    """Two nested loops over a window: the outer walks rows (after a few row values, `prelude`), the inner
+    is a scalar loop `_plan` takes whose bounds do not depend on the row."""
+    var: str
+    start: cst.BaseExpression | None
+    end: cst.BaseExpression
+    prelude: tuple[cst.BaseStatement, ...]
+    inner_loop: cst.For
+    inner: _Plan
+
+
+def _nest(loop: cst.For, kernel: cst.FunctionDef) -> _Nest | None:
+    unit = _unit_range(loop)
+    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
+    if unit is None or not body or not isinstance(body[-1], cst.For):
+        return None
+    var, start, end = unit
+    inner = _plan(body[-1], kernel)
+    if inner is None:
+        return None
+    rows = {var}  # names holding per-row values
+    for stmt in body[:-1]:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+                and isinstance(assign := stmt.body[0], cst.Assign) and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name)):
+            return None
+        if m.findall(stmt, m.Call()) and any(not dotted(c.func).startswith("tl.") or dotted(c.func) in _NOT_PER_ROW
+                                             for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call)):
+            return None  # loads, stores and calls of our own stay in the scalar loop's form
+        target = assign.targets[0].target.value
+        if target in inner.accumulators or names_in(assign.value) & set(inner.accumulators):
+            return None
+        rows.add(target)
+    bounds = [e for e in (inner.start, inner.end, start, end) if e is not None]
+    if any(names_in(e) & rows for e in bounds) or names_in(end) & set(inner.accumulators):
+        return None
+    if any(names_in(s) & rows for s in _statements_after(kernel, loop)):
+        return None
+    return _Nest(var, start, end, tuple(body[:-1]), body[-1], inner)
+
+
+_NOT_PER_ROW = frozenset({"tl.load", "tl.store", "tl.arange", "tl.atomic_add", "tl.device_print"})
+
+
 def _statements_after(kernel: cst.FunctionDef, loop: cst.For) -> list[cst.CSTNode]:
     """The statements of the kernel that run after `loop`'s own (outside it), at any depth."""
     out: list[cst.CSTNode] = []
@@ -133,14 +194,28 @@ def _statements_after(kernel: cst.FunctionDef, loop: cst.For) -> list[cst.CSTNod
 
 
 class _Vectorize(KernelLoops):
-    def __init__(self, chunk: int) -> None:
+    """`tile` (W,): every scalar loop loads W lanes at a time. `tile` (H, W): every nest of two (a row loop
+    around a scalar loop) loads an H x W tile of the window at a time; lone scalar loops are left as
+    they are, so that the two variant families differ."""
+
+    def __init__(self, tile: tuple[int, ...]) -> None:
         super().__init__()
-        self.chunk = chunk
+        self.tile = tile
         self.found: list[ScalarLoop] = []
         self.taken: set[str] = set()
+        self._nests: dict[int, _Nest] = {}  # id of an outer loop -> its plan
+        self._inner: set[int] = set()  # ids of the inner loops those plans rebuild
 
     def visit_Module(self, node: cst.Module) -> None:
         self.taken = names_in(node)
+
+    def visit_For(self, node: cst.For) -> None:
+        kernel = self.kernel()
+        if len(self.tile) == 2 and kernel is not None and id(node) not in self._inner:
+            nest = _nest(node, kernel[0])
+            if nest is not None:
+                self._nests[id(node)] = nest
+                self._inner.add(id(nest.inner_loop))
 
     def _fresh(self, name: str) -> str:
         while name in self.taken:
@@ -149,29 +224,69 @@ class _Vectorize(KernelLoops):
         return name
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        if id(original) in self._inner:
+            return updated  # rebuilt by its outer loop
+        nest = self._nests.get(id(original))
+        if nest is not None:
+            return self._tile(original, nest)
         kernel = self.kernel()
-        plan = _plan(original, kernel[0]) if kernel is not None else None
+        plan = _plan(original, kernel[0]) if kernel is not None and len(self.tile) == 1 else None
         if plan is None:
             return updated
         self.found.append(ScalarLoop(self.line(original), plan.accumulators))
-        v, c = plan.var, self.chunk
+        v, c = plan.var, self.tile[0]
         first, end, live = self._fresh(f"_kb_{v}0"), self._fresh(f"_kb_{v}_end"), self._fresh(f"_kb_{v}_live")
-        hoist = cst.parse_statement(f"{end} = {code(plan.end)}\n").with_changes(leading_lines=[
-            *original.leading_lines, cst.EmptyLine(comment=cst.Comment(
-                f"# {c} iterations at a time: the lanes load together and their values are summed"))])
-        start = code(plan.start) if plan.start is not None else "0"
-        header = cst.parse_statement(f"for {first} in {dotted(original.iter.func)}({start}, {end}, {c}):\n    pass\n")  # type: ignore[attr-defined]
-        assert isinstance(header, cst.For)
+        hoist = self._hoist(original, [(end, plan.end)], f"{c} iterations at a time: the lanes load together "
+                            "and their values are summed")
+        header = self._header(original, first, plan.start, end, c)
         body: list[cst.BaseStatement] = [cst.parse_statement(f"{v} = {first} + tl.arange(0, {c})\n"),
                                          cst.parse_statement(f"{live} = {v} < {end}\n")]
-        for stmt in original.body.body:
+        body += self._summed(original, live)
+        return cst.FlattenSentinel([*hoist, header.with_changes(body=cst.IndentedBlock(body=body))])
+
+    def _tile(self, outer: cst.For, nest: _Nest) -> cst.FlattenSentinel[cst.BaseStatement]:
+        """The nest as a loop over H x W tiles: rows on the first axis, the scalar loop's lanes on the second."""
+        self.found.append(ScalarLoop(self.line(nest.inner_loop), nest.inner.accumulators))
+        (ch, cw), r, c = self.tile, nest.var, nest.inner.var
+        r0, r_end, r_live = self._fresh(f"_kb_{r}0"), self._fresh(f"_kb_{r}_end"), self._fresh(f"_kb_{r}_live")
+        c0, c_end, live = self._fresh(f"_kb_{c}0"), self._fresh(f"_kb_{c}_end"), self._fresh(f"_kb_{r}{c}_live")
+        hoist = self._hoist(outer, [(r_end, nest.end), (c_end, nest.inner.end)],
+                            f"{ch} x {cw} tiles of the window at a time: the lanes load together and their values are summed")
+        inner = self._header(nest.inner_loop, c0, nest.inner.start, c_end, cw)
+        inner_body: list[cst.BaseStatement] = [cst.parse_statement(f"{c} = ({c0} + tl.arange(0, {cw}))[None, :]\n"),
+                                               cst.parse_statement(f"{live} = {r_live} & ({c} < {c_end})\n")]
+        inner_body += self._summed(nest.inner_loop, live)
+        outer_body: list[cst.BaseStatement] = [cst.parse_statement(f"{r} = ({r0} + tl.arange(0, {ch}))[:, None]\n"),
+                                               cst.parse_statement(f"{r_live} = {r} < {r_end}\n"), *nest.prelude,
+                                               inner.with_changes(body=cst.IndentedBlock(body=inner_body))]
+        header = self._header(outer, r0, nest.start, r_end, ch)
+        return cst.FlattenSentinel([*hoist, header.with_changes(body=cst.IndentedBlock(body=outer_body))])
+
+    @staticmethod
+    def _hoist(loop: cst.For, ends: list[tuple[str, cst.BaseExpression]], why: str) -> list[cst.BaseStatement]:
+        """`name = end` for each bound, once before the loop, the first carrying the loop's comments and `why`."""
+        out: list[cst.BaseStatement] = [cst.parse_statement(f"{name} = {code(end)}\n") for name, end in ends]
+        out[0] = out[0].with_changes(leading_lines=[*loop.leading_lines, cst.EmptyLine(comment=cst.Comment(f"# {why}"))])
+        return out
+
+    @staticmethod
+    def _header(loop: cst.For, first: str, start: cst.BaseExpression | None, end: str, step: int) -> cst.For:
+        header = cst.parse_statement(f"for {first} in {dotted(loop.iter.func)}({code(start) if start is not None else '0'}, "  # type: ignore[attr-defined]
+                                     f"{end}, {step}):\n    pass\n")
+        assert isinstance(header, cst.For)
+        return header
+
+    @staticmethod
+    def _summed(loop: cst.For, live: str) -> list[cst.BaseStatement]:
+        """The scalar loop's statements with its loads masked by `live` and its accumulations summed over it."""
+        out: list[cst.BaseStatement] = []
+        for stmt in loop.body.body:
             assert isinstance(stmt, cst.SimpleStatementLine)
             small = stmt.body[0].visit(_MaskLoads(live))
             if isinstance(small, cst.AugAssign):
-                value = cst.parse_expression(f"tl.sum(tl.where({live}, {code(small.value)}, 0))")
-                small = small.with_changes(value=value)
-            body.append(stmt.with_changes(body=[small]))
-        return cst.FlattenSentinel([hoist, header.with_changes(body=cst.IndentedBlock(body=body))])
+                small = small.with_changes(value=cst.parse_expression(f"tl.sum(tl.where({live}, {code(small.value)}, 0))"))
+            out.append(stmt.with_changes(body=[small]))
+        return out
 
 
 class _MaskLoads(cst.CSTTransformer):
@@ -186,8 +301,8 @@ class _MaskLoads(cst.CSTTransformer):
         return cst.parse_expression(f"tl.load({code(updated.args[0].value)}, mask={self.live}, other=0)")
 
 
-def _vectorized(source: str, chunk: int) -> tuple[str, list[ScalarLoop]]:
-    transformer = _Vectorize(chunk)
+def _vectorized(source: str, tile: tuple[int, ...]) -> tuple[str, list[ScalarLoop]]:
+    transformer = _Vectorize(tile)
     module = MetadataWrapper(cst.parse_module(source)).visit(transformer)
     return module.code, transformer.found
 
@@ -195,18 +310,23 @@ def _vectorized(source: str, chunk: int) -> tuple[str, list[ScalarLoop]]:
 def scalar_loops(source: str) -> list[ScalarLoop]:
     """The scalar accumulation loops of the module's kernels (what L1 reports; the rewrite vectorizes them)."""
     try:
-        return _vectorized(source, _CHUNKS[0])[1]
+        return _vectorized(source, (_CHUNKS[0],))[1]
     except cst.ParserSyntaxError:
         return []
 
 
 def vectorize_scalar_loop(source: str, context: dict[str, Any]) -> list[Variant]:
-    """One variant per chunk of lanes (16, 64, 256)."""
+    """One variant per chunk of lanes (16, 64, 256) for the innermost scalar loops, then one per tile
+    (16x16, 32x32, 8x128) for each nest of a row loop around one."""
     variants = []
     for chunk in _CHUNKS:
-        new, found = _vectorized(source, chunk)
+        new, found = _vectorized(source, (chunk,))
         if found:
             variants.append(Variant({"chunk": chunk, "loops": len(found)}, new))
+    for rows, lanes in _TILES:
+        new, found = _vectorized(source, (rows, lanes))
+        if found:
+            variants.append(Variant({"tile": f"{rows}x{lanes}", "loops": len(found)}, new))
     return variants
 
 
