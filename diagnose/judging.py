@@ -69,8 +69,12 @@ class HarnessJudge:
 
         from harness.run import run_task
 
+        judge = self.judge_for(spec)
+        # The last round's variants are done: their workers hold a case's inputs each, and beside the
+        # stand-ins' a task of gigabytes runs out of device memory (fused_mv_sigmoid_sub's 4 GiB matrix did).
+        judge.retire(keep=[best] if best else [])
         return run_task(spec, replace(self.options, references=self.references), candidate=best,
-                        candidate_entry=entry, judge=self.judge_for(spec))
+                        candidate_entry=entry, judge=judge)
 
     def judge_all(self, spec: TaskSpec, baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
         """A round's variants against their (already validated) parent: each variant checked in a fresh
@@ -85,7 +89,9 @@ class HarnessJudge:
         """A round's pick timed against its parent again, alone (see `_confirmed`)."""
         from harness.run import time_again
 
-        return time_again(spec, self.options, baseline, candidate, entry, self.judge_for(spec))
+        judge = self.judge_for(spec)
+        judge.retire(keep=[baseline, candidate])  # the round's other variants are done (see `final`)
+        return time_again(spec, self.options, baseline, candidate, entry, judge)
 
     def close(self) -> None:
         for judge in self._judges.values():

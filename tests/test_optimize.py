@@ -509,6 +509,13 @@ def test_a_rounds_variants_are_checked_by_several_workers(tmp_path):
         assert len({h.worker.pid for h in session._hosted.values()}) == 3  # one worker per source
         judge.judge_all(SPEC, str(KERNEL), [str(KERNEL)], "row_sum")  # the next round retires the last one's
         assert len(session._hosted) == 1
+        judge.judge_all(SPEC, str(KERNEL), [str(v) for v in variants], "row_sum")
+        judge.confirm(SPEC, str(KERNEL), str(variants[0]), "row_sum")  # the pick timed again: the others retire
+        assert len(session._hosted) == 2
+        judge.judge_all(SPEC, str(KERNEL), [str(v) for v in variants], "row_sum")
+        judge.final(SPEC, str(variants[1]), "row_sum")  # the end of the run: the last round's workers retire
+        hosted = {h.spec.file for h in session._hosted.values()}
+        assert str(variants[1]) in hosted and not hosted & {str(variants[0]), str(variants[2])}
     finally:
         judge.close()
 
