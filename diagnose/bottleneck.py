@@ -42,6 +42,7 @@ LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
 FAR_FROM_ROOF = 0.6
 HOST_FLAT = 1.5  # times within this ratio of each other are flat
 HOST_WORK_SPAN = 8.0  # ... while the work grows at least this many-fold
+HOST_MIN_GAIN = 1.2  # a fixed cost the run's geomean would not feel is left unsaid
 FORMULA_OFF = 2.0  # a task formula this far from the kernel's own work is not trusted
 # Sectors per request: a coalesced warp moves 4 (4-byte lanes) to 16 (16-byte vectors); more than 16
 # only when lanes touch sectors of their own (32 for 4-byte lanes).
@@ -230,16 +231,17 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
     busy for a small part of each call (the wrapper's Python, syncs, copies between launches)."""
     flat = _flat_floor([(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases
                         if c.roofline and c.roofline.bytes])
-    if flat is not None:
+    if flat is not None and _geomean_bound([t for _, t, _ in flat], len(cases)) >= HOST_MIN_GAIN:
         work_span = flat[-1][0] / max(flat[0][0], 1.0)
         times = [t for _, t, _ in flat]
         time_span = max(times) / min(times)
-        which = "the timed cases" if len(flat) == len(cases) else f"the {len(flat)} smallest of the {len(cases)} timed cases"
+        which = "the timed cases" if len(flat) == len(cases) else \
+            f"{len(flat)} of the {len(cases)} timed cases ({flat[0][2]} to {flat[-1][2]})"
         ev = log.add("L2", "timing", f"the time stays within {time_span:.2f}x while the work grows {work_span:.0f}x "
                      f"across {which}", where, ", ".join(f"{label}: {b / 1e6:.2f} MB in {t:.1f} us"
                                                          for b, t, label in flat))
         return [Finding("profile.host-bound", "launch", "host-bound: the time does not follow the work"
-                        + ("" if len(flat) == len(cases) else f" up to case {flat[-1][2]}"),
+                        + ("" if len(flat) == len(cases) else f" from case {flat[0][2]} to {flat[-1][2]}"),
                         "Something other than the kernel's work sets the time at these sizes: the wrapper's host "
                         "code (autotune lookups, device contexts, syncs, .item(), Python loops of launches, copies), "
                         "or a fixed serial part. Remove it, batch the launches, or capture a CUDA graph.",
@@ -258,22 +260,27 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
 
 
 def _flat_floor(sized: list[tuple[float, float, str]]) -> list[tuple[float, float, str]] | None:
-    """The (bytes, us, label) cases, smallest work first, over which the time stays flat (within
-    HOST_FLAT) while the work grows at least HOST_WORK_SPAN-fold, above a launch's time: the fixed cost
-    a call pays whatever its size. The longest such run from the smallest case, or None. A kernel whose
-    large cases follow the work is host-bound at its small ones all the same (a sync in the wrapper
-    costs 150 us at 4096 elements as at 8M), and the small cases weigh as much in the suite's geomean."""
+    """The (bytes, us, label) cases, by work, that sit at the run's time floor: the contiguous run of
+    cases around the fastest one whose times stay within HOST_FLAT of it while their work spans at least
+    HOST_WORK_SPAN-fold, above a launch's time. That floor is a fixed cost per call whatever the size: a
+    sync in the wrapper costs 150 us at 4096 elements as at 8M, while the large cases follow their
+    bytes, and the small cases weigh as much in a suite's geomean. Around the fastest case, not from the
+    smallest: a host-bound call's time is noisy, and its smallest case measured at 227 us beside 116 us
+    for 16x the work on the H200. None where there is no such run."""
     ordered = sorted(sized)
     if len(ordered) < 3:
         return None  # two sizes alone say too little about how the time scales
-    flat = None
-    for end in range(2, len(ordered) + 1):
-        times = [t for _, t, _ in ordered[:end]]
-        if max(times) / max(min(times), 1e-9) > HOST_FLAT:
-            break
-        if ordered[end - 1][0] / max(ordered[0][0], 1.0) >= HOST_WORK_SPAN and min(times) >= LAUNCH_US:
-            flat = ordered[:end]
-    return flat
+    fastest = min(range(len(ordered)), key=lambda i: ordered[i][1])
+    floor = ordered[fastest][1]
+    lo = hi = fastest
+    while lo > 0 and ordered[lo - 1][1] <= HOST_FLAT * floor:
+        lo -= 1
+    while hi + 1 < len(ordered) and ordered[hi + 1][1] <= HOST_FLAT * floor:
+        hi += 1
+    run = ordered[lo:hi + 1]
+    if floor < LAUNCH_US or run[-1][0] / max(run[0][0], 1.0) < HOST_WORK_SPAN:
+        return None
+    return run
 
 
 def _geomean_bound(flat_us: list[float], timed: int) -> float:
