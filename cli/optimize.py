@@ -74,6 +74,9 @@ def find_run(home: str | None, run: str, fix: str = "see `kb rounds list`") -> P
               help="openai: also ask an OpenAI-compatible endpoint (KB_LLM_BASE_URL, KB_LLM_MODEL, KB_LLM_API_KEY).")
 @llm_options
 @strategy_option("How far each round's diagnosis escalates.")
+@click.option("--untargeted/--no-untargeted", default=True, show_default=True,
+              help="Once the findings and the launch search are spent, try the catalog's other rewrites that apply "
+                   "to the kernel (rounds no finding asked for; a resumed run keeps its own).")
 @backend_option()
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the run lives (default: runs/<task>-<time> under the KB home).")
@@ -92,8 +95,8 @@ def find_run(home: str | None, run: str, fix: str = "see `kb rounds list`") -> P
 @user_errors
 def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
              reference: str | None, rounds: int, time_budget: float | None, llm: str, llm_settings: dict[str, Any],
-             strategy: str, backend: BackendName, run_dir: Path | None, resume_run: str | None, release: str | None,
-             stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
+             strategy: str, untargeted: bool, backend: BackendName, run_dir: Path | None, resume_run: str | None,
+             release: str | None, stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
              check_workers: int | None, as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task (a TASK file, or --kernel FILE --call EXPR);
     every step persisted, resumable."""
@@ -114,7 +117,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
         if LLMConfig.from_env() is None:
             raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
-                              backend=backend, release=release,
+                              untargeted=untargeted, backend=backend, release=release,
                               references=stand_ins(versus), warmup_ms=warmup_ms, rep_ms=rep_ms,
                               check_workers=check_workers, **llm_settings)
     if options.backend == "interpreter":

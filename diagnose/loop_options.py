@@ -35,8 +35,11 @@ class OptimizeOptions:
     max_tokens_per_run: int | None = None
     llm_model: str | None = None
     llm_first: bool = False  # ask the model before the deterministic rewrites of each finding
+    # Once the diagnosis's findings and the launch search are spent, try the catalog's other rewrites
+    # whose preconditions hold on the kernel (untargeted rounds: no finding asked for them).
+    untargeted: bool = True
 
 
 # Options a resumed run keeps from its start (a run's rounds must be comparable with each other).
 KEPT_ON_RESUME = ("rounds", "llm", "strategy", "backend", "candidates", "repairs", "context_tokens",
-                   "max_tokens_per_run", "llm_model", "llm_first")
+                   "max_tokens_per_run", "llm_model", "llm_first", "untargeted")

@@ -123,6 +123,22 @@ def test_a_rejected_hypothesis_is_not_retried(tmp_path):
     store.close()
 
 
+def test_once_the_findings_are_spent_the_loop_tries_the_rewrites_that_apply_untargeted(tmp_path):
+    # rowsum: pipelining (a finding), then the launch search twice; then nothing is left to ask for.
+    off = _run(tmp_path / "off", rounds=4, untargeted=False)
+    assert len(off.rounds()) == 3 and off.run().note == "no untried hypothesis left after 3 rounds"
+    off.close()
+    on = _run(tmp_path / "on", rounds=4)
+    rounds = on.rounds()
+    assert [r.hypothesis.pattern for r in rounds[:3]] == ["tl-range-pipelining", "autotune-configs", "autotune-configs"]
+    fourth = rounds[3]
+    # No finding asked for it, and the round says so; its rewriter applied to the best kernel (round 2).
+    assert fourth.hypothesis.finding == "" and fourth.hypothesis.title.startswith("untargeted: ")
+    assert fourth.parent == 2 and fourth.hypothesis.pattern not in ("tl-range-pipelining", "autotune-configs")
+    assert fourth.state == "done" and fourth.outcome in ("accepted", "rejected")
+    on.close()
+
+
 class ConfirmingJudge(TimedJudge):
     """Times a round's pick against its parent a second time with the parent `parent_factor` as slow as
     in the round's own timing (0.7: the round's gain was a slow reading of the parent)."""
