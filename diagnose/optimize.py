@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from diagnose.judging import HarnessJudge, Judge, acceptable, validate_variants, verdict, why_rejected
+from diagnose.end_of_run import time_the_end
+from diagnose.judging import HarnessJudge, Judge, acceptable, validate_variants, why_rejected
 from diagnose.llm import EndpointError
 from diagnose.llm_round import ask_for_round, budget_left
 from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
@@ -37,7 +38,7 @@ from diagnose.records import Answer
 from diagnose.rewriters import REWRITERS, Variant, rewrite, unified_diff
 from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
 from harness.errors import UserFacingError, first_line
-from harness.measurement import RunReport, geomean
+from harness.measurement import RunReport
 from harness.task import Task, TaskSpec, entry_name
 
 if TYPE_CHECKING:
@@ -151,23 +152,7 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
                 store.update_run(note=f"no untried hypothesis left after {len(rounds)} rounds")
                 break
             _finish(store, planned, spec, task, entry, judge, options, home, say)
-        info = store.run()
-        best = info.best_round or 0
-        if (info.final or {}).get("best_round") != best:
-            # Chained per-round speedups drift: the best kernel is timed against the original once, at
-            # the end, with the PyTorch stand-ins beside them (a weak initial kernel cannot hide).
-            final_judge = getattr(judge, "final", None)
-            if not best and not options.references and info.baseline:
-                # Nothing to time: the best kernel is the initial one and no stand-in is asked for.
-                store.update_run(final=_final_record(0, RunReport.from_dict(info.baseline), options))
-            elif final_judge is not None:
-                say(f"timing the best kernel (round {best}) against the task's own and PyTorch" if best
-                    else "timing the task's own kernel against PyTorch")
-                store.update_run(final=_final_record(best, final_judge(spec, info.best_path if best else None, entry),
-                                                     options))
-            elif best:
-                say(f"timing the best kernel (round {best}) against the task's own")
-                store.update_run(final=_final_record(best, judge(spec, None, info.best_path, entry), options))
+        time_the_end(store, spec, judge, entry, options, say)
         store.update_run(status=RunStatus.FINISHED)
     except KeyboardInterrupt:
         store.update_run(status=RunStatus.INTERRUPTED)
@@ -586,27 +571,6 @@ def _checker(judge: Judge, spec: TaskSpec, parent: Path, entry: str) -> Callable
         return None if not report.failure and run is not None and run.correct else why_rejected(report, "candidate")
 
     return verdict
-
-
-def _final_record(best: int, report: RunReport, options: OptimizeOptions) -> dict[str, Any]:
-    """The end-of-run measurement: best over initial per case (1.0 when no round was accepted: the
-    best kernel is the initial one), and both over each PyTorch stand-in that was timed."""
-    record: dict[str, Any] = {"best_round": best, "report": report.to_dict()}
-    if best:
-        record["per_case"] = report.speedups()
-        record["geomean"] = verdict(report, options)[0]
-    else:
-        record["per_case"] = {label: 1.0 for label in report.speedups("baseline", "baseline")}
-        baseline_run = report.run("baseline")
-        record["geomean"] = 1.0 if baseline_run and baseline_run.correct else None
-    for ref in ("eager", "compiled"):
-        if report.run(ref) is None:
-            continue
-        kernels = {"initial": "baseline", "best": "candidate" if best else "baseline"}
-        per_case = {name: report.speedups(ref, role) for name, role in kernels.items()}
-        record[f"vs_{ref}"] = {name: {"per_case": cases, "geomean": geomean(cases.values())}
-                               for name, cases in per_case.items()}
-    return record
 
 
 def _rewritten_by(hyp: Hypothesis) -> str:

@@ -444,20 +444,47 @@ def test_tensor_descriptor_rewrite_dispatches_on_tma_rules(tmp_path):
 
 
 def test_the_final_measurement_reports_speedups_over_pytorch():
-    from diagnose.optimize import _final_record
+    from diagnose.end_of_run import final_record
 
     def run_of(role, us):
         return KernelRun(role=role, source=f"{role}.py", cases=[
             CaseResult(case={"n": i}, label=f"n={i}", timing=Timing(t, t, t, 10, 0.0)) for i, t in enumerate(us)])
     report = RunReport(task="t", backend="cuda", device="H200", runs=[
         run_of("baseline", [100.0, 100.0]), run_of("candidate", [50.0, 25.0]), run_of("eager", [100.0, 50.0])])
-    record = _final_record(2, report, OptimizeOptions())
+    record = final_record(2, report, OptimizeOptions())
     assert record["geomean"] == pytest.approx(8 ** 0.5) and record["per_case"] == {"n=0": 2.0, "n=1": 4.0}
     assert record["vs_eager"]["initial"]["geomean"] == pytest.approx(0.5 ** 0.5)  # the initial kernel lost to eager
     assert record["vs_eager"]["best"]["per_case"] == {"n=0": 2.0, "n=1": 2.0}
-    unchanged = _final_record(0, RunReport(task="t", backend="cuda", device="H200", runs=[
+    unchanged = final_record(0, RunReport(task="t", backend="cuda", device="H200", runs=[
         run_of("baseline", [100.0, 100.0]), run_of("eager", [100.0, 50.0])]), OptimizeOptions())
     assert unchanged["geomean"] == 1.0 and unchanged["vs_eager"]["best"] == unchanged["vs_eager"]["initial"]
+
+
+class SlowAtTheEnd(TimedJudge):
+    """The end-of-run timing finds the best kernel 3x slower than the initial one on the first case."""
+
+    def final(self, spec, best, entry) -> RunReport:
+        report = super().final(spec, best, entry)
+        first = next(c for c in report.run("candidate").cases if not c.heldout)
+        first.timing = Timing(*(first.timing.median_us * 3,) * 3, 100, repeat_spread=0.0)
+        return report
+
+
+def test_a_best_kernel_that_does_not_hold_up_at_the_end_hands_back_the_initial_one(tmp_path):
+    store = _run(tmp_path, rounds=1, judge=SlowAtTheEnd())
+    (first,) = store.rounds()
+    assert first.outcome == "accepted"  # by its own timing
+    info = store.run()
+    assert info.best_round == 0 and info.best_path.endswith("round-000.py")
+    assert info.final["best_round"] == 0 and info.final["geomean"] == 1.0
+    assert set(info.final["per_case"].values()) == {1.0}
+    assert "round 1's kernel did not hold up in the end-of-run timing" in info.note
+    assert "slower by more than the noise" in info.note
+    best = (store.dir / "best.py").read_text()
+    assert "the initial kernel" in best.splitlines()[0] and best.endswith(KERNEL.read_text())
+    summary = report(store)
+    assert summary.best_round == 0 and summary.speedup_vs_initial == 1.0
+    store.close()
 
 
 def test_one_process_per_run_directory_and_an_empty_store_starts_afresh(tmp_path):

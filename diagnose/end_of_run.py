@@ -1,0 +1,92 @@
+"""The end of an optimize run: the best kernel timed against the task's own once more, with the PyTorch
+stand-ins beside them, and the verdict of that timing over the chain of rounds that picked it.
+
+Chained per-round speedups drift (each round is timed against its parent, not the original), and a
+round's timing of a host-bound call is noisy: TritonBench-T's fused_mv_sigmoid_sub draft took 166 us
+at 64x64 in the round that accepted num_warps=2 (its pick 176 us), and 175 us against the pick's 455 us
+at the end. So the end-of-run timing judges the best kernel by the rules a round does (no timed case
+slower than the initial kernel by more than the noise bar): where it fails them, the initial kernel
+stands, the run says why, and the report counts it as no round accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from diagnose.judging import acceptable, verdict
+from diagnose.loop_options import OptimizeOptions
+from diagnose.rounds import RoundsStore
+from harness.measurement import RunReport, geomean
+from harness.task import TaskSpec
+
+if TYPE_CHECKING:
+    from diagnose.judging import Judge
+
+__all__ = ["final_record", "time_the_end"]
+
+
+def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, options: OptimizeOptions,
+                 say: Callable[[str], None]) -> None:
+    """Time the run's best kernel against the initial one (once: a resumed run that has the record for
+    its best round keeps it) and record it, handing the initial kernel back where the timing rejects
+    the best one."""
+    info = store.run()
+    best = info.best_round or 0
+    if (info.final or {}).get("best_round") == best:
+        return
+    final_judge = getattr(judge, "final", None)
+    if not best and not options.references and info.baseline:
+        # Nothing to time: the best kernel is the initial one and no stand-in is asked for.
+        store.update_run(final=final_record(0, RunReport.from_dict(info.baseline), options))
+        return
+    if final_judge is not None:
+        say(f"timing the best kernel (round {best}) against the task's own and PyTorch" if best
+            else "timing the task's own kernel against PyTorch")
+        report = final_judge(spec, info.best_path if best else None, entry)
+    elif best:
+        say(f"timing the best kernel (round {best}) against the task's own")
+        report = judge(spec, None, info.best_path, entry)
+    else:
+        return
+    if best and not report.failure:
+        kept, _, why = acceptable(report, options)
+        if kept is None:
+            say(f"round {best}'s kernel does not hold up in the end-of-run timing ({why}): the initial kernel stands")
+            _hand_back_initial(store, best, why)
+            best = 0
+    store.update_run(final=final_record(best, report, options))
+
+
+def _hand_back_initial(store: RoundsStore, rejected: int, why: str) -> None:
+    initial = store.dir / "round-000.py"
+    store.update_run(best_round=0, best_path=str(initial),
+                     note=f"round {rejected}'s kernel did not hold up in the end-of-run timing ({why}): "
+                          "the initial kernel stands")
+    header = (f'"""kernel-kb optimize: best kernel of run {store.run().id}: the initial kernel. Round {rejected}\'s '
+              f"kernel, the best by the rounds' own timings, did not hold up against it at the end of the run: "
+              f'{why}.\nHistory: kb rounds show {store.dir}\n"""\n')
+    Path(store.dir / "best.py").write_text(header + initial.read_text())
+
+
+def final_record(best: int, report: RunReport, options: OptimizeOptions) -> dict[str, Any]:
+    """The end-of-run measurement: best over initial per case (1.0 when no round was accepted, or the
+    end-of-run timing rejected the best: the best kernel is the initial one), and both over each PyTorch
+    stand-in that was timed."""
+    record: dict[str, Any] = {"best_round": best, "report": report.to_dict()}
+    if best:
+        record["per_case"] = report.speedups()
+        record["geomean"] = verdict(report, options)[0]
+    else:
+        record["per_case"] = {label: 1.0 for label in report.speedups("baseline", "baseline")}
+        baseline_run = report.run("baseline")
+        record["geomean"] = 1.0 if baseline_run and baseline_run.correct else None
+    for ref in ("eager", "compiled"):
+        if report.run(ref) is None:
+            continue
+        kernels = {"initial": "baseline", "best": "candidate" if best else "baseline"}
+        per_case = {name: report.speedups(ref, role) for name, role in kernels.items()}
+        record[f"vs_{ref}"] = {name: {"per_case": cases, "geomean": geomean(cases.values())}
+                               for name, cases in per_case.items()}
+    return record
