@@ -9,7 +9,10 @@
 # Each call (repository root on the GPU host; carry build/device-wheels, build/tritonbench-T.tgz until the
 # import is finished, $STATE, and a KB home with KB_HOME for L4):
 #   OUT=/some/dir STATE=build/tb-h200 WHEELS=build/device-wheels scripts/device_tritonbench.sh
-# then untar $OUT/state.tgz over build/ here. The import runs until it is done, then the bench starts
+# then untar $OUT/state.tgz over build/ here. A call may carry 64 MiB in all (the tracked tree with it): once
+# the state folder tips the sum over, carry its tarball instead (`tar czf build/tb-h200.tgz -C build tb-h200`,
+# half a megabyte where the folder is 4.6 MB) and untar it first on the host:
+#   tar xzf build/tb-h200.tgz -C build && OUT=... STATE=build/tb-h200 ... scripts/device_tritonbench.sh The import runs until it is done, then the bench starts
 # (BENCH=0 stops after the import). STOP_AFTER: seconds after which no check, job or round starts;
 # IMPORT_TIMEOUT: seconds one draft's check may take (default 90: a hung draft holds a worker that long,
 # and STOP_AFTER + IMPORT_TIMEOUT must end inside the call's ten minutes).
