@@ -12,7 +12,6 @@ stands, the run says why, and the report counts it as no round accepted.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diagnose.judging import acceptable, verdict
@@ -67,7 +66,7 @@ def _hand_back_initial(store: RoundsStore, rejected: int, why: str) -> None:
     header = (f'"""kernel-kb optimize: best kernel of run {store.run().id}: the initial kernel. Round {rejected}\'s '
               f"kernel, the best by the rounds' own timings, did not hold up against it at the end of the run: "
               f'{why}.\nHistory: kb rounds show {store.dir}\n"""\n')
-    Path(store.dir / "best.py").write_text(header + initial.read_text())
+    (store.dir / "best.py").write_text(header + initial.read_text())
 
 
 def final_record(best: int, report: RunReport, options: OptimizeOptions) -> dict[str, Any]:

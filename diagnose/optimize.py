@@ -316,7 +316,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
         key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
         r = Round(idx, parent_idx, "planned", hyp, key, hyp.level, hyp.evidence, hyp.rewriter)
         store.plan(r)
-        asked_by = hyp.finding or ("untargeted" if hyp.title.startswith("untargeted") else "search")
+        asked_by = hyp.finding or ("untargeted" if hyp.untargeted else "search")
         say(f"round {idx}: {asked_by} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level}, "
             f"record {hyp.record:.2f})")
         (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
@@ -387,17 +387,18 @@ _RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
 
 def _untargeted(planned: list[Hypothesis], options: OptimizeOptions, catalog: list[Any], level: str) -> list[Hypothesis]:
     """The catalog's rewrites that no finding asked for and the launch search does not cover, lowest
-    risk first (catalog order within a risk): what the loop tries when the diagnosis has nothing untried
-    and rounds are left, rather than stopping with budget in hand (22 of the first 26 TritonBench-T drafts
-    benched on the H200 stopped after one or two of their three rounds). `_plan` takes one only where its rewriter applies to the kernel;
-    the round records no finding, and its title says so."""
+    risk first (catalog order within a risk): what the loop tries when the diagnosis has nothing
+    untried and rounds are left, rather than stopping with budget in hand (22 of the first 26
+    TritonBench-T drafts benched on the H200 stopped after one or two of their three rounds). `_plan`
+    takes one only where its rewriter applies to the kernel; the round records no finding, and its
+    title says so."""
     backend = "npu" if options.backend == "npu" else "cuda"
     asked = {h.pattern for h in planned}
     fresh = [p for p in catalog if p.id in REWRITERS and p.id not in asked and backend in p.backends
              and p.rewrite.kind != "launch-config-search"]
     fresh.sort(key=lambda p: _RISK_ORDER.get(p.risk, len(_RISK_ORDER)))
     return [Hypothesis("", f"untargeted: {p.title} (no finding asked for it; its rewriter applies to the kernel)",
-                       p.id, "pattern", level) for p in fresh]
+                       p.id, "pattern", level, untargeted=True) for p in fresh]
 
 
 def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions, home: KBHome | None) -> Answer:

@@ -68,6 +68,8 @@ class Hypothesis:
     # The pattern's `unblock`: the source-level condition under which the compiler decides the other way,
     # which the rewrite is meant to make true. With the finding, what justified an accepted round.
     unblock: str = ""
+    # No finding asked for it: the loop tried a rewrite that applies once the findings were spent.
+    untargeted: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Hypothesis:

@@ -133,7 +133,9 @@ def test_once_the_findings_are_spent_the_loop_tries_the_rewrites_that_apply_unta
     assert [r.hypothesis.pattern for r in rounds[:3]] == ["tl-range-pipelining", "autotune-configs", "autotune-configs"]
     fourth = rounds[3]
     # No finding asked for it, and the round says so; its rewriter applied to the best kernel (round 2).
-    assert fourth.hypothesis.finding == "" and fourth.hypothesis.title.startswith("untargeted: ")
+    assert fourth.hypothesis.finding == "" and fourth.hypothesis.untargeted
+    assert fourth.hypothesis.title.startswith("untargeted: ")
+    assert not any(r.hypothesis.untargeted for r in rounds[:3])
     assert fourth.parent == 2 and fourth.hypothesis.pattern not in ("tl-range-pipelining", "autotune-configs")
     assert fourth.state == "done" and fourth.outcome in ("accepted", "rejected")
     on.close()
