@@ -71,8 +71,9 @@ def test_a_row_loop_around_the_scalar_loop_becomes_a_loop_over_tiles_of_the_wind
     ("for w in range(w_out * w_size, min((w_out + 1) * w_size, in_w)):", "for w in range(w_out * w_size, h):"),
     # the row value is read after the loops
     ("    tl.store(out_ptr + pid, total / count)\n", "    tl.store(out_ptr + pid, total / count + h)\n"),
-    # a load per row outside the scalar loop
+    # a load per row outside the scalar loop, or an atomic
     ("        for w in range(", "        r = tl.load(x_ptr + h)\n        for w in range("),
+    ("        for w in range(", "        r = tl.atomic_max(out_ptr, h)\n        for w in range("),
 ])
 def test_nests_that_are_not_a_window_get_no_tile(before, after):
     source = WINDOW.read_text()

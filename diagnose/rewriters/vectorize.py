@@ -153,9 +153,9 @@ def _nest(loop: cst.For, kernel: cst.FunctionDef) -> _Nest | None:
                 and isinstance(assign := stmt.body[0], cst.Assign) and len(assign.targets) == 1
                 and isinstance(assign.targets[0].target, cst.Name)):
             return None
-        if m.findall(stmt, m.Call()) and any(not dotted(c.func).startswith("tl.") or dotted(c.func) in _NOT_PER_ROW
-                                             for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call)):
-            return None  # loads, stores and calls of our own stay in the scalar loop's form
+        if any(not dotted(c.func).startswith("tl.") or dotted(c.func).startswith(_NOT_PER_ROW)
+               for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call)):
+            return None  # loads, stores, atomics and calls of the kernel's own stay in the scalar loop's form
         target = assign.targets[0].target.value
         if target in inner.accumulators or names_in(assign.value) & set(inner.accumulators):
             return None
@@ -168,7 +168,7 @@ def _nest(loop: cst.For, kernel: cst.FunctionDef) -> _Nest | None:
     return _Nest(var, start, end, tuple(body[:-1]), body[-1], inner)
 
 
-_NOT_PER_ROW = frozenset({"tl.load", "tl.store", "tl.arange", "tl.atomic_add", "tl.device_print"})
+_NOT_PER_ROW = ("tl.load", "tl.store", "tl.atomic", "tl.arange", "tl.device_print", "tl.debug")
 
 
 def _statements_after(kernel: cst.FunctionDef, loop: cst.For) -> list[cst.CSTNode]:
