@@ -73,7 +73,11 @@ class Hypothesis:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Hypothesis:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        # Untargeted rounds recorded before the field was (2026-12-02, the H200 bench's fourth session)
+        # said so in their title only.
+        fields.setdefault("untargeted", str(data.get("title", "")).startswith("untargeted: "))
+        return cls(**fields)
 
 
 @dataclass

@@ -321,6 +321,16 @@ def test_trajectories_count_how_far_every_run_diagnosed_finished_or_not():
     assert _suite(rows)["trajectories_reaching"] == {"L1": 2, "L2": 2, "L3": 1, "L4": 1}
 
 
+def test_the_suite_counts_best_rounds_that_no_finding_asked_for():
+    from diagnose.bench.report import _suite
+
+    rows = [{"status": "finished", "speedup": 1.1, "best_round": 3, "best_untargeted": True},
+            {"status": "finished", "speedup": 1.2, "best_round": 1, "best_untargeted": False},
+            {"status": "paused", "speedup": 1.3, "best_round": 2, "best_untargeted": True},  # not finished
+            {"status": "finished", "speedup": 1.0, "best_round": 0, "best_untargeted": False}]
+    assert _suite(rows)["best_untargeted"] == 1
+
+
 def test_retime_measures_the_end_again_and_repeats_no_round(tmp_path):
     from diagnose.bench import retime
     from diagnose.rounds import RoundsStore

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import threading
+from dataclasses import asdict
 from http.server import HTTPServer
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from conftest import FIXTURES
 from cli import main
 from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize
 from diagnose.rewriters import rewrite
-from diagnose.rounds import RoundsStore, RunStatus
+from diagnose.rounds import Hypothesis, RoundsStore, RunStatus
 from diagnose.run_summary import report
 from harness.errors import UserFacingError
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
@@ -136,6 +137,8 @@ def test_once_the_findings_are_spent_the_loop_tries_the_rewrites_that_apply_unta
     assert fourth.hypothesis.finding == "" and fourth.hypothesis.untargeted
     assert fourth.hypothesis.title.startswith("untargeted: ")
     assert not any(r.hypothesis.untargeted for r in rounds[:3])
+    # a record written before the field: its title says it
+    assert Hypothesis.from_json({k: v for k, v in asdict(fourth.hypothesis).items() if k != "untargeted"}).untargeted
     assert fourth.parent == 2 and fourth.hypothesis.pattern not in ("tl-range-pipelining", "autotune-configs")
     assert fourth.state == "done" and fourth.outcome in ("accepted", "rejected")
     on.close()

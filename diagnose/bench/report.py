@@ -105,6 +105,7 @@ def _operator_row(job: Job, floor_us: float | None = None) -> dict[str, Any]:
         "best_round": summary.best_round,
         "best_level": summary.best_level,
         "best_pattern": best.hypothesis.pattern if best else None,
+        "best_untargeted": bool(best and best.hypothesis.untargeted),  # no finding asked for the best round
         # How far the diagnoses went (a run from before `reached` was recorded: its findings' levels).
         "deepest_level": max(reached, key=LEVELS.index) if reached else None,
         "speedup": summary.speedup_vs_initial,
@@ -191,6 +192,7 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_best_round_improved": round(statistics.mean([r["best_round"] for r in done if r["best_round"]]), 2)
         if any(r["best_round"] for r in done) else None,
         "best_from_level": best_level,
+        "best_untargeted": sum(1 for r in done if r["best_round"] and r.get("best_untargeted")),
         "trajectories_reaching": reached,
         "rounds": sum(r.get("rounds", 0) for r in rows),
         "seconds": round(sum(r.get("seconds", 0.0) for r in rows), 1),
@@ -276,6 +278,7 @@ _SUITE_ROWS = [  # (key of _suite's figures, label, key of PUBLISHED or None)
     ("memory_bound_median_fraction", "memory-bound cases: median fraction of copy bandwidth (goal 0.80)", None),
     ("median_best_round", "median best-round index", "median_best_round"),
     ("mean_best_round_improved", "mean best-round index, improved operators", None),
+    ("best_untargeted", "best round untargeted (no finding asked for it)", None),
     ("rounds", "rounds run", None), ("seconds", "seconds (sum over runs)", None),
     ("llm_calls", "LLM calls (all runs)", None), ("llm_tokens", "LLM tokens in + out (all runs)", None)]
 
