@@ -445,6 +445,17 @@ def _markdown(answer: Answer) -> str:
 # ------------------------------------------------------------------------------------ rewrite + validate
 def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str, judge: Judge,
             options: OptimizeOptions, home: KBHome | None, say: Callable[[str], None]) -> None:
+    """Rewrite and validate the round from where it stands, adding the time this takes to its record
+    (a Ctrl-C or an error mid-way too; a kill -9 loses this invocation's share)."""
+    started = time.monotonic()
+    try:
+        _work_round(store, r, spec, task, entry, judge, options, home, say)
+    finally:
+        store.add_work(r.idx, time.monotonic() - started)
+
+
+def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str, judge: Judge,
+                options: OptimizeOptions, home: KBHome | None, say: Callable[[str], None]) -> None:
     parent = store.dir / f"round-{r.parent or 0:03d}.py"
     source = parent.read_text()
     hyp = r.hypothesis

@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS run (
 CREATE TABLE IF NOT EXISTS rounds (
     idx INTEGER PRIMARY KEY, parent INTEGER, state TEXT NOT NULL, hypothesis TEXT NOT NULL, key TEXT NOT NULL,
     level TEXT, evidence TEXT, rewriter TEXT, candidate TEXT, diff TEXT, outcome TEXT, reason TEXT,
-    timings TEXT, speedup REAL, started REAL, finished REAL, cost TEXT
+    timings TEXT, speedup REAL, started REAL, finished REAL, cost TEXT, worked REAL
 );
 """
 
@@ -115,6 +115,16 @@ class Round:
     finished: float | None = None
     # What the round's model calls cost (diagnose.llm.Usage as a dict); None for a round that asked none.
     cost: dict[str, Any] | None = None
+    # Seconds its rewrite and validation took, summed over the invocations that worked on it (a round
+    # resumed in a later session is not charged the time between); None for rounds recorded before.
+    worked: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """The round's work time: `worked`, else (an older record) from its start to its end."""
+        if self.worked is not None:
+            return self.worked
+        return self.finished - self.started if self.finished and self.started else None
 
 
 class RoundsStore:
@@ -132,8 +142,11 @@ class RoundsStore:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(run)")}
         if "final" not in columns:  # a run written before the final measurement existed
             self._db.execute("ALTER TABLE run ADD COLUMN final TEXT")
-        if "cost" not in {row[1] for row in self._db.execute("PRAGMA table_info(rounds)")}:  # before LLM costs
+        round_columns = {row[1] for row in self._db.execute("PRAGMA table_info(rounds)")}
+        if "cost" not in round_columns:  # before LLM costs
             self._db.execute("ALTER TABLE rounds ADD COLUMN cost TEXT")
+        if "worked" not in round_columns:  # before a round's work was summed over the invocations it took
+            self._db.execute("ALTER TABLE rounds ADD COLUMN worked REAL")
 
     def close(self) -> None:
         self._db.close()
@@ -192,12 +205,16 @@ class RoundsStore:
                          (outcome, reason, json.dumps(timings) if timings is not None else None, speedup, time.time(),
                           idx))
 
+    def add_work(self, idx: int, seconds: float) -> None:
+        self._db.execute("UPDATE rounds SET worked = COALESCE(worked, 0) + ? WHERE idx = ?", (seconds, idx))
+
     def rounds(self) -> list[Round]:
         rows = self._db.execute("SELECT idx, parent, state, hypothesis, key, level, evidence, rewriter, candidate, diff, "
-                                "outcome, reason, timings, speedup, started, finished, cost FROM rounds ORDER BY idx")
+                                "outcome, reason, timings, speedup, started, finished, cost, worked FROM rounds "
+                                "ORDER BY idx")
         return [Round(r[0], r[1], r[2], Hypothesis.from_json(json.loads(r[3])), r[4], r[5], json.loads(r[6] or "[]"), r[7], r[8], r[9],
                       r[10], r[11], json.loads(r[12]) if r[12] else None, r[13], r[14], r[15],
-                      json.loads(r[16]) if r[16] else None) for r in rows]
+                      json.loads(r[16]) if r[16] else None, r[17]) for r in rows]
 
     def tried(self) -> dict[str, str]:
         """key -> outcome of every finished round (a rejected hypothesis on the same parent is not retried)."""

@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from http.server import HTTPServer
 from pathlib import Path
 
@@ -281,6 +281,10 @@ def test_a_killed_run_resumes_without_loss(tmp_path):
     after = store.rounds()
     assert [(r.idx, r.state, r.outcome) for r in after] == [(1, "done", "accepted"), (2, "done", "accepted")]
     assert after[0].key == before[0].key and after[0].started == before[0].started  # the same round, finished
+    # Its work is what the resumed invocation spent on it: not the killed one's, nor the time between.
+    assert 0 < after[0].worked < after[0].finished - after[0].started
+    assert 0 < after[1].worked <= after[1].finished - after[1].started + 0.01 and after[1].seconds == after[1].worked
+    assert replace(after[1], worked=None).seconds == after[1].finished - after[1].started  # a record from before
     assert judge.calls == 3 + 6 + 1  # round 1 again, round 2's search, the final best-vs-initial: no baseline re-run
     assert store.run().status == RunStatus.FINISHED
     with pytest.raises(UserFacingError, match="already holds a run"):

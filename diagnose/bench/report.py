@@ -131,7 +131,7 @@ def _operator_row(job: Job, floor_us: float | None = None) -> dict[str, Any]:
 
 
 def _round_seconds(rounds: Any) -> float:
-    return round(sum((r.finished - r.started) for r in rounds if r.finished and r.started), 1)
+    return round(sum(r.seconds or 0.0 for r in rounds), 1)
 
 
 def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
