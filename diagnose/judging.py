@@ -71,7 +71,8 @@ class HarnessJudge:
 
         judge = self.judge_for(spec)
         # The last round's variants are done: their workers hold a case's inputs each, and beside the
-        # stand-ins' a task of gigabytes runs out of device memory (fused_mv_sigmoid_sub's 4 GiB matrix did).
+        # stand-ins' a task of gigabytes runs out of device memory (fused_mv_sigmoid_sub's 4 GiB matrix did,
+        # with three kernel workers of ~30 GiB left from the rounds).
         judge.retire(keep=[best] if best else [])
         return run_task(spec, replace(self.options, references=self.references), candidate=best,
                         candidate_entry=entry, judge=judge)
