@@ -49,13 +49,20 @@ def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, o
         report = judge(spec, None, info.best_path, entry)
     else:
         return
-    if best and not report.failure:
+    if best and not report.failure and _judged(report):
         kept, _, why = acceptable(report, options)
         if kept is None:
             say(f"round {best}'s kernel does not hold up in the end-of-run timing ({why}): the initial kernel stands")
             _hand_back_initial(store, best, why)
             best = 0
     store.update_run(final=final_record(best, report, options))
+
+
+def _judged(report: RunReport) -> bool:
+    """Whether the end-of-run report holds a verdict on the best kernel: it failed a check, or it was
+    timed (an untimed end, on the interpreter, says nothing about its speed)."""
+    best = report.run("candidate")
+    return best is not None and (not best.correct or bool(report.speedups()))
 
 
 def _hand_back_initial(store: RoundsStore, rejected: int, why: str) -> None:

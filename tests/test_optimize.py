@@ -496,6 +496,24 @@ def test_a_best_kernel_that_does_not_hold_up_at_the_end_hands_back_the_initial_o
     store.close()
 
 
+class UntimedAtTheEnd(TimedJudge):
+    """The end-of-run measurement checks but does not time (the interpreter's untimed judge)."""
+
+    def final(self, spec, best, entry) -> RunReport:
+        report = super().final(spec, best, entry)
+        for run in report.runs:
+            for case in run.cases:
+                case.timing = None
+        return report
+
+
+def test_an_untimed_end_of_run_keeps_the_best_kernel(tmp_path):
+    store = _run(tmp_path, rounds=1, judge=UntimedAtTheEnd())
+    info = store.run()
+    assert info.best_round == 1 and info.final["best_round"] == 1 and not info.note  # no verdict against it
+    store.close()
+
+
 def test_one_process_per_run_directory_and_an_empty_store_starts_afresh(tmp_path):
     import fcntl
 
