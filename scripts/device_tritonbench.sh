@@ -26,6 +26,7 @@ STOP_AFTER=${STOP_AFTER:-430}
 # BENCH_NAME: the bench's folder under $STATE (default bench): a second bench over the same tasks (the
 # other strategies, once the first is done) lives beside it, e.g. BENCH_NAME=bench-others
 # STRATEGIES=profile-only,always-deep; `kb bench-report A B` puts them side by side.
+# RETIME: comma-separated finished operators whose end-of-run timing a resumed bench measures again.
 BENCH_NAME=${BENCH_NAME:-bench}
 mkdir -p "$FINAL" "$STATE"
 . "$(dirname "$0")/device_env.sh"
@@ -45,7 +46,7 @@ fi
 if [ "${BENCH:-1}" = 1 ] && ! grep -q "not finished" "$FINAL/import.txt" && [ "$(left)" -gt 60 ]; then
   windows=(--warmup-ms "${WARMUP_MS:-50}" --rep-ms "${REP_MS:-100}")
   if [ -f "$STATE/$BENCH_NAME/bench.json" ]; then
-    python3 -m cli bench --resume "$STATE/$BENCH_NAME" ${BENCH_OPS:+--ops "$BENCH_OPS"} "${windows[@]}" \
+    python3 -m cli bench --resume "$STATE/$BENCH_NAME" ${BENCH_OPS:+--ops "$BENCH_OPS"} ${RETIME:+--retime "$RETIME"} "${windows[@]}" \
       --stop-after "$(left)" > "$FINAL/report.md" 2>> "$FINAL/log.txt"
   else
     python3 -m cli bench --suite "$STATE/tasks" --bench-dir "$STATE/$BENCH_NAME" --strategy "${STRATEGIES:-progressive}" \
