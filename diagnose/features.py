@@ -63,6 +63,8 @@ class KernelFeatures:
     recurrences: list[Site] = field(default_factory=list)
     # loops that load one element per iteration and sum it (diagnose.rewriters.vectorize); detail: the sums
     scalar_loops: list[Site] = field(default_factory=list)
+    # block reductions added to an accumulator every loop iteration (diagnose.rewriters.accumulate); detail: it
+    loop_reductions: list[Site] = field(default_factory=list)
     launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
     launch_line: int = 0  # the line of the first kernel[grid](...) call
 
@@ -190,9 +192,9 @@ def kernel_features(path: str | Path) -> KernelFeatures:
         params = _runtime_params(fn)
         feats.params[fn.name] = params
         _KernelVisitor(feats, set(params)).visit(fn)
-    boundary, causal, recurrences, scalar = _loop_rewrite_sites(path.read_text())
-    feats.boundary_loops, feats.causal_loops, feats.recurrences = list(boundary), list(causal), list(recurrences)
-    feats.scalar_loops = list(scalar)
+    sites = _loop_rewrite_sites(path.read_text())
+    feats.boundary_loops, feats.causal_loops, feats.recurrences = list(sites.boundary), list(sites.causal), list(sites.recurrences)
+    feats.scalar_loops, feats.loop_reductions = list(sites.scalar), list(sites.reductions)
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
@@ -204,20 +206,32 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     return feats
 
 
+@dataclass(frozen=True)
+class _LoopSites:
+    boundary: tuple[Site, ...]
+    causal: tuple[CausalLoop, ...]
+    recurrences: tuple[Site, ...]
+    scalar: tuple[Site, ...]
+    reductions: tuple[Site, ...]
+
+
 @functools.lru_cache(maxsize=32)
-def _loop_rewrite_sites(source: str) -> tuple[tuple[Site, ...], tuple[CausalLoop, ...], tuple[Site, ...], tuple[Site, ...]]:
-    """The loops the boundary, causal, scan and vectorize rewrites would change: their own preconditions, so that
-    what L1 reports is what they change. Each reads the module with libcst (a few hundred ms together),
-    and one diagnosis and the optimize loop's rounds ask for the same source's features several times."""
+def _loop_rewrite_sites(source: str) -> _LoopSites:
+    """The loops the boundary, causal, scan, vectorize and accumulate rewrites would change: their own
+    preconditions, so that what L1 reports is what they change. Each reads the module with libcst (a few
+    hundred ms together), and one diagnosis and the optimize loop's rounds ask for the same source's
+    features several times."""
+    from diagnose.rewriters.accumulate import loop_reductions
     from diagnose.rewriters.causal import causal_loops
     from diagnose.rewriters.peel import boundary_loops
     from diagnose.rewriters.scan import linear_recurrences
     from diagnose.rewriters.vectorize import scalar_loops
 
-    return (tuple(Site(b.line, "for", str(b.terms), False) for b in boundary_loops(source)),
-            tuple(causal_loops(source)),
-            tuple(Site(r.line, "for", r.state, False) for r in linear_recurrences(source)),
-            tuple(Site(v.line, "for", ", ".join(v.accumulators), False) for v in scalar_loops(source)))
+    return _LoopSites(tuple(Site(b.line, "for", str(b.terms), False) for b in boundary_loops(source)),
+                      tuple(causal_loops(source)),
+                      tuple(Site(r.line, "for", r.state, False) for r in linear_recurrences(source)),
+                      tuple(Site(v.line, "for", ", ".join(v.accumulators), False) for v in scalar_loops(source)),
+                      tuple(Site(r.line, "tl.sum", r.accumulator, True) for r in loop_reductions(source)))
 
 
 def kernel_functions(path: str | Path) -> dict[str, ast.FunctionDef]:

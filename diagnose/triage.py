@@ -16,7 +16,8 @@ __all__ = ["SOURCE_KINDS", "source_line", "triage"]
 
 # Findings the source settles and no IR stage shows: how many blocks a loop visits, which masks hold in
 # all but its last iteration. L3 keeps them as they are (as it keeps the launch's own facts).
-SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.step-at-a-time", "memory.scalar-loop")
+SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.step-at-a-time", "memory.scalar-loop",
+                "reduction.in-loop")
 
 _SHARED_LIMIT_SM90 = 227 * 1024
 
@@ -156,6 +157,17 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                            "A program that walks its data one scalar load at a time keeps one load in flight and "
                            "uses one lane of its warps: the loads of many iterations can be issued together as a "
                            "tile and summed with tl.sum.", [ev], [loop.line], "", "L1", 0.9))
+        break
+    for s in feats.loop_reductions:
+        ev = _ev(log, feats, s, f"the tl.sum at {name}:{s.line} reduces a block every iteration of its loop and adds "
+                                f"the result to {s.detail}")
+        out.append(Finding("reduction.in-loop", "reduction",
+                           f"the loop reduces a block into {s.detail} every iteration ({name}:{s.line})",
+                           "Each iteration pays a cross-lane reduction (warp shuffles, and across warps a shared-"
+                           "memory exchange between two barriers) to add one value; adding the blocks lane by "
+                           "lane in the loop and reducing once after it does the same additions without the "
+                           "per-iteration exchange, and lets the block grow.", [ev],
+                           [x.line for x in feats.loop_reductions], "", "L1", 0.85))  # the source decides it
         break
     for loop in feats.boundary_loops if cuda else ():
         ev = _ev(log, feats, loop, f"every iteration of the loop at {name}:{loop.line} evaluates {loop.detail} boundary "

@@ -18,6 +18,7 @@ survive and the result reads like the input.
 | masked-tail-split           | tail | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | peel-loop-boundary          | peel | a loop over blocks with boundary masks -> its full iterations unmasked, then the last (partial) iteration as written |
 | causal-loop-bounds          | causal | a causal key loop -> ended at the rows' diagonal (`tl.minimum(seq, S + BLOCK_M)`), optionally split so the blocks below it run without the causal select |
+| accumulate-then-reduce      | accumulate | `acc += tl.sum(E[, axis])` in a loop -> `lanes += E` in it and one `acc += tl.sum(lanes[, axis])` after it; the 1-D step block also widened to 1024 / 4096 at the launch |
 | vectorize-scalar-loop       | vectorize | a loop that loads one element per iteration and sums it -> chunks of 16, 64 or 256 lanes loaded at once (masked past the end) and summed with `tl.sum` |
 | chunked-linear-scan         | scan | a step-at-a-time recurrence `h = a * h + b` -> chunks of 16 or 64 steps loaded as tiles and combined by `tl.associative_scan`, the state carried between chunks |
 | trim-wrapper-overhead       | host | the wrapper without `torch.cuda.synchronize()`, printing and logging; outputs a kernel writes made with `torch.empty*` instead of `zeros*` (no atomics in the module) |
@@ -38,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from diagnose.rewriters import (  # noqa: F401 - register
+    accumulate,
     causal,
     fit,
     fold,
