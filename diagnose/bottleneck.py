@@ -231,9 +231,10 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
     busy for a small part of each call (the wrapper's Python, syncs, copies between launches)."""
     flat = _flat_floor([(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases
                         if c.roofline and c.roofline.bytes])
-    if flat is not None and _geomean_bound([t for _, t, _ in flat], len(cases)) >= HOST_MIN_GAIN:
+    times = [t for _, t, _ in flat] if flat is not None else []
+    gain = _geomean_bound(times, len(cases))
+    if flat is not None and gain >= HOST_MIN_GAIN:
         work_span = flat[-1][0] / max(flat[0][0], 1.0)
-        times = [t for _, t, _ in flat]
         time_span = max(times) / min(times)
         which = "the timed cases" if len(flat) == len(cases) else \
             f"{len(flat)} of the {len(cases)} timed cases ({flat[0][2]} to {flat[-1][2]})"
@@ -245,7 +246,7 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
                         "Something other than the kernel's work sets the time at these sizes: the wrapper's host "
                         "code (autotune lookups, device contexts, syncs, .item(), Python loops of launches, copies), "
                         "or a fixed serial part. Remove it, batch the launches, or capture a CUDA graph.",
-                        [ev], [], "", "L2", 0.8, gain=round(_geomean_bound(times, len(cases)), 2))]
+                        [ev], [], "", "L2", 0.8, gain=round(gain, 2))]
     for c in cases:
         device_us = (c.profile or {}).get("duration_us")
         if isinstance(device_us, (int, float)) and device_us > 0 and c.timing.median_us > 3 * device_us \

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from diagnose.judging import acceptable, verdict
+from diagnose.judging import acceptable, decides, verdict
 from diagnose.loop_options import OptimizeOptions
 from diagnose.rounds import RoundsStore
 from harness.measurement import RunReport, geomean
@@ -49,20 +49,13 @@ def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, o
         report = judge(spec, None, info.best_path, entry)
     else:
         return
-    if best and not report.failure and _judged(report):
+    if best and not report.failure and decides(report):
         kept, _, why = acceptable(report, options)
         if kept is None:
             say(f"round {best}'s kernel does not hold up in the end-of-run timing ({why}): the initial kernel stands")
             _hand_back_initial(store, best, why)
             best = 0
     store.update_run(final=final_record(best, report, options))
-
-
-def _judged(report: RunReport) -> bool:
-    """Whether the end-of-run report holds a verdict on the best kernel: it failed a check, or it was
-    timed (an untimed end, on the interpreter, says nothing about its speed)."""
-    best = report.run("candidate")
-    return best is not None and (not best.correct or bool(report.speedups()))
 
 
 def _hand_back_initial(store: RoundsStore, rejected: int, why: str) -> None:

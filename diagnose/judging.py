@@ -16,7 +16,7 @@ from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
 from harness.task import TaskSpec
 
-__all__ = ["HarnessJudge", "Judge", "acceptable", "default_check_workers", "validate_variants", "verdict", "why_rejected"]
+__all__ = ["HarnessJudge", "Judge", "acceptable", "decides", "default_check_workers", "validate_variants", "verdict", "why_rejected"]
 
 # judge(task_spec, baseline_file_or_None, candidate_file_or_None, entry_name) -> RunReport
 Judge = Callable[[TaskSpec, str | None, str | None, str], RunReport]
@@ -110,12 +110,23 @@ def default_check_workers() -> int:
     return max(1, min(4, cores // 4))
 
 
+def decides(report: RunReport) -> bool:
+    """Whether the report holds a verdict on the candidate: it failed a check, or a case of it was timed.
+    A correct but untimed run (the interpreter's) says nothing about its speed."""
+    cand = report.run("candidate")
+    return cand is not None and (not cand.correct or bool(_timed(report)))
+
+
+def _timed(report: RunReport) -> list[float]:
+    return [s for s in report.speedups().values() if s > 0]
+
+
 def verdict(report: RunReport, options: OptimizeOptions) -> tuple[float | None, float, str]:
     """(geomean speedup of candidate over baseline or None if it cannot be accepted, noise, reason)."""
     cand = report.run("candidate")
     if report.failure or cand is None or not cand.correct:
         return None, 0.0, why_rejected(report, "candidate")
-    speedups = [s for s in report.speedups().values() if s > 0]
+    speedups = _timed(report)
     if not speedups:
         return None, 0.0, "no timed case"
     spreads = [c.timing.repeat_spread for run in report.runs for c in run.cases
