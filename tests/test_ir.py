@@ -138,3 +138,32 @@ def test_a_dump_header_cut_short_is_noted(tmp_path):
     assert [s.pass_arg for s in dump.stages] == ["canonicalize"]
     assert dump.notes == ["cut.txt:4: a dump header kb cannot read (cut short?); what follows it is counted "
                           "with the section before"]
+
+
+REDUCE_IN_A_LOOP = """\
+#loc = loc("/k/row_dot.py":8:0)
+#loc5 = loc("/k/row_dot.py":17:22)
+#loc9 = loc("/site-packages/triton/language/standard.py":293:36)
+#loc11 = loc("/site-packages/triton/language/standard.py":314:15)
+#loc12 = loc(callsite(#loc9 at #loc5))
+#loc13 = loc(callsite(#loc11 at #loc5))
+#loc14 = loc("/k/row_dot.py":12:4)
+#loc15 = loc(callsite(#loc14 at #loc))
+module {
+    %9 = "tt.reduce"(%8) <{axis = 0 : i32}> ({
+    ^bb0(%a: f32 loc(callsite(#loc9 at #loc5)), %b: f32 loc(callsite(#loc9 at #loc5))):
+      %s = arith.addf %a, %b : f32 loc(#loc12)
+      tt.reduce.return %s : f32 loc(#loc12)
+    }) : (tensor<16xf32, #blocked>) -> f32 loc(#loc13)
+    %10 = arith.addf %acc, %9 : f32 loc(#loc15)
+}
+"""
+
+
+def test_an_op_written_in_triton_s_library_is_located_at_the_kernel_s_call():
+    """tl.sum's reduce is written in triton/language/standard.py and inlined at the kernel's line 17; a
+    generic-form op with a region prints its location on the line that closes the region."""
+    reduce_op, = ir.op_source_lines(REDUCE_IN_A_LOOP, {"tt.reduce"})
+    assert reduce_op.loc == ir.SourceLoc("/k/row_dot.py", 17, 22)
+    add = [op for op in ir.op_source_lines(REDUCE_IN_A_LOOP, {"arith.addf"}) if "%acc" in op.text]
+    assert add[0].loc == ir.SourceLoc("/k/row_dot.py", 12, 4)  # a helper in the same file keeps its own line

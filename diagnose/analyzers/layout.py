@@ -80,7 +80,7 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             "reduction.cross-warp", "reduction", f"the reduction at {at(src, line)} is split across {warps[axis]} warps",
             f"The reduced axis ({shape[axis]} elements) is spread over {warps[axis]} warps, so after the in-warp "
             "shuffles each warp's partial goes through shared memory with two barriers; one warp could hold the "
-            f"whole axis ({shape[axis] // 32} values per lane), reducing with shuffles only.",
+            f"whole axis ({max(1, -(-shape[axis] // 32))} value(s) per lane), reducing with shuffles only.",
             chain, [line], "convert-triton-gpu-to-llvm"))
         break  # one finding per kernel: every reduction over that layout shares the cause
     return findings

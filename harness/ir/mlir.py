@@ -47,8 +47,10 @@ def mlir_locations(text: str) -> dict[str, SourceLoc]:
         elif m := _LOC_NAMED.match(body):
             loc = resolve(m["inner"], depth + 1)
         elif m := _LOC_CALLSITE.match(body):
-            # The callee location is where the op is written; the caller is the call site.
-            loc = resolve(m["callee"], depth + 1)
+            # The callee location is where the op is written; the caller is the call site. An op written in
+            # another file (tl.sum's reduce, in triton/language/standard.py) is the kernel's at its call.
+            callee, caller = resolve(m["callee"], depth + 1), resolve(m["caller"], depth + 1)
+            loc = caller if callee is not None and caller is not None and callee.file != caller.file else callee
         if loc is not None:
             resolved[ref] = loc
         return loc
@@ -113,8 +115,9 @@ def op_target(op: str, line: str) -> str:
 def op_source_lines(text: str, ops: set[str] | None = None) -> list[OpLine]:
     """Operation lines of an MLIR module (optionally only `ops`), mapped back to kernel source lines."""
     locs = mlir_locations(text)
+    lines = text.splitlines()
     out: list[OpLine] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(lines, start=1):
         if line.lstrip().startswith(("#", "//", "module", "}")):
             continue
         m = _OP_LINE.match(line)
@@ -123,8 +126,23 @@ def op_source_lines(text: str, ops: set[str] | None = None) -> list[OpLine]:
         op = m["op"]
         if ops is not None and op not in ops:
             continue
-        out.append(OpLine(lineno, op, line.strip(), _op_loc(line, locs), op_target(op, line)))
+        loc = _op_loc(line, locs)
+        if loc is None and line.split(" loc(")[0].rstrip().endswith("({"):
+            loc = _op_loc(_region_close(lines, lineno), locs)
+        out.append(OpLine(lineno, op, line.strip(), loc, op_target(op, line)))
     return out
+
+
+def _region_close(lines: list[str], opening: int) -> str:
+    """The line that closes the region an op opens on line `opening` (1-based): a generic-form op with a
+    region (`"tt.reduce"(%x) <{axis = 0 : i32}> ({`) prints its location there, `}) : (...) -> f32 loc(#loc9)`."""
+    depth = 0
+    for text in lines[opening - 1:]:
+        code = text.split(" loc(")[0]
+        depth += code.count("{") - code.count("}")
+        if depth <= 0:
+            return text
+    return ""
 
 
 def op_counts(text: str) -> Counter[str]:
