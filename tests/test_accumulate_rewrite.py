@@ -64,6 +64,21 @@ def test_a_per_row_sum_along_an_axis_keeps_a_two_dimensional_accumulator(tmp_pat
         assert _rejection(tmp_path, ROWS_DOT, source, call, "lambda a, v: a @ v", "rows_dot") == ""
 
 
+def test_a_block_built_from_another_reduction_keeps_its_shape(tmp_path):
+    """`a * v - 0.01 * tl.max(v, axis=0)`: a block minus a scalar is a block; the max stays in the loop."""
+    source = ROW_DOT.read_text().replace("        total += tl.sum(a * v)\n",
+                                         "        total += tl.sum(a * v - 0.01 * tl.max(v, axis=0))\n")
+    variants = rewrite(PATTERN, source, {})
+    assert variants and "        _kb_total_lanes += a * v - 0.01 * tl.max(v, axis=0)\n" in variants[0].source
+    kernel = tmp_path / "row_dot_max.py"
+    kernel.write_text(source)
+    # three full blocks of 16: each subtracts 16 x 0.01 x its own max
+    reference = ("lambda a, v, b: torch.sigmoid(sum((a[:, k:k + 16] * v[k:k + 16]).sum(1) - 0.16 * v[k:k + 16].max() "
+                 "for k in range(0, 48, 16))) - b")
+    call = "row_dot(torch.randn(6, 48) / 8, torch.randn(48), torch.randn(6))"
+    assert _rejection(tmp_path, kernel, variants[0].source, call, reference, "row_dot") == ""
+
+
 @pytest.mark.parametrize("before, after", [
     # the accumulator is read in the loop: each iteration must see the running sum
     ("        total += tl.sum(a * v)\n", "        total += tl.sum(a * v)\n        tl.store(y_ptr + row, total)\n"),

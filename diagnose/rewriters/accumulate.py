@@ -60,6 +60,7 @@ _ELEMENTWISE = {"tl.where", "tl.exp", "tl.exp2", "tl.log", "tl.log2", "tl.sqrt",
                 "tl.ceil", "tl.clamp", "tl.fdiv", "tl.div_rn", "tl.softmax"}
 _ELEMENTWISE_PREFIXES = ("tl.math.", "libdevice.", "tl.extra.cuda.libdevice.", "tl.extra.libdevice.")
 _SCALARS = {"tl.program_id", "tl.num_programs", "tl.cdiv", "triton.cdiv"}
+_REDUCTIONS = {"tl.sum", "tl.max", "tl.min", "tl.argmax", "tl.argmin", "tl.xor_sum"}
 _SAME_SHAPE = {"tl.load", "tl.cast", "tl.multiple_of", "tl.max_contiguous", "tl.max_constancy"}  # that of argument 0
 _LOOPS = ("range", "tl.range", "tl.static_range")
 
@@ -187,6 +188,8 @@ class _Shapes:
             return tuple(code(e.value) for e in positional[0].elements)
         if name in _SCALARS:
             return ()
+        if name in _REDUCTIONS and positional:
+            return self._reduced(node, positional[0])
         if name in _SAME_SHAPE and positional:
             return self.of(positional[0])
         if isinstance(node.func, cst.Attribute) and node.func.attr.value == "to":
@@ -197,6 +200,22 @@ class _Shapes:
                 shape = _broadcast(shape, self.of(value))
             return shape
         return None
+
+
+    def _reduced(self, call: cst.Call, operand: cst.BaseExpression) -> Shape:
+        """tl.sum / tl.max / ...: the operand's shape without the reduced axis (all of them without one)."""
+        shape = self.of(operand)
+        readable, axis = _axis(call, keep_dims=True)
+        keep = any(a.keyword is not None and a.keyword.value == "keep_dims" and m.matches(a.value, m.Name("True"))
+                   for a in call.args)
+        if shape is None or not readable:
+            return None
+        if axis is None:
+            return ("1",) * len(shape) if keep else ()
+        if not -len(shape) <= axis < len(shape):
+            return None
+        axis %= len(shape)
+        return shape[:axis] + (("1",) if keep else ()) + shape[axis + 1:]
 
 
 @dataclass(frozen=True)
@@ -218,9 +237,10 @@ def _summed(value: cst.BaseExpression, accumulator: str) -> cst.Call | None:
     return None
 
 
-def _axis(call: cst.Call) -> tuple[bool, int | None]:
-    """(readable, axis) of a tl.sum call: its axis a literal or absent, no other argument."""
-    rest = call.args[1:]
+def _axis(call: cst.Call, keep_dims: bool = False) -> tuple[bool, int | None]:
+    """(readable, axis) of a tl.sum call: its axis a literal or absent, no other argument (but keep_dims,
+    where asked)."""
+    rest = [a for a in call.args[1:] if not (keep_dims and a.keyword is not None and a.keyword.value == "keep_dims")]
     if len(rest) > 1 or any(a.keyword is not None and a.keyword.value != "axis" or a.star for a in rest):
         return False, None
     if not rest or m.matches(rest[0].value, m.Name("None")):
