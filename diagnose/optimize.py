@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diagnose.end_of_run import time_the_end
-from diagnose.judging import HarnessJudge, Judge, acceptable, validate_variants, why_rejected
+from diagnose.judging import HarnessJudge, Judge, acceptable, improvement, validate_variants, why_rejected
 from diagnose.llm import EndpointError
 from diagnose.llm_round import ask_for_round, budget_left
 from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
@@ -522,7 +522,8 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
     store.rewritten(r.idx, str(chosen), unified_diff(source, chosen.read_text()))
     timings = {"variants": summary, "chosen": p, "report": report.to_dict(), "per_case": report.speedups(),
                **llm_record}
-    if geomean > 1 + noise:
+    won = improvement(report, options)
+    if won is not None:
         again = _confirmed(judge, spec, parent, file, entry, options)
         if again is not None:
             report_again, (geomean_again, noise_again, why_again) = again
@@ -533,20 +534,20 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                            f"{report_again.failure}", timings)
                 say(f"round {r.idx}: failed (timing it again failed)")
                 return
-            if geomean_again is None or geomean_again <= 1 + noise_again:
+            won_again = improvement(report_again, options) if geomean_again is not None else None
+            if won_again is None:
                 figure = f"{geomean_again:.3f}x" if geomean_again is not None else why_again
                 store.done(r.idx, "rejected", f"{p}: geomean speedup {geomean:.3f}x among the variants, {figure} "
                            f"timed again alone: not confirmed (noise {noise_again:.1%})", timings, geomean_again)
                 say(f"round {r.idx}: rejected ({geomean:.3f}x not confirmed: {figure})")
                 return
             first = f", {geomean:.3f}x among the variants"
-            geomean, noise = geomean_again, noise_again
+            geomean, won = geomean_again, won_again  # type: ignore[assignment]
             # The round's figures are the confirmation's; "report" stays the checked one (L2 reads it).
             timings["per_case"] = report_again.speedups()
         else:
             first = ""
-        store.done(r.idx, "accepted", f"{p}: geomean speedup {geomean:.3f}x over the parent, above noise "
-                   f"{noise:.1%}{first}", timings, geomean)
+        store.done(r.idx, "accepted", f"{p}: {won}{first}", timings, geomean)
         store.update_run(best_round=r.idx, best_path=str(chosen))
         _write_best(store, r, hyp, geomean)
         say(f"round {r.idx}: accepted ({geomean:.3f}x)")

@@ -46,7 +46,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_arguments, register
-from diagnose.rewriters.blocks import code, names_in, reaching_literal
+from diagnose.rewriters.blocks import code, fresh_name, names_in, reaching_literal
 
 __all__ = ["LoopReduction", "accumulate_then_reduce", "loop_reductions"]
 
@@ -328,10 +328,7 @@ class _Hoist(cst.CSTTransformer):
         return updated
 
     def _fresh(self, name: str) -> str:
-        while name in self.taken:
-            name += "_"
-        self.taken.add(name)
-        return name
+        return fresh_name(name, self.taken)
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         if not self.kernels:

@@ -19,7 +19,7 @@ from libcst.metadata import PositionProvider
 from diagnose.rewriters.base import dotted, is_jit
 
 __all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
-           "enclosing_function", "kernel_aranges", "mask_like", "names_in", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
+           "enclosing_function", "fresh_name", "kernel_aranges", "mask_like", "names_in", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -108,6 +108,14 @@ def assigned_names(body: cst.CSTNode) -> dict[str, int]:
 
     body.visit(Visitor())
     return counts
+
+
+def fresh_name(name: str, taken: set[str]) -> str:
+    """`name`, underscores added until it is not in `taken` (the module's names), and now taken."""
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
 
 
 def names_in(node: cst.CSTNode) -> set[str]:

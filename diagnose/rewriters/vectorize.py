@@ -40,7 +40,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper
 
 from diagnose.rewriters.base import Variant, dotted, register
-from diagnose.rewriters.blocks import KernelLoops, code, names_in
+from diagnose.rewriters.blocks import KernelLoops, code, fresh_name, names_in
 
 __all__ = ["ScalarLoop", "scalar_loops", "vectorize_scalar_loop"]
 
@@ -218,10 +218,7 @@ class _Vectorize(KernelLoops):
                 self._inner.add(id(nest.inner_loop))
 
     def _fresh(self, name: str) -> str:
-        while name in self.taken:
-            name += "_"
-        self.taken.add(name)
-        return name
+        return fresh_name(name, self.taken)
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         if id(original) in self._inner:
