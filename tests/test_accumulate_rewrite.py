@@ -102,6 +102,7 @@ def test_reductions_the_rewrite_cannot_move_are_left_alone(before, after):
 @pytest.mark.parametrize("before, after", [
     ("        v = tl.load(v_ptr + cols, mask=mask, other=0.0)\n", "        v = tl.load(v_ptr + cols)\n"),  # unmasked
     ("    tl.store(y_ptr + row, y)\n", "    tl.store(y_ptr + row + BLOCK_K * 0, y)\n"),  # the block sizes more than the loop
+    ("    for k in range(0, m, BLOCK_K):\n", "    for k in range(row * 0 * BLOCK_K, m, BLOCK_K):\n"),  # the start reads it
 ])
 def test_the_block_is_widened_only_where_every_lane_past_the_end_is_masked_and_nothing_else_reads_it(before, after):
     source = ROW_DOT.read_text()

@@ -390,7 +390,8 @@ def _step(loop: cst.For) -> str | None:
     assert isinstance(loop.iter, cst.Call)
     positional = [a.value for a in loop.iter.args if a.keyword is None]
     if len(positional) == 3 and isinstance(positional[2], cst.Name):
-        return positional[2].value
+        # a start that reads the width too (`range(pid * W, N, W)`) would move with it
+        return None if positional[2].value in names_in(positional[0]) else positional[2].value
     trips = positional[-1] if len(positional) in (1, 2) else None
     if isinstance(trips, cst.Call) and dotted(trips.func) in ("tl.cdiv", "triton.cdiv") and len(trips.args) == 2 \
             and isinstance(trips.args[1].value, cst.Name):
