@@ -16,7 +16,8 @@ from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport, geomean
 from harness.task import TaskSpec
 
-__all__ = ["HarnessJudge", "Judge", "acceptable", "case_noise", "decides", "improvement", "default_check_workers", "validate_variants", "verdict", "why_rejected"]
+__all__ = ["HarnessJudge", "Judge", "acceptable", "case_noise", "decides", "default_check_workers", "improvement",
+           "validate_variants", "verdict", "why_rejected"]
 
 # judge(task_spec, baseline_file_or_None, candidate_file_or_None, entry_name) -> RunReport
 Judge = Callable[[TaskSpec, str | None, str | None, str], RunReport]

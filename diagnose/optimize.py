@@ -535,14 +535,14 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                 say(f"round {r.idx}: failed (timing it again failed)")
                 return
             won_again = improvement(report_again, options) if geomean_again is not None else None
-            if won_again is None:
+            if won_again is None or geomean_again is None:
                 figure = f"{geomean_again:.3f}x" if geomean_again is not None else why_again
                 store.done(r.idx, "rejected", f"{p}: geomean speedup {geomean:.3f}x among the variants, {figure} "
                            f"timed again alone: not confirmed (noise {noise_again:.1%})", timings, geomean_again)
                 say(f"round {r.idx}: rejected ({geomean:.3f}x not confirmed: {figure})")
                 return
             first = f", {geomean:.3f}x among the variants"
-            geomean, won = geomean_again, won_again  # type: ignore[assignment]
+            geomean, won = geomean_again, won_again
             # The round's figures are the confirmation's; "report" stays the checked one (L2 reads it).
             timings["per_case"] = report_again.speedups()
         else:
