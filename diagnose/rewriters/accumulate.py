@@ -153,9 +153,12 @@ class _Shapes:
             return ()  # neutral: the other assignments decide
         self._reading.add(name)
         try:
+            shapes = [self.of(value) for value in self.values[name]]
+            if len({len(s) for s in shapes if s}) > 1:
+                return None  # blocks of different ranks under one name: which one a use reads is the flow's
             shape: Shape = ()  # what a parameter starts as; the kernel's own names take their values' shapes
-            for value in self.values[name]:
-                shape = _broadcast(shape, self.of(value))
+            for value_shape in shapes:
+                shape = _broadcast(shape, value_shape)
             return shape
         finally:
             self._reading.discard(name)
