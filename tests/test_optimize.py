@@ -204,6 +204,30 @@ def test_a_variant_faster_on_the_geomean_but_slower_on_a_case_is_not_accepted(tm
     store.close()
 
 
+class HostBoundCaseJudge(TimedJudge):
+    """Case m=8,n=128 is host-bound: 100 µs whatever the kernel, its two timings 40% apart; pipelining
+    pays 1.43x on the other case, timed steadily."""
+
+    def __call__(self, spec, baseline, candidate, entry) -> RunReport:
+        report = super().__call__(spec, baseline, candidate, entry)
+        for run in report.runs:
+            for case in run.cases:
+                if case.timing and case.label == "m=8,n=128":
+                    case.timing = Timing(100.0, 100.0, 100.0, 100, repeat_spread=0.4)
+        return report
+
+
+def test_a_clear_win_on_one_case_is_not_held_under_a_noisy_host_bound_case(tmp_path):
+    """Geomean 1.195x against the noisy case's 40% bar: rejected as 'within noise' before; the steady
+    case's 1.43x clears twice its own 2%, and no case is slower beyond the bar."""
+    store = _run(tmp_path, rounds=1, judge=HostBoundCaseJudge())
+    (first,) = store.rounds()
+    assert first.hypothesis.pattern == "tl-range-pipelining" and first.outcome == "accepted"
+    assert "case m=4,n=256 1.429x of the parent, above twice its own noise 2.0% (geomean 1.195x, within the noise " \
+           "40.0%" in first.reason
+    store.close()
+
+
 class FailingConfirmationJudge(TimedJudge):
     def __init__(self) -> None:
         super().__init__()
