@@ -16,13 +16,8 @@ _ONE_WARP_EXTENT = 32 * 16
 def _reduce_signature(lines: list[str], ir_line: int) -> str:
     """The operand types of a generic-form `"tt.reduce"(...) ({ ... }) : (tensor<...>) -> ...` op,
     printed on the line that closes its region."""
-    depth = 0
-    for text in lines[ir_line - 1:]:
-        code = text.split(" loc(")[0]
-        depth += code.count("{") - code.count("}")
-        if depth <= 0 and "})" in code:
-            return code.split("})", 1)[1].split("->")[0]
-    return ""
+    code = ir.region_end(lines, ir_line).split(" loc(")[0]
+    return code.split("})", 1)[1].split("->")[0] if "})" in code else ""
 
 
 def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:

@@ -128,14 +128,15 @@ def op_source_lines(text: str, ops: set[str] | None = None) -> list[OpLine]:
             continue
         loc = _op_loc(line, locs)
         if loc is None and line.split(" loc(")[0].rstrip().endswith("({"):
-            loc = _op_loc(_region_close(lines, lineno), locs)
+            loc = _op_loc(region_end(lines, lineno), locs)
         out.append(OpLine(lineno, op, line.strip(), loc, op_target(op, line)))
     return out
 
 
-def _region_close(lines: list[str], opening: int) -> str:
+def region_end(lines: list[str], opening: int) -> str:
     """The line that closes the region an op opens on line `opening` (1-based): a generic-form op with a
-    region (`"tt.reduce"(%x) <{axis = 0 : i32}> ({`) prints its location there, `}) : (...) -> f32 loc(#loc9)`."""
+    region (`"tt.reduce"(%x) <{axis = 0 : i32}> ({`) prints its operand types and location there,
+    `}) : (tensor<16xf32, #blocked>) -> f32 loc(#loc9)`."""
     depth = 0
     for text in lines[opening - 1:]:
         code = text.split(" loc(")[0]
