@@ -45,7 +45,16 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_arguments, register
+from diagnose.rewriters.base import (
+    ReplaceNodes,
+    Variant,
+    dotted,
+    is_jit,
+    jit_functions,
+    launch_arguments,
+    only_launch,
+    register,
+)
 from diagnose.rewriters.blocks import code, fresh_name, names_in, reaching_literal
 
 __all__ = ["LoopReduction", "accumulate_then_reduce", "loop_reductions"]
@@ -414,11 +423,10 @@ def _widenings(module: cst.Module, hoist: _Hoist) -> Iterator[tuple[str, int, cs
         kernel = next((k for k in kernels.values() if any(f is loop for f in m.findall(k, m.For()))), None)
         if kernel is None or len(m.findall(kernel.body, m.Name(width))) != len(m.findall(loop, m.Name(width))):
             continue  # the width sizes something outside the loop too
-        launches = [c for fn in m.findall(module, m.FunctionDef()) if isinstance(fn, cst.FunctionDef) and not is_jit(fn)
-                    for c in m.findall(fn, m.Call(func=m.Subscript(value=m.Name(kernel.name.value))))]
-        if len({id(c) for c in launches}) != 1:
+        launch = only_launch(module, kernel.name.value)
+        if launch is None:
             continue
-        call = cst.ensure_type(launches[0], cst.Call)
+        call = launch[1]
         argument = launch_arguments(kernel, call).get(width)
         if argument is None:
             continue
@@ -431,14 +439,6 @@ def _widenings(module: cst.Module, hoist: _Hoist) -> Iterator[tuple[str, int, cs
         yield width, value, argument.value
 
 
-class _Replace(cst.CSTTransformer):
-    def __init__(self, node: cst.CSTNode, new: cst.BaseExpression) -> None:
-        self.node, self.new = node, new
-
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> Any:
-        return self.new if original is self.node else updated
-
-
 def accumulate_then_reduce(source: str, context: dict[str, Any]) -> list[Variant]:
     """The reductions moved after their loops; then, where a 1-D block is the loop's step, that step widened."""
     module = cst.parse_module(source)
@@ -449,7 +449,7 @@ def accumulate_then_reduce(source: str, context: dict[str, Any]) -> list[Variant
     for width, value, argument in _widenings(module, hoist):
         for wider in _WIDTHS:
             if wider > value:
-                widened = module.visit(_Replace(argument, cst.Integer(str(wider))))
+                widened = module.visit(ReplaceNodes({id(argument): cst.Integer(str(wider))}))
                 variants.append(Variant({"reductions": len(hoist.found), width: wider}, _hoisted(widened)[0].code))
     return variants
 

@@ -13,8 +13,8 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "one", "one_d_grid",
-           "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "one", "one_d_grid",
+           "only_launch", "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
 # What a launch (or a triton.Config) that names neither knob gets from Triton on CUDA.
@@ -72,6 +72,17 @@ def launch_arguments(kernel: cst.FunctionDef | None, call: cst.Call) -> dict[str
     return bound
 
 
+def only_launch(module: cst.Module, kernel: str) -> tuple[cst.FunctionDef, cst.Call] | None:
+    """The module's one launch `kernel[grid](...)` outside @triton.jit functions, with the innermost function
+    holding it; None when there are none or several."""
+    found = [(fn, c) for fn in m.findall(module, m.FunctionDef()) if isinstance(fn, cst.FunctionDef) and not is_jit(fn)
+             for c in m.findall(fn, m.Call(func=m.Subscript(value=m.Name(kernel))))]
+    if len({id(c) for _, c in found}) != 1:
+        return None
+    fn, call = found[-1]  # the innermost function holding it (findall lists the outer first)
+    return fn, cst.ensure_type(call, cst.Call)
+
+
 def dotted(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Name):
         return node.value
@@ -105,6 +116,16 @@ class SubstituteNames(cst.CSTTransformer):
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         return self.names.get(updated.value, updated)
+
+
+class ReplaceNodes(cst.CSTTransformer):
+    """The given nodes (by identity, `id(node)`) replaced with new expressions."""
+
+    def __init__(self, values: dict[int, cst.BaseExpression]) -> None:
+        self.values = values
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> Any:
+        return self.values.get(id(original), updated)
 
 
 def one_d_grid(call: cst.Call) -> cst.BaseExpression | None:

@@ -31,11 +31,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import (
+    ReplaceNodes,
     Variant,
     dotted,
-    is_jit,
     jit_functions,
     launch_arguments,
+    only_launch,
     register,
     simple_assign,
     start_plus_arange,
@@ -98,16 +99,6 @@ def _axes(kernel: cst.FunctionDef) -> list[_Axis]:
     return axes
 
 
-def _launch(module: cst.Module, kernel: str) -> tuple[cst.FunctionDef, cst.Call] | None:
-    found = [(fn, c) for fn in m.findall(module, m.FunctionDef()) if isinstance(fn, cst.FunctionDef) and not is_jit(fn)
-             for c in m.findall(fn, m.Call(func=m.Subscript(value=m.Name(kernel))))]
-    launches = {id(c) for _, c in found}
-    if len(launches) != 1:
-        return None
-    fn, call = found[-1]  # the innermost function holding it (findall lists the outer first)
-    return fn, cst.ensure_type(call, cst.Call)
-
-
 def _binding(fn: cst.FunctionDef, name: str) -> tuple[cst.SimpleStatementLine, int] | None:
     """The one statement of `fn`'s top level that binds `name` to a number, and the number."""
     statements = [s for s in m.findall(fn, m.Assign()) if isinstance(s, cst.Assign)
@@ -133,18 +124,8 @@ def _defined_before(fn: cst.FunctionDef, line: cst.SimpleStatementLine, names: s
     return False
 
 
-class _Set(cst.CSTTransformer):
-    """Replace the given nodes (by identity) with new expressions."""
-
-    def __init__(self, values: dict[int, cst.BaseExpression]) -> None:
-        self.values = values
-
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> Any:
-        return self.values.get(id(original), updated)
-
-
 def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: _Axis, compensate: bool) -> tuple[str, dict[str, Any]] | None:
-    launch = _launch(module, kernel.name.value)
+    launch = only_launch(module, kernel.name.value)
     if launch is None:
         return None
     fn, call = launch
@@ -192,7 +173,7 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: _Axis, compensate
         else:
             return None
         params_out["grow"] = other
-    new = module.visit(_Set(changes))
+    new = module.visit(ReplaceNodes(changes))
     return new.code, params_out
 
 
