@@ -65,6 +65,9 @@ class KernelFeatures:
     scalar_loops: list[Site] = field(default_factory=list)
     # block reductions added to an accumulator every loop iteration (diagnose.rewriters.accumulate); detail: it
     loop_reductions: list[Site] = field(default_factory=list)
+    # calls in the wrappers that make the host wait for the device (diagnose.rewriters.host); detail:
+    # "removable" where trim-wrapper-overhead takes the wait out, else ""
+    host_waits: list[Site] = field(default_factory=list)
     launch: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments of kernel[grid](...)
     launch_line: int = 0  # the line of the first kernel[grid](...) call
 
@@ -195,6 +198,7 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     sites = _loop_rewrite_sites(path.read_text())
     feats.boundary_loops, feats.causal_loops, feats.recurrences = list(sites.boundary), list(sites.causal), list(sites.recurrences)
     feats.scalar_loops, feats.loop_reductions = list(sites.scalar), list(sites.reductions)
+    feats.host_waits = list(_host_wait_sites(path.read_text()))
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
@@ -232,6 +236,14 @@ def _loop_rewrite_sites(source: str) -> _LoopSites:
                       tuple(Site(r.line, "for", r.state, False) for r in linear_recurrences(source)),
                       tuple(Site(v.line, "for", ", ".join(v.accumulators), False) for v in scalar_loops(source)),
                       tuple(Site(r.line, "tl.sum", r.accumulator, True) for r in loop_reductions(source)))
+
+
+@functools.lru_cache(maxsize=32)
+def _host_wait_sites(source: str) -> tuple[Site, ...]:
+    """The wrapper's waits as trim-wrapper-overhead sees them (cached as the loop sites are)."""
+    from diagnose.rewriters.host import host_waits
+
+    return tuple(Site(w.line, w.what, "removable" if w.removable else "") for w in host_waits(source))
 
 
 def kernel_functions(path: str | Path) -> dict[str, ast.FunctionDef]:

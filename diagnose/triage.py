@@ -27,6 +27,28 @@ def _ev(log: EvidenceLog, feats: KernelFeatures, site: Site, claim: str) -> str:
     return log.add("L1", "kernel", claim, f"{name}:{site.line}", source_line(feats.file, site.line))
 
 
+def _host_sync(feats: KernelFeatures, log: EvidenceLog) -> Finding:
+    """The wrapper waits for the device on every call: certain for a sync or an upload, possible for a
+    read-back (`.item()` waits only when its tensor is on the device, which the source does not say)."""
+    name = feats.file.rsplit("/", 1)[-1]
+    waits = feats.host_waits
+    evidence = [_ev(log, feats, w, f"{w.what} at {name}:{w.line} makes the host wait for the device"
+                    + ("" if w.detail else " if its tensor is there")) for w in waits[:4]]
+    certain = [w for w in waits if w.what.startswith("torch.")]
+    removable = sum(w.detail == "removable" for w in waits)
+    calls = ", ".join(sorted({w.what for w in waits}))
+    # Only the removable waits are the trim rewrite's symptom; a read-back alone is for a rewrite that
+    # keeps the value on the device (the LLM's), so it is a finding of its own kind.
+    kind = "host.sync" if removable else "host.read-back"
+    return Finding(kind, "host", f"the wrapper waits for the device {len(waits)} time(s) per call ({calls})",
+                   "A sync, an upload from pageable host memory (torch.tensor(x, device=...)) or a read of a device "
+                   "value drains the stream: the host then launches the next kernel with the device idle, on every "
+                   "call, which at small sizes is most of the call's time. Syncs can go (the stream orders the "
+                   "launches), a scalar can be made on the device (torch.full), a value read back can often stay "
+                   f"on the device; {removable} of these {len(waits)} can go without knowing the kernel's values.",
+                   evidence, sorted({w.line for w in waits}), "", "L1", 0.85 if certain else 0.5)
+
+
 def source_line(path: str, line: int) -> str:
     """The text of a kernel file's line, stripped ("" when it cannot be read)."""
     try:
@@ -169,6 +191,8 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                            "per-iteration exchange, and lets the block grow.", [ev],
                            [x.line for x in feats.loop_reductions], "", "L1", 0.85))  # the source decides it
         break
+    if feats.host_waits and cuda:
+        out.append(_host_sync(feats, log))
     for loop in feats.boundary_loops if cuda else ():
         ev = _ev(log, feats, loop, f"every iteration of the loop at {name}:{loop.line} evaluates {loop.detail} boundary "
                                    "mask term(s) comparing the loop's own block with its bound, true in all but the last")

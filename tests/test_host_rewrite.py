@@ -1,13 +1,20 @@
-"""Wrapper overhead (issue 27, host side): syncs, printing and logging leave the wrapper, and outputs a
-kernel writes are no longer zero-filled first; the judge's poisoned allocations catch an output the kernel
-does not write in full, so the zero fill is dropped only where it was never needed."""
+"""Wrapper overhead (issue 27, host side): syncs, printing and logging leave the wrapper, a scalar uploaded
+per call is made on the device, and outputs a kernel writes are no longer zero-filled first; the judge's
+poisoned allocations catch an output the kernel does not write in full, so the zero fill is dropped only
+where it was never needed. L1 reports the wrapper's waits as the rewrite sees them."""
 
 from __future__ import annotations
 
 import json
 import textwrap
 
+from conftest import FIXTURES
+
+from diagnose.engine import diagnose
+from diagnose.render import to_markdown
+from diagnose.request import KernelInput, request_from
 from diagnose.rewriters import rewrite
+from diagnose.rewriters.host import HostWait, host_waits
 from harness.run import RunOptions, run_task
 from harness.task import TaskSpec
 from kb.patterns import load_catalog
@@ -59,12 +66,14 @@ def _check(tmp_path, source: str, original: str, reference: str = "lambda x: x *
 
 
 def test_the_wrapper_loses_its_sync_logging_and_zero_fill_and_stays_correct(tmp_path):
-    trimmed, emptied = rewrite(PATTERN, CHATTY, {})
-    assert trimmed.params == {"removed": "syncs-and-logging", "statements": 3}
+    trimmed, emptied, both = rewrite(PATTERN, CHATTY, {})
+    assert trimmed.params == {"removed": "host-waits", "statements": 3, "uploads": 0}
     assert "synchronize" not in trimmed.source and "logger.debug" not in trimmed.source
     assert "    if x.numel() > 10**9:\n        pass\n" in trimmed.source  # a block left empty keeps a pass
     assert emptied.params == {"removed": "empty-outputs", "allocations": 1}
     assert "out = torch.empty_like(x)" in emptied.source
+    assert both.params["removed"] == "host-waits+empty-outputs" and "synchronize" not in both.source \
+        and "out = torch.empty_like(x)" in both.source
     (emptied_here,) = [v for v in rewrite(PATTERN, QUIET_SYNC, {}) if v.params["removed"] == "empty-outputs"]
     assert _check(tmp_path, trimmed.source, QUIET_SYNC) == "" and _check(tmp_path, emptied_here.source, QUIET_SYNC) == ""
 
@@ -80,10 +89,71 @@ def test_a_zero_fill_the_kernel_relies_on_is_kept_by_the_judge_or_the_rule(tmp_p
     assert json.loads(rejection)["cases"][0]["checks"][0]["unwritten"] == 500  # the odd half, poisoned
     # a kernel that accumulates with atomics: no empty-outputs variant at all
     atomic = CHATTY.replace("tl.store(out_ptr + offs,", "tl.atomic_add(out_ptr + offs,")
-    assert [v.params["removed"] for v in rewrite(PATTERN, atomic, {})] == ["syncs-and-logging"]
+    assert [v.params["removed"] for v in rewrite(PATTERN, atomic, {})] == ["host-waits"]
 
 
 def test_a_host_bound_finding_reaches_the_rewrite():
     # host-bound: the device idles while the wrapper runs. Launch-bound (the kernel itself takes a few
     # microseconds) is persistent-kernel's: a trimmed wrapper does not shorten a tiny kernel.
     assert [p.id for p in load_catalog() if "profile.host-bound" in p.symptoms] == [PATTERN]
+
+
+AXPY = FIXTURES / "host_waits" / "axpy.py"
+
+
+def test_the_wrappers_waits_are_found_outside_the_kernels_with_which_can_go():
+    assert host_waits(AXPY.read_text()) == [
+        HostWait(18, "torch.tensor(..., device=)", True),  # alpha, one value with its dtype: a fill makes it
+        HostWait(22, "torch.cuda.synchronize()", True),
+        HostWait(27, ".item()", False),  # the caller reads the norm: the host needs the value
+    ]
+    uploads = textwrap.dedent('''\
+        import torch
+        def f(x, alpha, scales):
+            a = torch.tensor(2.0, device=x.device)  # a literal: torch.full infers float32 as torch.tensor does
+            b = torch.tensor(alpha, device=x.device)  # no dtype: a NumPy float64 would change dtype under full
+            c = torch.tensor([1.0, 2.0], dtype=x.dtype, device=x.device)  # several values
+            d = torch.tensor(scales, dtype=x.dtype)  # on the host: no upload, no wait
+            return a, b, c, d
+        ''')
+    assert [(w.line, w.removable) for w in host_waits(uploads)] == [(3, True), (4, False), (5, False)]
+    (variant,) = rewrite(PATTERN, uploads, {})
+    assert variant.params == {"removed": "host-waits", "statements": 0, "uploads": 1}
+    assert "a = torch.full((), 2.0, device=x.device)" in variant.source
+    assert "b = torch.tensor(alpha, device=x.device)" in variant.source and "torch.tensor([1.0, 2.0]" in variant.source
+    assert host_waits("def broken(:\n") == []
+
+
+def test_a_scalar_made_on_the_device_computes_what_the_upload_did(tmp_path):
+    (waitless, _, _) = rewrite(PATTERN, AXPY.read_text(), {})
+    assert waitless.params == {"removed": "host-waits", "statements": 1, "uploads": 1}
+    assert "alpha_t = torch.full((), alpha, dtype=x.dtype, device=x.device)" in waitless.source
+    assert "torch.cuda.synchronize" not in waitless.source
+    (tmp_path / "axpy.py").write_text(AXPY.read_text())
+    candidate = tmp_path / "axpy_waitless.py"
+    candidate.write_text(waitless.source)
+    spec = TaskSpec(kernel=str(tmp_path / "axpy.py"), call="axpy(torch.randn(3000), torch.randn(3000), 0.37)",
+                    reference="lambda x, y, alpha: y + alpha * x")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
+                      candidate_entry="axpy")
+    assert report.run("baseline").correct and report.run("candidate").correct, report.to_dict()
+
+
+def test_l1_reports_the_waits_and_sends_the_removable_ones_to_the_trim(tmp_path):
+    answer = diagnose(request_from(KernelInput(kernel=str(AXPY), call="axpy(torch.randn(4096), torch.randn(4096), 0.5)")),
+                      None, level_max="L1")
+    sync = next(f for f in answer.findings if f.kind == "host.sync")
+    assert "3 time(s) per call" in sync.title and sync.kernel_lines == [18, 22, 27] and sync.confidence == 0.85
+    assert "2 of these 3 can go" in sync.explanation
+    assert PATTERN in to_markdown(answer)
+    # A wrapper whose only wait reads a value back: reported for a rewrite that keeps the value on the device,
+    # not sent to the trim, which cannot remove it.
+    read_back = tmp_path / "read_back.py"
+    read_back.write_text(AXPY.read_text().replace("    if x.is_cuda:\n        torch.cuda.synchronize()\n", "")
+                         .replace("torch.tensor(alpha, dtype=x.dtype, device=x.device)",
+                                  "torch.full((), float(torch.as_tensor(alpha).item()), dtype=x.dtype, device=x.device)"))
+    answer = diagnose(request_from(KernelInput(kernel=str(read_back), call="axpy(torch.randn(4096), torch.randn(4096), 0.5)")),
+                      None, level_max="L1")
+    kinds = [f.kind for f in answer.findings]
+    assert "host.read-back" in kinds and "host.sync" not in kinds
+    assert next(f for f in answer.findings if f.kind == "host.read-back").confidence == 0.5

@@ -2,34 +2,78 @@
 
 A host-bound kernel (the time flat across sizes, or the device idle for most of each call) pays for
 what its Python wrapper does between launches (a launch-bound one, whose kernel itself takes a few
-microseconds, is persistent-kernel's). Two removals need no knowledge of the kernel's values:
+microseconds, is persistent-kernel's). The worst of it is a wait: a call that makes the host wait for
+the device drains the stream, so the next launch's host latency is paid with the device idle, on every
+call. `host_waits` finds them (L1's `host.sync` reports what it finds, so what L1 reports is what this
+rewrite sees). Three removals need no knowledge of the kernel's values:
 
-- `syncs-and-logging`: `torch.cuda.synchronize()` (the stream already orders the launches; the caller
-  synchronizes when it reads the result), and `print(...)` / `logging.*(...)` / `logger.*(...)` /
-  `warnings.warn(...)` statements;
+- `host-waits`: `torch.cuda.synchronize()` is dropped (the stream already orders the launches; the
+  caller synchronizes when it reads the result), and so are `print(...)` / `logging.*(...)` /
+  `logger.*(...)` / `warnings.warn(...)` statements; a scalar uploaded per call,
+  `torch.tensor(x, dtype=D, device=V)`, is made on the device by a fill, `torch.full((), x, dtype=D,
+  device=V)`: the same 0-d tensor, without a copy from pageable host memory, which PyTorch makes
+  synchronous (TritonBench-T's first drafts upload `alpha` this way before every launch);
 - `empty-outputs`: an output made with `torch.zeros` / `zeros_like` / `.new_zeros` and handed to a
   kernel launch is made with the `empty` counterpart: one fill kernel (a launch and a pass over the
   output's bytes) less. Only where the module has no atomics (which accumulate into the zeros); the
-  judge's poisoned allocations reject the variant if the kernel leaves any element unwritten.
+  judge's poisoned allocations reject the variant if the kernel leaves any element unwritten;
+- both at once, where both apply.
 
-Only functions outside @triton.jit are touched; a statement that is the only one in its block becomes
-`pass`.
+Waits with no value-free fix (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`: the host reads what the
+device computed) are reported, not changed. Only functions outside @triton.jit are touched; a statement
+that is the only one in its block becomes `pass`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import InJit, Variant, dotted, register
+from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
 from diagnose.rewriters.launch import jit_names
 
-__all__ = ["trim_wrapper_overhead"]
+__all__ = ["HostWait", "host_waits", "trim_wrapper_overhead"]
 
 _LOGGING_PREFIXES = ("logging.", "logger.", "log.", "LOGGER.", "_logger.")
 _ZEROS = {"torch.zeros": "torch.empty", "torch.zeros_like": "torch.empty_like"}
+# Methods that copy a tensor's values to the host: a wait whenever the tensor is on the device.
+_READS_BACK = ("item", "tolist", "cpu", "numpy")
+# A value torch.full infers the dtype of as torch.tensor does, when the call names no dtype.
+_NUMBER = m.Integer() | m.Float() | m.Imaginary() | m.Name("True") | m.Name("False") \
+    | m.UnaryOperation(operator=m.Minus(), expression=m.Integer() | m.Float())
+# What torch.tensor takes that torch.full does not, or takes as the data it cannot fill with.
+_COLLECTIONS = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp, cst.Dict, cst.Set, cst.SetComp, cst.DictComp)
+
+
+@dataclass(frozen=True)
+class HostWait:
+    """A call in the wrapper that makes the host wait for the device."""
+
+    line: int
+    what: str  # "torch.cuda.synchronize()", "torch.tensor(..., device=)", ".item()", ...
+    removable: bool  # whether trim-wrapper-overhead takes it out or makes it without the wait
+
+
+def _scalar_upload(call: cst.Call) -> bool:
+    """`torch.tensor(x, dtype=D, device=V)` of one value: the same tensor as `torch.full((), x, dtype=D,
+    device=V)`. A dtype must be named unless x is a number literal, since torch.tensor keeps a NumPy
+    scalar's dtype where torch.full takes the default; a value that is not one number (a list in a
+    variable, a tensor of several elements) makes torch.full raise, which the judge rejects."""
+    if dotted(call.func) != "torch.tensor" or not call.args or call.args[0].keyword is not None or call.args[0].star:
+        return False
+    keywords = {a.keyword.value for a in call.args[1:] if a.keyword is not None}
+    if len(call.args) - 1 != len(keywords) or "device" not in keywords:
+        return False  # a second positional argument is not torch.tensor's; no device: no upload
+    value = call.args[0].value
+    return not isinstance(value, _COLLECTIONS) and ("dtype" in keywords or m.matches(value, _NUMBER))
+
+
+def _upload(call: cst.Call) -> bool:
+    return dotted(call.func) == "torch.tensor" and any(
+        a.keyword is not None and a.keyword.value == "device" for a in call.args)
 
 
 def _is_overhead(statement: cst.BaseSmallStatement) -> bool:
@@ -86,6 +130,60 @@ class _EmptyOutputs(InJit):
         return updated
 
 
+class _FillScalars(InJit):
+    """`torch.tensor(x, dtype=D, device=V)` -> `torch.full((), x, dtype=D, device=V)` outside kernels."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if self.depth or not _scalar_upload(original):
+            return updated
+        self.changed += 1
+        empty_shape = cst.Arg(cst.Tuple([]), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated.with_changes(func=cst.parse_expression("torch.full"), args=[empty_shape, *updated.args])
+
+
+class _Waits(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (cst.metadata.PositionProvider,)
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.found: list[HostWait] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += is_jit(node)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth -= is_jit(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.depth:
+            return
+        name = dotted(node.func)
+        if name == "torch.cuda.synchronize":
+            wait = HostWait(0, "torch.cuda.synchronize()", True)
+        elif _upload(node):
+            wait = HostWait(0, "torch.tensor(..., device=)", _scalar_upload(node))
+        elif isinstance(node.func, cst.Attribute) and node.func.attr.value in _READS_BACK and not node.args:
+            wait = HostWait(0, f".{node.func.attr.value}()", False)
+        else:
+            return
+        line = self.get_metadata(cst.metadata.PositionProvider, node).start.line
+        self.found.append(HostWait(line, wait.what, wait.removable))
+
+
+def host_waits(source: str) -> list[HostWait]:
+    """The calls outside @triton.jit functions that make the host wait for the device, in source order:
+    syncs, uploads of host values (`torch.tensor(..., device=)`), and reads of device values
+    (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`; these wait only when the tensor is on the device,
+    which the source does not say). [] for a source that does not parse."""
+    try:
+        wrapper = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    except cst.ParserSyntaxError:
+        return []
+    visitor = _Waits()
+    wrapper.visit(visitor)
+    return visitor.found
+
+
 def _launch_arguments(module: cst.Module) -> set[str]:
     """Names passed (positionally or by keyword) to `kernel[grid](...)` launches of the module's kernels."""
     kernels = jit_names(module)
@@ -100,15 +198,20 @@ def _launch_arguments(module: cst.Module) -> set[str]:
 def trim_wrapper_overhead(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
     variants = []
-    dropper = _DropOverhead()
-    trimmed = module.visit(dropper)
-    if dropper.dropped:
-        variants.append(Variant({"removed": "syncs-and-logging", "statements": dropper.dropped}, trimmed.code))
+    dropper, filler = _DropOverhead(), _FillScalars()
+    waitless = module.visit(dropper).visit(filler)
+    waits = {"statements": dropper.dropped, "uploads": filler.changed}
+    if dropper.dropped or filler.changed:
+        variants.append(Variant({"removed": "host-waits", **waits}, waitless.code))
     if not m.findall(module, m.Call(func=m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v.startswith("atomic_")))))):
         emptier = _EmptyOutputs(_launch_arguments(module))
         emptied = module.visit(emptier)
         if emptier.changed:
             variants.append(Variant({"removed": "empty-outputs", "allocations": emptier.changed}, emptied.code))
+            if variants[0].params["removed"] == "host-waits":
+                both = waitless.visit(_EmptyOutputs(_launch_arguments(waitless)))
+                variants.append(Variant({"removed": "host-waits+empty-outputs", **waits,
+                                         "allocations": emptier.changed}, both.code))
     return variants
 
 
