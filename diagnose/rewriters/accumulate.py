@@ -52,6 +52,7 @@ from diagnose.rewriters.base import (
     is_jit,
     jit_functions,
     launch_arguments,
+    mask_argument,
     only_launch,
     register,
 )
@@ -386,15 +387,8 @@ def loop_reductions(source: str) -> list[LoopReduction]:
 
 def _masked(loop: cst.For) -> bool:
     """Whether every tl.load and tl.store in the loop carries a mask (lanes past the end touch nothing)."""
-    for call in m.findall(loop.body, m.Call()):
-        assert isinstance(call, cst.Call)
-        name = dotted(call.func)
-        if name in ("tl.load", "tl.store"):
-            position = 2 if name == "tl.store" else 1
-            if not any(a.keyword is not None and a.keyword.value == "mask" for a in call.args) \
-                    and len([a for a in call.args if a.keyword is None]) <= position:
-                return False
-    return True
+    return all(mask_argument(call) is not None for call in m.findall(loop.body, m.Call())
+               if isinstance(call, cst.Call) and dotted(call.func) in ("tl.load", "tl.store"))
 
 
 def _step(loop: cst.For) -> str | None:

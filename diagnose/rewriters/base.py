@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "one", "one_d_grid",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "mask_argument", "one", "one_d_grid",
            "only_launch", "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
@@ -89,6 +89,18 @@ def dotted(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Attribute):
         return f"{dotted(node.value)}.{node.attr.value}"
     return ""
+
+
+def mask_argument(call: cst.Call) -> int | None:
+    """Where the mask of a `tl.load` / `tl.store` call sits in `call.args`: its keyword, else the position
+    after the pointer (a load) or the pointer and the value (a store) when an argument is given there;
+    None for an access without a mask. (diagnose.features.access_mask reads the same rule off Python's ast.)"""
+    keyword = next((i for i, a in enumerate(call.args) if a.keyword is not None and a.keyword.value == "mask"), None)
+    if keyword is not None:
+        return keyword
+    position = 2 if dotted(call.func).rsplit(".", 1)[-1] == "store" else 1
+    given = len(call.args) > position and call.args[position].keyword is None and not call.args[position].star
+    return position if given else None
 
 
 class InJit(cst.CSTTransformer):

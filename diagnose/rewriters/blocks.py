@@ -16,7 +16,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
-from diagnose.rewriters.base import dotted, is_jit
+from diagnose.rewriters.base import dotted, is_jit, mask_argument
 
 __all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
            "enclosing_function", "fresh_name", "kernel_aranges", "mask_like", "names_in", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
@@ -330,9 +330,7 @@ class DropTrueTerms(cst.CSTTransformer):
             return updated
         position = 2 if name == "tl.store" else 1
         args = list(updated.args)
-        index = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "mask"), None)
-        if index is None and len(args) > position and all(a.keyword is None for a in args[:position + 1]):
-            index = position
+        index = mask_argument(updated)
         if index is None:
             return updated
         mask = reduced(args[index].value, self.is_true)

@@ -37,7 +37,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper
 
-from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, register
+from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, mask_argument, register
 from diagnose.rewriters.blocks import KernelLoops, assigned_names, calls_in, code, names_in
 
 __all__ = ["LinearRecurrence", "linear_recurrences", "chunked_linear_scan"]
@@ -169,14 +169,12 @@ class _Chunk(cst.CSTTransformer):
     def __init__(self, rec: _Recurrence, chunk: int) -> None:
         self.rec, self.chunk = rec, chunk
 
-    def offsets(self, call: cst.Call, value_at: int) -> cst.Call:
+    def offsets(self, call: cst.Call) -> cst.Call:
         pointer = call.args[0].value
         args = list(call.args)
         args[0] = args[0].with_changes(value=cst.parse_expression(
             f"{code(pointer)} + _kb_steps[:, None] * {_paren(self.rec.stride)}"))
-        index = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "mask"), None)
-        if index is None and len(args) > value_at and args[value_at].keyword is None:
-            index = value_at
+        index = mask_argument(call)
         if index is None:
             args.append(cst.Arg(cst.parse_expression("_kb_live"), keyword=cst.Name("mask"),
                                 equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
@@ -204,12 +202,12 @@ class _Chunk(cst.CSTTransformer):
             elif isinstance(small, cst.Assign):
                 load = _one_load(small.value)
                 assert load is not None
-                out.append(statement.deep_replace(load, self.offsets(load, 1)))  # type: ignore[arg-type]
+                out.append(statement.deep_replace(load, self.offsets(load)))  # type: ignore[arg-type]
             else:
                 store = small.value
                 renamed = store.args[1].value.visit(SubstituteNames({rec.state: cst.Name("_kb_h")}))
                 store = store.with_changes(args=[store.args[0], store.args[1].with_changes(value=renamed), *store.args[2:]])
-                out.append(cst.SimpleStatementLine([cst.Expr(self.offsets(store, 2))]))
+                out.append(cst.SimpleStatementLine([cst.Expr(self.offsets(store))]))
         out.append(cst.parse_statement(f"{rec.state} = tl.sum(tl.where(_kb_steps[:, None] == {c - 1}, _kb_h, 0.0), "
                                        "axis=0)  # the state after the chunk's last live step\n"))
         return out + advances
