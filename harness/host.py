@@ -100,8 +100,12 @@ class KernelHost:
         return {}
 
     def unstage(self, keys: list[str]) -> dict[str, Any]:
-        for key in keys:
-            self.staged.pop(key, None)
+        dropped = [self.staged.pop(key, None) for key in keys]
+        if any(dropped) and exchange.device_kind(self.device) == "cuda":
+            import torch
+
+            del dropped
+            torch.cuda.empty_cache()  # the room goes back to the device for the other workers, not to our cache
         return {}
 
     def _load(self, ref: Any) -> Any:

@@ -99,15 +99,18 @@ class Judge(Session):
                 result = CaseResult(case=info.cases[case], label=info.labels[case], heldout=case >= info.timed,
                                     generated=case >= len(info.cases) - info.generated)
                 run.cases.append(result)
-                for seed in range(seeds):
-                    reason = self._check_seed(hosted, run, result, case, seed, sets, pins,
-                                              expected=info.has_reference or not own)
-                    if reason:
-                        run.rejected = f"case {result.label}, seed {seed}{reason}"
-                        return Checked(run)
-                    if result.error:
-                        break
-                    result.seeds = seed + 1
+                try:
+                    for seed in range(seeds):
+                        reason = self._check_seed(hosted, run, result, case, seed, sets, pins,
+                                                  expected=info.has_reference or not own)
+                        if reason:
+                            run.rejected = f"case {result.label}, seed {seed}{reason}"
+                            return Checked(run)
+                        if result.error:
+                            break
+                        result.seeds = seed + 1
+                finally:
+                    self._drop_large_case(hosted.worker, case)
                 if not result.correct:
                     return Checked(run)  # the first wrong case is reported; the rest would repeat it
         except WorkerFailed as exc:
@@ -292,7 +295,7 @@ class Judge(Session):
                         out.rejected[exc.role] = f"case {label}: {exc.reason}"
                     del live[exc.role]
             else:
-                continue
+                timings = {}  # every kernel rejected on this case: nothing to record, its sets still to drop
             for role, timing in timings.items():
                 result = CaseResult(case=info.cases[case], label=label, timing=timing)
                 if out.ceilings is not None:
@@ -301,6 +304,8 @@ class Judge(Session):
                     result.roofline = place(info.bytes[case], info.flops[case], timing.median_us * 1e-6,
                                             out.ceilings, made["compute_dtype"])
                 out.cases.setdefault(role, []).append(result)
+            for h in {id(h.worker): h for h in hosted.values()}.values():
+                self._drop_large_case(h.worker, case)
         return out
 
     def _time_one(self, hosted: Hosted, role: str, keys: list[str], probe: str, case: int, warmup_ms: int,

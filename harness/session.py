@@ -32,7 +32,15 @@ from harness.reference import TaskInfo
 from harness.sandbox import Worker
 from harness.task import TaskSpec
 
-__all__ = ["Hosted", "KernelSpec", "KernelUnusable", "Session", "WorkerFailed", "candidate_cache"]
+__all__ = ["LARGE_CASE_BYTES", "Hosted", "KernelSpec", "KernelUnusable", "Session", "WorkerFailed", "candidate_cache"]
+
+# A case whose input sets reach this many bytes is held one case at a time: its sets leave a kernel
+# worker once the case is checked or timed, and the reference frees a worker's hand-over buffer once the
+# worker has copied from it. Held for the whole run instead, TritonBench-T's fused_mv_sigmoid_sub (a 4 GiB
+# matrix) filled the H200: an 8 GiB buffer per worker in the reference, every set ever staged in each
+# worker, and a round's variants failed even one at a time. Smaller cases stay staged: re-copying them
+# would cost more than they hold.
+LARGE_CASE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ class Session:
         self._protected: dict[str, bytes] = {}
         self._made: dict[str, dict[str, Any]] = {}
         self._staged: dict[str, set[str]] = {}  # per worker token: the input sets it holds
+        self._case_of: dict[str, int] = {}  # input set key -> its case
         self._ceilings: dict[str, Any] | None = None
         self._trusted_import: set[str] | None = None
         self._contracts: dict[str, list[dict[str, Any]]] = {}  # case label -> the task kernel's outputs
@@ -231,6 +240,7 @@ class Session:
         self.info = TaskInfo(**answer)
         self._rng = random.Random(seed)
         self._made = {}
+        self._case_of = {}
         self._contract_meta = {}
         self._protect(self.info.files)
         return self.info
@@ -252,6 +262,7 @@ class Session:
                 except (WorkerFailed, UserFacingError):
                     pass
         self._made = {}
+        self._case_of = {}
 
     # --- input sets ------------------------------------------------------------------------
 
@@ -266,6 +277,7 @@ class Session:
             if made is None or (expected and not made.get("values") and self.info.has_reference):
                 made = self._ref("make", key=key, case=case, seed=seed, expected=expected)
                 self._made[key] = made
+                self._case_of[key] = case
         if expected and not made.get("values") and not self.info.has_reference:
             # Not under the reference's lock: the task's kernel runs in a worker of its own meanwhile.
             first = self._run_task_kernel(key, case)
@@ -300,6 +312,8 @@ class Session:
             except WorkerFailed as exc:
                 raise UserFacingError(f"the task's own kernel failed on case {self.info.labels[case]}: {exc}",
                                       "run `kb run TASK` on the task alone to see why") from None
+            finally:
+                self._drop_large_case(hosted.worker, case)
         first = answer["calls"][0]
         if first.get("error"):
             raise UserFacingError(f"the task's own kernel raised {first['error']} on case {self.info.labels[case]}",
@@ -321,6 +335,25 @@ class Session:
         for key, one in zip(missing, sets):
             self._ask(worker, {"op": "stage", "key": key, "set": one})
             staged.add(key)
+        if self._bytes(missing) >= LARGE_CASE_BYTES:
+            # The worker has copied the hand-over and closed its mapping (exchange.open_cuda): the
+            # reference's buffer for it may go back to the driver.
+            self._ref("release", keys=[], worker=worker.token)
+
+    def _bytes(self, keys: list[str]) -> int:
+        return sum(int(self._made.get(k, {}).get("bytes", 0)) for k in keys)
+
+    def _drop_large_case(self, worker: Worker, case: int) -> None:
+        """`case`'s input sets out of `worker` when together they reach LARGE_CASE_BYTES: the next case's
+        sets, or the next kernel's worker, need the room more than a later job would need the copy."""
+        keys = sorted(k for k in self._staged.get(worker.token, set()) if self._case_of.get(k) == case)
+        if not keys or self._bytes(keys) < LARGE_CASE_BYTES or not worker.alive:
+            return
+        try:
+            self._ask(worker, {"op": "unstage", "keys": keys})
+        except (WorkerFailed, UserFacingError):
+            return  # a worker that cannot answer holds nothing for long: the next request replaces it
+        self._staged[worker.token].difference_update(keys)
 
     def _busy_lock(self, worker: Worker) -> threading.RLock:
         with self._hosting:

@@ -365,6 +365,33 @@ def test_the_judge_times_kernels_and_stand_ins_interleaved_in_their_own_workers(
     assert all(c[0].label == "n=1000" and c[0].timing.reps >= 2 for c in timed.cases.values())
 
 
+def test_a_large_case_leaves_every_worker_once_checked_or_timed_and_comes_back_when_needed(monkeypatch):
+    """Cases past LARGE_CASE_BYTES are held one at a time (fused_mv_sigmoid_sub's 4 GiB matrix filled an
+    H200 otherwise); here every case counts as large, and smaller ones stay staged for the next job."""
+    import harness.session as session_module
+
+    def held(judge):
+        return sum(len(keys) for keys in judge._staged.values())  # the sets the workers hold now
+
+    with Judge(TASK, "interpreter", timeout_s=60) as judge:
+        judge.begin(seed=5)
+        assert judge.check(KernelSpec("candidate", file=str(HARNESS / "add.py")), seeds=2).run.correct
+        assert held(judge) > 0  # below the bar: kept for the next check or timing
+        judge.end()
+        monkeypatch.setattr(session_module, "LARGE_CASE_BYTES", 1)
+        judge.begin(seed=6)
+        first = judge.check(KernelSpec("candidate", file=str(HARNESS / "add.py")), seeds=2)
+        assert first.run.correct and held(judge) == 0
+        again = judge.check(KernelSpec("candidate", file=str(HARNESS / "add.py")), seeds=2)  # staged anew
+        assert again.run.correct and [c.seeds for c in again.run.cases] == [2, 2, 2]
+        assert not judge.check(KernelSpec("wrong", file=str(HARNESS / "wrong.py")), seeds=2).run.correct
+        timed = judge.time([KernelSpec("baseline"), KernelSpec("candidate", file=str(HARNESS / "add.py"))],
+                           cases=[0, 1], warmup_ms=5, rep_ms=20)
+        assert timed.rejected == {} and all(len(c) == 2 for c in timed.cases.values())
+        assert held(judge) == 0
+        judge.end()
+
+
 def test_report_speedups_flags_and_json_round_trip():
     def run_of(role, us):
         return KernelRun(role=role, source=f"{role}.py", cases=[
