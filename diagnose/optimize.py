@@ -37,6 +37,7 @@ from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
 from diagnose.records import Answer
 from diagnose.rewriters import REWRITERS, Variant, rewrite, unified_diff
 from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
+from diagnose.small_shapes import small_shape_variant
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport
 from harness.task import Task, TaskSpec, entry_name
@@ -507,6 +508,12 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
         return
     results = [(file, params[i] if i < len(params) else "", report, acceptable(report, options))
                for i, (file, report) in enumerate(zip(variant_files, reports))]
+    composed = small_shape_variant(store.dir, r.idx, source, results, entry, options)
+    if composed is not None:  # a winner on large inputs that lost the small ones: the parent's code there
+        say(f"round {r.idx}: validating a small-shape path: {composed[1]}")
+        more = validate_variants(judge, spec, parent, [composed[0]], entry, lambda msg: say(f"round {r.idx}: {msg}"))
+        if not isinstance(more, str):
+            results.append((composed[0], composed[1], more[0], acceptable(more[0], options)))
     passing = [(file, p, report, (g, n, w)) for file, p, report, (g, n, w) in results if g is not None]
     best = max(passing, key=lambda x: x[3][0]) if passing else None
     summary = [{"variant": p, "sha": _sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}

@@ -297,7 +297,7 @@ class Judge(Session):
             else:
                 timings = {}  # every kernel rejected on this case: nothing to record, its sets still to drop
             for role, timing in timings.items():
-                result = CaseResult(case=info.cases[case], label=label, timing=timing)
+                result = CaseResult(case=info.cases[case], label=label, timing=timing, input_bytes=int(made["bytes"]))
                 if out.ceilings is not None:
                     from harness.roofline import place
 

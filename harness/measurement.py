@@ -95,6 +95,7 @@ class CaseResult:
     roofline: Roofline | None = None
     profile: dict[str, Any] | None = None  # harness.profilers.KernelProfile.to_dict()
     error: str | None = None
+    input_bytes: int | None = None  # the timed input set's tensors, as the kernel's wrapper sees them
 
     @property
     def correct(self) -> bool:
@@ -177,7 +178,7 @@ class RunReport:
                     checks=[CaseCheck(**c) for c in cd.get("checks", [])], seeds=cd.get("seeds", 0),
                     timing=Timing(**cd["timing"]) if cd.get("timing") else None,
                     roofline=Roofline(**cd["roofline"]) if cd.get("roofline") else None,
-                    profile=cd.get("profile"), error=cd.get("error"),
+                    profile=cd.get("profile"), error=cd.get("error"), input_bytes=cd.get("input_bytes"),
                 ))
             runs.append(KernelRun(role=rd["role"], source=rd["source"], cases=cases,
                                   rejected=rd.get("rejected"), launches=rd.get("launches", 0),

@@ -238,5 +238,6 @@ def _copy_timings(cases: Sequence[CaseResult], target: KernelRun) -> None:
         if case.label in by_label:
             by_label[case.label].timing = case.timing
             by_label[case.label].roofline = case.roofline
+            by_label[case.label].input_bytes = case.input_bytes
         elif case.timing is not None:
             target.cases.append(case)

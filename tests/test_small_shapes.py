@@ -1,0 +1,121 @@
+"""A small-shape path: the parent's code below an input size, a rewrite's above it (issue 27: "dispatch on
+shape is a legitimate rewrite"), from the merge of two modules to the variant a round adds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import FIXTURES
+
+from diagnose.judging import acceptable
+from diagnose.loop_options import OptimizeOptions
+from diagnose.rewriters.dispatch import size_dispatch
+from diagnose.small_shapes import size_split, small_shape_variant
+from harness.measurement import CaseResult, KernelRun, RunReport, Timing
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec
+
+SMALL = (FIXTURES / "dispatch" / "small.py").read_text()
+LARGE = (FIXTURES / "dispatch" / "large.py").read_text()
+
+
+def test_each_call_takes_the_path_its_input_bytes_choose(tmp_path):
+    merged = size_dispatch(SMALL, LARGE, "axpy", threshold=3 * 4 * 1024)  # x, y, out: 1024 fp32 elements each
+    assert merged is not None
+    (tmp_path / "merged.py").write_text(merged)
+    script = textwrap.dedent("""
+        import json, torch, merged
+        runs = []
+        for n in (1000, 1024, 1025, 5000):
+            x, y = torch.randn(n), torch.randn(n)
+            before = len(merged.PATH)
+            ok = torch.allclose(merged.axpy(x, y, out=torch.empty(n)), 2 * x + y)
+            runs.append([n, len(merged.PATH) > before, ok])
+        print(json.dumps(runs))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=False,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    # x, y and out count: 3 tensors of n fp32 elements; at most 3 * 4 * 1024 bytes is the parent's path
+    assert json.loads(done.stdout.splitlines()[-1]) == [[1000, False, True], [1024, False, True],
+                                                        [1025, True, True], [5000, True, True]]
+
+
+def test_the_merged_module_passes_the_judges_checks_on_either_path(tmp_path):
+    (tmp_path / "axpy.py").write_text(SMALL)
+    spec = TaskSpec(kernel=str(tmp_path / "axpy.py"), call="axpy(torch.randn(3000), torch.randn(3000))",
+                    reference="lambda x, y, scale=None, out=None: 2 * x + y")
+    for threshold in (0, 10**9):
+        candidate = tmp_path / f"merged_{threshold}.py"
+        candidate.write_text(size_dispatch(SMALL, LARGE, "axpy", threshold) or "")
+        report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
+                          candidate_entry="axpy")
+        assert report.run("candidate").correct, report.to_dict()
+
+
+def test_modules_that_cannot_share_a_namespace_are_refused():
+    other_signature = LARGE.replace("def axpy(x, y, scale", "def axpy(a, y, scale")
+    assert size_dispatch(SMALL, other_signature, "axpy", 1) is None
+    import_clash = LARGE.replace("import triton.language as tl", "import triton.language as tl\nimport numpy as np")
+    assert size_dispatch(SMALL.replace("import torch\n", "import torch\nimport math as np\n"), import_clash,
+                         "axpy", 1) is None
+    guarded = SMALL.replace("import torch\n", "import torch\ntry:\n    import numpy\nexcept ImportError:\n    numpy = None\n")
+    assert size_dispatch(guarded, LARGE, "axpy", 1) is None
+    assert size_dispatch(SMALL, LARGE, "missing_entry", 1) is None
+    # a torch the large module does not bind: the size helper brings its own import
+    no_torch = LARGE.replace("import torch\n", "").replace("torch.empty_like(x)", "x.new_empty(x.shape)")
+    merged = size_dispatch(SMALL.replace("import torch\n", "").replace("torch.empty_like(x)", "x.new_empty(x.shape)"),
+                           no_torch, "axpy", 1)
+    assert merged is not None and "\nimport torch\n" in merged
+
+
+def _report(cases: list[tuple[str, int, float, float]]) -> RunReport:
+    """(label, input bytes, parent µs, candidate µs) per timed case."""
+    def run(role: str, at: int) -> KernelRun:
+        return KernelRun(role=role, source=f"{role}.py", cases=[
+            CaseResult(case={"n": b}, label=label, timing=Timing(t[at], t[at], t[at], 50, repeat_spread=0.0),
+                       input_bytes=b) for label, b, *t in cases])
+    return RunReport(task="t", backend="cuda", device="H200", runs=[run("baseline", 0), run("candidate", 1)])
+
+
+def test_a_split_exists_only_where_the_lost_cases_are_the_smallest_inputs():
+    won_large = _report([("a", 16_000, 9.0, 10.0), ("b", 260_000, 12.0, 11.0), ("c", 4_000_000, 40.0, 10.0)])
+    split = size_split(won_large, noise=0.02)
+    assert split is not None and split.small == ("a",) and 16_000 < split.threshold < 260_000
+    assert abs(split.predicted - (1.0 * 12 / 11 * 4.0) ** (1 / 3)) < 1e-9
+    lost_middle = _report([("a", 16_000, 10.0, 9.0), ("b", 260_000, 10.0, 11.0), ("c", 4_000_000, 40.0, 10.0)])
+    assert size_split(lost_middle, noise=0.02) is None
+    assert size_split(_report([("a", 16_000, 10.0, 9.0), ("c", 4_000_000, 40.0, 10.0)]), noise=0.02) is None
+    assert size_split(_report([("a", 16_000, 9.0, 10.0), ("c", 4_000_000, 9.0, 10.0)]), noise=0.02) is None
+    unsized = _report([("a", 16_000, 9.0, 10.0), ("c", 4_000_000, 40.0, 10.0)])
+    unsized.runs[1].cases[0].input_bytes = None
+    assert size_split(unsized, noise=0.02) is None
+
+
+def test_a_round_adds_one_small_shape_variant_when_it_would_beat_what_passed(tmp_path):
+    options = OptimizeOptions(backend="cuda", noise_floor=0.02)
+    v0, v1 = tmp_path / "round-002.v0.py", tmp_path / "round-002.v1.py"
+    v0.write_text(LARGE.replace("BLOCK = 1024", "BLOCK = 256"))
+    v1.write_text(LARGE)
+    (tmp_path / "round-002.variants").write_text("{'grow': 256}\n{'grow': 1024}\n")
+    modest = _report([("a", 16_000, 9.0, 8.9), ("c", 4_000_000, 40.0, 30.0)])  # 1.16x, passes
+    big = _report([("a", 16_000, 9.0, 10.4), ("c", 4_000_000, 40.0, 10.0)])  # 1.86x, loses its small case
+    judged = [(v0, "{'grow': 256}", modest, acceptable(modest, options)),
+              (v1, "{'grow': 1024}", big, acceptable(big, options))]
+    assert judged[0][3][0] is not None and judged[1][3][0] is None
+    made = small_shape_variant(tmp_path, 2, SMALL, judged, "axpy", options)
+    assert made is not None
+    path, line = made
+    assert path.name == "round-002.v2.py" and "def axpy_kb_small(" in path.read_text()
+    assert "BLOCK = 1024" in path.read_text() and "BLOCK_kb_small = 128" in path.read_text()
+    assert "round-002.v1.py above" in line and "'small': ['a']" in line and "'over': \"{'grow': 1024}\"" in line
+    assert (tmp_path / "round-002.variants").read_text().splitlines()[-1] == line
+    assert small_shape_variant(tmp_path, 2, SMALL, judged, "axpy", options) is None  # one per round, resumed too
+    (tmp_path / "round-002.variants").write_text("{'grow': 256}\n{'grow': 1024}\n")
+    strong = _report([("a", 16_000, 9.0, 4.0), ("c", 4_000_000, 40.0, 18.0)])  # 2.24x passing beats 2.0x
+    assert small_shape_variant(tmp_path, 2, SMALL, [(v0, "", strong, acceptable(strong, options)), judged[1]],
+                               "axpy", options) is None
