@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import FIXTURES
 
 from diagnose.judging import acceptable
@@ -23,17 +24,19 @@ SMALL = (FIXTURES / "dispatch" / "small.py").read_text()
 LARGE = (FIXTURES / "dispatch" / "large.py").read_text()
 
 
-def test_each_call_takes_the_path_its_input_bytes_choose(tmp_path):
-    merged = size_dispatch(SMALL, LARGE, "axpy", threshold=3 * 4 * 1024)  # x, y, out: 1024 fp32 elements each
+@pytest.mark.parametrize("entry", ["axpy", "sum"])  # TritonBench-T's sum: an entry that shadows a builtin
+def test_each_call_takes_the_path_its_input_bytes_choose(tmp_path, entry):
+    small, large = (s.replace("def axpy(x", f"def {entry}(x") for s in (SMALL, LARGE))
+    merged = size_dispatch(small, large, entry, threshold=3 * 4 * 1024)  # x, y, out: 1024 fp32 elements each
     assert merged is not None
     (tmp_path / "merged.py").write_text(merged)
-    script = textwrap.dedent("""
+    script = textwrap.dedent(f"""
         import json, torch, merged
         runs = []
         for n in (1000, 1024, 1025, 5000):
             x, y = torch.randn(n), torch.randn(n)
             before = len(merged.PATH)
-            ok = torch.allclose(merged.axpy(x, y, out=torch.empty(n)), 2 * x + y)
+            ok = torch.allclose(merged.{entry}(x, y, out=torch.empty(n)), 2 * x + y)
             runs.append([n, len(merged.PATH) > before, ok])
         print(json.dumps(runs))
     """)
@@ -66,6 +69,7 @@ def test_modules_that_cannot_share_a_namespace_are_refused():
     guarded = SMALL.replace("import torch\n", "import torch\ntry:\n    import numpy\nexcept ImportError:\n    numpy = None\n")
     assert size_dispatch(guarded, LARGE, "axpy", 1) is None
     assert size_dispatch(SMALL, LARGE, "missing_entry", 1) is None
+    assert size_dispatch(SMALL, LARGE.replace("PATH: list[Any] = []", "PATH: list[Any] = []\nid = 3"), "axpy", 1) is None
     # a torch the large module does not bind: the size helper brings its own import
     no_torch = LARGE.replace("import torch\n", "").replace("torch.empty_like(x)", "x.new_empty(x.shape)")
     merged = size_dispatch(SMALL.replace("import torch\n", "").replace("torch.empty_like(x)", "x.new_empty(x.shape)"),

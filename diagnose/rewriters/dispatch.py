@@ -25,8 +25,11 @@ SMALL_SUFFIX = "_kb_small"
 LARGE_SUFFIX = "_kb_large"
 
 # Every tensor among the entry's arguments, each once, as the judge counts an input set's bytes
-# (harness.reference): the threshold was measured on that figure. No method the judge's static guard
-# reads as tensor compute (`.add`, `.sum`) is called: a set's `.add` was taken for a torch fallback.
+# (harness.reference): the threshold was measured on that figure. It calls only the builtins in
+# _HELPER_BUILTINS, which the merge refuses to see rebound (a draft's entry may be named `sum`, and the
+# judge refuses `import builtins`), and no method the judge's static guard reads as tensor compute
+# (`.add`, `.sum`): a set's `.add` was taken for a torch fallback.
+_HELPER_BUILTINS = {"isinstance", "id", "list", "tuple", "dict"}
 _INPUT_BYTES = '''
 
 def _kb_input_bytes(*values):
@@ -40,7 +43,10 @@ def _kb_input_bytes(*values):
             todo.extend(value)
         elif isinstance(value, dict):
             todo.extend(value.values())
-    return sum(sizes.values())
+    total = 0
+    for size in sizes.values():
+        total += size
+    return total
 '''
 
 
@@ -56,8 +62,9 @@ def size_dispatch(small: str, large: str, entry: str, threshold: int) -> str | N
     large_names, large_imports = _module_bindings(large_mod)
     if small_names is None or large_names is None or small_imports is None or large_imports is None:
         return None
-    suffixed = {n + SMALL_SUFFIX for n in small_names} | {entry + LARGE_SUFFIX}
-    if suffixed & (small_names | large_names | set(small_imports) | set(large_imports)) or "_kb_input_bytes" in large_names:
+    suffixed = {n + SMALL_SUFFIX for n in small_names} | {entry + LARGE_SUFFIX, "_kb_input_bytes"}
+    if suffixed & (small_names | large_names | set(small_imports) | set(large_imports)) \
+            or _HELPER_BUILTINS & (large_names | set(large_imports) | {entry}):
         return None
     if any(large_imports.get(n, bound) != bound for n, bound in small_imports.items()) \
             or set(small_imports) & large_names or set(large_imports) & {n + SMALL_SUFFIX for n in small_names}:
@@ -72,7 +79,7 @@ def size_dispatch(small: str, large: str, entry: str, threshold: int) -> str | N
         if isinstance(statement, cst.SimpleStatementLine) and _is_import(statement) and not _is_future(statement):
             imports.setdefault(large_mod.code_for_node(statement).strip(), statement)
     if "torch" not in large_imports and "torch" not in small_imports:
-        imports["import torch"] = cst.SimpleStatementLine([cst.Import([cst.ImportAlias(cst.Name("torch"))])])
+        imports["import torch"] = cst.parse_statement("import torch")  # type: ignore[assignment]
     rest = [s for s in large_body.body if not _is_import(s) and not _docstring(s, large_body)]
     small_rest = [s for s in small_body.body if not _is_import(s) and not _docstring(s, small_body)]
     docstring = [s for s in large_body.body[:1] if _docstring(s, large_body)]
