@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, REPO
+from marker_judge import MarkerJudge
 
-from diagnose.judging import acceptable
+from diagnose.judging import HarnessJudge, acceptable
 from diagnose.loop_options import OptimizeOptions
+from diagnose.optimize import optimize
 from diagnose.rewriters.dispatch import size_dispatch
 from diagnose.small_shapes import size_split, small_shape_variant
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
@@ -123,3 +126,61 @@ def test_a_round_adds_one_small_shape_variant_when_it_would_beat_what_passed(tmp
     strong = _report([("a", 16_000, 9.0, 4.0), ("c", 4_000_000, 40.0, 18.0)])  # 2.24x passing beats 2.0x
     assert small_shape_variant(tmp_path, 2, SMALL, [(v0, "", strong, acceptable(strong, options)), judged[1]],
                                "axpy", options) is None
+
+
+class _SmallCaseLoses(MarkerJudge):
+    """Times the split (its kernel launched as `_split[`) at 40 µs on the 2048-row case and 110 µs on
+    the 1500-row one, against the parent's 100 µs on both; a module that carries the parent's code
+    as its small-shape path runs the parent's on the small case. Input bytes as the judge records them."""
+
+    def __call__(self, spec: TaskSpec, baseline: str | None, candidate: str | None, entry: str) -> RunReport:
+        report = HarnessJudge.__call__(self, spec, baseline, candidate, entry)
+        sources = {"baseline": Path(baseline or self.initial).read_text(),
+                   "candidate": Path(candidate).read_text() if candidate else ""}
+        for run in report.runs:
+            for case in run.cases if run.correct else []:
+                if case.heldout:
+                    continue
+                source, large = sources[run.role], case.case["m"] == 2048
+                split = "_split[" in source and (large or "_kb_small" not in source)
+                t = (40.0 if large else 110.0) if split else 100.0
+                case.timing = Timing(t, t, t, 100, repeat_spread=0.0)
+                case.input_bytes = 4 * case.case["m"] * case.case["n"]
+        return report
+
+
+def test_a_split_that_loses_the_small_case_is_accepted_with_the_parent_below_it(tmp_path):
+    """Through the loop and the real checks (interpreter): every split variant is rejected for its small
+    case, and the round accepts the variant that keeps the parent's code there."""
+    (tmp_path / "col_sum.py").write_text((REPO / "corpora" / "operators" / "col_sum" / "col_sum.py").read_text())
+    (tmp_path / "task.py").write_text(textwrap.dedent('''\
+        import torch
+
+        from col_sum import col_sum as entry  # noqa: F401
+
+
+        def inputs(m, n):
+            return (torch.randn(m, n),)
+
+
+        def reference(x):
+            return x.double().sum(0).float()
+
+
+        cases = [dict(m=2048, n=200), dict(m=1500, n=130)]
+        tolerances = {"atol": 1e-3, "rtol": 1e-4}
+        '''))
+    judge = _SmallCaseLoses(tmp_path / "col_sum.py", "_split[", fast_us=40.0)
+    try:
+        store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
+                         OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
+    finally:
+        judge.close()
+    (first,) = store.rounds()
+    assert first.outcome == "accepted", first.reason
+    assert first.reason.startswith("{'dispatch': 'round-001.v"), first.reason
+    assert "'small': ['m=1500,n=130']" in first.reason
+    best = (tmp_path / "run" / "round-001.py").read_text()
+    assert "def col_sum_kb_small(" in best and "def col_sum_kb_large(" in best and "_split[" in best
+    assert first.speedup is not None and abs(first.speedup - 2.5 ** 0.5) < 1e-6
+    store.close()
