@@ -24,7 +24,10 @@ from harness.run import RunOptions, run_task
 from harness.task import TaskSpec
 
 SMALL = (FIXTURES / "dispatch" / "small.py").read_text()
-LARGE = (FIXTURES / "dispatch" / "large.py").read_text()
+# Its rewrite: a wider tile, another spelling of the helper, and a marker (PATH) that says which path ran.
+LARGE = SMALL.replace("BLOCK = 128\n", "BLOCK = 1024\nPATH: list[Any] = []\n").replace("return x * 2", "return x + x") \
+    .replace("from typing import Optional", "from typing import Any, Optional") \
+    .replace("    out = torch.empty_like(x) if", "    PATH.append(\"large\")\n    out = torch.empty_like(x) if")
 
 
 @pytest.mark.parametrize("entry", ["axpy", "sum"])  # TritonBench-T's sum: an entry that shadows a builtin
@@ -153,23 +156,7 @@ def test_a_split_that_loses_the_small_case_is_accepted_with_the_parent_below_it(
     """Through the loop and the real checks (interpreter): every split variant is rejected for its small
     case, and the round accepts the variant that keeps the parent's code there."""
     (tmp_path / "col_sum.py").write_text((REPO / "corpora" / "operators" / "col_sum" / "col_sum.py").read_text())
-    (tmp_path / "task.py").write_text(textwrap.dedent('''\
-        import torch
-
-        from col_sum import col_sum as entry  # noqa: F401
-
-
-        def inputs(m, n):
-            return (torch.randn(m, n),)
-
-
-        def reference(x):
-            return x.double().sum(0).float()
-
-
-        cases = [dict(m=2048, n=200), dict(m=1500, n=130)]
-        tolerances = {"atol": 1e-3, "rtol": 1e-4}
-        '''))
+    (tmp_path / "task.py").write_text((FIXTURES / "split" / "col_sum_task.py").read_text())
     judge = _SmallCaseLoses(tmp_path / "col_sum.py", "_split[", fast_us=40.0)
     try:
         store = optimize(TaskSpec(path=str(tmp_path / "task.py")),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from conftest import REPO
+from conftest import FIXTURES, REPO
 from marker_judge import MarkerJudge
 
 from diagnose.optimize import OptimizeOptions, optimize
@@ -160,25 +160,7 @@ def test_later_knob_rounds_leave_the_second_kernel_its_own_parameters():
 def test_the_loop_answers_an_underfilled_grid_with_the_split(tmp_path):
     """From the diagnosis (8-ish programs for 132 SMs) to an accepted split round, through the real judge."""
     (tmp_path / "col_sum.py").write_text(COL_SUM.read_text())
-    (tmp_path / "task.py").write_text(textwrap.dedent('''\
-        import torch
-
-        from col_sum import col_sum as entry  # noqa: F401
-
-
-        def inputs(m, n):
-            return (torch.randn(m, n),)
-
-
-        def reference(x):
-            return x.double().sum(0).float()
-
-
-        cases = [dict(m=2048, n=200), dict(m=1500, n=130)]
-        # fp32 sums of up to 2048 terms: a column summing near 0 is off by ~1e-4 absolute, past the
-        # fp32 default atol of 1e-5 (as corpora/operators/col_sum/task.py says for its own sums).
-        tolerances = {"atol": 1e-3, "rtol": 1e-4}
-        '''))
+    (tmp_path / "task.py").write_text((FIXTURES / "split" / "col_sum_task.py").read_text())
     judge = MarkerJudge(tmp_path / "col_sum.py", "_split[", fast_us=40.0)  # a split kernel pays
     try:
         store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
