@@ -54,6 +54,31 @@ def test_each_call_takes_the_path_its_input_bytes_choose(tmp_path, entry):
                                                         [1025, True, True], [5000, True, True]]
 
 
+def test_a_small_shape_path_merges_again_when_a_later_round_rewrites_it(tmp_path):
+    first = size_dispatch(SMALL, LARGE, "axpy", threshold=3 * 4 * 1024)
+    assert first is not None
+    later = first.replace('PATH.append("large")', 'PATH.append("larger")').replace("BLOCK = 1024", "BLOCK = 512")
+    merged = size_dispatch(first, later, "axpy", threshold=3 * 4 * 4096)
+    assert merged is not None and merged.count("def _kb_input_bytes(") == 1
+    assert "def axpy_kb_small2(" in merged and "def axpy_kb_large2(" in merged and "def axpy_kb_small_kb_small2(" in merged
+    (tmp_path / "merged.py").write_text(merged)
+    script = textwrap.dedent("""
+        import json, torch, merged
+        seen = []
+        for n in (1000, 3000, 7000):
+            x, y = torch.randn(n), torch.randn(n)
+            merged.PATH.clear(); merged.PATH_kb_small2.clear()
+            assert torch.allclose(merged.axpy(x, y), 2 * x + y)
+            seen.append(merged.PATH + merged.PATH_kb_small2)
+        print(json.dumps(seen))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=False,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    # x and y of n fp32 elements: the first merge's small path up to 1536, its large one up to 6144, then the later
+    assert json.loads(done.stdout.splitlines()[-1]) == [[], ["large"], ["larger"]]
+
+
 def test_the_merged_module_passes_the_judges_checks_on_either_path(tmp_path):
     (tmp_path / "axpy.py").write_text(SMALL)
     spec = TaskSpec(kernel=str(tmp_path / "axpy.py"), call="axpy(torch.randn(3000), torch.randn(3000))",

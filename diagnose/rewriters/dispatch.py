@@ -11,7 +11,8 @@ small module defines (functions, Triton kernels, classes, constants) gets a suff
 to it, so its kernels and helpers sit beside the large module's unchanged. Triton resolves a @jit
 function's globals by name at compile time, so the renamed kernels call their own renamed helpers.
 Imports are shared; a name the two modules bind differently makes the merge refuse (None) rather than
-guess.
+guess. A module that is a small-shape path already merges again (a later round's variant of it): its
+names take the next free suffix (`_kb_small2`), and its size helper serves both.
 """
 
 from __future__ import annotations
@@ -62,17 +63,26 @@ def size_dispatch(small: str, large: str, entry: str, threshold: int) -> str | N
     large_names, large_imports = _module_bindings(large_mod)
     if small_names is None or large_names is None or small_imports is None or large_imports is None:
         return None
-    suffixed = {n + SMALL_SUFFIX for n in small_names} | {entry + LARGE_SUFFIX, "_kb_input_bytes"}
-    if suffixed & (small_names | large_names | set(small_imports) | set(large_imports)) \
+    taken = small_names | large_names | set(small_imports) | set(large_imports)
+    depth = next(d for d in ("", *map(str, range(2, 100)), None)
+                 if d is None or not ({n + SMALL_SUFFIX + d for n in small_names} | {entry + LARGE_SUFFIX + d}) & taken)
+    if depth is None:
+        return None
+    small_suffix, large_name = SMALL_SUFFIX + depth, entry + LARGE_SUFFIX + depth
+    # A large module that is itself a small-shape path (a later round's variant of one) has our helper already.
+    helper = _INPUT_BYTES.strip()
+    own_helper = any(isinstance(st, cst.FunctionDef) and st.name.value == "_kb_input_bytes"
+                     and large_mod.code_for_node(st).strip() == helper for st in large_mod.body)
+    if ("_kb_input_bytes" in large_names and not own_helper) or "_kb_input_bytes" in small_imports \
             or _HELPER_BUILTINS & (large_names | set(large_imports) | {entry}):
         return None
     if any(large_imports.get(n, bound) != bound for n, bound in small_imports.items()) \
-            or set(small_imports) & large_names or set(large_imports) & {n + SMALL_SUFFIX for n in small_names}:
+            or set(small_imports) & large_names or set(large_imports) & {n + small_suffix for n in small_names}:
         return None
     if large_imports.get("torch", "torch") != "torch" or small_imports.get("torch", "torch") != "torch" or "torch" in large_names:
         return None
-    small_body = _renamed(small_mod, {n: n + SMALL_SUFFIX for n in small_names})
-    large_body = _renamed(large_mod, {entry: entry + LARGE_SUFFIX})
+    small_body = _renamed(small_mod, {n: n + small_suffix for n in small_names})
+    large_body = _renamed(large_mod, {entry: large_name})
     future = [s for s in (*large_mod.body, *small_mod.body) if _is_future(s)]
     imports: dict[str, cst.SimpleStatementLine] = {}
     for statement in (*large_body.body, *small_body.body):
@@ -86,9 +96,10 @@ def size_dispatch(small: str, large: str, entry: str, threshold: int) -> str | N
     head = cst.Module(body=[*docstring, *{large_mod.code_for_node(s): s for s in future}.values(),
                             *imports.values()]).code
     note = (f"\n\n# The small-shape path: {entry} below, as the parent wrote it, with every module-level name "
-            f"suffixed {SMALL_SUFFIX}\n")
+            f"suffixed {small_suffix}\n")
     return (head + "\n" + cst.Module(body=rest).code + note + cst.Module(body=small_rest).code
-            + _INPUT_BYTES + "\n\n" + _dispatcher(large_entry, entry, threshold))
+            + ("" if own_helper else _INPUT_BYTES) + "\n\n"
+            + _dispatcher(large_entry, entry, threshold, entry + small_suffix, large_name))
 
 
 def _entry_def(module: cst.Module, entry: str) -> cst.FunctionDef | None:
@@ -183,7 +194,7 @@ class _Rename(cst.CSTTransformer):
         return updated.with_changes(name=cst.Name(new)) if new else updated
 
 
-def _dispatcher(fn: cst.FunctionDef, entry: str, threshold: int) -> str:
+def _dispatcher(fn: cst.FunctionDef, entry: str, threshold: int, small: str, large: str) -> str:
     """`entry` with `fn`'s parameters (defaults as written), calling the small or the large path."""
     p = fn.params
     params = cst.Module(body=[]).code_for_node(p)
@@ -200,11 +211,11 @@ def _dispatcher(fn: cst.FunctionDef, entry: str, threshold: int) -> str:
         values.append(p.star_kwarg.name.value)
     args = ", ".join(forward)
     return (f"def {entry}({params}):\n"
-            f'    """Inputs of at most {threshold} bytes take the small-shape path ({entry}{SMALL_SUFFIX}, where the\n'
-            f'    rewrite measured slower), the rest the rewrite ({entry}{LARGE_SUFFIX})."""\n'
+            f'    """Inputs of at most {threshold} bytes take the small-shape path ({small}, where the\n'
+            f'    rewrite measured slower), the rest the rewrite ({large})."""\n'
             f"    if _kb_input_bytes({', '.join(values)}) <= {threshold}:\n"
-            f"        return {entry}{SMALL_SUFFIX}({args})\n"
-            f"    return {entry}{LARGE_SUFFIX}({args})\n")
+            f"        return {small}({args})\n"
+            f"    return {large}({args})\n")
 
 
 def _is_import(statement: cst.CSTNode) -> bool:
