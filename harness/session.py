@@ -37,8 +37,8 @@ __all__ = ["LARGE_CASE_BYTES", "Hosted", "KernelSpec", "KernelUnusable", "Sessio
 # A case whose input sets reach this many bytes is held one case at a time: its sets leave a kernel
 # worker once the case is checked or timed, and the reference frees a worker's hand-over buffer once the
 # worker has copied from it. Held for the whole run instead, TritonBench-T's fused_mv_sigmoid_sub (a 4 GiB
-# matrix) filled the H200: an 8 GiB buffer per worker in the reference, every set ever staged in each
-# worker, and a round's variants failed even one at a time. Smaller cases stay staged: re-copying them
+# matrix) filled the H200 (the reference 43 GiB with a hand-over buffer per worker, a worker 30 GiB with
+# every set ever staged in it), and a round's variants failed even one at a time. Smaller cases stay staged: re-copying them
 # would cost more than they hold.
 LARGE_CASE_BYTES = 1 << 30
 
