@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diagnose.optimize import HarnessJudge, OptimizeOptions
+from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize
+from diagnose.rounds import Round
 from harness.measurement import RunReport, Timing
 from harness.task import TaskSpec
 
@@ -30,3 +31,18 @@ class MarkerJudge(HarnessJudge):
 
     def judge_all(self, spec: TaskSpec, baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
         return [self(spec, baseline, c, entry) for c in candidates]
+
+
+def only_round(judge: HarnessJudge, task: Path, run_dir: Path) -> Round:
+    """The round of a one-round optimize run of `task` on the interpreter, judged by `judge`; the judge
+    and the run's store are closed after it."""
+    try:
+        store = optimize(TaskSpec(path=str(task)), OptimizeOptions(rounds=1, backend="interpreter", seeds=1),
+                         run_dir, judge=judge)
+    finally:
+        judge.close()
+    try:
+        (first,) = store.rounds()
+        return first
+    finally:
+        store.close()

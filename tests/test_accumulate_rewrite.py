@@ -10,9 +10,10 @@ import json
 
 import pytest
 from conftest import FIXTURES
+from marker_judge import only_round
 
 from diagnose.engine import diagnose
-from diagnose.optimize import HarnessJudge, OptimizeOptions, optimize
+from diagnose.optimize import HarnessJudge, OptimizeOptions
 from diagnose.render import to_markdown
 from diagnose.request import KernelInput, request_from
 from diagnose.rewriters import rewrite
@@ -144,15 +145,9 @@ class LaneSumsPayJudge(HarnessJudge):
 
 def test_the_optimize_loop_takes_the_reduction_out_of_the_loop_in_its_first_round(tmp_path):
     judge = LaneSumsPayJudge()
-    try:
-        store = optimize(TaskSpec(path=str(ROW_DOT.parent / "task.py")),
-                         OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
-    finally:
-        judge.close()
-    (first,) = store.rounds()
+    first = only_round(judge, ROW_DOT.parent / "task.py", tmp_path / "run")
     assert (first.hypothesis.finding, first.hypothesis.pattern, first.level) == ("reduction.in-loop", PATTERN, "L1")
     assert first.outcome == "accepted" and first.speedup == pytest.approx(100 / 60)
     assert "+        _kb_total_lanes += a * v" in first.diff
     # the lane sums at blocks of 16, 1024 and 4096 all passed the interpreter's checks
     assert [v["geomean"] for v in first.timings["variants"]] == [pytest.approx(100 / 60)] * 3
-    store.close()

@@ -10,12 +10,11 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
-from marker_judge import MarkerJudge
+from marker_judge import MarkerJudge, only_round
 from test_peel_rewrite import CAUSAL, CAUSAL_REFERENCE
 
 from cli import main
 from diagnose.features import kernel_features
-from diagnose.optimize import OptimizeOptions, optimize
 from diagnose.records import EvidenceLog
 from diagnose.rewriters import rewrite
 from diagnose.triage import triage
@@ -121,13 +120,7 @@ def test_the_loop_answers_a_causal_loop_over_every_key_block_with_its_bound(tmp_
         cases = [dict(seq=64), dict(seq=40)]
         '''))
     judge = MarkerJudge(tmp_path / "causal.py", "tl.minimum(seq,", fast_us=55.0)  # stopping at the diagonal pays
-    try:
-        store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
-                         OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
-    finally:
-        judge.close()
-    (first,) = store.rounds()
+    first = only_round(judge, tmp_path / "task.py", tmp_path / "run")
     assert (first.hypothesis.finding, first.hypothesis.pattern) == ("attention.causal-full-loop", PATTERN)
     assert first.outcome == "accepted", first.reason
     assert first.hypothesis.unblock.startswith("each program's key loop ends at its rows' last visible key")
-    store.close()

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, REPO
-from marker_judge import MarkerJudge
+from marker_judge import MarkerJudge, only_round
 
 from diagnose.judging import HarnessJudge, acceptable
 from diagnose.loop_options import OptimizeOptions
-from diagnose.optimize import optimize
 from diagnose.rewriters.dispatch import size_dispatch
 from diagnose.small_shapes import size_split, small_shape_variant
 from harness.measurement import CaseResult, KernelRun, RunReport, Timing
@@ -183,16 +182,10 @@ def test_a_split_that_loses_the_small_case_is_accepted_with_the_parent_below_it(
     (tmp_path / "col_sum.py").write_text((REPO / "corpora" / "operators" / "col_sum" / "col_sum.py").read_text())
     (tmp_path / "task.py").write_text((FIXTURES / "split" / "col_sum_task.py").read_text())
     judge = _SmallCaseLoses(tmp_path / "col_sum.py", "_split[", fast_us=40.0)
-    try:
-        store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
-                         OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
-    finally:
-        judge.close()
-    (first,) = store.rounds()
+    first = only_round(judge, tmp_path / "task.py", tmp_path / "run")
     assert first.outcome == "accepted", first.reason
     assert first.reason.startswith("{'dispatch': 'round-001.v"), first.reason
     assert "'small': ['m=1500,n=130']" in first.reason
     best = (tmp_path / "run" / "round-001.py").read_text()
     assert "def col_sum_kb_small(" in best and "def col_sum_kb_large(" in best and "_split[" in best
     assert first.speedup is not None and abs(first.speedup - 2.5 ** 0.5) < 1e-6
-    store.close()

@@ -7,9 +7,8 @@ import textwrap
 
 import pytest
 from conftest import FIXTURES, REPO
-from marker_judge import MarkerJudge
+from marker_judge import MarkerJudge, only_round
 
-from diagnose.optimize import OptimizeOptions, optimize
 from diagnose.rewriters import rewrite
 from harness.run import RunOptions, run_task
 from harness.task import TaskSpec
@@ -162,13 +161,7 @@ def test_the_loop_answers_an_underfilled_grid_with_the_split(tmp_path):
     (tmp_path / "col_sum.py").write_text(COL_SUM.read_text())
     (tmp_path / "task.py").write_text((FIXTURES / "split" / "col_sum_task.py").read_text())
     judge = MarkerJudge(tmp_path / "col_sum.py", "_split[", fast_us=40.0)  # a split kernel pays
-    try:
-        store = optimize(TaskSpec(path=str(tmp_path / "task.py")),
-                         OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
-    finally:
-        judge.close()
-    (first,) = store.rounds()
+    first = only_round(judge, tmp_path / "task.py", tmp_path / "run")
     assert first.hypothesis.finding == "parallelism.grid-underfilled"
     assert first.hypothesis.pattern == PATTERN and first.outcome == "accepted", first.reason
     assert first.hypothesis.unblock.startswith("the launch's grid has at least one program per SM")
-    store.close()
