@@ -96,6 +96,16 @@ def overlap_reason(record: dict[str, Any]) -> str | None:
     return None
 
 
+def host_outputs_reason(answer: dict[str, Any]) -> str | None:
+    """Why a PyTorch stand-in's timing is no comparison: its calls returned host tensors, and the device
+    events around a call see only the work it queued on the device. (Kernels are not held to it: one
+    that hands its result back with `.cpu()` is timed with the copy and the wait, which is fair.)"""
+    if not answer.get("host_outputs"):
+        return None
+    return (f"{answer['host_outputs']} of {answer['calls']} timed calls returned host tensors: their work ran on the "
+            "CPU, which the device events do not time")
+
+
 def timed_reason(answer: dict[str, Any], wall_s: float) -> str | None:
     """Why a timing job's figures cannot be trusted."""
     log = answer.get("log") or {}

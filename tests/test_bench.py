@@ -67,6 +67,7 @@ def test_conditions_run_side_by_side_and_a_killed_job_resumes(tmp_path):
     # The best kernel (70 µs in the test's cost model: pipelined, num_warps=2) against eager at 80 µs.
     assert suite["best_vs_eager"] == pytest.approx(80 / (100 * 0.7 * 1.0), rel=1e-3)
     assert suite["initial_vs_eager"] == pytest.approx(80 / (100 * 1.1), rel=1e-3)
+    assert suite["eager_operators"] == 2  # both timed eager; one whose stand-in was not timed would not count
     md = (bench_dir / "report.md").read_text()
     assert "| rowsum_a | " in md and "| geomean speedup vs initial |" in md and "4.35" in md
     # Each round records how far its diagnosis escalated; the report counts those trajectories.

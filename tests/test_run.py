@@ -552,6 +552,22 @@ def test_the_stand_in_timed_is_the_tasks_eager_version_when_it_has_one():
     assert _entry_from_task({"path": str(softmax)}, "eager", False).__name__ == "reference"
 
 
+def test_a_stand_in_that_returns_host_tensors_from_device_inputs_is_not_a_timing():
+    """TritonBench-T's ones_like reference is `torch.ones(input.size())`: a host tensor, no kernel, timed by
+    device events at 1.3 us against a kernel's launch floor of 3.4 us (0.37x of "eager" for the draft)."""
+    import torch
+
+    from harness.host import on_host
+    from harness.verdicts import host_outputs_reason
+
+    assert on_host([torch.ones(3)], "cuda") and on_host([torch.ones(3, device="meta"), torch.ones(3)], "npu")
+    assert not on_host([torch.ones(3)], "cpu")  # the interpreter: host memory is where the work is
+    assert not on_host([torch.ones(3, device="meta")], "cuda") and not on_host([], "cuda")
+    reason = host_outputs_reason({"host_outputs": 9, "calls": 9})
+    assert reason and reason.startswith("9 of 9 timed calls returned host tensors")
+    assert host_outputs_reason({"host_outputs": 0, "calls": 9}) is None
+
+
 def test_a_noisy_timing_pass_is_taken_again_and_the_steadiest_pass_kept():
     # Pass 1: the candidate's two timings are 70% apart (the H200 matmul end-of-run case); pass 2
     # is steady. Each call returns the next median for that role.

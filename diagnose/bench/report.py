@@ -165,6 +165,8 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "operators": len(rows),
         "finished": sum(1 for r in rows if r.get("status") == "finished"),
+        # An operator whose stand-in was not timed (it returned host tensors, or failed) has no eager figure.
+        "eager_operators": sum(1 for r in done if (r.get("vs_eager") or {}).get("best")),
         "initial_vs_eager": vs("vs_eager", "initial"),
         "best_vs_eager": vs("vs_eager", "best"),
         "best_vs_compiled": vs("vs_compiled", "best"),
@@ -271,6 +273,7 @@ _SUITE_ROWS = [  # (key of _suite's figures, label, key of PUBLISHED or None)
      None),
     ("roofline_initial_median", "roofline position of the initial kernels (median)", None),
     ("roofline_best_median", "roofline position of the optimized kernels (median)", None),
+    ("eager_operators", "operators with a PyTorch eager timing (the two rows below are over these)", None),
     ("initial_vs_eager", "initial kernel vs PyTorch eager (geomean)", None),
     ("best_vs_eager", "optimized kernel vs PyTorch eager (geomean; goal 1.0)", None),
     ("best_vs_compiled", "optimized kernel vs torch.compile (geomean)", None),
