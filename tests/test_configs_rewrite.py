@@ -88,7 +88,7 @@ def test_a_helpers_config_list_gets_hopper_tiles_and_knob_neighbours_and_keeps_i
     assert "@triton.autotune(configs=get_autotune_config() + [\n" in tiles  # the helper's list, then the new
     # the wgmma tiles under the kernel's own key names, the other keys as in its first config
     assert ('triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 4}, '
-            "num_warps=8, num_stages=3)") in tiles
+            "num_warps=8, num_stages=4)") in tiles
     assert tiles.split("def get_autotune_config")[1].split("@triton.autotune")[0] == \
         TUTORIAL.split("def get_autotune_config")[1].split("@triton.autotune")[0]
     assert 'triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 4}, num_warps=4, ' \

@@ -132,8 +132,8 @@ MATMUL = textwrap.dedent('''\
         M, K = a.shape
         N = b.shape[1]
         c = torch.empty((M, N), dtype=torch.float32, device=a.device)
-        BLOCK_M = 32
-        BLOCK_N = 32
+        BLOCK_M = 256
+        BLOCK_N = 256
         BLOCK_K = 16
         grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)
         matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -145,17 +145,45 @@ def test_a_draft_matmul_with_local_blocks_gets_whole_tiles_and_its_grid_follows(
     variants = dot_tile_configs(MATMUL, {})
     assert len(variants) == 6
     wide = variants[0]
-    assert wide.params == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8}
+    assert wide.params == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8}
     assert "    BLOCK_M = 128\n    BLOCK_N = 256\n    BLOCK_K = 64\n" in wide.source
     # warps and stages go to the tiled kernel's launch only; the dot product's launch is as written
     assert "dot_kernel[grid](a, b, out, a.numel(), 1024)\n" in wide.source
-    assert "matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, num_stages=3, num_warps=8)" in wide.source
-    # 128 x 32 tiles: a grid that kept 32 x 32 would compute a quarter of the rows' blocks
-    narrow = next(v for v in variants if v.params["BLOCK_M"] == 128 and v.params["BLOCK_N"] == 32)
+    assert "matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, num_stages=4, num_warps=8)" in wide.source
+    # 64 x 128 tiles: a grid that kept 256 x 256 would compute an eighth of the output's blocks
+    narrow = next(v for v in variants if v.params["BLOCK_M"] == 64 and v.params["BLOCK_N"] == 128)
     assert candidate_rejection(tmp_path, MATMUL, narrow.source, "matmul",
-                               "matmul(torch.randn(130, 40), torch.randn(40, 70))", "lambda a, b: a @ b", seeds=1) == ""
-    # The tuner would own knobs that are locals passed by position: no autotuned variant.
-    assert dot_tile_autotune(MATMUL, {}) == []
+                               "matmul(torch.randn(130, 40), torch.randn(40, 300))", "lambda a, b: a @ b", seeds=1) == ""
+
+
+def test_a_draft_matmul_with_local_blocks_passed_by_position_gets_a_size_keyed_tuner(tmp_path):
+    """No one tile suits 256^2 and 4096^2 (scripts/matmul_headroom.py on the H200: each size's best tile
+    differs), so the drafts' form, blocks bound to wrapper locals and passed by position, gets the tuner too."""
+    tuned = dot_tile_autotune(MATMUL, {})
+    assert len(tuned) == 1
+    source = tuned[0].source
+    assert tuned[0].params["key"] == ["M", "N", "K"]
+    assert tuned[0].params["autotune"][0] == {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 16, "num_stages": 3, "num_warps": 4}
+    # The tuner owns the blocks: the trailing positions that passed them go, the grid reads the picked config.
+    assert "matmul_kernel[grid](a, b, c, M, N, K)" in source
+    assert 'grid = lambda meta: ((M + meta["BLOCK_M"] - 1) // meta["BLOCK_M"], (N + meta["BLOCK_N"] - 1) // meta["BLOCK_N"])' \
+        in source
+    assert "dot_kernel[grid](a, b, out, a.numel(), 1024)" in source  # the other kernel's launch as written
+    # Checked under every config it may pick (the judge pins each one), on a size no tile divides.
+    assert candidate_rejection(tmp_path, MATMUL, source, "matmul",
+                               "matmul(torch.randn(130, 40), torch.randn(40, 300))", "lambda a, b: a @ b", seeds=1) == ""
+    # A block read outside the launch and its grid (here a tile count the kernel is passed) would keep the
+    # old size for the tuned kernel; a position followed by another would shift it: no tuner for either.
+    counted = MATMUL.replace("def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,", "def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, T,")
+    counted = counted.replace("matmul_kernel[grid](a, b, c, M, N, K,", "tiles = (M + BLOCK_M - 1) // BLOCK_M\n"
+                              "    matmul_kernel[grid](a, b, c, M, N, K, tiles,")
+    assert "tiles = (M + BLOCK_M" in counted and dot_tile_configs(counted, {}) and dot_tile_autotune(counted, {}) == []
+    shifted = MATMUL.replace("BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, SCALE):").replace(
+        "BLOCK_M, BLOCK_N, BLOCK_K)", "BLOCK_M, BLOCK_N, BLOCK_K, 2.0)")
+    assert "BLOCK_K, 2.0)" in shifted and dot_tile_configs(shifted, {}) and dot_tile_autotune(shifted, {}) == []
+
+
+def test_a_draft_matmul_whose_grid_counts_tiles_by_a_literal_gets_no_tile_search():
     # A grid that counts the tiles by a literal the blocks do not bind would keep the old size.
     fixed = MATMUL.replace("grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)",
                            "grid = ((M + 31) // 32, (N + 31) // 32)")

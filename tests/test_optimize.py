@@ -622,12 +622,13 @@ def test_dot_kernels_search_whole_tile_shapes_and_the_grid_follows(tmp_path):
     variants = rewrite("autotune-configs", original.read_text(), {})
     assert len(variants) == 7  # six tiles, then the same six under @triton.autotune
     wide = variants[0]
-    assert wide.params == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 3, "num_warps": 8}
+    assert wide.params == {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8}
     # Axis 0 steps by BLOCK_M and axis 1 by BLOCK_N in the kernel: each grid divisor follows its own block.
-    assert "grid = (triton.cdiv(m, 128), triton.cdiv(n, 256), batch)" in wide.source
-    assert "BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=8)" in wide.source
+    assert "BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=8)" in wide.source
+    for v in variants[:6]:
+        assert f"grid = (triton.cdiv(m, {v.params['BLOCK_M']}), triton.cdiv(n, {v.params['BLOCK_N']}), batch)" in v.source
     narrow = tmp_path / "bmm_tiles.py"
-    narrow.write_text(variants[5].source)  # 128 x 32 tiles: a grid left at 64 would skip half the rows
+    narrow.write_text(variants[3].source)  # 64 x 128 tiles on 130 x 70: masked rows and columns
     spec = TaskSpec(**{"kernel": str(original), "reference": "lambda a, b: torch.bmm(a.float(), b.float()).half()",
             "call": "bmm(torch.randn(2, 130, 65).half(), torch.randn(2, 65, 70).half())"})
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(narrow),

@@ -38,11 +38,14 @@ __all__ = ["DOT_TILES", "autotuned_kernels", "widen_autotune_configs"]
 
 _MAX_WARPS = 16
 _STAGES = range(1, 6)
-# Hopper tile shapes for 16-bit tl.dot kernels, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): the
-# first six configurations Triton's matmul tutorial (03-matrix-multiplication) autotunes over on CUDA.
+# Hopper tile shapes for 16-bit tl.dot kernels, (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps), measured:
+# the six best of eleven (Triton's matmul tutorial's six CUDA configs and five larger-K ones) for the
+# textbook masked 2-D-grid fp16 matmul on the H200 with Triton 3.6, at 256^3 to 4096^3 and 3072x1024x4096
+# (scripts/matmul_headroom.py, docs/device/2026-12-03-h200-matmul/). Every size's best tile is among them;
+# no one tile passes 0.76 of cuBLAS's geomean over the sizes, so a size-keyed tuner over them is the point.
 # tiles.py gives them to dot kernels that are not autotuned yet; here they join an autotuner's list.
-DOT_TILES = ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
-             (64, 128, 32, 4, 4), (128, 32, 32, 4, 4))
+DOT_TILES = ((128, 256, 64, 4, 8), (128, 128, 32, 4, 4), (64, 256, 32, 4, 4), (64, 128, 32, 4, 4),
+             (128, 128, 64, 3, 8), (128, 128, 64, 4, 4))
 _ROLE = {role: re.compile(rf"^BLOCK(_SIZE)?_{role}$") for role in "MNK"}
 
 

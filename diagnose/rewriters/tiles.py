@@ -11,7 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.base import InJit, Variant, dotted, jit_functions, register
+from diagnose.rewriters.base import InJit, SubstituteNames, Variant, dotted, jit_functions, launch_arguments, register
 from diagnose.rewriters.blocks import enclosing_function, names_in, reaching_value
 from diagnose.rewriters.configs import DOT_TILES
 from diagnose.rewriters.launch import (
@@ -110,13 +110,16 @@ class _GridDivisors(cst.CSTTransformer):
     the grid `lambda meta: (...)` for an autotuned kernel). `changed` counts the divisors set."""
 
     def __init__(self, grids: list[cst.Tuple], axis_value: dict[int, int | cst.BaseExpression],
-                 as_lambda: bool = False) -> None:
+                 as_lambda: bool = False, names: dict[str, cst.BaseExpression] | None = None) -> None:
         self.grids, self.axis_value, self.as_lambda = grids, axis_value, as_lambda
+        self.names = names or {}  # wrapper names of blocks the grid reads (`(m + BLOCK_M - 1) // BLOCK_M`), replaced
         self.changed = 0
 
     def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.BaseExpression:
         if not any(original is g for g in self.grids):
             return updated
+        if self.names:
+            updated = cst.ensure_type(updated.visit(SubstituteNames(self.names)), cst.Tuple)
         elements = list(updated.elements)
         for axis, element in enumerate(elements):
             if axis in self.axis_value and cdiv_divisor(element.value) is not None:
@@ -236,46 +239,112 @@ class _PointerRoots(InJit):
 
 
 class _Autotuned(cst.CSTTransformer):
-    """The launch without the tile knobs, and the kernel under @triton.autotune over the tile shapes
-    keyed on its size parameters (the grid is `_GridDivisors`' work)."""
+    """The tuned kernel's launches without the tile knobs (keywords, or the trailing positions that bind
+    them), and the kernel under @triton.autotune over the tile shapes keyed on its size parameters (the
+    grid is `_GridDivisors`' work)."""
 
-    def __init__(self, kernels: set[str], kernel: str, knobs: list[str], decorator: cst.Decorator) -> None:
-        self.kernels, self.kernel, self.knobs, self.decorator = kernels, kernel, knobs, decorator
+    def __init__(self, kernel: cst.FunctionDef, knobs: list[str], decorator: cst.Decorator) -> None:
+        self.kernel, self.knobs, self.decorator = kernel, knobs, decorator
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        if original.name.value == self.kernel:
+        if original.name.value == self.kernel.name.value:
             return updated.with_changes(decorators=[self.decorator, *updated.decorators])
         return updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not (isinstance(original.func, cst.Subscript) and dotted(original.func.value) in self.kernels):
+        if not (isinstance(original.func, cst.Subscript) and dotted(original.func.value) == self.kernel.name.value):
             return updated
-        args = [a for a in updated.args if a.keyword is None or a.keyword.value not in self.knobs]
+        knob_args = {id(a) for key, a in launch_arguments(self.kernel, updated).items() if key in self.knobs}
+        args = [a for a in updated.args if id(a) not in knob_args]
         if args:
             args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated.with_changes(args=args)
 
 
+def _knob_positions_trail(kernel: cst.FunctionDef, launch: cst.Call, knobs: list[str]) -> bool:
+    """Whether the launch's positional arguments that bind knobs are its last positional ones: dropped for
+    the tuner, they shift no other argument."""
+    bound = launch_arguments(kernel, launch)
+    positional = [a for a in launch.args if a.keyword is None]
+    knob_args = {id(bound[k]) for k in knobs if k in bound and bound[k].keyword is None}
+    return all(id(a) in knob_args for a in positional[len(positional) - len(knob_args):])
+
+
+def _ancestors(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode], stop: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node`'s ancestors, innermost first, up to (not with) `stop`."""
+    out = []
+    while node in parents and parents[node] is not stop:
+        node = parents[node]
+        out.append(node)
+    return out
+
+
+def _is_launch(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Subscript)
+
+
+def _grid_name(node: cst.CSTNode) -> str:
+    """G of a launch `kernel[G](...)` whose grid is a name, else ""."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Subscript) and len(node.func.slice) == 1:
+        index = node.func.slice[0].slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.Name):
+            return index.value.value
+    return ""
+
+
+def _locals_only_size_launches(module: cst.Module, scope: str, names: set[str], parents: Mapping[cst.CSTNode, cst.CSTNode]
+                               ) -> bool:
+    """Whether every read of the wrapper names `names` in the function `scope` (the module for "") sizes a
+    launch: in its arguments or grid, or in a grid name's assignment. Once the tuner owns the blocks, a
+    name read anywhere else (a tile count, a buffer's size) would keep the old block for the tuned kernel.
+    A function defined inside the wrapper whose parameter has the name reads its own (a kernel defined there)."""
+    functions = list(m.findall(module, m.FunctionDef(name=m.Name(scope)))) if scope else [module]
+    for function in functions:
+        grid_names = {_grid_name(c) for c in m.findall(function, m.Call())} - {""}
+        for name in m.findall(function, m.Name()):
+            if not isinstance(name, cst.Name) or name.value not in names:
+                continue
+            around = _ancestors(name, parents, function)
+            if any(isinstance(a, cst.FunctionDef) and any(p.name.value == name.value for p in a.params.params)
+                   for a in around):
+                continue
+            if not any(isinstance(a, cst.AssignTarget) or _is_launch(a) or (
+                    isinstance(a, cst.Assign) and len(a.targets) == 1 and dotted(a.targets[0].target) in grid_names)
+                       for a in around):
+                return False
+    return True
+
+
 def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     """The same tile shapes as `dot_tile_configs`, chosen per problem size by @triton.autotune on the
-    one launched kernel, keyed on its parameters other than tensors, strides and the tile knobs (sizes,
-    and constexprs such as a head dimension): one tile cannot suit 512^2 and 4096^2 at once. Only for
-    kernels that neither issue atomics nor read a buffer they write, since tuning runs the kernel several
-    times; [] where the tile search would give up, or the knobs are bound to wrapper parameters."""
+    one launched tiled kernel (other kernels' launches stay as written), keyed on its parameters other
+    than tensors, strides and the tile knobs (sizes, and constexprs such as a head dimension): one tile
+    cannot suit 512^2 and 4096^2 at once. Only for kernels that neither issue atomics nor read a buffer
+    they write, since tuning runs the kernel several times; [] where the tile search would give up, the
+    knobs are bound to wrapper parameters, or a wrapper local holding one is read other than to size a launch."""
     plan = _tile_plan(source)
-    if plan is None or len(plan.grids.launched) != 1:
+    tuned = plan.grids.launched & plan.tiled if plan is not None else set()
+    if plan is None or len(tuned) != 1:
         return []
     knobs = list(plan.shapes[0])
-    # The tuner owns the knobs: they leave the launch, which a knob bound to a name or passed by position
-    # cannot (the name would still size the grid; a position would shift the arguments after it).
-    if any(k in plan.current and (plan.current[k].param or plan.current[k].local) for k in knobs) \
-            or plan.positional & set(knobs):
+    name = next(iter(tuned))
+    kernel = jit_functions(plan.module)[name]
+    launches = [c for c in m.findall(plan.module, m.Call(func=m.Subscript(value=m.Name(name))))
+                if isinstance(c, cst.Call)]
+    # The tuner owns the knobs, so they leave the launch. A wrapper parameter's default cannot (a caller
+    # may pass it); a wrapper local can, where it is read by launches and grids only, the grid's reads
+    # becoming the picked config's; a position can where no positional argument follows it.
+    if any(k in plan.current and plan.current[k].param for k in knobs) \
+            or not all(_knob_positions_trail(kernel, c, knobs) for c in launches):
         return []
-    name = next(iter(plan.grids.launched))
-    kernel = next(n for n in plan.module.body if isinstance(n, cst.FunctionDef) and n.name.value == name)
+    local = {bound: k for k in knobs if k in plan.current and (bound := plan.current[k].local)}
+    scopes = {plan.current[k].scope for k in local.values()}
+    parents = MetadataWrapper(plan.module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    if local and not all(_locals_only_size_launches(plan.module, scope, set(local), parents) for scope in scopes):
+        return []
     params = [p.name.value for p in kernel.params.params]
     roots = _PointerRoots()
-    plan.module.visit(roots)
+    kernel.visit(roots)
     if roots.atomics or roots.loaded & roots.stored or not (roots.loaded | roots.stored) <= set(params):
         return []
     # Not the tensors (whatever their names): a key holds values, and a tensor would make every call a new
@@ -293,13 +362,13 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
         "    triton.Config({" + ", ".join(f'"{b}": {shape[b]}' for b in blocks) + "}, "
         f"num_stages={shape['num_stages']}, num_warps={shape['num_warps']})" for shape in shapes)
     decorator = cst.Decorator(cst.parse_expression(f"triton.autotune(configs=[\n{configs},\n], key={key!r})"))
-    grid = _GridDivisors(plan.tile_grids, {a: cst.parse_expression(f'meta["{b}"]') for a, b in plan.axes.items()},
-                         as_lambda=True)
+    grid = _GridDivisors(plan.grids.grids({name}), {a: cst.parse_expression(f'meta["{b}"]') for a, b in plan.axes.items()},
+                         as_lambda=True, names={n: cst.parse_expression(f'meta["{k}"]') for n, k in local.items()})
     new = plan.module.visit(grid)  # the grids first, while their nodes are the ones the plan saw
     # As in the tile search: every literal `triton.cdiv` must be a grid divisor tied to a tile block.
     if grid.changed != plan.grids.literal_cdivs:
         return []
-    new = new.visit(_Autotuned(plan.kernels, name, knobs, decorator))
+    new = new.visit(_Autotuned(kernel, knobs, decorator))
     return [Variant({"autotune": [dict(s) for s in shapes], "key": key}, new.code)]
 
 
