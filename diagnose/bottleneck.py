@@ -40,6 +40,7 @@ __all__ = ["classify"]
 
 LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
 FAR_FROM_ROOF = 0.6
+AT_COMPUTE_ROOF = 0.8  # of the measured matmul ceiling: little left for a rewrite to gain
 HOST_FLAT = 1.5  # times within this ratio of each other are flat
 HOST_WORK_SPAN = 8.0  # ... while the work grows at least this many-fold
 HOST_MIN_GAIN = 1.2  # a fixed cost the run's geomean would not feel is left unsaid
@@ -72,6 +73,26 @@ def _numeric(profile: dict) -> dict:
     pipes = profile.get("pipes")
     out["pipes"] = {k: v for k, v in pipes.items() if isinstance(v, (int, float))} if isinstance(pipes, dict) else {}
     return out
+
+
+def _tensor_cores_underused(cases: list[_Timed], fp32_ceiling: float | None, log: EvidenceLog, where: str) -> list[Finding]:
+    """Compute-bound cases whose dots run on tensor cores (above the fp32 CUDA-core rate, which tensor
+    cores pass many times over) yet below AT_COMPUTE_ROOF of the measured matmul ceiling for their dtype.
+    On Hopper the tile, stages and warps decide that distance: the drafts' 64x64x32 tile reached 0.44-0.56x
+    of cuBLAS from 1024^3 up, a tile per size 0.76-0.95x (docs/device/2026-12-03-h200-matmul)."""
+    under = [(c.label, r) for c in cases if (r := c.roofline) and r.bound == "compute" and r.fraction < AT_COMPUTE_ROOF
+             and fp32_ceiling and (r.achieved_tflops or 0.0) >= fp32_ceiling]
+    if not under:
+        return []
+    mid = median(r.fraction for _, r in under)
+    ev = log.add("L2", "roofline", f"{len(under)} compute-bound case(s) run their dots on tensor cores (above the "
+                 f"{fp32_ceiling:.0f} TFLOP/s CUDA-core rate) at a median {mid:.0%} of the measured matmul ceiling", where,
+                 ", ".join(f"{label}: {r.achieved_tflops or 0:.0f} TFLOP/s ({r.fraction:.0%})" for label, r in under))
+    return [Finding("dot.tile-underused", "tensor-cores", f"tensor-core dots at {mid:.0%} of the matmul ceiling",
+                    "The dots reach tensor cores but keep them busy a fraction of the time: on Hopper the tile "
+                    "shape, the pipeline's stages and the warps per program decide how much of the wgmma peak a "
+                    "kernel keeps, and no one tile suits every size.", [ev], [], "tritongpu-accelerate-matmul", "L2",
+                    0.8, gain=round(1.0 / max(mid, 0.05), 2))]
 
 
 def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None) -> list[Finding]:
@@ -109,7 +130,7 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
         elif mid >= 0.8:
             findings.append(Finding("profile.ok", "memory", f"memory-bound at {mid:.0%} of the copy roofline",
                                     "Within 20% of the measured copy bandwidth: little left to gain.", [ev], [], "", "L2"))
-    at_compute_roof = [(c.label, r) for c in cases if (r := c.roofline) and r.bound == "compute" and r.fraction >= 0.8]
+    at_compute_roof = [(c.label, r) for c in cases if (r := c.roofline) and r.bound == "compute" and r.fraction >= AT_COMPUTE_ROOF]
     if at_compute_roof:
         label, r = at_compute_roof[0]
         ev = log.add("L2", "roofline", f"case {label} is compute-bound at {r.fraction:.0%} of the attainable rate "
@@ -130,6 +151,7 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
                                     "A tensor-core matmul runs an order of magnitude above the fp32 CUDA-core rate; "
                                     "this one does not, so its dots are on FMA or its tensor cores starve.",
                                     [ev], [], "", "L2", 0.75))
+    findings += _tensor_cores_underused(cases, fp32_ceiling, log, where)
     profiles = [c.profile for c in cases if isinstance(c.profile, dict)]
     if profiles:
         p = _numeric(profiles[-1])  # the largest case: the one whose behaviour dominates

@@ -177,6 +177,35 @@ def test_l2_classes_from_measurements():
     assert kinds(_report([40.0, 90.0], fraction=0.3, profile=busy)) == {"profile.memory-bound", "profile.alu-bound"}
 
 
+def _dot_report(fractions: list[float], peak_tflops: float = 675.0) -> RunReport:
+    cases = [CaseResult(case={"n": i}, label=f"n={i}", timing=Timing(100.0, 100.0, 100.0, 100),
+                        roofline=Roofline(1e7, 1e12, 10.0, peak_tflops * f, "compute", f)) for i, f in enumerate(fractions)]
+    return RunReport("mm", "cuda", "NVIDIA H200", [KernelRun("baseline", "k.py", cases)],
+                     ceilings={"copy_gbps": 4200, "matmul_fp32_tflops": 51, "matmul_bf16_tflops": peak_tflops})
+
+
+def test_l2_says_tensor_core_dots_below_their_ceiling_are_the_tiles_and_ranks_it_first():
+    """The textbook fp16 matmul on the H200 ran at 0.44-0.56x of cuBLAS with its 64x64x32 tile; rounds went
+    to a boundary-mask peel and TMA before the tile search, which alone paid (1.36x)."""
+    from diagnose.records.rank import ranked_defects
+    from kb.patterns import load_catalog
+
+    log = EvidenceLog()
+    found = {f.kind: f for f in classify(_dot_report([0.40, 0.50, 0.55]), log)}
+    tiles = found["dot.tile-underused"]
+    assert tiles.level == "L2" and tiles.confidence >= 0.8 and tiles.gain == pytest.approx(2.0)
+    assert "50% of the matmul ceiling" in tiles.title and "(40%)" in log.items[-1].excerpt
+    # At the ceiling it is the roof, and below the CUDA-core rate it is the dots' lowering, not the tile.
+    assert "dot.tile-underused" not in {f.kind for f in classify(_dot_report([0.85, 0.9]), EvidenceLog())}
+    slow = {f.kind for f in classify(_dot_report([0.05, 0.06]), EvidenceLog())}
+    assert "profile.compute-bound" in slow and "dot.tile-underused" not in slow
+    # It outranks what L1 says of the same textbook kernel's K loop, and the tile search answers it.
+    peel = triage(kernel_features(REPO / "corpora" / "operators" / "matmul" / "matmul.py"), EvidenceLog())
+    assert "loop.boundary-mask" in {f.kind for f in peel}
+    assert ranked_defects([*peel, tiles])[0].kind == "dot.tile-underused"
+    assert [p.id for p in load_catalog() if "dot.tile-underused" in p.symptoms] == ["autotune-configs"]
+
+
 def test_l2_on_npu_profiles():
     profile = {"kernel": "k", "source": "msprof", "block_dim": 4096, "pipes": {"scalar": 61.0, "vector": 12.0}}
     report = _report([40.0, 90.0], profile=profile)
