@@ -183,6 +183,23 @@ def test_a_draft_matmul_with_local_blocks_passed_by_position_gets_a_size_keyed_t
     assert "BLOCK_K, 2.0)" in shifted and dot_tile_configs(shifted, {}) and dot_tile_autotune(shifted, {}) == []
 
 
+def test_after_a_small_shape_path_over_the_tuner_the_tile_search_leaves_the_tuned_kernel_to_its_configs(tmp_path):
+    """On the H200 the TritonBench-T matmul's round 2 was this module (the draft up to 1.3 MB of inputs, the
+    tuner above); round 3's tile variants passed BLOCK_M=... to the tuned kernel as well, and every check
+    failed with "got multiple values for argument"."""
+    from diagnose.rewriters.dispatch import size_dispatch
+
+    merged = size_dispatch(MATMUL, dot_tile_autotune(MATMUL, {})[0].source, "matmul", 40_000)
+    assert merged is not None
+    tuned_launch = next(line for line in merged.splitlines() if "matmul_kernel[grid](a, b, c, M, N, K)" in line)
+    variants = dot_tile_configs(merged, {})
+    assert variants and all(tuned_launch in v.source.splitlines() for v in variants)  # the tuned launch as it was
+    assert all("BLOCK_M = 256" not in v.source.split("_kb_small")[-1] for v in variants)
+    small_call, large_call = "matmul(torch.randn(30, 40), torch.randn(40, 50))", "matmul(torch.randn(130, 40), torch.randn(40, 300))"
+    for call in (small_call, large_call):  # either path, under every config the tuner may pick
+        assert candidate_rejection(tmp_path, MATMUL, variants[3].source, "matmul", call, "lambda a, b: a @ b", seeds=1) == ""
+
+
 def test_a_draft_matmul_whose_grid_counts_tiles_by_a_literal_gets_no_tile_search():
     # A grid that counts the tiles by a literal the blocks do not bind would keep the old size.
     fixed = MATMUL.replace("grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)",

@@ -13,7 +13,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from diagnose.rewriters.base import InJit, SubstituteNames, Variant, dotted, jit_functions, launch_arguments, register
 from diagnose.rewriters.blocks import enclosing_function, names_in, reaching_value
-from diagnose.rewriters.configs import DOT_TILES
+from diagnose.rewriters.configs import DOT_TILES, autotuned_kernels
 from diagnose.rewriters.launch import (
     TRITON_DEFAULT_KNOBS,
     Knob,
@@ -170,8 +170,12 @@ def _tile_plan(source: str) -> _TilePlan | None:
             node.visit(blocks)
     found = _LaunchGrids(module, kernels, parents)
     module.visit(found)
+    # A kernel under @triton.autotune is not tiled here: its configs own the blocks (a launch keyword would
+    # clash with them), and the config search widens them instead. A small-shape path beside it is.
     tiled = {name for name, fn in jit_functions(module).items()
-             if {names["M"], names["N"]} <= {p.name.value for p in fn.params.params}}
+             if {names["M"], names["N"]} <= {p.name.value for p in fn.params.params}} - set(autotuned_kernels(module))
+    if not tiled:
+        return None
     axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
     # Each grid must count its tile axes as `triton.cdiv(.., B)`, or by the name the block is bound to
     # (`BLOCK_M = 64` in the wrapper, the grid `(m + BLOCK_M - 1) // BLOCK_M`), which changes with it:
