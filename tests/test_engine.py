@@ -206,6 +206,27 @@ def test_l2_says_tensor_core_dots_below_their_ceiling_are_the_tiles_and_ranks_it
     assert [p.id for p in load_catalog() if "dot.tile-underused" in p.symptoms] == ["autotune-configs"]
 
 
+def test_our_matmul_measured_on_the_h200_is_diagnosed_as_its_tiles_at_l2(tmp_path):
+    """The textbook matmul's own H200 baseline (2026-12-03): progressive diagnosis stops at L2 on
+    dot.tile-underused, and the loop's first hypothesis is the tile search, not the K-loop peel that took
+    round 1 there (rejected, 0.958x) before the tile search paid in round 3."""
+    from diagnose.loop_options import OptimizeOptions
+    from diagnose.optimize import _hypotheses
+    from diagnose.request import KernelInput, request_from
+    from diagnose.rewriters import rewrite
+
+    report = RunReport.from_dict(json.loads((REPO / "docs" / "device" / "2026-12-03-h200-matmul" / "matmul.baseline.json")
+                                            .read_text()))
+    matmul = REPO / "corpora" / "operators" / "matmul"
+    request = request_from(KernelInput(task=str(matmul / "task.py"), rewrite=str(matmul / "matmul.py"), entry="matmul"),
+                           None, tmp_path, report)
+    answer = diagnose(request, home=None, strategy="progressive")
+    assert answer.levels == ["L1", "L2"] and answer.escalations[-1].action == "stop"
+    first = _hypotheses(answer, OptimizeOptions(backend="cuda"))[0]
+    assert (first.finding, first.pattern, first.level) == ("dot.tile-underused", "autotune-configs", "L2")
+    assert len(rewrite(first.pattern, (matmul / "matmul.py").read_text(), {})) == 7  # six tiles and the tuner
+
+
 def test_l2_on_npu_profiles():
     profile = {"kernel": "k", "source": "msprof", "block_dim": 4096, "pipes": {"scalar": 61.0, "vector": 12.0}}
     report = _report([40.0, 90.0], profile=profile)
