@@ -169,6 +169,12 @@ def test_the_device_shim_keeps_torch_cuda_names_usable_as_types():
         annotation = torch.cuda.Stream | None  # libraries annotate with it at import
         with torch.cuda.device(torch.device("cuda", 0)):
             assert torch.cuda.get_device_properties(0).multi_processor_count == 132
+        # by keyword, as drafts call them (TritonBench-T's scaled_add_dot: synchronize(device=y.device))
+        torch.cuda.synchronize(device=torch.device("cuda", 0))
+        assert torch.cuda.get_device_properties(device=0).multi_processor_count == 132
+        assert torch.cuda.get_device_capability(device=0) == (9, 0) and torch.cuda.current_stream(device=0)
+        with torch.cuda.stream(stream=torch.cuda.current_stream()):
+            torch.cuda.set_device(device=0)
     assert annotation is not None
 
 
