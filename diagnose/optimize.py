@@ -45,7 +45,7 @@ from harness.task import Task, TaskSpec, entry_name
 if TYPE_CHECKING:
     from kb.home import KBHome
 
-__all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "optimize"]
+__all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "hypotheses", "optimize"]
 
 # The generic search every kernel can try when its diagnosis offers nothing untried.
 _FALLBACK = ("autotune-configs", "launch configuration search")
@@ -304,7 +304,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
     seen = _measured_sources(store)
     from kb.patterns import catalog_for
 
-    for hyp in _hypotheses(answer, options, catalog_for(home)):
+    for hyp in hypotheses(answer, options, catalog_for(home)):
         what = (hyp.finding, hyp.pattern, hyp.rewriter)
         if rejected_on.get(what, -1) in lineage:
             continue  # rejected on this kernel or an ancestor: not retried blindly
@@ -347,7 +347,7 @@ def _measured_sources(store: RoundsStore) -> set[str]:
     return seen
 
 
-def _hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
+def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
     """Each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite of that
     finding after its patterns when an endpoint is in use; then the generic launch search; then a
     free-form LLM rewrite (with `llm_first`, each LLM rewrite comes before what it sits beside). That

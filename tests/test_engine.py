@@ -211,7 +211,7 @@ def test_our_matmul_measured_on_the_h200_is_diagnosed_as_its_tiles_at_l2(tmp_pat
     dot.tile-underused, and the loop's first hypothesis is the tile search, not the K-loop peel that took
     round 1 there (rejected, 0.958x) before the tile search paid in round 3."""
     from diagnose.loop_options import OptimizeOptions
-    from diagnose.optimize import _hypotheses
+    from diagnose.optimize import hypotheses
     from diagnose.request import KernelInput, request_from
     from diagnose.rewriters import rewrite
 
@@ -222,7 +222,7 @@ def test_our_matmul_measured_on_the_h200_is_diagnosed_as_its_tiles_at_l2(tmp_pat
                            None, tmp_path, report)
     answer = diagnose(request, home=None, strategy="progressive")
     assert answer.levels == ["L1", "L2"] and answer.escalations[-1].action == "stop"
-    first = _hypotheses(answer, OptimizeOptions(backend="cuda"))[0]
+    first = hypotheses(answer, OptimizeOptions(backend="cuda"))[0]
     assert (first.finding, first.pattern, first.level) == ("dot.tile-underused", "autotune-configs", "L2")
     assert len(rewrite(first.pattern, (matmul / "matmul.py").read_text(), {})) == 7  # six tiles and the tuner
 
