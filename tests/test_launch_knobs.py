@@ -181,6 +181,9 @@ def test_a_draft_matmul_with_local_blocks_passed_by_position_gets_a_size_keyed_t
     shifted = MATMUL.replace("BLOCK_K: tl.constexpr):", "BLOCK_K: tl.constexpr, SCALE):").replace(
         "BLOCK_M, BLOCK_N, BLOCK_K)", "BLOCK_M, BLOCK_N, BLOCK_K, 2.0)")
     assert "BLOCK_K, 2.0)" in shifted and dot_tile_configs(shifted, {}) and dot_tile_autotune(shifted, {}) == []
+    # A grid that is a lambda reading the local would keep the old block whatever the tuner picks.
+    lazy = MATMUL.replace("grid = ((M + BLOCK_M", "grid = lambda meta: ((M + BLOCK_M")
+    assert "grid = lambda meta: ((M + BLOCK_M" in lazy and dot_tile_autotune(lazy, {}) == []
 
 
 def test_after_a_small_shape_path_over_the_tuner_the_tile_search_leaves_the_tuned_kernel_to_its_configs(tmp_path):

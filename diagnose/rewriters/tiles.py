@@ -312,9 +312,11 @@ def _locals_only_size_launches(module: cst.Module, scope: str, names: set[str], 
             if any(isinstance(a, cst.FunctionDef) and any(p.name.value == name.value for p in a.params.params)
                    for a in around):
                 continue
-            if not any(isinstance(a, cst.AssignTarget) or _is_launch(a) or (
-                    isinstance(a, cst.Assign) and len(a.targets) == 1 and dotted(a.targets[0].target) in grid_names)
-                       for a in around):
+            # A lambda grid reads the name when it is called: the tuner's pick would not reach it.
+            if any(isinstance(a, cst.Lambda) for a in around) or not any(
+                    isinstance(a, cst.AssignTarget) or _is_launch(a) or (
+                        isinstance(a, cst.Assign) and len(a.targets) == 1 and dotted(a.targets[0].target) in grid_names)
+                    for a in around):
                 return False
     return True
 
