@@ -82,9 +82,9 @@ def small_shape_variant(directory: Path, idx: int, parent_source: str, judged: l
                         options: OptimizeOptions) -> tuple[Path, str] | None:
     """Round `idx`'s most promising rejected variant with the parent's code on the small inputs it lost (or
     the round's variant that beat the parent on each of them), written beside the round's variants (its
-    file and its params line); None when no rejected variant
-    would beat the round's best accepted one (or 1 + noise) that way, or the two cannot share a module.
-    A round gets one: a resumed round that has it already gets none."""
+    file and its params line); None when no rejected variant would beat the round's best accepted one (or
+    1 + noise) that way, or the two cannot share a module. A round gets one: a resumed round that has it
+    already gets none."""
     listing = directory / f"round-{idx:03d}.variants"
     if listing.is_file() and any(line.startswith("{'dispatch'") for line in listing.read_text().splitlines()):
         return None
