@@ -313,6 +313,28 @@ def test_the_suite_counts_what_every_runs_model_calls_cost():
     assert "| LLM tokens in + out (all runs) | 1100 |" in to_markdown(data)
 
 
+def test_an_operator_whose_eager_stand_in_was_not_timed_says_why_and_leaves_the_eager_figures():
+    from diagnose.bench.report import _eager_untimed, _suite, to_markdown
+
+    why = "9 of 9 timed calls returned host tensors: their work ran on the CPU, which the device events do not time"
+    final = {"notes": ["compiled reference not timed for n=1: other", f"eager reference not timed for n=1: {why}",
+                       "eager reference not timed for n=2: later"]}
+    assert _eager_untimed(final) == why and _eager_untimed({"notes": []}) is None and _eager_untimed(None) is None
+    rows = [{"operator": "ones_like", "status": "finished", "speedup": 1.0, "best_round": 0, "eager_untimed": why,
+             "vs_eager": {"initial": None, "best": None}},
+            {"operator": "relu", "status": "finished", "speedup": 1.0, "best_round": 0,
+             "vs_eager": {"initial": 1.02, "best": 1.02}}]
+    suite = _suite(rows)
+    assert suite["eager_operators"] == 1 and suite["best_vs_eager"] == pytest.approx(1.02)
+    data = {"bench": "b", "created": "now", "suite": "s", "rounds": 3, "llm": "none", "conditions": [{"name": "c"}],
+            "suite_by_condition": {"c": suite}, "operators": [dict(r, condition="c") for r in rows],
+            "published": {"operators": 37, "geomean": 4.35, "median": 2.73, "above_2x": 22, "above_5x": 13,
+                          "median_best_round": 10}}
+    md = to_markdown(data)
+    assert f"No eager figure (its stand-in was not timed): ones_like, {why}." in md
+    assert "| operators with a PyTorch eager timing (the two rows below are over these) | 1 |" in md
+
+
 def test_trajectories_count_how_far_every_run_diagnosed_finished_or_not():
     from diagnose.bench.report import _suite
 

@@ -78,6 +78,14 @@ def _speedup_bound(report: dict[str, Any] | None, role: str, floor_us: float | N
     return _rounded(geomean(bounds)) if bounds else None
 
 
+def _eager_untimed(report: dict[str, Any] | None) -> str | None:
+    """Why the end-of-run report has no eager timing, from the judge's note on its first untimed case
+    ("eager reference not timed for <case>: <why>"); None where it was timed or no note says."""
+    prefix = "eager reference not timed for "
+    return next((n.split(": ", 1)[1] for n in (report or {}).get("notes", []) if n.startswith(prefix) and ": " in n),
+                None)
+
+
 def _operator_row(job: Job, floor_us: float | None = None) -> dict[str, Any]:
     from diagnose.rounds import RoundsStore
     from diagnose.run_summary import report
@@ -120,6 +128,7 @@ def _operator_row(job: Job, floor_us: float | None = None) -> dict[str, Any]:
         "roofline_best": _fraction((best.timings or {}).get("report"), "candidate") if best else
         _fraction(info.baseline, "baseline"),
         "vs_eager": {k: (final.get("vs_eager") or {}).get(k, {}).get("geomean") for k in ("initial", "best")},
+        "eager_untimed": _eager_untimed(final_report),
         "vs_compiled": {k: (final.get("vs_compiled") or {}).get(k, {}).get("geomean") for k in ("initial", "best")},
         "memory_bound_fractions": _memory_fractions(final_report, best_role),
         "device": (info.baseline or {}).get("device"),
@@ -365,6 +374,10 @@ def to_markdown(data: dict[str, Any]) -> str:
               "any rewrite could gain (a case at or past its ceiling counts 1.0; attainable is never faster than "
               "the launch floor, where one was measured); the suite's bound rows are "
               "the same statistics over these per-operator bounds."]
+    untimed = {r["operator"]: r["eager_untimed"] for r in data["operators"] if r.get("eager_untimed")}
+    if untimed:
+        lines += ["", "No eager figure (its stand-in was not timed): "
+                  + "; ".join(f"{op}, {why}" for op, why in sorted(untimed.items())) + "."]
     borrowed = sorted({r["references_from"] for r in data["operators"] if r.get("references_from")})
     if borrowed:
         lines += ["", f"The PyTorch stand-ins were timed in the {', '.join(borrowed)} runs only; the other "
