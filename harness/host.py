@@ -234,9 +234,10 @@ class KernelHost:
             counts["calls"] += 1
             counts["no_launch"] += log.launches == 0
             counts["other_kernels"] += bool(expected and log.launches and not expected & set(log.kernels))
-            counts["host_outputs"] += on_host(outputs_of(value, args, exempt), self.device)
+            outs = outputs_of(value, args, exempt)
+            counts["host_outputs"] += on_host(outs, self.device)
             if log.copied:
-                made = [log.copied.get(o.untyped_storage().data_ptr()) for o in outputs_of(value, args, exempt)]
+                made = [log.copied.get(o.untyped_storage().data_ptr()) for o in outs]
                 counts["torch_outputs"] += any(op and op not in allow_copies for op in made)
             _merge_log(merged, log)
             if pending:
@@ -244,7 +245,7 @@ class KernelHost:
                 # Copied now, outside the timed window: an output that is an argument is the set's live
                 # buffer, and an input updated in place (y += a * x) changes again each time the set
                 # comes round; at the end of the run it would no longer be this call's result.
-                kept.append([o.clone() for o in outputs_of(value, args, exempt)])
+                kept.append([o.clone() for o in outs])
 
         with self._untuned(entry):
             samples = sample_calls(call, len(sets), warm_cache=warm_cache, warmup_ms=warmup_ms, rep_ms=rep_ms,

@@ -133,18 +133,17 @@ class _GridDivisors(cst.CSTTransformer):
 
 @dataclass
 class _TilePlan:
-    """What the tile search of a dot kernel needs: the module, its kernels and launch knobs, the
+    """What the tile search of a dot kernel needs: the module, its launch knobs and parent links, the
     block name of each axis (M, N and maybe K), the tile shapes to try, and the grid axes tied to a block."""
     module: cst.Module
-    kernels: set[str]
     current: dict[str, Knob]
     named: set[str]  # every keyword the launches pass, known value or not
-    positional: set[str]  # the knobs the launches pass by position
     shapes: list[dict[str, int]]
     grids: _LaunchGrids
     tiled: set[str]  # the kernels that take the tile's blocks
     tile_grids: list[cst.Tuple]  # their launches' grids
     axes: dict[int, str]  # grid axis -> the block name its program id steps by
+    parents: Mapping[cst.CSTNode, cst.CSTNode]  # the module's parent links, resolved once for every reader
 
 
 def _tile_plan(source: str) -> _TilePlan | None:
@@ -187,7 +186,7 @@ def _tile_plan(source: str) -> _TilePlan | None:
             if a < len(grid.elements) and cdiv_divisor(grid.elements[a].value) is None \
                     and not (binding and binding in names_in(grid.elements[a].value)):
                 return None
-    return _TilePlan(module, kernels, current, launched.named, launched.positional, shapes, found, tiled, found.grids(tiled), axes)
+    return _TilePlan(module, current, launched.named, shapes, found, tiled, found.grids(tiled), axes, parents)
 
 
 def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
@@ -345,8 +344,7 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
         return []
     local = {bound: k for k in knobs if k in plan.current and (bound := plan.current[k].local)}
     scopes = {plan.current[k].scope for k in local.values()}
-    parents = MetadataWrapper(plan.module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
-    if local and not all(_locals_only_size_launches(plan.module, scope, set(local), parents) for scope in scopes):
+    if local and not all(_locals_only_size_launches(plan.module, scope, set(local), plan.parents) for scope in scopes):
         return []
     params = [p.name.value for p in kernel.params.params]
     roots = _PointerRoots()
