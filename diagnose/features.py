@@ -65,6 +65,8 @@ class KernelFeatures:
     scalar_loops: list[Site] = field(default_factory=list)
     # block reductions added to an accumulator every loop iteration (diagnose.rewriters.accumulate); detail: it
     loop_reductions: list[Site] = field(default_factory=list)
+    # exponentials of scores whose scale could carry log2(e) (diagnose.rewriters.exp2); detail: where the scale is
+    unfolded_exps: list[Site] = field(default_factory=list)
     # calls in the wrappers that make the host wait for the device (diagnose.rewriters.host); detail:
     # "removable" where trim-wrapper-overhead takes the wait out, else ""
     host_waits: list[Site] = field(default_factory=list)
@@ -199,6 +201,7 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     feats.boundary_loops, feats.causal_loops, feats.recurrences = list(sites.boundary), list(sites.causal), list(sites.recurrences)
     feats.scalar_loops, feats.loop_reductions = list(sites.scalar), list(sites.reductions)
     feats.host_waits = list(_host_wait_sites(path.read_text()))
+    feats.unfolded_exps = list(_unfolded_exp_sites(path.read_text()))
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
@@ -236,6 +239,14 @@ def _loop_rewrite_sites(source: str) -> _LoopSites:
                       tuple(Site(r.line, "for", r.state, False) for r in linear_recurrences(source)),
                       tuple(Site(v.line, "for", ", ".join(v.accumulators), False) for v in scalar_loops(source)),
                       tuple(Site(r.line, "tl.sum", r.accumulator, True) for r in loop_reductions(source)))
+
+
+@functools.lru_cache(maxsize=32)
+def _unfolded_exp_sites(source: str) -> tuple[Site, ...]:
+    """The exponentials exp2-fast-math's fold rewrites (cached as the loop sites are)."""
+    from diagnose.rewriters.exp2 import score_domains
+
+    return tuple(Site(line, "tl.exp", "; ".join(d.entries)) for d in score_domains(source) for line in d.exp_lines)
 
 
 @functools.lru_cache(maxsize=32)

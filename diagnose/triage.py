@@ -17,7 +17,7 @@ __all__ = ["SOURCE_KINDS", "source_line", "triage"]
 # Findings the source settles and no IR stage shows: how many blocks a loop visits, which masks hold in
 # all but its last iteration. L3 keeps them as they are (as it keeps the launch's own facts).
 SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.step-at-a-time", "memory.scalar-loop",
-                "reduction.in-loop")
+                "reduction.in-loop", "math.exp-unfolded-scale")
 
 _SHARED_LIMIT_SM90 = 227 * 1024
 
@@ -162,6 +162,17 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                            "masked out: for a square causal problem about half of the loop's work.",
                            [ev], [loop.line], "", "L1", 0.9))  # the source decides it: the blocks are visited
         break
+    if feats.unfolded_exps:
+        first = feats.unfolded_exps[0]
+        lines = ", ".join(str(x.line) for x in feats.unfolded_exps)
+        ev = _ev(log, feats, first, f"tl.exp at {name}:{lines} exponentiates values scaled by `{first.detail}`, and "
+                                    "each element pays a multiply by log2(e) before ex2")
+        out.append(Finding("math.exp-unfolded-scale", "math",
+                           f"tl.exp over scaled scores at {name}:{lines}: log2(e) applied per element",
+                           "tl.exp(x) lowers to ex2.approx(x * log2(e)); when the exponent is built from values "
+                           "that already carry a scale (an online softmax's dot * scale), folding log2(e) into that "
+                           "scale and calling tl.exp2 drops one multiply per element from the softmax's ALU work.",
+                           [ev], [x.line for x in feats.unfolded_exps], "convert-triton-gpu-to-llvm", "L1", 0.8))
     for loop in feats.recurrences:
         ev = _ev(log, feats, loop, f"the loop at {name}:{loop.line} updates {loop.detail} = a * {loop.detail} + b "
                                    "one time step per iteration, loading and storing one step at a time")

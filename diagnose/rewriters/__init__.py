@@ -11,7 +11,7 @@ survive and the result reads like the input.
 | pattern id                  | module | rewrite |
 |-----------------------------|--------|---------|
 | block-size-num-warps, autotune-configs (other kernels), warp-local-reduction, reduce-register-pressure, num-stages | launch | launch configuration: a small search, one knob per variant |
-| autotune-configs (tl.dot kernels), wgmma-friendly-tiles | tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps), the best measured on the H200 (configs.DOT_TILES), or from Triton's fused-attention tutorial for an M x N tile without a K block; the grid's divisors moved with them |
+| autotune-configs (tl.dot kernels), wgmma-friendly-tiles | tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps), the best measured on the H200 (configs.DOT_TILES), or four measured for an M x N tile without a K block (attention); the grid's divisors moved with them |
 | block-size-num-warps, autotune-configs (a kernel already under @triton.autotune) | configs | its own config list, whatever its form, widened: more (or fewer) warps, stages +-1, doubled blocks the grid follows, Hopper dot tiles; the configs it had stay |
 | autotune-configs (tl.dot kernels) | tiles | also those six under `@triton.autotune` keyed on the kernel's sizes, the grid a function of the picked config (pure kernels only; blocks written at the launch, or as wrapper locals that only size launches) |
 | tl-range-pipelining         | pipelining | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
@@ -31,7 +31,7 @@ survive and the result reads like the input.
 | dot-input-precision-tf32    | keywords | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
 | int32-offsets               | keywords | drop per-element `.to(tl.int64)` casts |
 | relaxed-atomics             | keywords | `sem="relaxed"` on atomics that give none |
-| exp2-fast-math              | keywords | `tl.exp(x)` -> `tl.exp2(x * log2(e))` |
+| exp2-fast-math              | exp2 | `tl.exp(d)` -> `tl.exp2(d)` with log2(e) folded into the scalar factor of the scores `d` is built from (an online softmax's `dot * scale`), where everything between commutes with a scale; and `tl.exp(x)` -> `tl.exp2(x * log2(e))` at each call |
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any
 from diagnose.rewriters import (  # noqa: F401 - register
     accumulate,
     causal,
+    exp2,
     fit,
     fold,
     hints,

@@ -1,5 +1,5 @@
 """Keyword rewrites: one argument changed at every site (dot input precision, int64 casts, atomics' memory
-semantics, exp -> exp2)."""
+semantics)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import InJit, Variant, dotted, one, register
-
-_LOG2E = "1.4426950408889634"
 
 
 class _DotPrecision(InJit):
@@ -71,21 +69,6 @@ class _RelaxAtomics(InJit):
         return updated.with_changes(args=args)
 
 
-class _Exp2(InJit):
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not self.depth or dotted(updated.func) != "tl.exp" or len(updated.args) != 1:
-            return updated
-        self.changed += 1
-        scaled = cst.BinaryOperation(left=cst.ensure_type(updated.args[0].value, cst.BaseExpression),  # type: ignore[type-abstract]
-                                     operator=cst.Multiply(), right=cst.Float(_LOG2E))
-        if isinstance(updated.args[0].value, cst.BinaryOperation):
-            scaled = scaled.with_changes(left=updated.args[0].value.with_changes(
-                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
-        return updated.with_changes(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("exp2")),
-                                    args=[cst.Arg(scaled)])
-
-
 register("dot-input-precision-tf32")(dot_input_precision)
 register("int32-offsets")(one(_DropInt64, {"cast": "removed int64"}))
 register("relaxed-atomics")(one(_RelaxAtomics, {"sem": "relaxed"}))
-register("exp2-fast-math")(one(_Exp2, {"exp": "exp2"}))

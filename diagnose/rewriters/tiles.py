@@ -27,11 +27,12 @@ from diagnose.rewriters.launch import (
 )
 
 # A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
-# (BLOCK_M, BLOCK_N, num_stages, num_warps): six points of the space Triton's fused-attention tutorial
-# (06) autotunes over, BLOCK_M 64/128 x BLOCK_N 32/64/128 x stages x 4/8 warps, 8 warps only with
-# 128 x 128 as its Hopper filter keeps. Two stages at 128 x 128 so a 128-wide head's K and V tiles fit.
-_DOT_TILES_NO_K = ((128, 64, 3, 4), (128, 64, 4, 4), (128, 128, 2, 8), (128, 32, 3, 4), (64, 128, 3, 4),
-                   (64, 32, 4, 4))
+# (BLOCK_M, BLOCK_N, num_stages, num_warps), measured: the four best of nine (the fused-attention
+# tutorial's Hopper points, 64 x 64 and 128 x 64 and 128 x 128 at 3 stages and 8 warps) for a plain flash
+# kernel, fp16, heads of 64 and 128, against SDPA on the H200 with Triton 3.6 (scripts/attention_headroom.py,
+# docs/device/2026-12-03-h200-attention/). 8 warps at 128 x 64 wins with exp and with exp2; the tutorial's
+# 4-warp 128-row tiles lose a third at a 128-wide head, and 128 x 128 at 2 stages loses everywhere.
+_DOT_TILES_NO_K = ((128, 64, 3, 8), (64, 64, 3, 4), (128, 64, 4, 4), (128, 128, 3, 8))
 
 
 class _AxisBlocks(cst.CSTVisitor):

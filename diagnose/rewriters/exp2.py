@@ -1,0 +1,334 @@
+"""exp -> exp2: with log2(e) folded into the scale the exponentiated values already carry, or applied at
+each call.
+
+`tl.exp(x)` lowers to `ex2.approx(x * log2(e))`: one multiply per element before the exponential. In an
+attention kernel's online softmax every score pays it twice over (`s = tl.dot(q, k) * scale`, then
+`p = tl.exp(s - m)`), and on the H200 that multiply is what separates a plain flash kernel from SDPA more
+than tiles do: 0.74x -> 0.86x of SDPA at 4x16x1024x64 with the tile unchanged
+(scripts/attention_headroom.py, docs/device/2026-12-03-h200-attention/).
+
+The fold scales the whole *score domain* by log2(e): the values the exponentials' arguments are built
+from, closed under what a softmax does with them. Every operation there commutes with a positive scale
+(sums and differences, max, where with -inf, a product with or a quotient by a value outside the domain,
+broadcasting, casts), so multiplying the domain's entry points by log2(e) multiplies every value in it by
+log2(e), and `tl.exp(d)` becomes `tl.exp2(d)`:
+
+    s = tl.dot(q, tl.trans(k)) * (scale * 1.4426950408889634)    # the entry: folded into its scalar factor
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))                     # in the domain: scaled by it
+    p = tl.exp2(s - m_new[:, None])                                # the exits: exp -> exp2
+    alpha = tl.exp2(m_i - m_new)
+
+Preconditions, per kernel, on the syntax tree: every name in the domain is assigned only by plain
+`name = value` statements in the kernel (no parameter, no loop target, no augmented assignment); every
+use of a domain name feeds another domain name or an exponential (a stored score, a log-sum-exp written
+out, a comparison, an `exp2` already there: the rewrite declines); every entry point is a product with a
+scalar factor (a number, a kernel parameter, or a name computed from those) or a scalar itself, so the fold
+costs nothing per element; an invariant (0, +-inf, `tl.full`/`tl.zeros` of one) needs no scaling. Where
+the fold does not apply, `tl.exp(x)` -> `tl.exp2(x * log2(e))` at each call (the pattern's plain form).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
+from diagnose.rewriters.base import InJit, ReplaceNodes, Variant, dotted, jit_functions, register
+from diagnose.rewriters.blocks import calls_in, code, names_in
+
+__all__ = ["ScoreDomain", "exp2_fast_math", "score_domains"]
+
+LOG2E = "1.4426950408889634"
+_EXP = {"tl.exp", "tl.math.exp"}
+_INFINITE = {'float("inf")', 'float("-inf")', "float('inf')", "float('-inf')", "math.inf", "tl.inf"}
+_REDUCE = {"tl.max", "tl.min"}
+_PAIRWISE = {"tl.maximum", "tl.minimum"}
+
+
+@dataclass(frozen=True)
+class ScoreDomain:
+    """A kernel whose exponentials the fold rewrites: their lines, the names scaled, and the entry points
+    as written (`tl.dot(q, tl.trans(k)) * scale`)."""
+
+    kernel: str
+    exp_lines: tuple[int, ...]
+    names: tuple[str, ...]
+    entries: tuple[str, ...]
+
+
+class _NotFoldable(Exception):
+    """The domain reaches something that does not commute with a scale: the fold declines."""
+
+
+class _Domain:
+    """One kernel's score domain, grown from its exponentials' arguments to a fixed point."""
+
+    def __init__(self, kernel: cst.FunctionDef, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> None:
+        self.kernel = kernel
+        self.parents = parents
+        self.params = {p.name.value for p in kernel.params.params}
+        self.defs: dict[str, list[cst.BaseExpression]] = {}
+        self.opaque: set[str] = set()  # assigned other than by `name = value`
+        for node in m.findall(kernel, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.NamedExpr()):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+                self.defs.setdefault(node.targets[0].target.value, []).append(node.value)
+            elif isinstance(node, cst.Assign):
+                self.opaque |= {n for t in node.targets for n in names_in(t.target)}
+            elif isinstance(node, (cst.For, cst.AugAssign, cst.AnnAssign, cst.NamedExpr)):
+                self.opaque |= names_in(node.target)
+        self.exps = [c for c in calls_in(kernel) if dotted(c.func) in _EXP and len(c.args) == 1 and not c.args[0].keyword]
+        self.names: set[str] = set()
+        # id(entry point) -> (the entry point, its replacement)
+        self.entries: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+
+    # ------------------------------------------------------------------ which expressions are in the domain
+    def _scalar(self, e: cst.BaseExpression, seen: frozenset[str] = frozenset()) -> bool:
+        """A value the same in every lane: a number, a runtime kernel parameter, arithmetic of those."""
+        if isinstance(e, (cst.Integer, cst.Float)):
+            return True
+        if isinstance(e, cst.Name):
+            if e.value in self.params:
+                return True
+            values = self.defs.get(e.value, [])
+            return (bool(values) and e.value not in self.opaque and e.value not in seen
+                    and all(self._scalar(v, seen | {e.value}) for v in values))
+        if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Minus):
+            return self._scalar(e.expression, seen)
+        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, (cst.Add, cst.Subtract, cst.Multiply,
+                                                                            cst.Divide, cst.Power)):
+            return self._scalar(e.left, seen) and self._scalar(e.right, seen)
+        return False
+
+    @staticmethod
+    def _invariant(e: cst.BaseExpression) -> bool:
+        """A value any positive scale leaves as it is: 0, +-inf, and tiles filled with one."""
+        text = code(e).replace(" ", "")
+        if text.lstrip("-") in _INFINITE or text.lstrip("-") in ("0", "0.0", "0.", "tl.inf"):
+            return True
+        if isinstance(e, cst.Call) and dotted(e.func) == "tl.zeros":
+            return True
+        if isinstance(e, cst.Call) and dotted(e.func) == "tl.full" and len(e.args) >= 2:
+            return _Domain._invariant(e.args[1].value)
+        return False
+
+    def _touches(self, e: cst.CSTNode) -> bool:
+        return bool(names_in(e) & self.names)
+
+    def _entry(self, e: cst.BaseExpression) -> None:
+        """A value entering the domain (it names nothing in it): scaled by log2(e) through a scalar factor."""
+        def scaled(scalar: cst.BaseExpression) -> cst.BaseExpression:
+            return cst.parse_expression(f"({code(scalar)} * {LOG2E})")
+
+        if self._invariant(e):
+            return
+        if self._scalar(e):
+            self.entries[id(e)] = (e, scaled(e))
+            return
+        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Multiply):
+            if self._scalar(e.right):
+                self.entries[id(e.right)] = (e, scaled(e.right))
+                return
+            if self._scalar(e.left):
+                self.entries[id(e.left)] = (e, scaled(e.left))
+                return
+        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Divide) and self._scalar(e.right):
+            self.entries[id(e.right)] = (e, cst.parse_expression(f"({code(e.right)} / {LOG2E})"))
+            return
+        raise _NotFoldable(f"{code(e)} enters the domain without a scalar factor to fold log2(e) into")
+
+    def _value(self, e: cst.BaseExpression) -> None:
+        """`e` sits where a domain value goes: a domain name, an invariant, an operation that commutes with a
+        scale (whose operands are values in turn), or an entry point."""
+        if self._invariant(e) or isinstance(e, cst.Name) and e.value in self.names:
+            return
+        products = isinstance(e, cst.BinaryOperation) and isinstance(e.operator, (cst.Multiply, cst.Divide))
+        if products and not self._touches(e):
+            return self._entry(e)
+        self._expression(e)
+
+    def _expression(self, e: cst.BaseExpression) -> None:
+        """An operation that commutes with a positive scale, its operands values in turn; else an entry."""
+        if isinstance(e, cst.Subscript) and all(  # broadcasting: x[:, None], x[None, :]
+                isinstance(s.slice, cst.Slice) and s.slice.lower is s.slice.upper is s.slice.step is None
+                or isinstance(s.slice, cst.Index) and m.matches(s.slice.value, m.Name("None")) for s in e.slice):
+            return self._value(e.value)
+        if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Minus):
+            return self._value(e.expression)
+        if isinstance(e, cst.BinaryOperation):
+            if isinstance(e.operator, (cst.Add, cst.Subtract)):
+                self._value(e.left)
+                self._value(e.right)
+                return
+            if isinstance(e.operator, (cst.Multiply, cst.Divide)):
+                inside, factor = (e.left, e.right) if self._touches(e.left) else (e.right, e.left)
+                if self._touches(factor) or (isinstance(e.operator, cst.Divide) and inside is e.right):
+                    raise _NotFoldable(f"{code(e)}: a product of two domain values")
+                return self._value(inside)
+        if isinstance(e, cst.Call):
+            name = dotted(e.func)
+            positional = [a for a in e.args if a.keyword is None]
+            if name in _REDUCE and positional:
+                if any(self._touches(a.value) for a in e.args[1:]):
+                    raise _NotFoldable(code(e))
+                return self._value(positional[0].value)
+            if name in _PAIRWISE and len(positional) == 2:
+                self._value(positional[0].value)
+                self._value(positional[1].value)
+                return
+            if name == "tl.where" and len(positional) == 3:
+                if self._touches(positional[0].value):
+                    raise _NotFoldable(f"{code(e)} selects on a domain value")
+                self._value(positional[1].value)
+                self._value(positional[2].value)
+                return
+            if isinstance(e.func, cst.Attribute) and e.func.attr.value == "to":
+                return self._value(e.func.value)
+        if self._touches(e):
+            raise _NotFoldable(f"{code(e)} does not commute with a scale")
+        self._entry(e)
+
+    # --------------------------------------------------------------------------------- where they are used
+    def _exit_ok(self, name: cst.Name) -> None:
+        """A use of a domain name must flow, through domain operations, into a domain name or an exponential."""
+        node: cst.CSTNode = name
+        while True:
+            parent = self.parents.get(node)
+            if parent is None:
+                raise _NotFoldable(f"{name.value} escapes")
+            if isinstance(parent, cst.Arg):
+                call = self.parents.get(parent)
+                if isinstance(call, cst.Call) and any(c is call for c in self.exps):
+                    return
+                node = parent
+                continue
+            if isinstance(parent, cst.Assign):
+                target = parent.targets[0].target if len(parent.targets) == 1 else None
+                if node is parent.value and isinstance(target, cst.Name) and target.value in self.names:
+                    return
+                if isinstance(target, cst.Name) and node is parent.value:
+                    self.names.add(target.value)  # grows the domain: the caller iterates to a fixed point
+                    return
+                raise _NotFoldable(f"{name.value} is assigned in a way the fold does not follow")
+            if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation, cst.Subscript, cst.SubscriptElement,
+                                   cst.Index, cst.Call, cst.Attribute)):
+                node = parent
+                continue
+            raise _NotFoldable(f"{name.value} is used in {type(parent).__name__}")
+
+    def solve(self) -> None:
+        for call in self.exps:
+            argument = call.args[0].value
+            self.names |= names_in(argument) & (set(self.defs) | self.opaque | self.params) - self._factor_names(argument)
+        while True:
+            before = set(self.names)
+            for name in sorted(self.names):
+                if name in self.opaque or name in self.params or name not in self.defs:
+                    raise _NotFoldable(f"{name} is not assigned by plain assignments in the kernel")
+                for value in self.defs[name]:
+                    if self._touches(value):
+                        self.names |= names_in(value) & set(self.defs) - self._factor_names(value)
+            for use in m.findall(self.kernel, m.Name()):
+                assert isinstance(use, cst.Name)
+                if use.value in self.names and not self._is_target(use):
+                    self._exit_ok(use)
+            if self.names == before:
+                break
+        self.entries = {}
+        for name in sorted(self.names):
+            for value in self.defs[name]:
+                self._value(value)
+        for call in self.exps:
+            self._value(call.args[0].value)
+
+    def _factor_names(self, value: cst.BaseExpression) -> set[str]:
+        """Names in scalar factors and select conditions of a domain value, which stay outside the domain."""
+        out: set[str] = set()
+        for node in m.findall(value, m.BinaryOperation(operator=m.Multiply() | m.Divide())):
+            assert isinstance(node, cst.BinaryOperation)
+            for side in (node.left, node.right):
+                if self._scalar(side):
+                    out |= names_in(side)
+        for call in calls_in(value, "tl.where"):
+            if call.args:
+                out |= names_in(call.args[0].value)
+        return out
+
+    def _is_target(self, name: cst.Name) -> bool:
+        parent = self.parents.get(name)
+        return isinstance(parent, cst.AssignTarget)
+
+
+def _domains(module: cst.Module) -> list[tuple[_Domain, ScoreDomain]]:
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # the same nodes: the rewrite replaces them by identity
+    parents = wrapper.resolve(ParentNodeProvider)
+    positions = wrapper.resolve(PositionProvider)
+    out = []
+    for name, kernel in jit_functions(module).items():
+        domain = _Domain(kernel, parents)
+        if not domain.exps:
+            continue
+        try:
+            domain.solve()
+        except _NotFoldable:
+            continue
+        if not domain.entries:
+            continue  # nothing carries a scale: exp2 at each call is all there is
+        lines = tuple(sorted({positions[c].start.line for c in domain.exps}))
+        entries = tuple(sorted({code(e) for e, _ in domain.entries.values()}))
+        out.append((domain, ScoreDomain(name, lines, tuple(sorted(domain.names)), entries)))
+    return out
+
+
+def score_domains(source: str) -> list[ScoreDomain]:
+    """The kernels of `source` whose exponentials the fold rewrites (the L1 finding's sites)."""
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        return []
+    return [record for _, record in _domains(module)]
+
+
+class _Exp2(InJit):
+    """`tl.exp(x)` -> `tl.exp2(x * log2(e))` at every call in the jit functions."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.depth or dotted(updated.func) != "tl.exp" or len(updated.args) != 1:
+            return updated
+        self.changed += 1
+        argument = updated.args[0].value
+        if isinstance(argument, cst.BinaryOperation):
+            argument = argument.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        scaled = cst.BinaryOperation(left=argument, operator=cst.Multiply(), right=cst.Float(LOG2E))
+        return updated.with_changes(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("exp2")),
+                                    args=[cst.Arg(scaled)])
+
+
+def _folded(module: cst.Module) -> tuple[cst.Module, int] | None:
+    domains = _domains(module)
+    if not domains:
+        return None
+    values: dict[int, cst.BaseExpression] = {}
+    for domain, _ in domains:
+        values.update({key: new for key, (_, new) in domain.entries.items()})
+        for call in domain.exps:
+            values[id(call.func)] = cst.Attribute(value=cst.Name("tl"), attr=cst.Name("exp2"))
+    return module.visit(ReplaceNodes(values)), sum(len(d.exps) for d, _ in domains)
+
+
+@register("exp2-fast-math")
+def exp2_fast_math(source: str, context: dict[str, Any]) -> list[Variant]:
+    """The fold where it applies (first), and exp2 at each call."""
+    module = cst.parse_module(source)
+    out = []
+    folded = _folded(module)
+    if folded is not None:
+        out.append(Variant({"exp": "exp2", "log2e": "folded into the scale", "sites": folded[1]}, folded[0].code))
+    plain = _Exp2()
+    new = module.visit(plain)
+    if plain.changed:
+        out.append(Variant({"exp": "exp2", "log2e": "at each call", "sites": plain.changed}, new.code))
+    return out

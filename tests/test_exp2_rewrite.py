@@ -1,0 +1,116 @@
+"""exp2 with log2(e) folded into the scores' scale (issue 27, attention): an online softmax's exponentials
+become tl.exp2 and the scale of its `dot * scale` absorbs log2(e); the result keeps the reference's values
+under the real judge (interpreter); where a score leaves the softmax (stored, logged, compared, squared)
+or enters it without a scalar to fold into, only the plain per-call exp2 is offered; L1 reports the sites."""
+
+from __future__ import annotations
+
+import pytest
+from test_peel_rewrite import CAUSAL, CAUSAL_REFERENCE, HEADER
+
+from diagnose.features import kernel_features
+from diagnose.records import EvidenceLog
+from diagnose.rewriters import rewrite
+from diagnose.rewriters.exp2 import score_domains
+from diagnose.triage import triage
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec
+
+PATTERN = "exp2-fast-math"
+LOG2E = "1.4426950408889634"
+
+# the scale inline in the select, a scale computed in the kernel, the running max kept under another name
+INLINE = (CAUSAL
+          .replace("        s = tl.dot(q, tl.trans(k)) * scale\n", "")
+          .replace('rn[None, :] < seq), s, -float("inf"))', 'rn[None, :] < seq), qk_scale * tl.dot(q, tl.trans(k)), '
+                                                             'float("-inf"))')
+          .replace("    m_i = tl.full(", "    qk_scale = scale * 1.0\n    m_i = tl.full("))
+
+# a plain row softmax: its scores come from a load, with nothing to fold log2(e) into
+SOFTMAX = HEADER + '''
+@triton.jit
+def softmax_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=-float("inf"))
+    x = x - tl.max(x, axis=0)
+    e = tl.exp(x)
+    tl.store(y_ptr + row * n + cols, e / tl.sum(e, axis=0), mask=cols < n)
+
+
+def softmax(x):
+    y = torch.empty_like(x)
+    softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+'''
+
+
+def _check(tmp_path, source: str, original: str, seq: int) -> None:
+    (tmp_path / "causal.py").write_text(original)
+    candidate = tmp_path / "causal_exp2.py"
+    candidate.write_text(source)
+    spec = TaskSpec(kernel=str(tmp_path / "causal.py"), reference=CAUSAL_REFERENCE,
+                    call=f"causal(torch.randn({seq}, 16), torch.randn({seq}, 16), torch.randn({seq}, 16))")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
+                      candidate_entry="causal")
+    assert report.run("candidate").correct, report.to_dict()
+
+
+def test_an_online_softmax_folds_log2e_into_its_score_scale_and_keeps_the_values(tmp_path):
+    folded, plain = rewrite(PATTERN, CAUSAL, {})
+    assert folded.params["log2e"] == "folded into the scale" and folded.params["sites"] == 2
+    assert f"s = tl.dot(q, tl.trans(k)) * (scale * {LOG2E})" in folded.source
+    assert "p = tl.exp2(s - m_new[:, None])" in folded.source and "alpha = tl.exp2(m_i - m_new)" in folded.source
+    assert "tl.exp(" not in folded.source and folded.source.count(LOG2E) == 1  # no per-element multiply left
+    assert f"p = tl.exp2((s - m_new[:, None]) * {LOG2E})" in plain.source
+    for seq in (40, 16):
+        _check(tmp_path, folded.source, CAUSAL, seq)
+    (domain,) = score_domains(CAUSAL)
+    assert domain.names == ("m_i", "m_new", "s") and domain.entries == ("tl.dot(q, tl.trans(k)) * scale",)
+
+
+def test_a_scale_written_inline_and_computed_in_the_kernel_is_folded_where_it_is(tmp_path):
+    folded = rewrite(PATTERN, INLINE, {})[0]
+    assert f"(qk_scale * {LOG2E}) * tl.dot(q, tl.trans(k))" in folded.source
+    assert "tl.full((BLOCK_M,), -float(\"inf\")" in folded.source  # an invariant start needs no scaling
+    _check(tmp_path, folded.source, INLINE, 40)
+
+
+@pytest.mark.parametrize("change, why", [
+    (("acc / l_i[:, None], mask=", "acc / l_i[:, None] + m_i[:, None], mask="), "the running max written out"),
+    (("alpha = tl.exp(m_i - m_new)", "alpha = tl.exp2(m_i - m_new)"), "an exp2 already in the domain"),
+    (("m_new = tl.maximum(m_i, tl.max(s, axis=1))", "m_new = tl.maximum(m_i, tl.max(s * s, axis=1))"),
+     "a product of two scores"),
+    (("m_new = tl.maximum(m_i, tl.max(s, axis=1))", "m_new = tl.maximum(m_i, tl.max(s, axis=1) + tl.log(l_i + 1))"),
+     "a value entering the domain with no scalar factor"),
+    (("s = tl.where((rm", "s = tl.where((s > 0) & (rm"), "a select on the scores' own values"),
+    (("m_i = m_new", "m_i = m_new\n        m_i += 0.0"), "an augmented assignment"),
+])
+def test_scores_that_leave_the_softmax_are_not_rescaled(change, why):
+    changed = CAUSAL.replace(*change)
+    assert changed != CAUSAL, why
+    assert score_domains(changed) == [], why
+    variants = rewrite(PATTERN, changed, {})
+    assert all(v.params["log2e"] == "at each call" for v in variants), why
+
+
+def test_a_softmax_of_loaded_values_gets_the_per_call_exp2_only():
+    assert score_domains(SOFTMAX) == []
+    (plain,) = rewrite(PATTERN, SOFTMAX, {})
+    assert plain.params["log2e"] == "at each call" and f"tl.exp2(x * {LOG2E})" in plain.source
+
+
+def test_l1_reports_the_unfolded_exponentials_and_the_catalog_answers_them(tmp_path):
+    kernel = tmp_path / "causal.py"
+    kernel.write_text(CAUSAL)
+    findings = triage(kernel_features(kernel), EvidenceLog())
+    (finding,) = [f for f in findings if f.kind == "math.exp-unfolded-scale"]
+    assert finding.level == "L1"
+    lines = [i for i, line in enumerate(CAUSAL.splitlines(), 1) if "tl.exp(" in line]
+    assert finding.kernel_lines == lines
+    softmax = tmp_path / "softmax.py"
+    softmax.write_text(SOFTMAX)
+    assert not [f for f in triage(kernel_features(softmax), EvidenceLog()) if f.kind == "math.exp-unfolded-scale"]
+    from kb.patterns import load_catalog
+
+    assert any(p.id == PATTERN and "math.exp-unfolded-scale" in p.symptoms for p in load_catalog())
