@@ -34,8 +34,9 @@ from diagnose.judging import HarnessJudge, Judge, acceptable, improvement, valid
 from diagnose.llm import EndpointError
 from diagnose.llm_round import ask_for_round, budget_left
 from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
+from diagnose.planning import breadth_first, hypotheses
 from diagnose.records import Answer
-from diagnose.rewriters import REWRITERS, Variant, rewrite, unified_diff
+from diagnose.rewriters import Variant, rewrite, unified_diff
 from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
 from diagnose.small_shapes import small_shape_variant
 from harness.errors import UserFacingError, first_line
@@ -45,10 +46,9 @@ from harness.task import Task, TaskSpec, entry_name
 if TYPE_CHECKING:
     from kb.home import KBHome
 
-__all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "hypotheses", "optimize"]
+__all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "optimize"]
 
 # The generic search every kernel can try when its diagnosis offers nothing untried.
-_FALLBACK = ("autotune-configs", "launch configuration search")
 
 
 def _sha(text: str) -> str:
@@ -304,7 +304,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
     seen = _measured_sources(store)
     from kb.patterns import catalog_for
 
-    for hyp in hypotheses(answer, options, catalog_for(home)):
+    for hyp in breadth_first(hypotheses(answer, options, catalog_for(home)), rounds, lineage):
         what = (hyp.finding, hyp.pattern, hyp.rewriter)
         if rejected_on.get(what, -1) in lineage:
             continue  # rejected on this kernel or an ancestor: not retried blindly
@@ -345,61 +345,6 @@ def _measured_sources(store: RoundsStore) -> set[str]:
             if v.get("sha"):
                 seen.add(v["sha"])
     return seen
-
-
-def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
-    """Each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite of that
-    finding after its patterns when an endpoint is in use; then the generic launch search; then a
-    free-form LLM rewrite (with `llm_first`, each LLM rewrite comes before what it sits beside). That
-    diagnosis order is then re-ranked by record: a pattern that has won for this finding before (`kb
-    synthesize` statistics) moves up, one that kept failing moves down, behind the search if the
-    search's record is better. The sort is stable, so without statistics (every record 0.5) the
-    diagnosis order stands."""
-    findings = answer.ranked() + [f for f in answer.findings if not f.healthy and not f.defect]
-    by_finding: dict[str, list[str]] = {}
-    for rec in answer.recommendations:
-        by_finding.setdefault(rec.for_finding, []).append(rec.pattern_id)
-    for f in findings:  # opportunities carry no recommendation: their patterns come from the catalog
-        if f.kind not in by_finding and catalog:
-            by_finding[f.kind] = [p.id for p in catalog if f.kind in p.symptoms and "cuda" in p.backends]
-    out: list[Hypothesis] = []
-    asks = options.llm == "openai"
-    for f in findings:
-        patterns = [Hypothesis(f.kind, f.title, pattern, "pattern", f.level, list(f.evidence))
-                    for pattern in by_finding.get(f.kind, [])]
-        model = [Hypothesis(f.kind, f.title, "llm-rewrite", "llm", f.level, list(f.evidence))] if asks else []
-        out += model + patterns if options.llm_first else patterns + model
-    search = [Hypothesis("", _FALLBACK[1], _FALLBACK[0], "pattern", answer.stopped_at or "L1")]
-    free = [Hypothesis("", "free-form optimization", "llm-rewrite", "llm", answer.stopped_at or "L1")] if asks else []
-    out += free + search if options.llm_first else search + free
-    later = _untargeted(out, options, catalog or [], answer.stopped_at or "L1") if options.untargeted else []
-    records = {p.id: p for p in catalog or []}
-    for hyp in out + later:
-        hyp.reached = answer.stopped_at
-        if hyp.rewriter == "pattern" and hyp.pattern in records:
-            hyp.record = round(records[hyp.pattern].win_rate(hyp.finding), 4)
-            hyp.unblock = records[hyp.pattern].unblock
-    # An untargeted rewrite never outranks one a finding asked for, whatever its record.
-    return sorted(out, key=lambda h: -h.record) + sorted(later, key=lambda h: -h.record)
-
-
-_RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
-
-
-def _untargeted(planned: list[Hypothesis], options: OptimizeOptions, catalog: list[Any], level: str) -> list[Hypothesis]:
-    """The catalog's rewrites that no finding asked for and the launch search does not cover, lowest
-    risk first (catalog order within a risk): what the loop tries when the diagnosis has nothing
-    untried and rounds are left, rather than stopping with budget in hand (22 of the first 26
-    TritonBench-T drafts benched on the H200 stopped after one or two of their three rounds). `_plan`
-    takes one only where its rewriter applies to the kernel; the round records no finding, and its
-    title says so."""
-    backend = "npu" if options.backend == "npu" else "cuda"
-    asked = {h.pattern for h in planned}
-    fresh = [p for p in catalog if p.id in REWRITERS and p.id not in asked and backend in p.backends
-             and p.rewrite.kind != "launch-config-search"]
-    fresh.sort(key=lambda p: _RISK_ORDER.get(p.risk, len(_RISK_ORDER)))
-    return [Hypothesis("", f"untargeted: {p.title} (no finding asked for it; its rewriter applies to the kernel)",
-                       p.id, "pattern", level, untargeted=True) for p in fresh]
 
 
 def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions, home: KBHome | None) -> Answer:

@@ -37,7 +37,7 @@ class RunCheck:
 def check_run(run_dir: Path) -> RunCheck:
     from diagnose.engine import diagnose
     from diagnose.loop_options import OptimizeOptions
-    from diagnose.optimize import hypotheses
+    from diagnose.planning import hypotheses
     from diagnose.request import KernelInput, request_from
     from diagnose.rewriters import rewrite
     from harness.measurement import RunReport

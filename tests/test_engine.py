@@ -211,7 +211,7 @@ def test_our_matmul_measured_on_the_h200_is_diagnosed_as_its_tiles_at_l2(tmp_pat
     dot.tile-underused, and the loop's first hypothesis is the tile search, not the K-loop peel that took
     round 1 there (rejected, 0.958x) before the tile search paid in round 3."""
     from diagnose.loop_options import OptimizeOptions
-    from diagnose.optimize import hypotheses
+    from diagnose.planning import hypotheses
     from diagnose.request import KernelInput, request_from
     from diagnose.rewriters import rewrite
 

@@ -124,6 +124,31 @@ def test_a_rejected_hypothesis_is_not_retried(tmp_path):
     store.close()
 
 
+def test_a_pattern_a_finding_already_got_on_this_lineage_waits_behind_the_untried_ones():
+    from diagnose.planning import breadth_first
+    from diagnose.rounds import Round
+
+    def hyp(finding: str, pattern: str, untargeted: bool = False) -> Hypothesis:
+        return Hypothesis(finding, finding or pattern, pattern, "pattern", "L1", untargeted=untargeted)
+
+    tiles, fold = hyp("dot.tile-underused", "autotune-configs"), hyp("math.exp-unfolded-scale", "exp2-fast-math")
+    peel, search = hyp("loop.boundary-mask", "peel-loop-boundary"), hyp("", "autotune-configs")
+    spare = hyp("", "tl-range-pipelining", untargeted=True)
+    planned = [tiles, fold, peel, search, spare]
+
+    def accepted(idx: int, parent: int, h: Hypothesis) -> Round:
+        return Round(idx, parent, "done", h, f"k{idx}", rewriter="pattern", outcome="accepted")
+
+    # the tile search won round 1: the same finding asking for it again goes behind the untried findings
+    # and the launch search, still ahead of what no finding asked for
+    assert breadth_first(planned, [accepted(1, 0, tiles)], {0, 1}) == [fold, peel, search, tiles, spare]
+    # on another branch (round 2 rewrote the task's own kernel) the win does not count
+    assert breadth_first(planned, [accepted(1, 0, tiles)], {0, 2}) == planned
+    # nor does a rejected round (that one is not retried at all: _plan), nor the launch search's own climbing
+    rejected = Round(1, 0, "done", tiles, "k1", rewriter="pattern", outcome="rejected")
+    assert breadth_first(planned, [rejected, accepted(2, 0, search)], {0, 2}) == planned
+
+
 def test_once_the_findings_are_spent_the_loop_tries_the_rewrites_that_apply_untargeted(tmp_path):
     # rowsum: pipelining (a finding), then the launch search twice; then nothing is left to ask for.
     off = _run(tmp_path / "off", rounds=4, untargeted=False)
@@ -366,16 +391,16 @@ def test_llm_rewrites_through_a_local_chat_server(tmp_path, monkeypatch):
     monkeypatch.setenv("KB_LLM_RETRIES", "0")
     try:
         # Pipelining does not pay on this 'device'; the finding's other pattern (num-stages, a launch
-        # search) finds num_warps=2; on that kernel a second search finds nothing, so the model is
-        # asked next (after the catalog's rewrites, the default order).
+        # search) finds num_warps=2; the finding outlives it, and the model is asked before num-stages
+        # would search again (planning.breadth_first), after the catalog's rewrites (the default order).
         store = _run(tmp_path, rounds=4, llm="openai", judge=TimedJudge(pipelining_pays=False))
     finally:
         server.shutdown()
     rounds = store.rounds()
     assert [(r.rewriter, r.outcome) for r in rounds] == [
-        ("pattern", "rejected"), ("pattern", "accepted"), ("pattern", "rejected"), ("llm", "accepted")]
-    assert rounds[2].hypothesis.pattern == "num-stages"  # tl-range was rejected on the ancestor: skipped
-    asked = rounds[3]
+        ("pattern", "rejected"), ("pattern", "accepted"), ("llm", "accepted"), ("pattern", "accepted")]
+    assert rounds[1].hypothesis.pattern == "num-stages"  # tl-range was rejected on the ancestor: skipped
+    asked = rounds[2]
     assert asked.hypothesis.finding == "pipelining.none"
     # The first reply had no code: it got a repair turn and the second passed.
     assert [a["outcome"] for a in asked.timings["llm"]["attempts"]][:2] == ["unusable", "passed"]
@@ -384,7 +409,7 @@ def test_llm_rewrites_through_a_local_chat_server(tmp_path, monkeypatch):
     assert "rowsum_kernel" in prompt and "[E" in prompt  # the kernel and the cited evidence
     # The run's history: the rounds before, with their outcome and the judge's reason.
     assert "round 1 (on round 0's kernel): pipelining.none -> tl-range-pipelining (pattern): rejected" in prompt
-    assert "round 3 (on round 2's kernel)" in prompt and "within noise" in prompt
+    assert "round 2 (on round 0's kernel)" in prompt and "num_warps" in prompt
     assert "no torch fallback" in Handler.requests[0]["messages"][0]["content"]
     store.close()
 

@@ -1,0 +1,88 @@
+"""What the optimize loop tries next, in order: each finding's patterns as the diagnosis ranked them and
+their records re-rank them, the launch search, the rewrites no finding asked for; and, per round, the
+pairs its kernel's lineage already accepted moved behind the rest (`breadth_first`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnose.loop_options import OptimizeOptions
+from diagnose.records import Answer
+from diagnose.rewriters import REWRITERS
+from diagnose.rounds import Hypothesis, Round
+
+__all__ = ["FALLBACK", "breadth_first", "hypotheses"]
+
+# The launch configuration search: the hypothesis every round can fall back on.
+FALLBACK = ("autotune-configs", "launch configuration search")
+
+
+def breadth_first(planned: list[Hypothesis], rounds: list[Round], lineage: set[int]) -> list[Hypothesis]:
+    """`planned` with the finding-and-pattern pairs this kernel's lineage already accepted moved behind the
+    other targeted ones and the launch search (ahead of the untargeted): a finding that outlives its accepted rewrite asks for the
+    same pattern again, which then only widens what it just wrote. On the H200 both matmul and attention
+    spent their second round so, dot.tile-underused -> autotune-configs widening the tile search's own
+    configs (attention: 1.002x, rejected; matmul: 28 more configs, unfinished in the call), while attention's
+    exp2 fold (1.148x) waited for round 3 and its key-loop peel got none. The launch search (no finding)
+    keeps climbing from its last point as before."""
+    accepted = {(r.hypothesis.finding, r.hypothesis.pattern, r.rewriter) for r in rounds
+                if r.outcome == "accepted" and r.idx in lineage and r.hypothesis.finding}
+    again = [h for h in planned if (h.finding, h.pattern, h.rewriter) in accepted]
+    fresh = [h for h in planned if h not in again]
+    first = [h for h in fresh if not h.untargeted]
+    return first + again + [h for h in fresh if h.untargeted]
+
+
+def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:
+    """Each finding's patterns (ranked findings first, then opportunities), with an LLM rewrite of that
+    finding after its patterns when an endpoint is in use; then the generic launch search; then a
+    free-form LLM rewrite (with `llm_first`, each LLM rewrite comes before what it sits beside). That
+    diagnosis order is then re-ranked by record: a pattern that has won for this finding before (`kb
+    synthesize` statistics) moves up, one that kept failing moves down, behind the search if the
+    search's record is better. The sort is stable, so without statistics (every record 0.5) the
+    diagnosis order stands."""
+    findings = answer.ranked() + [f for f in answer.findings if not f.healthy and not f.defect]
+    by_finding: dict[str, list[str]] = {}
+    for rec in answer.recommendations:
+        by_finding.setdefault(rec.for_finding, []).append(rec.pattern_id)
+    for f in findings:  # opportunities carry no recommendation: their patterns come from the catalog
+        if f.kind not in by_finding and catalog:
+            by_finding[f.kind] = [p.id for p in catalog if f.kind in p.symptoms and "cuda" in p.backends]
+    out: list[Hypothesis] = []
+    asks = options.llm == "openai"
+    for f in findings:
+        patterns = [Hypothesis(f.kind, f.title, pattern, "pattern", f.level, list(f.evidence))
+                    for pattern in by_finding.get(f.kind, [])]
+        model = [Hypothesis(f.kind, f.title, "llm-rewrite", "llm", f.level, list(f.evidence))] if asks else []
+        out += model + patterns if options.llm_first else patterns + model
+    search = [Hypothesis("", FALLBACK[1], FALLBACK[0], "pattern", answer.stopped_at or "L1")]
+    free = [Hypothesis("", "free-form optimization", "llm-rewrite", "llm", answer.stopped_at or "L1")] if asks else []
+    out += free + search if options.llm_first else search + free
+    later = _untargeted(out, options, catalog or [], answer.stopped_at or "L1") if options.untargeted else []
+    records = {p.id: p for p in catalog or []}
+    for hyp in out + later:
+        hyp.reached = answer.stopped_at
+        if hyp.rewriter == "pattern" and hyp.pattern in records:
+            hyp.record = round(records[hyp.pattern].win_rate(hyp.finding), 4)
+            hyp.unblock = records[hyp.pattern].unblock
+    # An untargeted rewrite never outranks one a finding asked for, whatever its record.
+    return sorted(out, key=lambda h: -h.record) + sorted(later, key=lambda h: -h.record)
+
+
+_RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
+
+
+def _untargeted(planned: list[Hypothesis], options: OptimizeOptions, catalog: list[Any], level: str) -> list[Hypothesis]:
+    """The catalog's rewrites that no finding asked for and the launch search does not cover, lowest
+    risk first (catalog order within a risk): what the loop tries when the diagnosis has nothing
+    untried and rounds are left, rather than stopping with budget in hand (22 of the first 26
+    TritonBench-T drafts benched on the H200 stopped after one or two of their three rounds). `_plan`
+    takes one only where its rewriter applies to the kernel; the round records no finding, and its
+    title says so."""
+    backend = "npu" if options.backend == "npu" else "cuda"
+    asked = {h.pattern for h in planned}
+    fresh = [p for p in catalog if p.id in REWRITERS and p.id not in asked and backend in p.backends
+             and p.rewrite.kind != "launch-config-search"]
+    fresh.sort(key=lambda p: _RISK_ORDER.get(p.risk, len(_RISK_ORDER)))
+    return [Hypothesis("", f"untargeted: {p.title} (no finding asked for it; its rewriter applies to the kernel)",
+                       p.id, "pattern", level, untargeted=True) for p in fresh]
