@@ -795,18 +795,19 @@ def test_pinning_a_tuner_restores_it_and_an_unpinned_call_tunes_afresh():
     assert kernel.configs == configs  # restored on the way out of a failure too
 
 
-def test_attention_tiles_come_from_the_fused_attention_space_and_stay_correct(tmp_path):
+def test_attention_tiles_are_the_measured_ones_and_stay_correct(tmp_path):
     from harness.run import RunOptions, run_task
 
     original = FIXTURES.parent.parent / "corpora" / "operators" / "attention" / "attention.py"
     variants = rewrite("autotune-configs", original.read_text(), {})
-    # No BLOCK_K (the head dimension is the dot's K): M x N tiles with stages and warps, six of them.
-    assert [v.params for v in variants][:3] == [
-        {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3, "num_warps": 4},
+    # No BLOCK_K (the head dimension is the dot's K): M x N tiles with stages and warps, the four measured
+    # best on the H200 (docs/device/2026-12-03-h200-attention), then a tuner over them.
+    assert [v.params for v in variants][:4] == [
+        {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3, "num_warps": 8},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 3, "num_warps": 4},
         {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4, "num_warps": 4},
-        {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 2, "num_warps": 8}]
-    assert len(variants) == 7 and all(v.params["num_warps"] == 4 or v.params["BLOCK_M"] * v.params["BLOCK_N"]
-                                      == 128 * 128 for v in variants[:6])
+        {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 3, "num_warps": 8}]
+    assert len(variants) == 5 and "autotune" in variants[4].params
     assert "grid = (triton.cdiv(seq, 128), batch * heads)" in variants[0].source  # axis 0 steps by BLOCK_M
     wide = tmp_path / "attention_tiles.py"
     wide.write_text(variants[0].source)  # 128-row tiles over 77 rows: masked rows and a grid at 128
