@@ -6,15 +6,14 @@ or enters it without a scalar to fold into, only the plain per-call exp2 is offe
 from __future__ import annotations
 
 import pytest
-from test_peel_rewrite import CAUSAL, CAUSAL_REFERENCE, HEADER
+from test_causal_rewrite import _check
+from test_peel_rewrite import CAUSAL, HEADER
 
 from diagnose.features import kernel_features
 from diagnose.records import EvidenceLog
 from diagnose.rewriters import rewrite
 from diagnose.rewriters.exp2 import score_domains
 from diagnose.triage import triage
-from harness.run import RunOptions, run_task
-from harness.task import TaskSpec
 
 PATTERN = "exp2-fast-math"
 LOG2E = "1.4426950408889634"
@@ -43,17 +42,6 @@ def softmax(x):
     softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
     return y
 '''
-
-
-def _check(tmp_path, source: str, original: str, seq: int) -> None:
-    (tmp_path / "causal.py").write_text(original)
-    candidate = tmp_path / "causal_exp2.py"
-    candidate.write_text(source)
-    spec = TaskSpec(kernel=str(tmp_path / "causal.py"), reference=CAUSAL_REFERENCE,
-                    call=f"causal(torch.randn({seq}, 16), torch.randn({seq}, 16), torch.randn({seq}, 16))")
-    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
-                      candidate_entry="causal")
-    assert report.run("candidate").correct, report.to_dict()
 
 
 def test_an_online_softmax_folds_log2e_into_its_score_scale_and_keeps_the_values(tmp_path):
