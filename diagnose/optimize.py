@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "optimize"]
 
-# The generic search every kernel can try when its diagnosis offers nothing untried.
-
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -18,13 +18,14 @@ FALLBACK = ("autotune-configs", "launch configuration search")
 
 
 def breadth_first(planned: list[Hypothesis], rounds: list[Round], lineage: set[int]) -> list[Hypothesis]:
-    """`planned` with the finding-and-pattern pairs this kernel's lineage already accepted moved behind the
-    other targeted ones and the launch search (ahead of the untargeted): a finding that outlives its accepted rewrite asks for the
-    same pattern again, which then only widens what it just wrote. On the H200 both matmul and attention
-    spent their second round so, dot.tile-underused -> autotune-configs widening the tile search's own
-    configs (attention: 1.002x, rejected; matmul: 28 more configs, unfinished in the call), while attention's
-    exp2 fold (1.148x) waited for round 3 and its key-loop peel got none. The launch search (no finding)
-    keeps climbing from its last point as before."""
+    """`planned` with the finding-and-pattern pairs this kernel's lineage already accepted moved behind
+    the other targeted ones and the launch search (ahead of the untargeted): a finding that outlives its
+    accepted rewrite asks for the same pattern again, which then only widens what it just wrote. On the
+    H200 both matmul and attention spent their second round so, dot.tile-underused -> autotune-configs
+    widening the tile search's own configs (attention: 1.002x, rejected; matmul: 28 more configs,
+    unfinished in the call), while attention's exp2 fold (1.148x) waited for round 3 and its key-loop peel
+    got none; with this order all three of attention's rounds were accepted (1.219x). The launch search
+    (no finding) keeps climbing from its last point as before."""
     accepted = {(r.hypothesis.finding, r.hypothesis.pattern, r.rewriter) for r in rounds
                 if r.outcome == "accepted" and r.idx in lineage and r.hypothesis.finding}
     again = [h for h in planned if (h.finding, h.pattern, h.rewriter) in accepted]

@@ -14,6 +14,8 @@ from diagnose.records import EvidenceLog
 from diagnose.rewriters import rewrite
 from diagnose.rewriters.exp2 import score_domains
 from diagnose.triage import triage
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec
 
 PATTERN = "exp2-fast-math"
 LOG2E = "1.4426950408889634"
@@ -42,6 +44,13 @@ def softmax(x):
     softmax_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
     return y
 '''
+
+# a row softmax of scaled inputs (a temperature): the products with the scale are the entry points
+SCALED = SOFTMAX.replace("def softmax_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):",
+                         "def softmax_kernel(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):") \
+    .replace("    x = x - tl.max(x, axis=0)\n    e = tl.exp(x)\n",
+             "    m = tl.max(x * scale, axis=0)\n    e = tl.exp(x * scale - m)\n") \
+    .replace("(x, y, x.shape[1], BLOCK=", "(x, y, x.shape[1], 0.5, BLOCK=")
 
 
 def test_an_online_softmax_folds_log2e_into_its_score_scale_and_keeps_the_values(tmp_path):
@@ -102,3 +111,18 @@ def test_l1_reports_the_unfolded_exponentials_and_the_catalog_answers_them(tmp_p
     from kb.patterns import load_catalog
 
     assert any(p.id == PATTERN and "math.exp-unfolded-scale" in p.symptoms for p in load_catalog())
+
+
+def test_a_softmax_of_scaled_inputs_folds_log2e_into_each_product_with_the_scale(tmp_path):
+    assert SCALED != SOFTMAX and "tl.exp(x * scale - m)" in SCALED
+    folded = rewrite(PATTERN, SCALED, {})[0]
+    assert folded.params["log2e"] == "folded into the scale"
+    assert f"m = tl.max(x * (scale * {LOG2E}), axis=0)" in folded.source
+    assert f"e = tl.exp2(x * (scale * {LOG2E}) - m)" in folded.source
+    (tmp_path / "softmax.py").write_text(SCALED)
+    (tmp_path / "softmax_exp2.py").write_text(folded.source)
+    spec = TaskSpec(kernel=str(tmp_path / "softmax.py"), reference="lambda x: torch.softmax(x * 0.5, dim=-1)",
+                    call="softmax(torch.randn(6, 37))")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
+                      candidate=str(tmp_path / "softmax_exp2.py"), candidate_entry="softmax")
+    assert report.run("candidate").correct, report.to_dict()

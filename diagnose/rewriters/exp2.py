@@ -221,8 +221,7 @@ class _Domain:
 
     def solve(self) -> None:
         for call in self.exps:
-            argument = call.args[0].value
-            self.names |= names_in(argument) & (set(self.defs) | self.opaque | self.params) - self._factor_names(argument)
+            self.names |= self._value_names(call.args[0].value) & (set(self.defs) | self.opaque | self.params)
         while True:
             before = set(self.names)
             for name in sorted(self.names):
@@ -230,7 +229,7 @@ class _Domain:
                     raise _NotFoldable(f"{name} is not assigned by plain assignments in the kernel")
                 for value in self.defs[name]:
                     if self._touches(value):
-                        self.names |= names_in(value) & set(self.defs) - self._factor_names(value)
+                        self.names |= self._value_names(value) & set(self.defs)
             for use in m.findall(self.kernel, m.Name()):
                 assert isinstance(use, cst.Name)
                 if use.value in self.names and not self._is_target(use):
@@ -244,18 +243,29 @@ class _Domain:
         for call in self.exps:
             self._value(call.args[0].value)
 
-    def _factor_names(self, value: cst.BaseExpression) -> set[str]:
-        """Names in scalar factors and select conditions of a domain value, which stay outside the domain."""
-        out: set[str] = set()
-        for node in m.findall(value, m.BinaryOperation(operator=m.Multiply() | m.Divide())):
-            assert isinstance(node, cst.BinaryOperation)
-            for side in (node.left, node.right):
-                if self._scalar(side):
-                    out |= names_in(side)
-        for call in calls_in(value, "tl.where"):
-            if call.args:
-                out |= names_in(call.args[0].value)
-        return out
+    def _value_names(self, e: cst.BaseExpression) -> set[str]:
+        """The names where `e` puts domain values: not in a product's scalar factor (that product is an
+        entry point), a select's condition or a reduction's axis."""
+        if isinstance(e, cst.Name):
+            return {e.value}
+        if isinstance(e, cst.Subscript):
+            return self._value_names(e.value)
+        if isinstance(e, cst.UnaryOperation):
+            return self._value_names(e.expression)
+        if isinstance(e, cst.BinaryOperation):
+            if isinstance(e.operator, (cst.Multiply, cst.Divide)) and (self._scalar(e.right) or self._scalar(e.left)):
+                return set()
+            return self._value_names(e.left) | self._value_names(e.right)
+        if isinstance(e, cst.Call):
+            name = dotted(e.func)
+            positional = [a.value for a in e.args if a.keyword is None]
+            if name in _REDUCE and positional:
+                return self._value_names(positional[0])
+            if name in _PAIRWISE or name == "tl.where" and len(positional) == 3:
+                return set().union(*(self._value_names(a) for a in positional[-2:]))
+            if isinstance(e.func, cst.Attribute) and e.func.attr.value == "to":
+                return self._value_names(e.func.value)
+        return names_in(e)
 
     def _is_target(self, name: cst.Name) -> bool:
         parent = self.parents.get(name)
