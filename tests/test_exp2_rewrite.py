@@ -91,6 +91,15 @@ def test_scores_that_leave_the_softmax_are_not_rescaled(change, why):
     assert all(v.params["log2e"] == "at each call" for v in variants), why
 
 
+def test_a_helpers_parameters_are_tiles_not_scalars_to_fold_into():
+    helper = HEADER + (
+        "@triton.jit\ndef stable_softmax(x):\n    z = x - tl.max(x, 0)\n    return tl.exp(z) / tl.sum(tl.exp(z), 0)\n")
+    assert score_domains(helper) == []  # x is a tile: folding log2(e) into it costs what it saves
+    called = SCALED.replace("@triton.jit\ndef softmax_kernel", helper.removeprefix(HEADER) + "\n\n@triton.jit\ndef softmax_kernel") \
+        .replace("    m = tl.max(x * scale, axis=0)", "    x = stable_softmax(x)\n    m = tl.max(x * scale, axis=0)")
+    assert [d.kernel for d in score_domains(called)] == ["softmax_kernel"]
+
+
 def test_a_softmax_of_loaded_values_gets_the_per_call_exp2_only():
     assert score_domains(SOFTMAX) == []
     (plain,) = rewrite(PATTERN, SOFTMAX, {})

@@ -22,8 +22,8 @@ Preconditions, per kernel, on the syntax tree: every name in the domain is assig
 `name = value` statements in the kernel (no parameter, no loop target, no augmented assignment); every
 use of a domain name feeds another domain name or an exponential (a stored score, a log-sum-exp written
 out, a comparison, an `exp2` already there: the rewrite declines); every entry point is a product with a
-scalar factor (a number, a kernel parameter, or a name computed from those) or a scalar itself, so the fold
-costs nothing per element; an invariant (0, +-inf, `tl.full`/`tl.zeros` of one) needs no scaling. Where
+scalar factor (a number, a launched kernel's parameter that addresses no memory, or a name computed from
+those) or a scalar itself, so the fold costs nothing per element; an invariant (0, +-inf, `tl.full`/`tl.zeros` of one) needs no scaling. Where
 the fold does not apply, `tl.exp(x)` -> `tl.exp2(x * log2(e))` at each call (the pattern's plain form).
 """
 
@@ -47,6 +47,9 @@ _EXP = {"tl.exp", "tl.math.exp"}
 _INFINITE = {'float("inf")', 'float("-inf")', "float('inf')", "float('-inf')", "math.inf", "tl.inf"}
 _REDUCE = {"tl.max", "tl.min"}
 _PAIRWISE = {"tl.maximum", "tl.minimum"}
+# calls whose first argument is an address: the parameters in it are pointers
+_ADDRESSING = {"load", "store", "make_block_ptr", "make_tensor_descriptor", "atomic_add", "atomic_max", "atomic_min",
+               "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor"}
 
 
 @dataclass(frozen=True)
@@ -67,10 +70,16 @@ class _NotFoldable(Exception):
 class _Domain:
     """One kernel's score domain, grown from its exponentials' arguments to a fixed point."""
 
-    def __init__(self, kernel: cst.FunctionDef, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> None:
+    def __init__(self, kernel: cst.FunctionDef, parents: Mapping[cst.CSTNode, cst.CSTNode], helper: bool) -> None:
         self.kernel = kernel
         self.parents = parents
         self.params = {p.name.value for p in kernel.params.params}
+        # A launched kernel's parameters that are not pointers hold one value for every lane; a helper's
+        # (a jit function other jit functions call, or one that addresses no memory, as a launched kernel
+        # must to write its result) may be tiles, and folding into a tile costs a multiply per element.
+        pointers = {n for c in calls_in(kernel) if dotted(c.func).rsplit(".", 1)[-1] in _ADDRESSING and c.args
+                    for n in names_in(c.args[0].value)} & self.params
+        self.scalar_params = set() if helper or not pointers else self.params - pointers
         self.defs: dict[str, list[cst.BaseExpression]] = {}
         self.opaque: set[str] = set()  # assigned other than by `name = value`
         for node in m.findall(kernel, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.NamedExpr()):
@@ -92,7 +101,7 @@ class _Domain:
             return True
         if isinstance(e, cst.Name):
             if e.value in self.params:
-                return True
+                return e.value in self.scalar_params
             values = self.defs.get(e.value, [])
             return (bool(values) and e.value not in self.opaque and e.value not in seen
                     and all(self._scalar(v, seen | {e.value}) for v in values))
@@ -277,8 +286,10 @@ def _domains(module: cst.Module) -> list[tuple[_Domain, ScoreDomain]]:
     parents = wrapper.resolve(ParentNodeProvider)
     positions = wrapper.resolve(PositionProvider)
     out = []
-    for name, kernel in jit_functions(module).items():
-        domain = _Domain(kernel, parents)
+    kernels = jit_functions(module)
+    helpers = {dotted(c.func) for k in kernels.values() for c in calls_in(k)} & set(kernels)
+    for name, kernel in kernels.items():
+        domain = _Domain(kernel, parents, name in helpers)
         if not domain.exps:
             continue
         try:
