@@ -220,7 +220,10 @@ class _State:
             l3_kinds.setdefault(f.kind, f)
         kept = []
         for f in self.findings:
-            if f.level != "L1" or f.kind.startswith(LAUNCH_KINDS + SOURCE_KINDS):
+            if f.level == "L1" and f.kind in SOURCE_KINDS and f.kind in l3_kinds:
+                f.evidence = [*f.evidence, *l3_kinds.pop(f.kind).evidence]  # the IR shows what the source decides
+                kept.append(f)
+            elif f.level != "L1" or f.kind.startswith(LAUNCH_KINDS + SOURCE_KINDS):
                 kept.append(f)  # the launch's own facts (its grid, its strides), the loops' trip counts:
                 # no IR stage shows them
             elif f.kind in l3_kinds:
@@ -228,6 +231,9 @@ class _State:
                 self.notes.append(f"L1 suspected {f.kind}; the IR confirms it")
             elif f.confidence >= 0.5:
                 self.notes.append(f"L1 suspected {f.kind}; the compiled IR does not show it")
+        # What the source alone decides (a fold, a trip count) the IR may only back up: without the L1
+        # finding, an IR-side sighting of the same kind is not one.
+        found = [f for f in found if f.kind not in SOURCE_KINDS]
         self._temper_by_measurements(found)
         self.findings = kept + found
         return True

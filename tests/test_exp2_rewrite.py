@@ -135,3 +135,24 @@ def test_a_softmax_of_scaled_inputs_folds_log2e_into_each_product_with_the_scale
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
                       candidate=str(tmp_path / "softmax_exp2.py"), candidate_entry="softmax")
     assert report.run("candidate").correct, report.to_dict()
+
+
+@pytest.mark.slow
+def test_the_ptx_backs_the_finding_and_alone_makes_none(tmp_path):
+    """Compiled for sm90: tl.exp's multiplies by log2(e) are the finding's L3 evidence; a kernel whose
+    exponent carries no scale shows the same multiplies in its PTX, and gets no finding from them."""
+    from diagnose.engine import diagnose
+    from diagnose.request import KernelInput, request_from
+
+    def answer(name: str, source: str, call: str):
+        (tmp_path / f"{name}.py").write_text(source)
+        request = request_from(KernelInput(kernel=str(tmp_path / f"{name}.py"), call=call), None, tmp_path / "cache", None)
+        found = diagnose(request, home=None, strategy="always-deep")
+        return [f for f in found.findings if f.kind == "math.exp-unfolded-scale"], found
+
+    (finding,), found = answer("causal", CAUSAL, "causal(torch.randn(64, 16), torch.randn(64, 16), torch.randn(64, 16))")
+    assert finding.level == "L1"
+    claims = [e.claim for e in found.evidence if e.id in finding.evidence]
+    assert any(c.startswith("PTX multiplies") and "log2(e) (0f3FB8AA3B)" in c for c in claims), claims
+    none, _ = answer("softmax", SOFTMAX, "softmax(torch.randn(4, 100))")
+    assert none == []

@@ -20,6 +20,9 @@ _HELPERS = ("__nv_isnan", "__nv_isinf", "__nv_fadd_rn", "__nv_fmul_rn", "__nv_fm
             "__nv_sqrt", "__nv_rsqrt", "__nv_fdiv")  # tl.sqrt and `/` lower through these; they are not a choice
 # PTX writes the qualifiers in either order (Triton emits `atom.global.gpu.acq_rel.add`, the ISA manual
 # `atom.acq_rel.gpu.global.add`): match the run of qualifiers and read ordering and scope out of it.
+# tl.exp's lowering (ExpOpConversionApprox): the argument times log2(e), 0f3FB8AA3B in PTX's float syntax
+_LOG2E_MUL = re.compile(r"^\s*mul(?:\.\w+)*\.f32\s+%\w+,\s*%\w+,\s*0f3FB8AA3B;", re.MULTILINE)
+_EX2 = re.compile(r"\bex2\.approx(?:\.\w+)*\.f32\b")
 _ATOM = re.compile(r"\b(?:atom|red)(?P<quals>(?:\.[a-z0-9_]+)+)")
 _SEMS = ("acq_rel", "acquire", "release", "relaxed")
 _SCOPES = ("gpu", "sys", "cta", "cluster")
@@ -93,7 +96,24 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
             "libdevice's correctly-rounded routines are inlined as long branchy sequences (special cases, range "
             "reduction); the hardware approximations (ex2.approx, lg2.approx) are one instruction each.",
             chain, [], "convert-triton-gpu-to-llvm", confidence=0.85))
+    findings += _log2e_multiplies(ptx, log)
     return findings
+
+
+def _log2e_multiplies(ptx: str, log: EvidenceLog) -> list[Finding]:
+    """The per-element multiplies by log2(e) that feed ex2.approx: the IR side of L1's
+    `math.exp-unfolded-scale`. Whether a scale exists to fold them into is the source's to say, so the
+    engine keeps this only as evidence for an L1 finding of the same kind."""
+    multiplies = _LOG2E_MUL.findall(ptx)
+    exps = len(_EX2.findall(ptx))
+    if not multiplies or not exps:
+        return []
+    ev = log.add("L3", "ptx", f"PTX multiplies {len(multiplies)} values by log2(e) (0f3FB8AA3B) for its {exps} "
+                 "`ex2.approx.f32`: tl.exp's lowering, one multiply per exponentiated element", "ptx",
+                 multiplies[0].strip())
+    return [Finding("math.exp-unfolded-scale", "math", f"{len(multiplies)} multiplies by log2(e) feed ex2.approx",
+                    "tl.exp(x) lowers to ex2.approx(x * log2(e)); a scale the exponent already carries could take "
+                    "log2(e) once.", [ev], [], "convert-triton-gpu-to-llvm", confidence=0.8)]
 
 
 def _splat_pointer(ttir: str, op: ir.OpLine) -> bool:
