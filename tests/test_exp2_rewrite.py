@@ -100,6 +100,28 @@ def test_a_helpers_parameters_are_tiles_not_scalars_to_fold_into():
     assert [d.kernel for d in score_domains(called)] == ["softmax_kernel"]
 
 
+@pytest.mark.parametrize("entry, why", [
+    ("(x * scale).to(tl.int32).to(tl.float32)", "an integer cast rounds the scaled value differently"),
+    ("(x * scale).to(tl.float16)", "a 16-bit cast rounds the scaled value differently"),
+    ("(cols * scale)", "index arithmetic, which may be integer arithmetic the fold would turn into float"),
+    ("tl.where(cols < n, x * scale, -3.0e38)", "a finite sentinel that overflows to -inf once scaled"),
+    ("tl.where(cols < n, x * scale, scale)", "a lone parameter, whose scaled value may not be finite"),
+])
+def test_values_a_scale_does_not_pass_through_unchanged_are_not_folded(entry, why):
+    """Found by review (each a wrong result under the interpreter before): what enters the scores must
+    come out of the fold with the same order and finite values."""
+    changed = SCALED.replace("tl.max(x * scale, axis=0)", f"tl.max({entry}, axis=0)") \
+        .replace("tl.exp(x * scale - m)", f"tl.exp({entry} - m)")
+    assert changed.count(entry) == 2, why
+    assert score_domains(changed) == [], why
+
+
+def test_the_per_call_exp2_scales_the_whole_argument():
+    plain = SOFTMAX.replace("e = tl.exp(x)", "e = tl.exp(x * 2.0 if BLOCK > 64 else x)")
+    (variant,) = rewrite(PATTERN, plain, {})
+    assert f"tl.exp2((x * 2.0 if BLOCK > 64 else x) * {LOG2E})" in variant.source
+
+
 def test_a_softmax_of_loaded_values_gets_the_per_call_exp2_only():
     assert score_domains(SOFTMAX) == []
     (plain,) = rewrite(PATTERN, SOFTMAX, {})

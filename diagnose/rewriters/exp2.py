@@ -10,7 +10,7 @@ than tiles do: 0.74x -> 0.86x of SDPA at 4x16x1024x64 with the tile unchanged
 The fold scales the whole *score domain* by log2(e): the values the exponentials' arguments are built
 from, closed under what a softmax does with them. Every operation there commutes with a positive scale
 (sums and differences, max, where with -inf, a product with or a quotient by a value outside the domain,
-broadcasting, casts), so multiplying the domain's entry points by log2(e) multiplies every value in it by
+broadcasting, casts to fp32 or fp64), so multiplying the domain's entry points by log2(e) multiplies every value in it by
 log2(e), and `tl.exp(d)` becomes `tl.exp2(d)`:
 
     s = tl.dot(q, tl.trans(k)) * (scale * 1.4426950408889634)    # the entry: folded into its scalar factor
@@ -23,7 +23,10 @@ Preconditions, per kernel, on the syntax tree: every name in the domain is assig
 use of a domain name feeds another domain name or an exponential (a stored score, a log-sum-exp written
 out, a comparison, an `exp2` already there: the rewrite declines); every entry point is a product with a
 scalar factor (a number, a launched kernel's parameter that addresses no memory, or a name computed from
-those) or a scalar itself, so the fold costs nothing per element; an invariant (0, +-inf, `tl.full`/`tl.zeros` of one) needs no scaling. Where
+those) times a value that is not index arithmetic (integer math a float factor would turn into float), or
+a numeric literal that stays finite once scaled (-3e38 would become -inf, and a masked row's -inf - -inf
+NaN), so the fold costs nothing per element and changes no value but by rounding; no cast in the domain
+narrows (an int or fp16 cast rounds a scaled value differently); an invariant (0, +-inf, `tl.full`/`tl.zeros` of one) needs no scaling. Where
 the fold does not apply, `tl.exp(x)` -> `tl.exp2(x * log2(e))` at each call (the pattern's plain form).
 """
 
@@ -50,6 +53,27 @@ _PAIRWISE = {"tl.maximum", "tl.minimum"}
 # calls whose first argument is an address: the parameters in it are pointers
 _ADDRESSING = {"load", "store", "make_block_ptr", "make_tensor_descriptor", "atomic_add", "atomic_max", "atomic_min",
                "atomic_cas", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor"}
+
+
+_FP32_MAX = 3.4028234663852886e38
+_WIDE_FLOATS = {"tl.float32", "tl.float64"}
+
+
+def _widening_cast(e: cst.BaseExpression) -> bool:
+    """`x.to(tl.float32)` / `x.to(tl.float64)`: a cast that keeps a scaled value's order and magnitude
+    (an integer or a 16-bit float one would round it, and rounding does not commute with a scale)."""
+    return (isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "to"
+            and bool(e.args) and dotted(e.args[0].value) in _WIDE_FLOATS)
+
+
+def _number(e: cst.BaseExpression) -> float | None:
+    """The value of a numeric literal, signed or not; None for anything else."""
+    sign = 1.0
+    if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Minus):
+        sign, e = -1.0, e.expression
+    if isinstance(e, (cst.Integer, cst.Float)):
+        return sign * float(e.evaluated_value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -135,19 +159,42 @@ class _Domain:
         if self._invariant(e):
             return
         if self._scalar(e):
+            # A lone value enters as it is (a bound, a sentinel): only a literal can be seen to stay finite
+            # once scaled; -3e38 times log2(e) is -inf in fp32, and a masked row's -inf - -inf is NaN.
+            if not (_number(e) is not None and abs(_number(e) * float(LOG2E)) < _FP32_MAX):  # type: ignore[operator]
+                raise _NotFoldable(f"{code(e)} enters the domain alone: its scaled value may not be finite")
             self.entries[id(e)] = (e, scaled(e))
             return
-        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Multiply):
-            if self._scalar(e.right):
-                self.entries[id(e.right)] = (e, scaled(e.right))
-                return
-            if self._scalar(e.left):
-                self.entries[id(e.left)] = (e, scaled(e.left))
-                return
-        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Divide) and self._scalar(e.right):
-            self.entries[id(e.right)] = (e, cst.parse_expression(f"({code(e.right)} / {LOG2E})"))
+        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, (cst.Multiply, cst.Divide)):
+            inside, factor = (e.left, e.right) if self._scalar(e.right) else (e.right, e.left)
+            if isinstance(e.operator, cst.Divide) and factor is not e.right or not self._scalar(factor):
+                raise _NotFoldable(f"{code(e)} enters the domain without a scalar factor to fold log2(e) into")
+            if self._integral(inside):
+                raise _NotFoldable(f"{code(e)}: integer arithmetic, which a float factor would turn into float")
+            new = f"({code(factor)} / {LOG2E})" if isinstance(e.operator, cst.Divide) else f"({code(factor)} * {LOG2E})"
+            self.entries[id(factor)] = (e, cst.parse_expression(new))
             return
         raise _NotFoldable(f"{code(e)} enters the domain without a scalar factor to fold log2(e) into")
+
+    def _integral(self, e: cst.BaseExpression, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether `e` may be integer-typed: built from indices (tl.arange, program ids), integer literals
+        or integer casts, through the names it reads (a loaded tile counts as data, whatever its address)."""
+        if isinstance(e, cst.Integer):
+            return True
+        if isinstance(e, cst.Name):
+            if e.value in seen or e.value in self.opaque:
+                return e.value in self.opaque
+            return any(self._integral(v, seen | {e.value}) for v in self.defs.get(e.value, []))
+        if isinstance(e, cst.Call):
+            name = dotted(e.func)
+            if name in ("tl.arange", "tl.program_id", "tl.num_programs"):
+                return True
+            if name.rsplit(".", 1)[-1] in ("load", "dot"):
+                return False
+            if isinstance(e.func, cst.Attribute) and e.func.attr.value == "to":
+                return not _widening_cast(e)
+            return any(self._integral(a.value, seen) for a in e.args)
+        return any(self._integral(c, seen) for c in e.children if isinstance(c, cst.BaseExpression))
 
     def _value(self, e: cst.BaseExpression) -> None:
         """`e` sits where a domain value goes: a domain name, an invariant, an operation that commutes with a
@@ -194,8 +241,8 @@ class _Domain:
                 self._value(positional[1].value)
                 self._value(positional[2].value)
                 return
-            if isinstance(e.func, cst.Attribute) and e.func.attr.value == "to":
-                return self._value(e.func.value)
+            if _widening_cast(e):
+                return self._value(e.func.value)  # type: ignore[attr-defined]
         if self._touches(e):
             raise _NotFoldable(f"{code(e)} does not commute with a scale")
         self._entry(e)
@@ -272,8 +319,8 @@ class _Domain:
                 return self._value_names(positional[0])
             if name in _PAIRWISE or name == "tl.where" and len(positional) == 3:
                 return set().union(*(self._value_names(a) for a in positional[-2:]))
-            if isinstance(e.func, cst.Attribute) and e.func.attr.value == "to":
-                return self._value_names(e.func.value)
+            if _widening_cast(e):
+                return self._value_names(e.func.value)  # type: ignore[attr-defined]
         return names_in(e)
 
     def _is_target(self, name: cst.Name) -> bool:
@@ -321,7 +368,8 @@ class _Exp2(InJit):
             return updated
         self.changed += 1
         argument = updated.args[0].value
-        if isinstance(argument, cst.BinaryOperation):
+        if not isinstance(argument, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) \
+                and not argument.lpar:  # `a if c else b`, `a + b`, `-a`: the factor must scale all of it
             argument = argument.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         scaled = cst.BinaryOperation(left=argument, operator=cst.Multiply(), right=cst.Float(LOG2E))
         return updated.with_changes(func=cst.Attribute(value=cst.Name("tl"), attr=cst.Name("exp2")),
