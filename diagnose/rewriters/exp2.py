@@ -106,6 +106,8 @@ class _Domain:
         self.scalar_params = set() if helper or not pointers else self.params - pointers
         self.defs: dict[str, list[cst.BaseExpression]] = {}
         self.opaque: set[str] = set()  # assigned other than by `name = value`
+        self.loop_vars: set[str] = set()
+        self.updates: dict[str, list[cst.BaseExpression]] = {}  # `name += value` and the like
         for node in m.findall(kernel, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.NamedExpr()):
             if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
                 self.defs.setdefault(node.targets[0].target.value, []).append(node.value)
@@ -113,6 +115,10 @@ class _Domain:
                 self.opaque |= {n for t in node.targets for n in names_in(t.target)}
             elif isinstance(node, (cst.For, cst.AugAssign, cst.AnnAssign, cst.NamedExpr)):
                 self.opaque |= names_in(node.target)
+            if isinstance(node, cst.For):
+                self.loop_vars |= names_in(node.target)
+            elif isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name):
+                self.updates.setdefault(node.target.value, []).append(node.value)
         self.exps = [c for c in calls_in(kernel) if dotted(c.func) in _EXP and len(c.args) == 1 and not c.args[0].keyword]
         self.names: set[str] = set()
         # id(entry point) -> (the entry point, its replacement)
@@ -182,9 +188,10 @@ class _Domain:
         if isinstance(e, cst.Integer):
             return True
         if isinstance(e, cst.Name):
-            if e.value in seen or e.value in self.opaque:
-                return e.value in self.opaque
-            return any(self._integral(v, seen | {e.value}) for v in self.defs.get(e.value, []))
+            if e.value in self.loop_vars:
+                return True
+            values = self.defs.get(e.value, []) + self.updates.get(e.value, [])
+            return e.value not in seen and any(self._integral(v, seen | {e.value}) for v in values)
         if isinstance(e, cst.Call):
             name = dotted(e.func)
             if name in ("tl.arange", "tl.program_id", "tl.num_programs"):
@@ -194,7 +201,12 @@ class _Domain:
             if isinstance(e.func, cst.Attribute) and e.func.attr.value == "to":
                 return not _widening_cast(e)
             return any(self._integral(a.value, seen) for a in e.args)
-        return any(self._integral(c, seen) for c in e.children if isinstance(c, cst.BaseExpression))
+        if isinstance(e, cst.BinaryOperation):  # int op int stays int; with a float, or `/`, it is float
+            return (not isinstance(e.operator, cst.Divide) and self._integral(e.left, seen)
+                    and self._integral(e.right, seen))
+        if isinstance(e, (cst.UnaryOperation, cst.Subscript)):
+            return self._integral(e.expression if isinstance(e, cst.UnaryOperation) else e.value, seen)
+        return False
 
     def _value(self, e: cst.BaseExpression) -> None:
         """`e` sits where a domain value goes: a domain name, an invariant, an operation that commutes with a
