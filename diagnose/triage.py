@@ -14,12 +14,12 @@ from diagnose.records import EvidenceLog, Finding
 
 __all__ = ["SOURCE_KINDS", "source_line", "triage"]
 
-# Findings the source settles and no IR stage shows: how many blocks a loop visits, which masks hold in
-# all but its last iteration. L3 keeps them as they are (as it keeps the launch's own facts).
+# Findings the source settles: how many blocks a loop visits, which masks hold in all but its last
+# iteration, whether a scale can take log2(e). L3 keeps them (as it keeps the launch's own facts) and adds
+# what the IR shows of them as their evidence, never as findings of their own.
 SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.step-at-a-time", "memory.scalar-loop",
                 "reduction.in-loop", "math.exp-unfolded-scale")
 
-_SHARED_LIMIT_SM90 = 227 * 1024
 
 
 def _ev(log: EvidenceLog, feats: KernelFeatures, site: Site, claim: str) -> str:
@@ -131,8 +131,10 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
     stages = feats.launch.get("num_stages", 3)
     if cuda and feats.dots and isinstance(bm, int) and isinstance(bn, int) and isinstance(bk, int) \
             and isinstance(stages, int):
-        need = stages * (bm * bk + bk * bn) * 2  # 16-bit operands assumed; fp32 doubles it
-        if need > _SHARED_LIMIT_SM90:
+        from diagnose.rewriters.configs import SHARED_LIMIT_SM90, dot_operand_bytes
+
+        need = dot_operand_bytes(bm, bn, bk, stages)  # 16-bit operands assumed; fp32 doubles it
+        if need > SHARED_LIMIT_SM90:
             ev = log.add("L1", "kernel", f"BM={bm}, BN={bn}, BK={bk}, num_stages={stages}: {stages} buffers of the A and "
                          f"B tiles need at least {need} bytes of shared memory (2-byte elements)",
                          f"{name}:{feats.launch_line or 1}", source_line(feats.file, feats.launch_line or 1))

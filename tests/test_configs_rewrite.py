@@ -129,3 +129,24 @@ def test_configs_it_cannot_read_are_kept_and_without_a_literal_one_it_declines()
     hooked = ROW_SCALE.replace('num_warps=8)]', 'num_warps=8, pre_hook=print)]')
     (warps,) = [v.source for v in rewrite("block-size-num-warps", hooked, {}) if v.params["configs_added"] == "warps"]
     assert "pre_hook=print)" in warps and warps.count("pre_hook") == 1  # kept, never copied
+
+
+def test_configs_whose_operand_buffers_cannot_fit_hopper_shared_memory_are_not_added():
+    """The six measured Hopper tiles widened: stages + 1 at 128x256x64 and the doubled 256-wide blocks need
+    more than sm90's 227 KiB for their 16-bit operand buffers alone, and would only be compiled to fail."""
+    from diagnose.rewriters.configs import DOT_TILES, SHARED_LIMIT_SM90, dot_operand_bytes
+
+    listed = "".join(f'\n        triton.Config({{"BLOCK_SIZE_M": {m}, "BLOCK_SIZE_N": {n}, "BLOCK_SIZE_K": {k}, '
+                     f'"GROUP_SIZE_M": 4}}, num_stages={s}, num_warps={w}),' for m, n, k, s, w in DOT_TILES)
+    hopper = TUTORIAL[:TUTORIAL.index("    return [") + len("    return [")] + listed + TUTORIAL[TUTORIAL.index("\n    ]\n"):]
+    assert hopper.count("triton.Config(") == len(DOT_TILES)
+    widened = {v.params["configs_added"]: v for v in rewrite("autotune-configs", hopper, {})}
+    assert widened["stages"].params["count"] == 11 and widened["blocks"].params["count"] == 1  # of 12 and 6
+    assert "hopper-tiles" not in widened  # the list holds them already
+    for variant in widened.values():
+        added = variant.source.split("get_autotune_config():")[1].split("@triton.autotune")[0]
+        for line in added.splitlines():
+            if "triton.Config(" in line and "num_stages" in line:
+                m, n, k = (int(line.split(f'"BLOCK_SIZE_{r}": ')[1].split(",")[0]) for r in "MNK")
+                stages = int(line.split("num_stages=")[1].split(",")[0])
+                assert dot_operand_bytes(m, n, k, stages) <= SHARED_LIMIT_SM90, line

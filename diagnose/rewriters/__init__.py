@@ -12,7 +12,7 @@ survive and the result reads like the input.
 |-----------------------------|--------|---------|
 | block-size-num-warps, autotune-configs (other kernels), warp-local-reduction, reduce-register-pressure, num-stages | launch | launch configuration: a small search, one knob per variant |
 | autotune-configs (tl.dot kernels), wgmma-friendly-tiles | tiles | six whole tile shapes (BLOCK_M/N/K, stages, warps), the best measured on the H200 (configs.DOT_TILES), or four measured for an M x N tile without a K block (attention); the grid's divisors moved with them |
-| block-size-num-warps, autotune-configs (a kernel already under @triton.autotune) | configs | its own config list, whatever its form, widened: more (or fewer) warps, stages +-1, doubled blocks the grid follows, Hopper dot tiles; the configs it had stay |
+| block-size-num-warps, autotune-configs (a kernel already under @triton.autotune) | configs | its own config list, whatever its form, widened: more (or fewer) warps, stages +-1, doubled blocks the grid follows, Hopper dot tiles (none whose operand buffers exceed sm90 shared memory); the configs it had stay |
 | autotune-configs (tl.dot kernels) | tiles | also those six under `@triton.autotune` keyed on the kernel's sizes, the grid a function of the picked config (pure kernels only; blocks written at the launch, or as wrapper locals that only size launches) |
 | tl-range-pipelining         | pipelining | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
 | masked-tail-split           | tail | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |

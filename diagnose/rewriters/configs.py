@@ -18,6 +18,9 @@ choosing per key among the old configs and the new ones, so no key can get a wor
 - `hopper-tiles` (kernels with tl.dot whose configs name an M, N and K block): the wgmma-friendly tiles
   of `DOT_TILES`, the other keys (GROUP_SIZE_M ...) as in the first config.
 
+For dot kernels, a new config whose 16-bit operand buffers alone exceed sm90's shared memory
+(`dot_operand_bytes`) is not added: it would compile only to fail with OutOfResources.
+
 Configs whose values are not literals (a comprehension's variables) are kept but not used as templates;
 without any literal config there is nothing to derive from, and the rewrite declines.
 """
@@ -34,7 +37,7 @@ import libcst.matchers as m
 from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, is_jit
 from diagnose.rewriters.blocks import calls_in
 
-__all__ = ["DOT_TILES", "autotuned_kernels", "widen_autotune_configs"]
+__all__ = ["DOT_TILES", "SHARED_LIMIT_SM90", "autotuned_kernels", "dot_operand_bytes", "widen_autotune_configs"]
 
 _MAX_WARPS = 16
 _STAGES = range(1, 6)
@@ -47,6 +50,15 @@ _STAGES = range(1, 6)
 DOT_TILES = ((128, 256, 64, 4, 8), (128, 128, 32, 4, 4), (64, 256, 32, 4, 4), (64, 128, 32, 4, 4),
              (128, 128, 64, 3, 8), (128, 128, 64, 4, 4))
 _ROLE = {role: re.compile(rf"^BLOCK(_SIZE)?_{role}$") for role in "MNK"}
+# Shared memory one block may use on sm90 (227 KiB, the CUDA occupancy calculator's Hopper figure).
+SHARED_LIMIT_SM90 = 227 * 1024
+
+
+def dot_operand_bytes(bm: int, bn: int, bk: int, stages: int, element_bytes: int = 2) -> int:
+    """The least shared memory a pipelined tl.dot loop needs: `stages` buffers of its BM x BK and BK x BN
+    operand tiles (16-bit elements unless told; fp32 doubles it, fp8 halves it). The epilogue's layout
+    conversions come on top."""
+    return stages * (bm * bk + bk * bn) * element_bytes
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,16 @@ def _derived(configs: list[_Config], movable: set[str], dot: bool, fewer_warps: 
         for bm, bn, bk, stages, warps in DOT_TILES:
             tile = {roles["M"]: bm, roles["N"]: bn, roles["K"]: bk}
             add("hopper-tiles", _Config(tuple((k, tile.get(k, v)) for k, v in configs[0].meta), warps, stages))
+    if dot and all(roles.values()):
+        # A config whose 16-bit operand buffers alone exceed the block's shared memory fails with
+        # OutOfResources only after it compiled: in a compile-heavy round that is time for nothing (the H200's
+        # matmul, widened from its six measured tiles, had 6 of 28 such: 128x256x64 at 5 stages, most doubled
+        # blocks). Only the 16-bit bound is applied, so an fp8 kernel loses those candidates, never correctness.
+        def fits(c: _Config) -> bool:
+            meta = dict(c.meta)
+            return dot_operand_bytes(meta[roles["M"]], meta[roles["N"]], meta[roles["K"]],  # type: ignore[index]
+                                     c.num_stages) <= SHARED_LIMIT_SM90
+        out = {family: [c for c in new if fits(c)] for family, new in out.items()}
     return {family: new for family, new in out.items() if new}
 
 
