@@ -93,11 +93,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="4x16x512x64,4x16x1024x64,2x16x2048x64,1x16x4096x64,8x8x1024x128",
                         help="BATCHxHEADSxSEQxHEAD, comma-separated (default: corpora/operators/attention's cases)")
+    parser.add_argument("--tiles", default=None, help="BLOCK_MxBLOCK_NxSTAGESxWARPS, comma-separated (default: TILES)")
+    parser.add_argument("--math", default=",".join(MATH), help=f"a subset of {','.join(MATH)}")
+    parser.add_argument("--split", default="off,on", help="off, on or both (the key loop split into full blocks)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("attention_headroom: no CUDA device here; run it on the GPU host", file=sys.stderr)
         return 2
+    tiles = [tuple(int(p) for p in t.split("x")) for t in args.tiles.split(",")] if args.tiles else list(TILES)
+    maths = [m for m in args.math.split(",") if m in MATH]
+    splits = [s == "on" for s in args.split.split(",")]
     rows = []
     for text in args.cases.split(","):
         batch, heads, seq, head = (int(p) for p in text.split("x"))
@@ -111,9 +117,9 @@ def main() -> int:
             flash_ms = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
                                                return_mode="median")
         row = {"case": text, "sdpa_ms": sdpa_ms, "flash_ms": flash_ms, "variants": []}
-        for tile in TILES:
-            for math in MATH:
-                for split in (False, True):
+        for tile in tiles:
+            for math in maths:
+                for split in splits:
                     o = torch.empty_like(q)
                     point = {"tile": tile, "math": math, "split": split}
                     try:
@@ -128,7 +134,7 @@ def main() -> int:
         timed = [v for v in row["variants"] if "ms" in v and v["correct"]]
         first = row["variants"][0]
         best = max(timed, key=lambda v: v["vs_sdpa"]) if timed else None
-        print(f"{text}: SDPA {sdpa_ms * 1e3:.1f} us (flash {flash_ms * 1e3:.1f} us); corpus kernel {first.get('vs_sdpa', 0):.3f}x"
+        print(f"{text}: SDPA {sdpa_ms * 1e3:.1f} us (flash {flash_ms * 1e3:.1f} us); first variant {first.get('vs_sdpa', 0):.3f}x"
               + (f"; best {best['vs_sdpa']:.3f}x (tile {best['tile']}, math {best['math']}, split {best['split']})"
                  if best else "; no variant correct"), flush=True)
         for v in sorted(timed, key=lambda v: -v["vs_sdpa"])[:6]:
