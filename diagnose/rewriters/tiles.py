@@ -28,10 +28,11 @@ from diagnose.rewriters.launch import (
 
 # A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
 # (BLOCK_M, BLOCK_N, num_stages, num_warps), measured: the four best of nine (the fused-attention
-# tutorial's Hopper points, 64 x 64 and 128 x 64 and 128 x 128 at 3 stages and 8 warps) for a plain flash
-# kernel, fp16, heads of 64 and 128, against SDPA on the H200 with Triton 3.6 (scripts/attention_headroom.py,
-# docs/device/2026-12-03-h200-attention/). 8 warps at 128 x 64 wins with exp and with exp2; the tutorial's
-# 4-warp 128-row tiles lose a third at a 128-wide head, and 128 x 128 at 2 stages loses everywhere.
+# tutorial's six Hopper points, and 64x64 at 3 stages / 4 warps, 128x64 and 128x128 at 3 stages / 8 warps)
+# for a plain flash kernel, fp16, heads of 64 and 128, against SDPA on the H200 with Triton 3.6
+# (scripts/attention_headroom.py, docs/device/2026-12-03-h200-attention/). With exp2 and the split key loop
+# 128x64 at 8 warps is best (0.853x of SDPA over the five cases), with plain exp 64x64 (0.698x); the
+# tutorial's 4-warp 128-row tiles lose a third at a 128-wide head, and 128x128 at 2 stages loses everywhere.
 _DOT_TILES_NO_K = ((128, 64, 3, 8), (64, 64, 3, 4), (128, 64, 4, 4), (128, 128, 3, 8))
 
 
