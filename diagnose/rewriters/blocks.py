@@ -19,13 +19,36 @@ from libcst.metadata import PositionProvider
 from diagnose.rewriters.base import dotted, is_jit, mask_argument
 
 __all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
-           "enclosing_function", "fresh_name", "kernel_aranges", "mask_like", "names_in", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
+           "enclosing_function", "fresh_name", "infinity_sign", "kernel_aranges", "mask_like", "names_in", "number", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
 
 def code(node: cst.CSTNode) -> str:
     return CODE_MODULE.code_for_node(node)
+
+
+def number(node: cst.BaseExpression) -> float | None:
+    """The value of a numeric literal, signed or not (`2`, `-0.5`); None for anything else."""
+    sign = 1.0
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        sign, node = -1.0, node.expression
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return sign * float(node.evaluated_value)
+    return None
+
+
+# Kernels' spellings of infinity, by sign (quotes and spaces normalized away).
+_INFINITIES = {'float("inf")': 1, 'float("-inf")': -1, "math.inf": 1, "tl.inf": 1}
+
+
+def infinity_sign(node: cst.BaseExpression) -> int | None:
+    """+1 for +inf, -1 for -inf as kernels spell them (`-float("inf")`, `float('-inf')`, `-math.inf`),
+    None for anything else."""
+    text = code(node).replace(" ", "").replace("'", '"')
+    sign = -1 if text.startswith("-") else 1
+    core = _INFINITIES.get(text[1:] if sign < 0 else text)
+    return None if core is None else sign * core
 
 
 def bare(node: cst.BaseExpression) -> cst.BaseExpression:

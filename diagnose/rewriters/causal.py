@@ -40,6 +40,7 @@ from diagnose.rewriters.blocks import (
     block_loop,
     calls_in,
     code,
+    infinity_sign,
     names_in,
     ordered,
     single_assigns,
@@ -48,7 +49,6 @@ from diagnose.rewriters.blocks import (
 
 __all__ = ["CausalLoop", "causal_loop_bounds", "causal_loops"]
 
-_NEG_INF = {'-float("inf")', 'float("-inf")', "-math.inf", "-float('inf')", "float('-inf')", "-tl.inf"}
 _EXP = {"tl.exp", "tl.exp2", "tl.math.exp", "tl.math.exp2", "libdevice.exp", "libdevice.exp2"}
 _INDEX_CALLS = {"tl.program_id", "tl.num_programs"}
 
@@ -134,7 +134,7 @@ def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> boo
             return False  # a causal term outside one tl.where's condition
         where = wheres[0]
         assert isinstance(where, cst.Call)
-        if len(where.args) != 3 or code(where.args[2].value).replace("'", '"') not in _NEG_INF:
+        if len(where.args) != 3 or infinity_sign(where.args[2].value) != -1:
             return False
         terms_seen += uses
         later = cst.IndentedBlock(body=statements[i + 1:])

@@ -41,13 +41,12 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from diagnose.rewriters.base import InJit, ReplaceNodes, Variant, dotted, jit_functions, register
-from diagnose.rewriters.blocks import calls_in, code, names_in
+from diagnose.rewriters.blocks import calls_in, code, infinity_sign, names_in, number
 
 __all__ = ["ScoreDomain", "exp2_fast_math", "score_domains"]
 
 LOG2E = "1.4426950408889634"
 _EXP = {"tl.exp", "tl.math.exp"}
-_INFINITE = {'float("inf")', 'float("-inf")', "float('inf')", "float('-inf')", "math.inf", "tl.inf"}
 _REDUCE = {"tl.max", "tl.min"}
 _PAIRWISE = {"tl.maximum", "tl.minimum"}
 # calls whose first argument is an address: the parameters in it are pointers
@@ -64,16 +63,6 @@ def _widening_cast(e: cst.BaseExpression) -> bool:
     (an integer or a 16-bit float one would round it, and rounding does not commute with a scale)."""
     return (isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "to"
             and bool(e.args) and dotted(e.args[0].value) in _WIDE_FLOATS)
-
-
-def _number(e: cst.BaseExpression) -> float | None:
-    """The value of a numeric literal, signed or not; None for anything else."""
-    sign = 1.0
-    if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Minus):
-        sign, e = -1.0, e.expression
-    if isinstance(e, (cst.Integer, cst.Float)):
-        return sign * float(e.evaluated_value)
-    return None
 
 
 @dataclass(frozen=True)
@@ -145,8 +134,7 @@ class _Domain:
     @staticmethod
     def _invariant(e: cst.BaseExpression) -> bool:
         """A value any positive scale leaves as it is: 0, +-inf, and tiles filled with one."""
-        text = code(e).replace(" ", "")
-        if text.lstrip("-") in _INFINITE or text.lstrip("-") in ("0", "0.0", "0.", "tl.inf"):
+        if infinity_sign(e) is not None or number(e) == 0:
             return True
         if isinstance(e, cst.Call) and dotted(e.func) == "tl.zeros":
             return True
@@ -167,7 +155,8 @@ class _Domain:
         if self._scalar(e):
             # A lone value enters as it is (a bound, a sentinel): only a literal can be seen to stay finite
             # once scaled; -3e38 times log2(e) is -inf in fp32, and a masked row's -inf - -inf is NaN.
-            if not (_number(e) is not None and abs(_number(e) * float(LOG2E)) < _FP32_MAX):  # type: ignore[operator]
+            value = number(e)
+            if value is None or abs(value * float(LOG2E)) >= _FP32_MAX:
                 raise _NotFoldable(f"{code(e)} enters the domain alone: its scaled value may not be finite")
             self.entries[id(e)] = (e, scaled(e))
             return

@@ -34,7 +34,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_arguments, register, simple_assign
-from diagnose.rewriters.blocks import assigned_names
+from diagnose.rewriters.blocks import assigned_names, number
 
 __all__ = ["fold_wrapper_work"]
 
@@ -56,19 +56,13 @@ class _Work:
     scale: cst.BaseExpression | None
 
 
-def _number(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        node = node.expression
-    return isinstance(node, (cst.Integer, cst.Float))
-
-
 def _scalar_parameters(fn: cst.FunctionDef) -> set[str]:
     """The wrapper's parameters that are numbers: a numeric default, or annotated int / float."""
     params = [*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params]
     out = set()
     for p in params:
         annotation = dotted(p.annotation.annotation) if p.annotation else ""
-        if (p.default is not None and _number(p.default)) or annotation in ("int", "float"):
+        if (p.default is not None and number(p.default) is not None) or annotation in ("int", "float"):
             out.add(p.name.value)
     return out
 
@@ -79,7 +73,7 @@ def _work_in(fn: cst.FunctionDef) -> list[_Work]:
     counts = assigned_names(fn)
 
     def scalar(e: cst.BaseExpression) -> bool:
-        return _number(e) or (isinstance(e, cst.Name) and e.value in scalars and counts.get(e.value, 0) == 0)
+        return number(e) is not None or (isinstance(e, cst.Name) and e.value in scalars and counts.get(e.value, 0) == 0)
 
     found = []
     body = fn.body.body if isinstance(fn.body, cst.IndentedBlock) else []
