@@ -186,7 +186,8 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     """Features of every @triton.jit function in `path` and of the launches its wrappers write."""
     path = Path(path)
     try:
-        tree = ast.parse(path.read_text(), filename=str(path))
+        source = path.read_text()
+        tree = ast.parse(source, filename=str(path))
     except (OSError, UnicodeDecodeError) as exc:
         raise UserFacingError(f"cannot read kernel file {path}: {exc}", "pass a readable .py file") from exc
     except SyntaxError as exc:
@@ -197,11 +198,11 @@ def kernel_features(path: str | Path) -> KernelFeatures:
         params = _runtime_params(fn)
         feats.params[fn.name] = params
         _KernelVisitor(feats, set(params)).visit(fn)
-    sites = _loop_rewrite_sites(path.read_text())
+    sites = _loop_rewrite_sites(source)
     feats.boundary_loops, feats.causal_loops, feats.recurrences = list(sites.boundary), list(sites.causal), list(sites.recurrences)
     feats.scalar_loops, feats.loop_reductions = list(sites.scalar), list(sites.reductions)
-    feats.host_waits = list(_host_wait_sites(path.read_text()))
-    feats.unfolded_exps = list(_unfolded_exp_sites(path.read_text()))
+    feats.host_waits = list(_host_wait_sites(source))
+    feats.unfolded_exps = list(_unfolded_exp_sites(source))
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
