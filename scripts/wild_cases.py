@@ -10,6 +10,10 @@ of each repository into build/wild/ (ignored) from bare clones that `fetch` (the
     python scripts/wild_cases.py measure --out OUT [--budget-s 500] [--only id,id]
     # the measured numbers per case, and the label the rule below gives them:
     python scripts/wild_cases.py summary OUT [--write]
+    # on the GPU host, the third set of issue 27: `kb optimize` on each case, resumable across calls:
+    python scripts/wild_cases.py optimize --out OUT [--budget-s 450] [--only id,id] [--rounds 3]
+    # the before/after table of those runs, in Markdown:
+    python scripts/wild_cases.py table OUT
 
 The labelling rule (written down so that a label can be checked against its numbers, not taken on
 trust), applied to the kernel that takes the most time in the call (ncu), first match wins:
@@ -38,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +53,9 @@ from harness.profilers import sectors_per_request  # noqa: E402
 CASES = REPO / "corpora" / "diagnosis" / "wild.yaml"
 MEASURED = REPO / "corpora" / "diagnosis" / "measured" / "h200" / "wild"
 SMS = 132  # H200
+# do_bench windows of the optimize runs' timings: the device bench's (scripts/device_bench.sh), a third of
+# the harness's default, so that a ten-minute call holds several runs.
+TIMING_WINDOWS = ("--warmup-ms", "50", "--rep-ms", "100")
 
 
 def load(path: Path = CASES) -> list[dict[str, Any]]:
@@ -168,6 +176,91 @@ def summary(directory: Path, write: bool) -> int:
     return 0
 
 
+def optimize(out: Path, budget_s: float, only: set[str], rounds: int) -> int:
+    """`kb optimize --kernel K --call C` per case into OUT/runs/<id>, one run after another until the budget
+    is spent; a paused or interrupted run is resumed by the next call, a finished one is left alone."""
+    from diagnose.rounds import RoundsStore, RunStatus
+
+    out = out.resolve()  # the runs are started from inside OUT
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    for case in load():
+        if (only and case["id"] not in only) or (not only and not case.get("measurements")):
+            continue
+        run_dir = out / "runs" / case["id"]
+        resume = (run_dir / "rounds.sqlite").is_file()
+        if resume:
+            store = RoundsStore(run_dir)
+            status = store.run().status
+            store.close()
+            if status in (RunStatus.FINISHED, RunStatus.FAILED):
+                continue
+        left = budget_s - (time.monotonic() - started)
+        if left < 60:
+            print(f"budget spent: rerun to go on (next: {case['id']})", flush=True)
+            return 0
+        if resume:
+            command = ["optimize", "--resume", str(run_dir)]
+        else:
+            kernel = (CASES.parent / case["kernel"]).resolve()
+            command = ["optimize", "--kernel", str(kernel), "--call", case["call"], "--run-dir", str(run_dir),
+                       "--rounds", str(rounds), "--vs", "none", *TIMING_WINDOWS]
+            if case.get("reference"):
+                command += ["--reference", case["reference"]]
+        # A round that starts before the stop finishes after it: leave it the rest of the budget.
+        command += ["--stop-after", str(int(max(left - 150, 30)))]
+        t0 = time.monotonic()
+        with (out / "logs" / f"{case['id']}.log").open("a") as log:
+            env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+            try:
+                done = subprocess.run([sys.executable, "-m", "cli", *command], stdout=log, stderr=subprocess.STDOUT,
+                                      timeout=max(left, 60), cwd=out, env=env, check=False)
+                rc: int | str = done.returncode
+            except subprocess.TimeoutExpired:
+                rc = "timed out (resumable)"
+        print(f"{case['id']}: rc={rc} {time.monotonic() - t0:.0f} s", flush=True)
+    return 0
+
+
+def table(out: Path) -> int:
+    """The runs' before/after table: each case's measured class, its initial and best call time (the
+    end-of-run timing of both), the speedup, and the rounds that were accepted (level, finding, rewrite)."""
+    from diagnose.rounds import RoundsStore
+    from diagnose.run_summary import report
+    from harness.measurement import RunReport
+
+    print("| case | measured class | status | initial us | best us | speedup | accepted rounds (level: finding -> rewrite) | rounds tried |")
+    print("|---|---|---|---|---|---|---|---|")
+    speedups = []
+    for case in load():
+        run_dir = out / "runs" / case["id"]
+        if not (run_dir / "rounds.sqlite").is_file():
+            continue
+        store = RoundsStore(run_dir)
+        info, s = store.run(), report(store)
+        store.close()
+        final = RunReport.from_dict(info.final["report"]) if info.final else None
+
+        def median(role: str, final: RunReport | None = final) -> str:
+            run = final.run(role) if final else None
+            timed = [c.timing.median_us for c in (run.cases if run else []) if c.timing]
+            return f"{timed[0]:.1f}" if timed else "-"
+
+        accepted = [f"{h.level}: {h.finding or 'search'} -> {h.pattern} ({h.speedup:.2f}x)"
+                    for h in s.history if h.outcome == "accepted" and h.speedup]
+        tried = ", ".join(f"{h.pattern} {h.outcome or h.state}" for h in s.history)
+        if s.status == "finished":
+            speedups.append(s.speedup_vs_initial)
+        print(f"| {case['id']} | {case.get('root_cause', '-')} | {s.status} | {median('baseline')} | "
+              f"{median('candidate') if s.best_round else median('baseline')} | {s.speedup_vs_initial:.3f}x"
+              f"{'' if s.speedup_vs_initial_measured else ' (chained)'} | {'; '.join(accepted) or '-'} | {tried or '-'} |")
+    if speedups:
+        geo = float(np.exp(np.mean(np.log(speedups))))
+        print(f"\n{len(speedups)} finished runs: geomean {geo:.3f}x over the initial kernels, "
+              f"{sum(1 for x in speedups if x > 1.0)} improved.")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -181,11 +274,22 @@ def main() -> int:
     p = sub.add_parser("summary")
     p.add_argument("directory", type=Path)
     p.add_argument("--write", action="store_true")
+    p = sub.add_parser("optimize")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--budget-s", type=float, default=450)
+    p.add_argument("--only", default="", help="case ids, comma-separated (default: every measured case)")
+    p.add_argument("--rounds", type=int, default=3)
+    p = sub.add_parser("table")
+    p.add_argument("out", type=Path)
     args = parser.parse_args()
     if args.command == "extract":
         return extract(args.mirrors, args.out)
     if args.command == "measure":
         return measure(args.out, args.budget_s, {x for x in args.only.split(",") if x})
+    if args.command == "optimize":
+        return optimize(args.out, args.budget_s, {x for x in args.only.split(",") if x}, args.rounds)
+    if args.command == "table":
+        return table(args.out)
     return summary(args.directory, args.write)
 
 
