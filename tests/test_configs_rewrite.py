@@ -121,11 +121,50 @@ def test_a_cross_warp_finding_asks_for_fewer_warps_not_more():
     assert 'triton.Config({"BLOCK": 1024}, num_warps=2, num_stages=3)' in warps and "num_warps=16" not in warps
 
 
-def test_configs_it_cannot_read_are_kept_and_without_a_literal_one_it_declines():
-    comprehension = ROW_SCALE.replace(
+def _with_configs(listed: str, grid_follows: bool = True) -> str:
+    source = ROW_SCALE.replace(
         'CONFIGS = [triton.Config({"BLOCK": 1024}, num_warps=4), triton.Config({"BLOCK": 1024}, num_warps=8)]',
-        'CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (512, 1024) for w in (4, 8)]')
-    assert rewrite("block-size-num-warps", comprehension, {}) == []
+        f"CONFIGS = {listed}")
+    if grid_follows:
+        source = source.replace("scale_kernel[(triton.cdiv(x.numel(), 1024),)]",
+                                'scale_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)]')
+    return source
+
+
+def test_a_comprehension_over_literals_is_read_as_the_configs_it_lists(tmp_path):
+    """fla's and Liger's style: the list is a comprehension, one axis partly chosen at run time."""
+    source = _with_configs('[triton.Config({"BLOCK": b}, num_warps=w, num_stages=s) for b in [512, 1024] '
+                           'for w in [2, 4] + ([] if torch.cuda.is_available() else [8]) for s in range(2, 4)]')
+    families = _families(source)
+    assert set(families) == {"warps", "stages", "blocks"}
+    warps = families["warps"]
+    assert "@triton.autotune(CONFIGS + [\n" in warps  # the comprehension stays as it was, the new configs after it
+    assert warps.split("\n")[5] == source.split("\n")[5]
+    # 8 warps is listed on one branch only: still added (the other branch then times it twice); 16 from the 8
+    assert 'triton.Config({"BLOCK": 512}, num_warps=8, num_stages=2)' in warps
+    assert 'triton.Config({"BLOCK": 1024}, num_warps=16, num_stages=3)' in warps
+    assert 'num_warps=4, num_stages=2)' not in warps  # surely listed already
+    assert 'triton.Config({"BLOCK": 2048}, num_warps=2, num_stages=2)' in families["blocks"]
+    # a grid too small for the device asks for smaller blocks, more programs
+    smaller = {v.params["configs_added"]: v.source
+               for v in rewrite("block-size-num-warps", source, {"finding": "parallelism.grid-underfilled"})}
+    assert 'triton.Config({"BLOCK": 256}, num_warps=2, num_stages=2)' in smaller["blocks"]
+    assert '"BLOCK": 2048' not in smaller["blocks"]
+    # and the widened kernel computes the same under every config the tuner may pick
+    (tmp_path / "scale.py").write_text(source)
+    candidate = tmp_path / "scale_blocks.py"
+    candidate.write_text(smaller["blocks"])
+    spec = TaskSpec(kernel=str(tmp_path / "scale.py"), call="scale(torch.randn(3000))", reference="lambda x: x * 2.0")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(candidate),
+                      candidate_entry="scale")
+    assert report.run("candidate").correct, report.to_dict()
+
+
+def test_configs_it_cannot_read_are_kept_and_without_a_readable_one_it_declines():
+    for unreadable in ('[triton.Config({"BLOCK": b}, num_warps=w) for b in sizes() for w in (4, 8)]',  # a call's values
+                       '[triton.Config({"BLOCK": b}, num_warps=w) for b in (512, 1024) for w in (4, 8) if b * w < 8192]',
+                       '[triton.Config({"BLOCK": b}, num_warps=4) for b in [n for n in (512, 1024)]]'):
+        assert rewrite("block-size-num-warps", _with_configs(unreadable), {}) == [], unreadable
     hooked = ROW_SCALE.replace('num_warps=8)]', 'num_warps=8, pre_hook=print)]')
     (warps,) = [v.source for v in rewrite("block-size-num-warps", hooked, {}) if v.params["configs_added"] == "warps"]
     assert "pre_hook=print)" in warps and warps.count("pre_hook") == 1  # kept, never copied

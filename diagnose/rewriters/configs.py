@@ -21,12 +21,21 @@ choosing per key among the old configs and the new ones, so no key can get a wor
 For dot kernels, a new config whose 16-bit operand buffers alone exceed sm90's shared memory
 (`dot_operand_bytes`) is not added: it would compile only to fail with OutOfResources.
 
-Configs whose values are not literals (a comprehension's variables) are kept but not used as templates;
-without any literal config there is nothing to derive from, and the rewrite declines.
+A comprehension over integer literals (`[triton.Config({"BD": BD}, num_warps=w) for BD in [32, 64] for w in
+[1, 2, 4] + ([] if hopper else [8])]`, fla's and Liger's style) is expanded to the configs it lists. A
+part chosen at run time (`a if cond else b`) may give either branch: its values serve as templates, but
+only values every branch gives count as already listed, so a config that one branch lacks is still
+added (on the other branch the tuner times it twice). Configs whose values are not literals (a call's
+result, a filtered comprehension) are kept but not used as templates; without any readable config there
+is nothing to derive from, and the rewrite declines.
+
+Where the finding is a grid too small for the device, block sizes are halved instead of doubled: more,
+smaller programs.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +43,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, is_jit
+from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, SubstituteNames, Variant, dotted, is_jit
 from diagnose.rewriters.blocks import calls_in
 
 __all__ = ["DOT_TILES", "SHARED_LIMIT_SM90", "autotuned_kernels", "dot_operand_bytes", "widen_autotune_configs"]
@@ -107,17 +116,91 @@ def _literal_config(call: cst.Call) -> _Config | None:
     return _Config(tuple(meta), knobs["num_warps"], knobs["num_stages"])
 
 
-def _configs_in(node: cst.CSTNode) -> tuple[list[_Config], set[str]]:
-    """The literal configs under `node`, and the callee spelling (`triton.Config`, `Config`) they use."""
-    configs, callees = [], set()
+@dataclass
+class _Listed:
+    """The configs a list holds as far as the source says: `surely` those it holds whichever way its
+    run-time choices go, `maybe` those it may hold (the templates); and the callee spelling it uses."""
+
+    surely: list[_Config]
+    maybe: list[_Config]
+    callees: set[str]
+
+
+def _int_choices(expr: cst.BaseExpression) -> tuple[list[int], list[int]] | None:
+    """A comprehension's iterable built from integer literals: the values it surely yields and those it
+    may (`a if c else b` may yield either); None when it is anything else."""
+    if isinstance(expr, (cst.List, cst.Tuple)):
+        values = [int(e.value.value) for e in expr.elements
+                  if isinstance(e, cst.Element) and isinstance(e.value, cst.Integer)]
+        return (values, values) if len(values) == len(expr.elements) else None
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+        left, right = _int_choices(expr.left), _int_choices(expr.right)
+        return (left[0] + right[0], left[1] + right[1]) if left and right else None
+    if isinstance(expr, cst.IfExp):
+        body, orelse = _int_choices(expr.body), _int_choices(expr.orelse)
+        return ([v for v in body[0] if v in orelse[0]], body[1] + orelse[1]) if body and orelse else None
+    if (isinstance(expr, cst.Call) and dotted(expr.func) == "range" and 1 <= len(expr.args) <= 3
+            and all(a.keyword is None and isinstance(a.value, cst.Integer) for a in expr.args)):
+        values = list(range(*(int(a.value.value) for a in expr.args)))  # type: ignore[attr-defined]
+        return values, values
+    return None
+
+
+_MAX_EXPANDED = 512  # configs a comprehension may expand to before it is not read
+
+
+def _expanded(comp: cst.ListComp) -> tuple[list[_Config], list[_Config]] | None:
+    """The configs a comprehension of `Config(...)` over integer literals lists (surely, maybe)."""
+    if not (isinstance(comp.elt, cst.Call) and dotted(comp.elt.func).rsplit(".", 1)[-1] == "Config"):
+        return None
+    loops: list[tuple[str, tuple[list[int], list[int]]]] = []
+    clause: cst.CompFor | None = comp.for_in
+    while clause is not None:
+        choices = _int_choices(clause.iter)
+        if clause.ifs or clause.asynchronous or not isinstance(clause.target, cst.Name) or choices is None:
+            return None
+        loops.append((clause.target.value, choices))
+        clause = clause.inner_for_in
+    out: tuple[list[_Config], list[_Config]] = ([], [])
+    for which, configs in enumerate(out):
+        axes = [list(dict.fromkeys(choices[which])) for _, choices in loops]
+        if len(list(itertools.islice(itertools.product(*axes), _MAX_EXPANDED + 1))) > _MAX_EXPANDED:
+            return None
+        for combo in itertools.product(*axes):
+            values = SubstituteNames({name: cst.Integer(str(v)) for (name, _), v in zip(loops, combo)})
+            # in the arguments' values only: `num_warps=num_warps` keeps its keyword
+            call = comp.elt.with_changes(args=[a.with_changes(value=a.value.visit(values)) for a in comp.elt.args])
+            config = _literal_config(call)
+            if config is None:
+                return None
+            if config not in configs:
+                configs.append(config)
+    return out
+
+
+def _configs_in(node: cst.CSTNode) -> _Listed:
+    """The configs under `node` that can be read: literal `Config(...)` calls, and comprehensions of them
+    over integer literals."""
+    listed = _Listed([], [], set())
+
+    def add(configs: list[_Config], into: list[_Config]) -> None:
+        into.extend(c for c in configs if c not in into)
+
     for call in calls_in(node):
         callee = dotted(call.func)
         if callee.rsplit(".", 1)[-1] == "Config":
-            callees.add(callee)
+            listed.callees.add(callee)
             config = _literal_config(call)
-            if config is not None and config not in configs:
-                configs.append(config)
-    return configs, callees
+            if config is not None:
+                add([config], listed.surely)
+                add([config], listed.maybe)
+    for comp in m.findall(node, m.ListComp()):
+        assert isinstance(comp, cst.ListComp)
+        expanded = _expanded(comp)
+        if expanded is not None:
+            add(expanded[0], listed.surely)
+            add(expanded[1], listed.maybe)
+    return listed
 
 
 def _source_of_list(module: cst.Module, expression: cst.BaseExpression) -> cst.CSTNode:
@@ -174,9 +257,9 @@ def _movable(module: cst.Module, configs: list[_Config]) -> set[str]:
     return varied | _grid_reads(module) | unspelled
 
 
-def _derived(configs: list[_Config], movable: set[str], dot: bool, fewer_warps: bool) -> dict[str, list[_Config]]:
-    """Each family's new configs, those already listed left out."""
-    have = set(configs)
+def _derived(configs: list[_Config], have: set[_Config], movable: set[str], dot: bool, fewer_warps: bool,
+             smaller_blocks: bool) -> dict[str, list[_Config]]:
+    """Each family's new configs from the templates `configs`, those in `have` (surely listed) left out."""
     out: dict[str, list[_Config]] = {"warps": [], "stages": [], "blocks": [], "hopper-tiles": []}
 
     def add(family: str, config: _Config) -> None:
@@ -191,8 +274,11 @@ def _derived(configs: list[_Config], movable: set[str], dot: bool, fewer_warps: 
             if stages in _STAGES:
                 add("stages", _Config(c.meta, c.num_warps, stages))
         blocks = [k for k, v in c.meta if k in movable and v >= 16 and v & (v - 1) == 0]
+        if smaller_blocks:
+            blocks = [k for k in blocks if dict(c.meta)[k] >= 32]
         if blocks:
-            add("blocks", _Config(tuple((k, v * 2 if k in blocks else v) for k, v in c.meta), c.num_warps, c.num_stages))
+            resized = tuple((k, (v // 2 if smaller_blocks else v * 2) if k in blocks else v) for k, v in c.meta)
+            add("blocks", _Config(resized, c.num_warps, c.num_stages))
     roles = {role: next((k for k, _ in configs[0].meta if pattern.match(k)), None) for role, pattern in _ROLE.items()}
     if dot and all(roles.values()) and {roles["M"], roles["N"], roles["K"]} <= movable:
         for bm, bn, bk, stages, warps in DOT_TILES:
@@ -267,15 +353,17 @@ def widen_autotune_configs(source: str, context: dict[str, Any]) -> list[Variant
                       call.args[0].value if call.args and call.args[0].keyword is None else None)
         if listed is None:
             continue
-        configs, callees = _configs_in(_source_of_list(module, listed))
+        found = _configs_in(_source_of_list(module, listed))
+        configs = found.maybe
         if not configs:
             continue
-        callee = sorted(callees)[0] if len(callees) == 1 else "triton.Config"
+        callee = sorted(found.callees)[0] if len(found.callees) == 1 else "triton.Config"
         fn = next(n for n in m.findall(module, m.FunctionDef(name=m.Name(kernel))))
         dot = bool(m.findall(fn, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))))
         movable = _movable(module, configs)
         fewer_warps = context.get("direction") == "fewer-warps"
-        for family, new in _derived(configs, movable, dot, fewer_warps).items():
+        smaller_blocks = context.get("finding") == "parallelism.grid-underfilled"
+        for family, new in _derived(configs, set(found.surely), movable, dot, fewer_warps, smaller_blocks).items():
             append = _Append(kernel, [c.code(callee) for c in new])
             widened = module.visit(append)
             if append.done:
