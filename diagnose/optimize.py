@@ -351,8 +351,11 @@ def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options:
 
     # On the loop's own backend: an npu run is diagnosed against the Ascend patterns.
     target = "npu" if options.backend == "npu" else None
-    request = request_from(KernelInput(task=task.path, rewrite=str(parent), entry=entry), target,
-                           store.dir / "compile-cache", _last_report(store))
+    spec = store.run().spec
+    # the rewrite stands in for the task's kernel: a task file's, or a wild kernel's under its call
+    given = (KernelInput(task=spec.path, rewrite=str(parent), entry=entry) if spec.path is not None else
+             KernelInput(kernel=spec.kernel, call=spec.call, rewrite=str(parent), entry=entry))
+    request = request_from(given, target, store.dir / "compile-cache", _last_report(store))
     return diagnose(request, home, options.release, options.strategy)
 
 

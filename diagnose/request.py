@@ -17,7 +17,7 @@ from harness.measurement import RunReport
 
 if TYPE_CHECKING:
     from harness.capture import Interception
-    from harness.task import Task
+    from harness.task import Task, TaskSpec
 
 __all__ = ["DEFAULT_TARGET", "DiagnosisRequest", "KernelInput", "diagnosed_case", "request_from"]
 
@@ -67,8 +67,9 @@ class KernelInput:
       `diagnosed_case` picks);
     - `kernel` with `call` (a kernel file from the wild and an expression that launches it);
     - `dump` (a triton-ascend TRITON_DEBUG dump directory), with `kernel` for its source if known;
-    - `task` with `rewrite` (and its `entry`): a rewrite standing in for the task's kernel, compiled in
-      a worker of its own, since the process asking may hold verdicts a rewrite must not reach.
+    - `task` (or `kernel` with `call`) with `rewrite` (and its `entry`): a rewrite standing in for that
+      kernel, compiled in a worker of its own, since the process asking may hold verdicts a rewrite
+      must not reach.
     """
 
     task: str | None = None
@@ -85,9 +86,15 @@ class KernelInput:
         if len(given) != 1:
             raise UserFacingError("give one of: a TASK file, --kernel FILE --call EXPR, or --dump DIR [--kernel FILE]",
                                   "e.g. kb diagnose corpora/operators/softmax/task.py")
-        if self.rewrite is not None and (self.task is None or not self.entry):
+        if self.rewrite is not None and (self.dump is not None or not self.entry):
             raise UserFacingError("a rewrite is diagnosed as its task's kernel: give the task and its entry too",
-                                  "pass the task file the rewrite stands in for, and the entry's name")
+                                  "pass the task file (or kernel and call) the rewrite stands in for, and the entry's name")
+
+    def spec(self) -> TaskSpec:
+        """The task this input names, as the workers take it: its file, or its kernel and call."""
+        from harness.task import TaskSpec
+
+        return TaskSpec.of_file(self.task) if self.task is not None else TaskSpec(kernel=self.kernel, call=self.call)
 
     def check(self) -> None:
         """One line naming what is missing or wrong, before anything is compiled."""
@@ -117,24 +124,21 @@ def request_from(kernel: KernelInput, target: str | None = None, cache_dir: str 
         task_source = loaded.source_file
         if case is None:
             case, case_note = diagnosed_case(loaded, report)
-    if kernel.task is not None and kernel.rewrite is not None:
-        task, rewrite, entry = kernel.task, kernel.rewrite, str(kernel.entry)
+    if kernel.rewrite is not None:
+        spec, rewrite, entry = kernel.spec(), kernel.rewrite, str(kernel.entry)
 
         def compile_rewrite() -> list[Artifacts]:
             from harness.run import capture_kernel
-            from harness.task import TaskSpec
 
-            return capture_kernel(TaskSpec.of_file(task), rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None,
-                                  case=case or 0)
+            return capture_kernel(spec, rewrite, entry, cache_dir=str(cache_dir) if cache_dir else None, case=case or 0)
 
         def rewrite_launches() -> list[LaunchFacts]:
             # The optimize loop diagnoses each round's parent this way: without its launches, L1 knew nothing
             # of the grid (8 programs for 132 SMs was never a finding there, only under `kb diagnose`).
             from harness.run import kernel_launch_facts
-            from harness.task import TaskSpec
 
             try:
-                return kernel_launch_facts(TaskSpec.of_file(task), rewrite, entry, case=case or 0, target=target)
+                return kernel_launch_facts(spec, rewrite, entry, case=case or 0, target=target)
             except UserFacingError as exc:  # the judge ran it; a failed interception costs L1 its launch only
                 print(f"note: L1 without the launch of {Path(rewrite).name}: {exc}", file=sys.stderr)
                 return []

@@ -173,14 +173,18 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
     and unless `compile` is false, each launch compiled as it specializes it (the diagnosis of a
     rewritten kernel imports it here, not in the optimize loop's own process)."""
     from harness.capture import intercept_entry
+    from harness.errors import UserFacingError
     from harness.loading import load_kernel_module
-    from harness.task import TaskSpec, load_job_task
+    from harness.task import TaskSpec, attribute_path, load_job_task
 
     task = load_job_task(TaskSpec.from_json(r["task"]))
     module = load_kernel_module(r["file"])
     case = task.cases[int(r.get("case", 0))]
+    entry = attribute_path(module, r["entry"])  # `fn`, or `Function.apply` for an autograd entry
+    if entry is None:
+        raise UserFacingError(f"{Path(r['file']).name} defines no {r['entry']}", "keep the entry's name in the rewrite")
     # the arguments are made inside the capture: on its device, from its seed
-    intercepted = intercept_entry(getattr(module, r["entry"]), lambda: task.arguments(case), vars(module), r.get("target"),
+    intercepted = intercept_entry(entry, lambda: task.arguments(case), vars(module), r.get("target"),
                                   what=f"{Path(r['file']).name} case {case}")
     answer: dict[str, Any] = {"facts": [f.to_dict() for f in intercepted.facts()]}
     if r.get("compile", True):

@@ -234,7 +234,11 @@ def table(out: Path) -> int:
     speedups = []
     for case in load():
         run_dir = out / "runs" / case["id"]
+        log = out / "logs" / f"{case['id']}.log"
+        last = log.read_text().strip().splitlines()[-1][:160] if log.is_file() and log.read_text().strip() else ""
         if not (run_dir / "rounds.sqlite").is_file():
+            if last:
+                print(f"| {case['id']} | {case.get('root_cause', '-')} | not started: {last} | - | - | - | - | - |")
             continue
         store = RoundsStore(run_dir)
         info, s = store.run(), report(store)
@@ -251,7 +255,8 @@ def table(out: Path) -> int:
         tried = ", ".join(f"{h.pattern} {h.outcome or h.state}" for h in s.history)
         if s.status == "finished":
             speedups.append(s.speedup_vs_initial)
-        print(f"| {case['id']} | {case.get('root_cause', '-')} | {s.status} | {median('baseline')} | "
+        status = s.status if s.status != "running" else f"stopped: {last}"  # a run left running was cut off
+        print(f"| {case['id']} | {case.get('root_cause', '-')} | {status} | {median('baseline')} | "
               f"{median('candidate') if s.best_round else median('baseline')} | {s.speedup_vs_initial:.3f}x"
               f"{'' if s.speedup_vs_initial_measured else ' (chained)'} | {'; '.join(accepted) or '-'} | {tried or '-'} |")
     if speedups:

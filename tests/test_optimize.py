@@ -834,3 +834,79 @@ def test_a_timing_burn_in_leaves_autotuned_kernels_to_tune_again(tmp_path):
     host.entries = {"candidate": entry, "eager": lambda a, b: a @ b}
     host.forget_tunings()
     assert tuner.cache == {} and len(tuner.configs) == 7
+
+
+class _WildJudge(HarnessJudge):
+    """Checks with the real harness; a launch with more warps than the wild wrapper's own is 'faster'."""
+
+    def __init__(self) -> None:
+        super().__init__(OptimizeOptions(backend="interpreter", seeds=1), time=False)
+
+    def __call__(self, spec, baseline, candidate, entry) -> RunReport:
+        report = super().__call__(spec, baseline, candidate, entry)
+        for run in report.runs:
+            source = Path(candidate).read_text() if run.role == "candidate" and candidate else ""
+            t = 60.0 if "num_warps=8" in source else 100.0
+            for case in run.cases:
+                if run.correct and not case.heldout:
+                    case.timing = Timing(t, t, t, 100, repeat_spread=0.0)
+        return report
+
+    def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
+        return [self(spec, baseline, c, entry) for c in candidates]
+
+
+WILD_ROWSUM = '''"""Row sums behind an autograd Function, as libraries ship their kernels."""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_sum_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0)
+    tl.store(out_ptr + row, tl.sum(acc, axis=0))
+
+
+class RowSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+        _row_sum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=64, num_warps=1)
+        return out
+'''
+
+
+def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_path):
+    """`kb optimize --kernel K --call C` on an autograd Function's `.apply`, the form most library kernels
+    take: each round's parent is diagnosed as the kernel under that call (its launch read, its IR
+    compiled in a worker that resolves `Function.apply` in the rewrite), not as a task file, which the
+    kernel file is not (every wild case on the H200 failed so after its baseline, 2026-12-03)."""
+    from diagnose.optimize import _diagnose
+    from harness.task import entry_name, load_job_task
+
+    (tmp_path / "row_sum.py").write_text(WILD_ROWSUM)
+    spec = TaskSpec(kernel=str(tmp_path / "row_sum.py"), call="RowSum.apply(torch.randn(6, 300))",
+                    reference="lambda x: x.sum(-1)")
+    judge = _WildJudge()
+    try:
+        store = optimize(spec, OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
+    finally:
+        judge.close()
+    (first,) = store.rounds()
+    assert first.state == "done" and first.outcome in ("accepted", "rejected"), (first.reason, first.outcome)
+    # the diagnosis of the round's parent reached the IR, compiled under the call, with the launch read
+    task = load_job_task(spec)
+    answer = _diagnose(store, task, store.dir / "round-000.py", entry_name(task.entry),
+                       OptimizeOptions(backend="interpreter", strategy="always-deep"), None)
+    assert "the IR confirms it" in " ".join(answer.notes), answer.notes
+    from diagnose.request import KernelInput, request_from
+
+    given = KernelInput(kernel=spec.kernel, call=spec.call, rewrite=str(store.dir / "round-000.py"), entry="RowSum.apply")
+    (launch,) = request_from(given).launch_facts()  # the launch L1 reads: the call's, through `RowSum.apply`
+    assert launch.grid == (6,) or list(launch.grid) == [6], launch
+    store.close()
