@@ -74,7 +74,7 @@ class KernelHost:
         name = str(request["name"])
         before = self.watch.state
         if request.get("file"):
-            entry = _entry_from_file(str(request["file"]), str(request.get("entry") or ""))
+            entry = _entry_from_file(str(request["file"]), str(request.get("entry") or ""), request.get("stands_in_for"))
         else:
             entry = _entry_from_task(request["task"], str(request.get("attr", "entry")), bool(request.get("compiled")))
         self.entries[name] = entry
@@ -310,11 +310,11 @@ class KernelHost:
 
 # --- loading ---------------------------------------------------------------------------------
 
-def _entry_from_file(file: str, name: str) -> Any:
+def _entry_from_file(file: str, name: str, stands_in_for: str | None = None) -> Any:
     from harness.loading import load_kernel_module
     from harness.task import attribute_path
 
-    module = load_kernel_module(file)
+    module = load_kernel_module(file, stands_in_for)
     entry = attribute_path(module, name) if name else None
     if not callable(entry):
         raise UserFacingError(f"{file} defines no callable {name!r}",

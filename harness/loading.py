@@ -19,9 +19,13 @@ from harness.errors import UserFacingError, first_line
 __all__ = ["load_kernel_module"]
 
 
-def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
-    """Import a kernel file from the wild under a private module name."""
+def load_kernel_module(path: str | os.PathLike[str], stands_in_for: str | os.PathLike[str] | None = None) -> ModuleType:
+    """Import a kernel file from the wild under a private module name. A rewrite written elsewhere (an
+    optimize run's folder) `stands_in_for` the file it was made from: it imports as if it sat there, in
+    that file's package and beside its siblings (`from liger_kernel.ops.utils import ...`, `from .utils
+    import ...`), which its own folder does not hold."""
     file = Path(path).resolve()
+    home = Path(stands_in_for).resolve() if stands_in_for else file
     if not file.is_file():
         raise UserFacingError(f"kernel file {path} does not exist", "pass the path of a .py file with a @triton.jit kernel")
     name = f"kb_kernel_{file.stem}_{uuid.uuid4().hex[:8]}"
@@ -29,7 +33,7 @@ def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
     if spec is None or spec.loader is None:
         raise UserFacingError(f"kernel file {path} is not a Python module", "pass a .py file")
     module = importlib.util.module_from_spec(spec)
-    package, root = _package_of(file)
+    package, root = _package_of(home)
     if package:
         # A file inside a package (`from .utils import ...`, `from liger_kernel.ops import ...`): its
         # relative imports resolve against the package, imported from the folder above it, which stays
@@ -38,7 +42,8 @@ def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
         if str(root) not in sys.path:
             sys.path.insert(0, str(root))
     sys.modules[name] = module  # triton's JIT looks the module up by name for globals
-    sys.path.insert(0, str(file.parent))  # kernels often import their siblings
+    folders = list(dict.fromkeys([str(file.parent), str(home.parent)]))
+    sys.path[:0] = folders  # kernels often import their siblings
     try:
         with _autotune_keys_as_before():
             spec.loader.exec_module(module)
@@ -61,8 +66,9 @@ def load_kernel_module(path: str | os.PathLike[str]) -> ModuleType:
             fix = "fix the error so that `python " + str(path) + "` runs"
         raise UserFacingError(f"kernel file {path} does not import: {type(exc).__name__}: {first_line(exc)}", fix) from exc
     finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(file.parent))
+        for folder in folders:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
     return module
 
 

@@ -199,7 +199,9 @@ class Session:
             request.update(task=self.spec.to_json(), trusted=True, attr="entry" if name == "entry" else "eager",
                            compiled=name == "compiled")
         else:
-            request.update(file=str(Path(kernel.file).resolve()), entry=kernel.entry or self.info.entry)  # type: ignore[arg-type]
+            # a rewrite imports as if it sat where the task's kernel file does (its package, its siblings)
+            request.update(file=str(Path(kernel.file).resolve()), entry=kernel.entry or self.info.entry,  # type: ignore[arg-type]
+                           stands_in_for=self.info.source_file)
         return request
 
     def retire(self, keep: Sequence[str] = ()) -> None:

@@ -178,7 +178,7 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
     from harness.task import TaskSpec, attribute_path, load_job_task
 
     task = load_job_task(TaskSpec.from_json(r["task"]))
-    module = load_kernel_module(r["file"])
+    module = load_kernel_module(r["file"], task.source_file)  # a rewrite imports as if it sat there
     case = task.cases[int(r.get("case", 0))]
     entry = attribute_path(module, r["entry"])  # `fn`, or `Function.apply` for an autograd entry
     if entry is None:

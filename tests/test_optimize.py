@@ -856,10 +856,13 @@ class _WildJudge(HarnessJudge):
         return [self(spec, baseline, c, entry) for c in candidates]
 
 
-WILD_ROWSUM = '''"""Row sums behind an autograd Function, as libraries ship their kernels."""
+WILD_ROWSUM = '''"""Row sums behind an autograd Function inside a package, as libraries ship their kernels."""
 import torch
 import triton
 import triton.language as tl
+
+from rowpkg.ops.settings import BLOCK  # the package by its name
+from .settings import WARPS  # and relatively
 
 
 @triton.jit
@@ -876,7 +879,7 @@ class RowSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
-        _row_sum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=64, num_warps=1)
+        _row_sum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=BLOCK, num_warps=WARPS)
         return out
 '''
 
@@ -889,8 +892,13 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
     from diagnose.optimize import _diagnose
     from harness.task import entry_name, load_job_task
 
-    (tmp_path / "row_sum.py").write_text(WILD_ROWSUM)
-    spec = TaskSpec(kernel=str(tmp_path / "row_sum.py"), call="RowSum.apply(torch.randn(6, 300))",
+    ops = tmp_path / "src" / "rowpkg" / "ops"
+    ops.mkdir(parents=True)
+    for folder in (ops, ops.parent):
+        (folder / "__init__.py").write_text("")
+    (ops / "settings.py").write_text("BLOCK = 64\nWARPS = 1\n")
+    (ops / "row_sum.py").write_text(WILD_ROWSUM)
+    spec = TaskSpec(kernel=str(ops / "row_sum.py"), call="RowSum.apply(torch.randn(6, 300))",
                     reference="lambda x: x.sum(-1)")
     judge = _WildJudge()
     try:
@@ -899,6 +907,10 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
         judge.close()
     (first,) = store.rounds()
     assert first.state == "done" and first.outcome in ("accepted", "rejected"), (first.reason, first.outcome)
+    # its variants, written in the run's folder, imported as if they sat in the package (on the H200 every
+    # rewrite of a Liger kernel failed with "No module named 'liger_kernel'")
+    assert "cannot be loaded" not in (first.reason or ""), first.reason
+    assert all(v.get("geomean") for v in first.timings["variants"]), first.timings  # each checked and timed
     # the diagnosis of the round's parent reached the IR, compiled under the call, with the launch read
     task = load_job_task(spec)
     answer = _diagnose(store, task, store.dir / "round-000.py", entry_name(task.entry),
