@@ -453,6 +453,56 @@ def test_persistent_launch_is_correct(tmp_path):
     assert "scf.for" in ttgir
 
 
+ROW_GEGLU = '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_kernel(a, b, c, stride, n_cols: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    program_id = tl.program_id(0)  # Liger adds .to(tl.int64), which the interpreter's int loop index lacks
+    a += program_id * stride  # Liger's way to a row: the pointer parameters move
+    b += program_id * stride
+    c += program_id * stride
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(a + cols, mask=mask, other=0.0)
+    tl.store(c + cols, x * tl.sigmoid(x) * tl.load(b + cols, mask=mask, other=0.0), mask=mask)
+
+
+def row_op(a, b):
+    c = torch.empty_like(a)
+    rows, cols = a.shape
+    _row_kernel[(rows,)](a, b, c, a.stride(0), n_cols=cols, BLOCK_SIZE=triton.next_power_of_2(cols))
+    return c
+'''
+
+
+def test_a_persistent_loop_starts_each_tile_from_the_parameters_as_launched(tmp_path):
+    """A kernel that moves its pointer parameters to its row (`a += pid * stride`): in a persistent loop
+    each tile must start from the launched pointers again, not from the last tile's (on the H200, Liger's
+    GEGLU made persistent read out of bounds: an illegal memory access in every variant)."""
+    from harness.run import RunOptions, run_task
+
+    (variant, *_) = rewrite("persistent-kernel", ROW_GEGLU, {})
+    source = variant.source
+    assert "_kb_a_at_launch = a" in source and "        a = _kb_a_at_launch" in source
+    # on a device of 3 SMs: 3 programs walk the 40 rows, each through several tiles
+    source = source.replace("if torch.cuda.is_available() else n_tiles", "if torch.cuda.is_available() else 3")
+    assert "else 3" in source
+    (tmp_path / "row.py").write_text(ROW_GEGLU)
+    (tmp_path / "row_persistent.py").write_text(source)
+    spec = TaskSpec(kernel=str(tmp_path / "row.py"), call="row_op(torch.randn(40, 100), torch.randn(40, 100))",
+                    reference="lambda a, b: torch.nn.functional.silu(a) * b")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1),
+                      candidate=str(tmp_path / "row_persistent.py"), candidate_entry="row_op")
+    assert report.run("candidate").correct, report.to_dict()
+    # a constexpr parameter the body reassigns cannot be carried by the loop: the rewrite declines
+    moved_constexpr = ROW_GEGLU.replace("    cols = tl.arange(0, BLOCK_SIZE)\n",
+                                        "    n_cols = n_cols - 0\n    cols = tl.arange(0, BLOCK_SIZE)\n")
+    assert rewrite("persistent-kernel", moved_constexpr, {}) == []
+
+
 def test_persistent_launch_reads_a_lambda_grid_and_converts_each_launch_once(tmp_path):
     """The first drafts' grid, `grid = lambda meta: (triton.cdiv(n, meta['BLOCK']),)`, inside a wrapper
     nested in another function: the launch is converted once, its tile count taken from its own BLOCK."""

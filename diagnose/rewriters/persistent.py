@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_grid, register, sm_count_statement
+from diagnose.rewriters.blocks import assigned_names, code
 
 
 class _ProgramIdToTile(cst.CSTTransformer):
@@ -52,14 +53,25 @@ class _Persistent(cst.CSTTransformer):
                                           args=[m.Arg(value=~m.Integer("0"))])) or m.findall(original, m.Return()):
                 self.kernel = None  # a 2-D or early-returning kernel: not this rewrite
                 return updated
-            body = [st.visit(_ProgramIdToTile()) for st in updated.body.body]
+            # Parameters the body moves (Liger's `a += program_id * stride`, fla's `T = eos - bos`) would carry
+            # one tile's value into the next: each tile starts from the launch's value again. A constexpr one
+            # cannot be a loop-carried value at all.
+            params = {q.name.value: q for q in original.params.params}
+            moved = [name for name in assigned_names(original.body) if name in params]
+            if any(params[name].annotation is not None and "constexpr" in code(params[name].annotation.annotation)
+                   for name in moved):
+                self.kernel = None
+                return updated
+            saved = [cst.parse_statement(f"_kb_{name}_at_launch = {name}") for name in moved]
+            restored = [cst.parse_statement(f"{name} = _kb_{name}_at_launch") for name in moved]
+            body = restored + [st.visit(_ProgramIdToTile()) for st in updated.body.body]
             loop = cst.For(target=cst.Name("tile"), iter=cst.parse_expression(
                 "tl.range(tl.program_id(0), n_tiles, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),  # type: ignore[arg-type]
                 leading_lines=[cst.EmptyLine(comment=cst.Comment(
                     "# persistent: each program walks the tiles num_programs apart"))])
-            params = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name("n_tiles"))])
+            signature = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name("n_tiles"))])
             self.changed += 1
-            return updated.with_changes(params=params, body=updated.body.with_changes(body=[loop]))
+            return updated.with_changes(params=signature, body=updated.body.with_changes(body=[*saved, loop]))
         return updated.with_changes(body=updated.body.visit(_PersistentLaunch(self.kernel, self.per_sm, self.grids)))
 
 
