@@ -222,6 +222,16 @@ def optimize(out: Path, budget_s: float, only: set[str], rounds: int) -> int:
     return 0
 
 
+def store_rounds(run_dir: Path) -> list[Any]:
+    from diagnose.rounds import RoundsStore
+
+    store = RoundsStore(run_dir)
+    try:
+        return store.rounds()
+    finally:
+        store.close()
+
+
 def table(out: Path) -> int:
     """The runs' before/after table: each case's measured class, its initial and best call time (the
     end-of-run timing of both), the speedup, and the rounds that were accepted (level, finding, rewrite)."""
@@ -244,6 +254,12 @@ def table(out: Path) -> int:
         info, s = store.run(), report(store)
         store.close()
         final = RunReport.from_dict(info.final["report"]) if info.final else None
+        if final is None:  # a run not finished: its baseline, and the best round's own timing so far
+            best = next((r for r in store_rounds(run_dir) if r.idx == info.best_round and r.timings), None)
+            runs = [r for r in RunReport.from_dict(info.baseline).runs if r.role == "baseline"] if info.baseline else []
+            if best is not None and (best.timings or {}).get("report"):
+                runs += [r for r in RunReport.from_dict(best.timings["report"]).runs if r.role == "candidate"]
+            final = RunReport(task=s.task, backend="", device="", runs=runs)
 
         def median(role: str, final: RunReport | None = final) -> str:
             run = final.run(role) if final else None

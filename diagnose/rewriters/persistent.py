@@ -58,8 +58,8 @@ class _Persistent(cst.CSTTransformer):
             # cannot be a loop-carried value at all.
             params = {q.name.value: q for q in original.params.params}
             moved = [name for name in assigned_names(original.body) if name in params]
-            if any(params[name].annotation is not None and "constexpr" in code(params[name].annotation.annotation)
-                   for name in moved):
+            annotations = {name: params[name].annotation for name in moved}
+            if any(a is not None and "constexpr" in code(a.annotation) for a in annotations.values()):
                 self.kernel = None
                 return updated
             saved = [cst.parse_statement(f"_kb_{name}_at_launch = {name}") for name in moved]
