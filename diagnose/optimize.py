@@ -245,7 +245,7 @@ def agent_step(spec: TaskSpec | None, options: OptimizeOptions, run_dir: Path, c
                 answer = Answer.from_dict(saved["answer"])
             else:
                 say(f"diagnosing round {parent_idx}'s kernel")
-                answer = _diagnose(store, task, parent, entry, options, home)
+                answer, _ = _diagnose(store, task, parent, entry, options, home)
                 kept.write_text(json.dumps({"parent": parent_idx, "round": idx, "answer": answer.to_dict()}))
             kinds = [f.kind for f in answer.findings]
             if finding and finding not in kinds:
@@ -294,7 +294,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
           idx: int, say: Callable[[str], None]) -> Round | None:
     parent_idx, parent = _best_path(store)
     source = parent.read_text()
-    answer = _diagnose(store, task, parent, entry, options, home)
+    answer, launched = _diagnose(store, task, parent, entry, options, home)
     rounds = store.rounds()
     lineage = _lineage(rounds, parent_idx)
     rejected_on = {(r.hypothesis.finding, r.hypothesis.pattern, r.rewriter): r.parent or 0
@@ -308,6 +308,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
             continue  # rejected on this kernel or an ancestor: not retried blindly
         if hyp.rewriter == "llm" and not budget_left(store.rounds(), options.max_tokens_per_run):
             continue
+        hyp.launched = launched
         if hyp.rewriter == "pattern":
             fresh = [v for v in rewrite(hyp.pattern, source, _context(task, hyp, parent)) if _sha(v.source) not in seen]
             if not fresh:
@@ -345,7 +346,9 @@ def _measured_sources(store: RoundsStore) -> set[str]:
     return seen
 
 
-def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions, home: KBHome | None) -> Answer:
+def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions,
+              home: KBHome | None) -> tuple[Answer, dict[str, dict[str, int]]]:
+    """The parent's diagnosis, and the launch options it intercepted, by kernel."""
     from diagnose.engine import diagnose
     from diagnose.request import KernelInput, request_from
 
@@ -356,7 +359,11 @@ def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options:
     given = (KernelInput(task=spec.path, rewrite=str(parent), entry=entry) if spec.path is not None else
              KernelInput(kernel=spec.kernel, call=spec.call, rewrite=str(parent), entry=entry))
     request = request_from(given, target, store.dir / "compile-cache", _last_report(store))
-    return diagnose(request, home, options.release, options.strategy)
+    answer = diagnose(request, home, options.release, options.strategy)
+    launched: dict[str, dict[str, int]] = {}
+    for facts in request.launches():  # intercepted for L1 already (cached): no second launch
+        launched.setdefault(facts.kernel, {"num_warps": facts.num_warps, "num_stages": facts.num_stages})
+    return answer, launched
 
 
 def _last_report(store: RoundsStore) -> RunReport | None:
@@ -380,7 +387,7 @@ def _context(task: Task, hyp: Hypothesis, source_file: Path | None = None) -> di
 
     loops = bool(source_file and kernel_features(source_file).loops)
     return {"finding": hyp.finding, "fp32_rtol": tolerance_for(task, "float32")["rtol"],
-            "features": "loop" if loops else ""}
+            "features": "loop" if loops else "", "launched": hyp.launched}
 
 
 def _markdown(answer: Answer) -> str:

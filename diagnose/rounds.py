@@ -70,6 +70,10 @@ class Hypothesis:
     unblock: str = ""
     # No finding asked for it: the loop tried a rewrite that applies once the findings were spent.
     untargeted: bool = False
+    # The launch options the round's diagnosis intercepted on its parent, by kernel ({num_warps,
+    # num_stages}): a knob search steps from them where the source does not spell a value. Kept with
+    # the round, so that a resumed round rewrites the same way.
+    launched: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Hypothesis:

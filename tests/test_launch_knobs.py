@@ -213,3 +213,47 @@ def test_a_draft_matmul_whose_grid_counts_tiles_by_a_literal_gets_no_tile_search
                              "    if M > 4096:\n        grid = ((M + 31) // 32, (N + 31) // 32)\n"
                              "    else:\n        grid = ((M + BLOCK_M - 1) // BLOCK_M, (N + BLOCK_N - 1) // BLOCK_N)\n")
     assert branched != fixed and dot_tile_configs(branched, {}) == []
+
+
+ROW_SETTINGS = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    def calculate_settings(n):  # Liger's and unsloth's: the block and the warps computed from the row
+        block = triton.next_power_of_2(n)
+        return block, 16 if block >= 8192 else 4
+
+
+    @triton.jit
+    def row_kernel(x_ptr, out_ptr, n_cols, BLOCK_SIZE: tl.constexpr):
+        cols = tl.arange(0, BLOCK_SIZE)
+        x = tl.load(x_ptr + tl.program_id(0) * n_cols + cols, mask=cols < n_cols, other=0.0)
+        tl.store(out_ptr + tl.program_id(0) * n_cols + cols, x * 2.0, mask=cols < n_cols)
+
+
+    def row_op(x):
+        out = torch.empty_like(x)
+        BLOCK_SIZE, num_warps = calculate_settings(x.shape[1])
+        row_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK_SIZE=BLOCK_SIZE, num_warps=num_warps)
+        return out
+    ''')
+
+
+def test_a_knob_the_wrapper_computes_is_searched_from_the_launchs_own_value():
+    """Liger's GEGLU launched 16 warps (`calculate_settings`) and the search, not knowing it, proposed 2,
+    8, 1 and 16 (the value it had) around Triton's default 4. With the launch's options, which the
+    diagnosis intercepts, it steps from 16: 8 and 32 first."""
+    def warps(context: dict) -> list[int]:
+        return [v.params["num_warps"] for v in rewrite("block-size-num-warps", ROW_SETTINGS, context)
+                if "num_warps" in v.params]
+
+    assert warps({}) == [2, 8, 1, 16]  # from the default: 16, the launch's own value, is proposed as new
+    launched = {"row_kernel": {"num_warps": 16, "num_stages": 3}}
+    assert warps({"launched": launched})[:2] == [8, 32] and 16 not in warps({"launched": launched})
+    # a kernel the context does not name, or kernels launched with different options, change nothing
+    assert warps({"launched": {"other_kernel": {"num_warps": 16, "num_stages": 3}}}) == [2, 8, 1, 16]
+    # and the value the source spells still wins over the launch's
+    spelled = ROW_SETTINGS.replace("num_warps=num_warps)", "num_warps=2)")
+    assert 2 not in [v.params.get("num_warps") for v in rewrite("block-size-num-warps", spelled, {"launched": launched})]

@@ -957,14 +957,16 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
         judge.close()
     (first,) = store.rounds()
     assert first.state == "done" and first.outcome in ("accepted", "rejected"), (first.reason, first.outcome)
+    assert first.hypothesis.launched == {"_row_sum_kernel": {"num_warps": 1, "num_stages": 3}}  # kept for a resume
     # its variants, written in the run's folder, imported as if they sat in the package (on the H200 every
     # rewrite of a Liger kernel failed with "No module named 'liger_kernel'")
     assert "cannot be loaded" not in (first.reason or ""), first.reason
     assert all(v.get("geomean") for v in first.timings["variants"]), first.timings  # each checked and timed
     # the diagnosis of the round's parent reached the IR, compiled under the call, with the launch read
     task = load_job_task(spec)
-    answer = _diagnose(store, task, store.dir / "round-000.py", entry_name(task.entry),
-                       OptimizeOptions(backend="interpreter", strategy="always-deep"), None)
+    answer, launched = _diagnose(store, task, store.dir / "round-000.py", entry_name(task.entry),
+                                 OptimizeOptions(backend="interpreter", strategy="always-deep"), None)
+    assert launched == {"_row_sum_kernel": {"num_warps": 1, "num_stages": 3}}  # WARPS from the package
     assert "the IR confirms it" in " ".join(answer.notes), answer.notes
     from diagnose.request import KernelInput, request_from
 

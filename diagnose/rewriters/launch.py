@@ -203,22 +203,36 @@ def with_divisor(call: cst.Call, value: int | cst.BaseExpression) -> cst.Call:
     return call.with_changes(args=[call.args[0], call.args[1].with_changes(value=divisor)])
 
 
+def _as_launched(context: dict[str, Any], kernels: set[str]) -> dict[str, int]:
+    """The launch options the diagnosis intercepted (`context["launched"]`: kernel -> {num_warps,
+    num_stages}) that every launched kernel of the module shares: where the source computes a knob
+    (Liger's `BLOCK_SIZE, num_warps = calculate_settings(n)`), the search steps from its real value."""
+    seen = [knobs for kernel, knobs in (context.get("launched") or {}).items() if kernel in kernels]
+    return {key: seen[0][key] for key in TRITON_DEFAULT_KNOBS
+            if seen and all(key in k and k[key] == seen[0][key] for k in seen)}
+
+
 def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     """One knob per variant: num_warps, num_stages (for loops), and power-of-two block sizes halved or
-    doubled. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both ways)."""
+    doubled, stepping from the value the source writes, else the launch's own (`_as_launched`), else
+    Triton's default. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both
+    ways)."""
     module = cst.parse_module(source)
     kernels = jit_names(module)
     if autotuned_kernels(module):
         # its configs own the knobs: a launch keyword would clash with them, so the list itself grows
         return widen_autotune_configs(source, context)
     current = current_knobs(module, kernels)
+    start = {**TRITON_DEFAULT_KNOBS, **_as_launched(context, kernels),
+             **{key: current[key].value for key in TRITON_DEFAULT_KNOBS if key in current}}
     direction = context.get("direction", "")
     proposals: list[tuple[str, int]] = []
-    warps = current["num_warps"].value if "num_warps" in current else TRITON_DEFAULT_KNOBS["num_warps"]
-    for w in _WARPS:
+    warps = start["num_warps"]
+    # a launch already at 16 warps (a whole 16K-wide row per program) may take 32, Triton's most
+    for w in (*_WARPS, 32) if warps >= 16 else _WARPS:
         if w != warps and (direction != "fewer-warps" or w < warps) and (direction != "more-warps" or w > warps):
             proposals.append(("num_warps", w))
-    stages = current["num_stages"].value if "num_stages" in current else 3
+    stages = start["num_stages"]
     warps_only = direction in ("fewer-warps", "more-warps")
     if not warps_only and ("loop" in context.get("features", "") or direction == "fewer-stages"
                            or "num_stages" in current):
@@ -238,7 +252,7 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     # Nearest first: the search stays small and each variant is one step from the parent.
     def distance(kv: tuple[str, int]) -> float:
         first = kv[0].split("+")[0]
-        now = current[first].value if first in current else 4 if first == "num_warps" else 3
+        now = current[first].value if first in current else start.get(first, 3)
         return abs(log2(kv[1]) - log2(now))
 
     proposals.sort(key=distance)  # nearest first: each variant one step from the parent
