@@ -417,6 +417,15 @@ def _temper(feats: KernelFeatures, kernels: dict[str, ast.FunctionDef], launches
                              f"{Path(feats.file).name}:{feats.launch_line or 1}", "")
                 f.evidence = [*f.evidence, ev]
                 f.confidence = min(f.confidence, 0.45)
+        if f.kind == "reduction.in-loop" and f.kernel_lines:
+            run = [line for line in f.kernel_lines if line not in idle]
+            counts = [trip_count(feats.loop_bounds.get(_loop_of(kernels, line) or -1, ""), values) for line in run]
+            if counts and all(t is not None and t <= 1 for t in counts):
+                # Liger's group norm: BLOCK_SIZE = next_power_of_2(hidden), so its loops run once and the
+                # reduction is already done once; lanes kept over a 65536-wide block only cost registers.
+                notes.append(f"L1 dropped {f.kind} at line {run[0]}: its loop runs once at this launch, so it "
+                             "already reduces once")
+                continue
         if f.kind == "dot.fma" and dtypes and not dtypes & {"float32", "float64"}:
             notes.append(f"L1 dropped {f.kind}: no operand of this launch is fp32 ({', '.join(sorted(dtypes))}), so "
                          "input_precision does not take the dot off tensor cores")
@@ -433,6 +442,13 @@ def _warps_per_sm(facts: LaunchFacts) -> float:
     sms = device_model_for(facts.target).sm_count
     per_sm = math.ceil(facts.programs / sms)
     return float(min(per_sm * facts.num_warps, 64))
+
+
+def _loop_of(kernels: dict[str, ast.FunctionDef], line: int) -> int | None:
+    """The line of the innermost `for` of the file's kernels that holds `line`."""
+    loops = [node for fn in kernels.values() for node in ast.walk(fn)
+             if isinstance(node, ast.For) and node.lineno < line <= (node.end_lineno or node.lineno)]
+    return max(loops, key=lambda node: node.lineno).lineno if loops else None
 
 
 def _unlaunched_lines(kernels: dict[str, ast.FunctionDef], launched: set[str]) -> dict[int, str]:

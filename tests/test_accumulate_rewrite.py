@@ -122,6 +122,15 @@ def test_l1_names_the_reduction_in_the_loop_and_its_rewrite():
     assert "accumulate-then-reduce" in to_markdown(answer)  # and L3 kept it
 
 
+def test_a_loop_that_runs_once_at_the_launch_is_no_reduction_in_a_loop():
+    """BLOCK_K = 16 over a 16-wide row: one iteration, one reduction already (Liger's group norm sizes its block
+    to the whole group, next_power_of_2(hidden)); fp32 lanes as wide as the block would only cost registers."""
+    once = diagnose(request_from(KernelInput(kernel=str(ROW_DOT), call="row_dot(torch.randn(64, 16), torch.randn(16), "
+                                                                        "torch.randn(64))")), None, level_max="L1")
+    assert "reduction.in-loop" not in [f.kind for f in once.findings]
+    assert any("its loop runs once at this launch" in n for n in once.notes), once.notes
+
+
 class LaneSumsPayJudge(HarnessJudge):
     """Checks with the real harness (interpreter, sandboxed worker); a kernel that sums lanes in its loop
     takes 60 µs a case, one that reduces every iteration 100 µs."""
