@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -222,22 +221,13 @@ def optimize(out: Path, budget_s: float, only: set[str], rounds: int) -> int:
     return 0
 
 
-def store_rounds(run_dir: Path) -> list[Any]:
-    from diagnose.rounds import RoundsStore
-
-    store = RoundsStore(run_dir)
-    try:
-        return store.rounds()
-    finally:
-        store.close()
-
-
 def table(out: Path) -> int:
     """The runs' before/after table: each case's measured class, its initial and best call time (the
-    end-of-run timing of both), the speedup, and the rounds that were accepted (level, finding, rewrite)."""
+    end-of-run timing of both; for a run not finished, its baseline and its best round's own timing), the
+    speedup, and the rounds that were accepted (level, finding, rewrite)."""
     from diagnose.rounds import RoundsStore
     from diagnose.run_summary import report
-    from harness.measurement import RunReport
+    from harness.measurement import RunReport, geomean
 
     print("| case | measured class | status | initial us | best us | speedup | accepted rounds (level: finding -> rewrite) | rounds tried |")
     print("|---|---|---|---|---|---|---|---|")
@@ -251,11 +241,11 @@ def table(out: Path) -> int:
                 print(f"| {case['id']} | {case.get('root_cause', '-')} | not started: {last} | - | - | - | - | - |")
             continue
         store = RoundsStore(run_dir)
-        info, s = store.run(), report(store)
+        info, s, rounds = store.run(), report(store), store.rounds()
         store.close()
         final = RunReport.from_dict(info.final["report"]) if info.final else None
         if final is None:  # a run not finished: its baseline, and the best round's own timing so far
-            best = next((r for r in store_rounds(run_dir) if r.idx == info.best_round and r.timings), None)
+            best = next((r for r in rounds if r.idx == info.best_round and r.timings), None)
             runs = [r for r in RunReport.from_dict(info.baseline).runs if r.role == "baseline"] if info.baseline else []
             if best is not None and (best.timings or {}).get("report"):
                 runs += [r for r in RunReport.from_dict(best.timings["report"]).runs if r.role == "candidate"]
@@ -276,8 +266,7 @@ def table(out: Path) -> int:
               f"{median('candidate') if s.best_round else median('baseline')} | {s.speedup_vs_initial:.3f}x"
               f"{'' if s.speedup_vs_initial_measured else ' (chained)'} | {'; '.join(accepted) or '-'} | {tried or '-'} |")
     if speedups:
-        geo = float(np.exp(np.mean(np.log(speedups))))
-        print(f"\n{len(speedups)} finished runs: geomean {geo:.3f}x over the initial kernels, "
+        print(f"\n{len(speedups)} finished runs: geomean {geomean(speedups):.3f}x over the initial kernels, "
               f"{sum(1 for x in speedups if x > 1.0)} improved.")
     return 0
 

@@ -934,6 +934,14 @@ class RowSum(torch.autograd.Function):
 '''
 
 
+def store_speedup(run_dir: Path) -> float:
+    store = RoundsStore(run_dir)
+    try:
+        return report(store).speedup_vs_initial
+    finally:
+        store.close()
+
+
 def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_path):
     """`kb optimize --kernel K --call C` on an autograd Function's `.apply`, the form most library kernels
     take: each round's parent is diagnosed as the kernel under that call (its launch read, its IR
@@ -974,3 +982,20 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
     (launch,) = request_from(given).launch_facts()  # the launch L1 reads: the call's, through `RowSum.apply`
     assert launch.grid == (6,) or list(launch.grid) == [6], launch
     store.close()
+    # the before/after table of scripts/wild_cases.py reads such a run, filed under a case's id
+    import contextlib
+    import io
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(FIXTURES.parent.parent / "scripts"))
+    import wild_cases
+
+    shutil.copytree(tmp_path / "run", tmp_path / "wild" / "runs" / "fla_hgrn_fused_recurrent")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        wild_cases.table(tmp_path / "wild")
+    (row,) = [line for line in printed.getvalue().splitlines() if line.startswith("| fla_hgrn_fused_recurrent |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "finished" and cells[5] == f"{store_speedup(tmp_path / 'run'):.3f}x", cells
+    assert "1 finished runs" in printed.getvalue()
