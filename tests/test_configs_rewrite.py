@@ -121,14 +121,13 @@ def test_a_cross_warp_finding_asks_for_fewer_warps_not_more():
     assert 'triton.Config({"BLOCK": 1024}, num_warps=2, num_stages=3)' in warps and "num_warps=16" not in warps
 
 
-def _with_configs(listed: str, grid_follows: bool = True) -> str:
+def _with_configs(listed: str) -> str:
+    """ROW_SCALE with `listed` as its configs, launched on a grid that follows the picked BLOCK."""
     source = ROW_SCALE.replace(
         'CONFIGS = [triton.Config({"BLOCK": 1024}, num_warps=4), triton.Config({"BLOCK": 1024}, num_warps=8)]',
         f"CONFIGS = {listed}")
-    if grid_follows:
-        source = source.replace("scale_kernel[(triton.cdiv(x.numel(), 1024),)]",
-                                'scale_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)]')
-    return source
+    return source.replace("scale_kernel[(triton.cdiv(x.numel(), 1024),)]",
+                          'scale_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)]')
 
 
 def test_a_comprehension_over_literals_is_read_as_the_configs_it_lists(tmp_path):

@@ -252,7 +252,7 @@ def test_a_knob_the_wrapper_computes_is_searched_from_the_launchs_own_value():
     assert warps({}) == [2, 8, 1, 16]  # from the default: 16, the launch's own value, is proposed as new
     launched = {"row_kernel": {"num_warps": 16, "num_stages": 3}}
     assert warps({"launched": launched})[:2] == [8, 32] and 16 not in warps({"launched": launched})
-    # a kernel the context does not name, or kernels launched with different options, change nothing
+    # options of a kernel this module does not define change nothing
     assert warps({"launched": {"other_kernel": {"num_warps": 16, "num_stages": 3}}}) == [2, 8, 1, 16]
     # and the value the source spells still wins over the launch's
     spelled = ROW_SETTINGS.replace("num_warps=num_warps)", "num_warps=2)")
