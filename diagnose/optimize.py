@@ -159,6 +159,13 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
     except EndpointError as exc:  # the model could not answer: its round stays open, to resume
         store.update_run(status=RunStatus.INTERRUPTED, note=f"interrupted: {exc.problem}")
         raise
+    except UserFacingError as exc:
+        # A step that could not be taken (the device, a compile, the kernel file): the run says why and
+        # waits to be resumed, rather than reading "running" with no process behind it. A failed
+        # baseline has set FAILED already.
+        if store.run().status == RunStatus.RUNNING:
+            store.update_run(status=RunStatus.INTERRUPTED, note=f"interrupted: {exc.problem}")
+        raise
     finally:
         if own_judge is not None:
             own_judge.close()

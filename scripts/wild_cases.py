@@ -261,7 +261,8 @@ def table(out: Path) -> int:
         tried = ", ".join(f"{h.pattern} {h.outcome or h.state}" for h in s.history)
         if s.status == "finished":
             speedups.append(s.speedup_vs_initial)
-        status = s.status if s.status != "running" else f"stopped: {last}"  # a run left running was cut off
+        # a run interrupted (or, recorded before runs said so, left "running") stopped where its log ends
+        status = f"{s.status}: {last}" if s.status in ("running", "interrupted") else s.status
         print(f"| {case['id']} | {case.get('root_cause', '-')} | {status} | {median('baseline')} | "
               f"{median('candidate') if s.best_round else median('baseline')} | {s.speedup_vs_initial:.3f}x"
               f"{'' if s.speedup_vs_initial_measured else ' (chained)'} | {'; '.join(accepted) or '-'} | {tried or '-'} |")

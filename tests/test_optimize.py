@@ -273,6 +273,34 @@ def test_a_confirmation_that_cannot_be_timed_fails_the_round_instead_of_rejectin
     store.close()
 
 
+class LostDeviceJudge(TimedJudge):
+    """The task's own kernel cannot be measured: its worker crashed (a lost device, a driver error)."""
+
+    def __call__(self, spec, baseline, candidate, entry) -> RunReport:
+        report = super().__call__(spec, baseline, candidate, entry)
+        report.failure = "the worker crashed"
+        return report
+
+
+def test_a_step_that_cannot_be_taken_leaves_the_run_interrupted_with_why_and_resumable(tmp_path):
+    """Not "running" with no process behind it (the wild runs that stopped on the H200 read so): the run
+    says it was interrupted and why, and resumes."""
+    with pytest.raises(UserFacingError, match="measuring the task's own kernel failed"):
+        _run(tmp_path, rounds=1, judge=LostDeviceJudge())
+    store = RoundsStore(tmp_path / "run")
+    info = store.run()
+    assert info.status == RunStatus.INTERRUPTED and "the worker crashed" in (info.note or ""), (info.status, info.note)
+    store.close()
+    judge = TimedJudge()
+    try:
+        resumed = optimize(SPEC, OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run",
+                           judge=judge, resume=True)
+    finally:
+        judge.close()
+    assert resumed.run().status == RunStatus.FINISHED and len(resumed.rounds()) == 1
+    resumed.close()
+
+
 class ShortOfMemoryJudge(TimedJudge):
     """A device that holds `fits` variants' workers at once: more raise the judge's out-of-memory error,
     as the reference worker reports torch's."""
