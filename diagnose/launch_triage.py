@@ -419,7 +419,7 @@ def _temper(feats: KernelFeatures, kernels: dict[str, ast.FunctionDef], launches
                 f.confidence = min(f.confidence, 0.45)
         if f.kind == "reduction.in-loop" and f.kernel_lines:
             run = [line for line in f.kernel_lines if line not in idle]
-            counts = [trip_count(feats.loop_bounds.get(_loop_of(kernels, line) or -1, ""), values) for line in run]
+            counts = [trip_count(feats.loop_bounds.get(_loop_of(feats, line) or -1, ""), values) for line in run]
             if counts and all(t is not None and t <= 1 for t in counts):
                 # Liger's group norm: BLOCK_SIZE = next_power_of_2(hidden), so its loops run once and the
                 # reduction is already done once; lanes kept over a 65536-wide block only cost registers.
@@ -444,11 +444,9 @@ def _warps_per_sm(facts: LaunchFacts) -> float:
     return float(min(per_sm * facts.num_warps, 64))
 
 
-def _loop_of(kernels: dict[str, ast.FunctionDef], line: int) -> int | None:
-    """The line of the innermost `for` of the file's kernels that holds `line`."""
-    loops = [node for fn in kernels.values() for node in ast.walk(fn)
-             if isinstance(node, ast.For) and node.lineno < line <= (node.end_lineno or node.lineno)]
-    return max(loops, key=lambda node: node.lineno).lineno if loops else None
+def _loop_of(feats: KernelFeatures, line: int) -> int | None:
+    """The line of the innermost loop of the file's kernels whose body holds `line`."""
+    return max((start for start, end in feats.loop_ends.items() if start < line <= end), default=None)
 
 
 def _unlaunched_lines(kernels: dict[str, ast.FunctionDef], launched: set[str]) -> dict[int, str]:
