@@ -21,7 +21,6 @@ SOURCE_KINDS = ("attention.causal-full-loop", "loop.boundary-mask", "recurrence.
                 "reduction.in-loop", "math.exp-unfolded-scale")
 
 
-
 def _ev(log: EvidenceLog, feats: KernelFeatures, site: Site, claim: str) -> str:
     name = feats.file.rsplit("/", 1)[-1]
     return log.add("L1", "kernel", claim, f"{name}:{site.line}", source_line(feats.file, site.line))
