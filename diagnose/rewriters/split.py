@@ -44,7 +44,7 @@ from diagnose.rewriters.base import (
 )
 from diagnose.rewriters.launch import jit_names
 
-__all__ = ["split_reduction"]
+__all__ = ["split_reduction", "strided_loop"]
 
 # The last is for a grid of one or a few blocks over a long loop (a whole-tensor sum): up to 256
 # programs per block, a few per SM.
@@ -258,28 +258,35 @@ def _kb_cast_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
 """
 
 
+def strided_loop(loop: cst.For, axis: int = 1) -> cst.For:
+    """`for i in range(a, b, c)` (or `tl.range`, its keywords kept) -> program (i, j) of a grid split
+    along `axis` takes every num_programs(axis)-th step, from the j-th."""
+    call = loop.iter
+    assert isinstance(call, cst.Call)
+    positional = [a.value for a in call.args if a.keyword is None]
+    keywords = [a for a in call.args if a.keyword is not None]
+    if len(positional) == 1:
+        positional = [cst.Integer("0"), positional[0]]
+    start, stop = positional[0], positional[1]
+    step = positional[2] if len(positional) == 3 else cst.Integer("1")
+    wrap = lambda e: e.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
+        if isinstance(e, cst.BinaryOperation) else e  # noqa: E731
+    new_start = cst.ensure_type(cst.parse_expression(f"__s + tl.program_id({axis}) * __c").visit(
+        SubstituteNames({"__s": start, "__c": wrap(step)})), cst.BinaryOperation)
+    new_step = cst.ensure_type(cst.parse_expression(f"__c * tl.num_programs({axis})").visit(
+        SubstituteNames({"__c": wrap(step)})), cst.BinaryOperation)
+    args = [cst.Arg(new_start), cst.Arg(stop), cst.Arg(new_step), *keywords]
+    args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in args[:-1]] + [args[-1]]
+    comment = cst.EmptyLine(comment=cst.Comment(
+        f"# split: program (i, j) takes every num_programs({axis})-th step, from the j-th"))
+    return loop.with_changes(iter=call.with_changes(args=args), leading_lines=[*loop.leading_lines, comment])
+
+
 class _SplitKernel(cst.CSTTransformer):
     """The kernel's copy, split: its loop strided over the second grid axis, its store an atomic add."""
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
-        call = updated.iter
-        assert isinstance(call, cst.Call)
-        positional = [a.value for a in call.args if a.keyword is None]
-        keywords = [a for a in call.args if a.keyword is not None]
-        if len(positional) == 1:
-            positional = [cst.Integer("0"), positional[0]]
-        start, stop = positional[0], positional[1]
-        step = positional[2] if len(positional) == 3 else cst.Integer("1")
-        wrap = lambda e: e.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
-            if isinstance(e, cst.BinaryOperation) else e  # noqa: E731
-        new_start = cst.ensure_type(cst.parse_expression("__s + tl.program_id(1) * __c").visit(
-            SubstituteNames({"__s": start, "__c": wrap(step)})), cst.BinaryOperation)
-        new_step = cst.ensure_type(cst.parse_expression("__c * tl.num_programs(1)").visit(
-            SubstituteNames({"__c": wrap(step)})), cst.BinaryOperation)
-        args = [cst.Arg(new_start), cst.Arg(stop), cst.Arg(new_step), *keywords]
-        args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in args[:-1]] + [args[-1]]
-        comment = cst.EmptyLine(comment=cst.Comment("# split: program (i, j) takes every num_programs(1)-th step, from the j-th"))
-        return updated.with_changes(iter=call.with_changes(args=args), leading_lines=[*updated.leading_lines, comment])
+        return strided_loop(updated)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if dotted(updated.func) != "tl.store":

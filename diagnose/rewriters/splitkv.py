@@ -1,0 +1,386 @@
+"""Split an online-softmax loop over programs, merged by log-sum-exp (flash-decoding; issue 27, families 1
+and 4): a kernel that walks a long key loop with a running maximum `m` and sums rescaled to it
+(`l = l * exp(m_old - m) + sum(p)`, `o = o * exp(m_old - m) + sum(p * v)`) on a grid smaller than the
+device gets a second grid axis; each of its programs runs every n-th step of the loop and writes its
+partial state (m and the sums) to an fp32 workspace, and a second launch on the original grid merges the
+partials, `M = max_j m_j`, `x = sum_j x_j * exp(m_j - M)`, before running the kernel's own code after
+the loop (the division, a sink term, the store) on the merged state.
+
+The merge is exact up to summation order because of what the loop is checked to compute, not because
+of what it is called. Its body is read by a small abstract interpretation over the syntax tree (`LoopReader`),
+where every value is one of:
+
+- free: it does not depend on the carried state (loads, the loop index, names set before the loop);
+- the running maximum, old (`m` at the step's start) or new (`tl.maximum(m_old, free)`);
+- a rescale factor `E(m_old - m_new)` and a scaled term `E(free - m_new)`, closed under products and
+  quotients by free values, sums, reductions (`tl.sum`), casts, views, `tl.dot` with a free operand and
+  `tl.where(free, scaled, 0)`; E is one exponential (`tl.exp`, `tl.exp2`, a module's own `exp`) for all;
+- an accumulator step: `x_old * rescale[view]`, plus scaled terms (`+`, `+=`, `tl.dot(p, v, acc)`).
+
+The kernel qualifies when, at the end of the loop body, the one maximum is new and every other carried
+name is an accumulator step of itself (so `x = sum_k c_k E(s_k - m)` holds after every step), nothing
+else the loop assigns is read after it, no store or atomic sits outside the code after the loop, and the
+accumulators start at zero (or the maximum at -inf). The merge then multiplies each partial `x_j` by
+`E(m_j - M)` under the same view the loop rescaled it with (`alpha[:, None]`).
+
+The workspace holds one record per (program, split): the maximum and the sums, each raveled, sized at
+the launch from their `tl.zeros` / `tl.full` shapes (block sizes the launch passes); a static assert in
+the kernel checks the record against the tensors it stores. The split is sized at launch from the SM
+count; where the grid already fills the device the kernel runs as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import (
+    SubstituteNames,
+    Variant,
+    dotted,
+    is_jit,
+    jit_functions,
+    launch_arguments,
+    launch_grid,
+    register,
+    simple_assign,
+    sm_count_statement,
+)
+from diagnose.rewriters.launch import jit_names
+from diagnose.rewriters.online_softmax import UNKNOWN, Kind, LoopReader, literal_number, source_text
+from diagnose.rewriters.split import strided_loop
+
+__all__ = ["split_online_softmax"]
+
+_VARIANTS = ({"per_sm": 2, "max_split": 16}, {"per_sm": 4, "max_split": 32}, {"per_sm": 8, "max_split": 64})
+
+@dataclass
+class _State:
+    """A carried name: its init statement's shape and the view its rescale takes (accumulators)."""
+
+    name: str
+    shape: list[cst.BaseExpression]
+    zero: bool
+    view: str = ""
+
+
+def _init(value: cst.BaseExpression) -> tuple[list[cst.BaseExpression], float | None] | None:
+    """(shape, fill) of `tl.zeros(shape, ...)`, `tl.full(shape, v, ...)`, either `+-` a literal."""
+    shift = 0.0
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+        number = literal_number(value.right)
+        if number is None:
+            return None
+        shift = number if isinstance(value.operator, cst.Add) else -number
+        value = value.left
+    if not (isinstance(value, cst.Call) and dotted(value.func) in ("tl.zeros", "tl.full") and value.args
+            and isinstance(value.args[0].value, (cst.List, cst.Tuple))):
+        return None
+    dims = value.args[0].value
+    assert isinstance(dims, (cst.List, cst.Tuple))
+    shape = [el.value for el in dims.elements]
+    if dotted(value.func) == "tl.zeros":
+        return shape, 0.0 + shift
+    fill = literal_number(value.args[1].value) if len(value.args) > 1 else None
+    return shape, None if fill is None else fill + shift
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name())}  # type: ignore[attr-defined]
+
+
+def _assigned(stmt: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+    for assign in m.findall(stmt, m.Assign() | m.AugAssign()):
+        targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]  # type: ignore[attr-defined]
+        for t in targets:
+            out |= _names(t) if isinstance(t, (cst.Name, cst.Tuple)) else set()
+    return out
+
+
+@dataclass
+class _Plan:
+    kernel: str
+    at: int  # the loop's index in the kernel body
+    maximum: _State
+    sums: list[_State]
+    exp: str
+    call: cst.Call
+    grid: cst.BaseExpression
+    device: str  # a launch argument that is a tensor on the kernel's device (what it stores through)
+
+
+def _plan(module: cst.Module) -> _Plan | None:
+    jit = jit_names(module)
+    launches = [c for c in m.findall(module, m.Call(func=m.Subscript())) if dotted(c.func.value) in jit]  # type: ignore[attr-defined]
+    if len(launches) != 1:
+        return None
+    call = cst.ensure_type(launches[0], cst.Call)
+    grid = launch_grid(module, call)
+    kernel = dotted(cst.ensure_type(call.func, cst.Subscript).value)
+    fn = jit_functions(module).get(kernel)
+    if grid is None or fn is None:
+        return None
+    if m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("program_id")), args=[m.Arg(value=~m.Integer("0"))])) \
+            or m.findall(fn, m.Return()) or m.findall(fn, m.While()) or len(m.findall(fn, m.For())) != 1:
+        return None
+    body = list(fn.body.body)
+    loops = [i for i, st in enumerate(body) if isinstance(st, cst.For)]
+    if len(loops) != 1:
+        return None
+    at = loops[0]
+    loop = cst.ensure_type(body[at], cst.For)
+    if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range")
+            and isinstance(loop.target, cst.Name) and not loop.orelse):
+        return None
+    before = {n for st in body[:at] for n in _assigned(st)}
+    in_loop = set().union(*(_assigned(st) for st in loop.body.body)) | {loop.target.value}
+    carried = sorted(in_loop & before)
+    plan = None
+    for candidate in carried:  # which carried name is the running maximum
+        env = {n: Kind("x_old", x=n) for n in carried} | {candidate: Kind("m_old")}
+        reader = LoopReader(env)
+        reader.block(loop.body.body)
+        ends = {n: reader.env.get(n, UNKNOWN) for n in in_loop}
+        sums = [n for n in carried if n != candidate and ends[n].tag in ("x_rescaled", "x_step") and ends[n].x == n]
+        if not (reader.ok and ends[candidate].tag == "m_new" and sums and len(sums) == len(carried) - 1
+                and len(reader.exps) == 1 and all(len(reader.views.get(n, {""})) == 1 for n in sums)):
+            continue
+        plan = (candidate, sums, reader)
+        break
+    if plan is None:
+        return None
+    maximum_name, sum_names, reader = plan
+    after = [st for st in body[at + 1:] if isinstance(st, cst.BaseStatement)]
+    if set().union(set(), *(_names(st) for st in after)) & (in_loop - set(sum_names) - {maximum_name}):
+        return None  # the code after the loop reads what only the last step set
+    writes = [c for c in m.findall(fn, m.Call()) if dotted(c.func).rsplit(".", 1)[-1] in ("store", "atomic_add")  # type: ignore[attr-defined]
+              or dotted(c.func).startswith("tl.atomic")]  # type: ignore[attr-defined]
+    after_writes = {id(c) for st in after for c in m.findall(st, m.Call())}
+    if not writes or any(id(c) not in after_writes for c in writes) or any(dotted(c.func).startswith("tl.atomic") for c in writes):  # type: ignore[attr-defined]
+        return None
+    inits: dict[str, tuple[list[cst.BaseExpression], float | None]] = {}
+    for name in (maximum_name, *sum_names):
+        setting = [st for st in body[:at] if name in _assigned(st)]
+        assign = simple_assign(setting[0]) if len(setting) == 1 else None
+        found = _init(assign[1]) if assign is not None else None
+        if found is None:
+            return None  # set twice, in a branch, or not by tl.zeros / tl.full: its shape is not known
+        inits[name] = found
+    if not all(inits[n][1] == 0.0 for n in sum_names) and inits[maximum_name][1] != float("-inf"):
+        return None  # a nonzero start of a sum survives only where the maximum starts at -inf
+    # The record's sizes must be computable at the launch: block sizes it passes, and numbers.
+    arguments = launch_arguments(fn, call)
+    params = {p.name.value for p in fn.params.params}
+    for shape, _ in inits.values():
+        for dim in shape:
+            for n in _names(dim):
+                if n not in params or n not in arguments or arguments[n].star:
+                    return None
+    device = _device_argument(fn, after, arguments)
+    if device is None:
+        return None
+    states = [_State(n, inits[n][0], inits[n][1] == 0.0, next(iter(reader.views[n]))) for n in sum_names]
+    return _Plan(kernel, at, _State(maximum_name, inits[maximum_name][0], False), states, next(iter(reader.exps)), call,
+                 grid, device)
+
+
+def _device_argument(fn: cst.FunctionDef, after: list[cst.BaseStatement], arguments: dict[str, cst.Arg]) -> str | None:
+    """The launch's argument (a name) for the pointer the code after the loop stores through: the base of
+    `ptr + offsets`, followed through the kernel's assignments (`p_o = o + i * V + o_v` -> `o`)."""
+    bases: dict[str, cst.BaseExpression] = {}
+    for st in fn.body.body:
+        assign = simple_assign(st)
+        if assign is not None:
+            bases[assign[0]] = assign[1]
+    for st in after:
+        for store in m.findall(st, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store")))):
+            pointer = cst.ensure_type(store, cst.Call).args[0].value
+            for _ in range(8):  # a chain of assignments, never a cycle
+                while isinstance(pointer, cst.BinaryOperation) and isinstance(pointer.operator, cst.Add):
+                    pointer = pointer.left
+                if not isinstance(pointer, cst.Name):
+                    break
+                bound = arguments.get(pointer.value)
+                if bound is not None and isinstance(bound.value, cst.Name):
+                    return bound.value.value
+                if pointer.value not in bases:
+                    break
+                pointer = bases[pointer.value]
+    return None
+
+
+# ---------------------------------------------------------------------------- the kernels
+
+_RECORD, _PARTIALS, _SPLITS = "_KB_RECORD", "_kb_partials", "_kb_n_split"
+
+
+def _with_params(fn: cst.FunctionDef, names: list[str], constexpr: set[str]) -> cst.FunctionDef:
+    """`fn` with parameters added before its first one with a default (launches pass them by keyword)."""
+    params = list(fn.params.params)
+    at = next((i for i, p in enumerate(params) if p.default is not None), len(params))
+    style = next((p.comma for p in params if isinstance(p.comma, cst.Comma)), _COMMA)
+    new = [cst.Param(cst.Name(n), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")) if n in constexpr
+                     else None, comma=style) for n in names]
+    return fn.with_changes(params=fn.params.with_changes(params=_inserted(params, at, new, style)))
+
+
+_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+
+
+def _inserted(items: list[Any], at: int, new: list[Any], style: cst.Comma) -> list[Any]:
+    """`new` (parameters or arguments, each with `style`'s comma) inserted at `at`, the list's own line
+    breaks kept: appended ones take the last item's comma (a trailing comma, a closing line break)."""
+    items = list(items)
+    if at == len(items) and items:
+        new[-1] = new[-1].with_changes(comma=items[-1].comma)
+        items[-1] = items[-1].with_changes(comma=style)
+    items[at:at] = new
+    return items
+
+
+def _statements(code: str) -> list[cst.BaseStatement]:
+    return list(cst.parse_module(code).body)
+
+
+def _partial_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
+    body = list(fn.body.body)
+    loop = strided_loop(cst.ensure_type(body[plan.at], cst.For))
+    states = [plan.maximum, *plan.sums]
+    numels = " + ".join(f"{s.name}.numel" for s in states)
+    code = [f"tl.static_assert({numels} == {_RECORD})",
+            f"_kb_at = {_PARTIALS} + (tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * {_RECORD}"]
+    offset = "0"
+    for s in states:
+        code.append(f"tl.store(_kb_at + {offset} + tl.arange(0, {s.name}.numel), tl.ravel({s.name}).to(tl.float32))")
+        offset = f"{offset} + {s.name}.numel"
+    tail = _statements("\n".join(code) + "\n")
+    tail[0] = tail[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        "# this split's partial state (the maximum, then the sums rescaled to it) for the merge kernel"))])
+    new = fn.with_changes(name=cst.Name(f"{plan.kernel}_partial"),
+                          body=fn.body.with_changes(body=[*body[:plan.at], loop, *tail]))
+    return _with_params(new, [_PARTIALS, _RECORD], {_RECORD})
+
+
+def _merge_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
+    body = list(fn.body.body)
+    mx = plan.maximum.name
+    load = (f"tl.reshape(tl.load(_kb_at + _kb_j * {_RECORD} + {{offset}} + tl.arange(0, {{name}}.numel)), "
+            f"{{name}}.shape)")
+    code = [f"_kb_at = {_PARTIALS} + tl.program_id(0).to(tl.int64) * {_SPLITS} * {_RECORD}",
+            f"_kb_max = tl.full({mx}.shape, float('-inf'), tl.float32)",
+            f"for _kb_j in range(0, {_SPLITS}):",
+            f"    _kb_max = tl.maximum(_kb_max, {load.format(offset='0', name=mx)})"]
+    code += [f"_kb_{s.name} = tl.zeros({s.name}.shape, tl.float32)" for s in plan.sums]
+    code += [f"for _kb_j in range(0, {_SPLITS}):",
+             f"    _kb_mj = {load.format(offset='0', name=mx)}",
+             f"    _kb_w = tl.where(_kb_mj == float('-inf'), 0.0, {plan.exp}(_kb_mj - _kb_max))"]
+    offset = f"{mx}.numel"
+    for s in plan.sums:
+        code.append(f"    _kb_{s.name} += {load.format(offset=offset, name=s.name)} * _kb_w{s.view}")
+        offset = f"{offset} + {s.name}.numel"
+    code += [f"{s.name} = _kb_{s.name}.to({s.name}.dtype)" for s in plan.sums]
+    code.append(f"{mx} = _kb_max.to({mx}.dtype)")
+    merge = _statements("\n".join(code) + "\n")
+    merge[0] = merge[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        "# the splits' partial states merged: each sum rescaled from its split's maximum to the largest"))])
+    new = fn.with_changes(name=cst.Name(f"{plan.kernel}_merge"),
+                          body=fn.body.with_changes(body=[*body[:plan.at], *merge, *body[plan.at + 1:]]))
+    return _with_params(new, [_PARTIALS, _SPLITS, _RECORD], {_RECORD})
+
+
+class _AddKernels(cst.CSTTransformer):
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        body: list[cst.CSTNode] = []
+        for node in updated.body:
+            body.append(node)
+            if isinstance(node, cst.FunctionDef) and is_jit(node) and node.name.value == self.plan.kernel:
+                for made, what in ((_partial_kernel(node, self.plan), "its key loop split over a second grid axis"),
+                                   (_merge_kernel(node, self.plan), "the splits merged, then its code after the loop")):
+                    body.append(made.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), cst.EmptyLine(
+                        comment=cst.Comment(f"# {self.plan.kernel}, {what}"))]))
+        return updated.with_changes(body=body)
+
+
+class _SplitLaunch(cst.CSTTransformer):
+    """`K[grid](args)` -> the split sized from the SM count; `K_partial[(G, n_split)](args, ...)` then
+    `K_merge[(G,)](args, ...)` where it splits, the launch as it was elsewhere."""
+
+    def __init__(self, plan: _Plan, record: cst.BaseExpression, per_sm: int, max_split: int) -> None:
+        self.plan, self.record, self.per_sm, self.max_split = plan, record, per_sm, max_split
+        self.launched = 0
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        kernel = self.plan.kernel
+        if not (len(updated.body) == 1 and isinstance(updated.body[0], cst.Expr)
+                and m.matches(updated.body[0].value, m.Call(func=m.Subscript(value=m.Name(kernel))))):
+            return updated
+        call = cst.ensure_type(updated.body[0].value, cst.Call)
+        style = next((a.comma for a in call.args if isinstance(a.comma, cst.Comma)), _COMMA)
+
+        def launch(name: str, grid: str, extra: dict[str, str]) -> cst.BaseStatement:
+            keywords = [cst.Arg(cst.parse_expression(v), keyword=cst.Name(k), comma=style, equal=cst.AssignEqual(
+                cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))) for k, v in extra.items()]
+            made = call.with_changes(func=cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(
+                cst.parse_expression(grid)))]), args=_inserted(list(call.args), len(call.args), keywords, style))
+            return cst.SimpleStatementLine([cst.Expr(made)])
+
+        head = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], self.plan.grid)],
+                                        leading_lines=updated.leading_lines),
+                sm_count_statement("132").with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+                    f"# split the key loop over programs until each SM has {self.per_sm} (none when the grid "
+                    "fills them); a second launch merges the splits"))]),
+                cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * sm_count // n_blocks)))\n")]
+        record = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("kb_record"))], self.record)])
+        workspace = cst.parse_statement(f"kb_partials = torch.empty(n_blocks * n_split * kb_record, dtype=torch.float32, "
+                                        f"device={self.plan.device}.device)\n")
+        partial = launch(f"{kernel}_partial", "(n_blocks, n_split)", {_PARTIALS: "kb_partials", _RECORD: "kb_record"})
+        merge = launch(f"{kernel}_merge", "(n_blocks,)",
+                       {_PARTIALS: "kb_partials", _SPLITS: "n_split", _RECORD: "kb_record"})
+        plain = updated.with_changes(body=[cst.Expr(call.with_changes(func=cst.ensure_type(call.func, cst.Subscript).with_changes(
+            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks,)")))])))], leading_lines=[])
+        branch = cst.If(test=cst.parse_expression("n_split > 1"),
+                        body=cst.IndentedBlock([record, workspace, partial, merge]),
+                        orelse=cst.Else(cst.IndentedBlock([plain])))
+        self.launched += 1
+        return cst.FlattenSentinel([*head, branch])
+
+
+def _record_size(plan: _Plan, fn: cst.FunctionDef) -> cst.BaseExpression:
+    """The record's element count at the launch: each state's shape with the kernel's parameters replaced
+    by what the launch passes for them."""
+    arguments = {n: a.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                 if isinstance(a.value, cst.BinaryOperation) else a.value for n, a in launch_arguments(fn, plan.call).items()}
+    terms = []
+    for s in [plan.maximum, *plan.sums]:
+        dims = [d for d in (x.visit(SubstituteNames(arguments)) for x in s.shape) if isinstance(d, cst.BaseExpression)]
+        dims = dims or [cst.Integer("1")]
+        terms.append(" * ".join(f"({source_text(d)})" if isinstance(d, cst.BinaryOperation) else source_text(d) for d in dims))
+    return cst.parse_expression(" + ".join(f"({t})" if "*" in t else t for t in terms))
+
+
+def split_online_softmax(source: str, context: dict[str, Any]) -> list[Variant]:
+    module = cst.parse_module(source)
+    plan = _plan(module)
+    if plan is None:
+        return []
+    record = _record_size(plan, jit_functions(module)[plan.kernel])
+    with_kernels = module.visit(_AddKernels(plan))
+    out = []
+    for params in _VARIANTS:
+        launch = _SplitLaunch(plan, record, params["per_sm"], params["max_split"])
+        new = with_kernels.visit(launch)
+        if launch.launched == 1:
+            out.append(Variant({"split": "key loop over programs, log-sum-exp merge", **params,
+                                "state": [plan.maximum.name, *(s.name for s in plan.sums)]}, new.code))
+    return out
+
+
+register("split-kv-online-softmax")(split_online_softmax)

@@ -1,0 +1,187 @@
+"""The split of an online-softmax key loop over programs, merged by log-sum-exp (issue 27, families 1 and 4):
+where the loop's state is a running maximum and sums rescaled to it, the split-and-merge computes the
+kernel's result under the real judge (interpreter), at every split count; where the loop carries
+anything else, it declines."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from conftest import REPO
+
+from diagnose.rewriters import rewrite
+from harness.run import RunOptions, run_task
+from harness.task import TaskSpec
+
+PATTERN = "split-kv-online-softmax"
+HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n\n"
+
+# Decoding attention with grouped query heads: one program per (batch, query head), a key loop in BS
+# blocks, the running max as a [1] tensor updated through a tuple assignment (fla's style), tl.exp.
+DECODE = HEADER + textwrap.dedent('''\
+    @triton.jit
+    def decode_kernel(q, k, v, o, T, scale, HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+                      BS: tl.constexpr, BD: tl.constexpr):
+        pid = tl.program_id(0)
+        b, hq = pid // HQ, pid % HQ
+        h = hq // (HQ // H)
+        d = tl.arange(0, BD)
+        q_row = tl.load(q + pid * D + d, mask=d < D, other=0.0).to(tl.float32) * scale
+        acc = tl.zeros([BD], dtype=tl.float32)
+        m = tl.full([1], float("-inf"), dtype=tl.float32)
+        den = tl.zeros([1], dtype=tl.float32)
+        for start in range(0, T, BS):
+            keys = start + tl.arange(0, BS)
+            inside = keys < T
+            base = (b * T + keys[:, None]) * H * D + h * D + d[None, :]
+            kt = tl.load(k + base, mask=inside[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+            vt = tl.load(v + base, mask=inside[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+            s = tl.sum(q_row[None, :] * kt, 1)
+            s = tl.where(inside, s, float("-inf"))
+            m, m_old = tl.maximum(m, tl.max(s)), m
+            r = tl.exp(m_old - m)
+            p = tl.exp(s - m)
+            den = den * r + tl.sum(p, 0)
+            acc = acc * r + tl.sum(p[:, None] * vt, 0)
+        out = acc / den
+        tl.store(o + pid * D + d, out.to(o.dtype.element_ty), mask=d < D)
+
+
+    def decode(q, k, v):
+        B, HQ, D = q.shape
+        T, H = k.shape[1], k.shape[2]
+        o = torch.empty_like(q)
+        grid = (B * HQ,)
+        decode_kernel[grid](q, k, v, o, T, D ** -0.5, HQ=HQ, H=H, D=D, BS=16, BD=triton.next_power_of_2(D))
+        return o
+    ''')
+
+DECODE_REFERENCE = ("lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q.double()[:, :, None], "
+                    "k.double().transpose(1, 2).repeat_interleave(q.shape[1] // k.shape[2], 1), "
+                    "v.double().transpose(1, 2).repeat_interleave(q.shape[1] // k.shape[2], 1))[:, :, 0].to(q.dtype)")
+
+# Flash attention's forward (Triton tutorial style): a 2-D tile of queries, exp2 with the scale folded,
+# the maximum starting at zeros - inf, the denominator at one, `acc * alpha[:, None]` then
+# `tl.dot(p, v, acc)`; after the loop it stores the output and the log-sum-exp.
+FLASH = HEADER + textwrap.dedent('''\
+    @triton.jit
+    def flash_kernel(Q, K, V, O, L, N_CTX, qk_scale, H: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, D: tl.constexpr):
+        pid = tl.program_id(0)
+        n_m = tl.cdiv(N_CTX, BLOCK_M)
+        bh, start_m = pid // n_m, pid % n_m
+        rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, D)
+        head = bh * N_CTX * D
+        q = tl.load(Q + head + rows[:, None] * D + cols[None, :], mask=rows[:, None] < N_CTX, other=0.0)
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        for start_n in tl.range(0, N_CTX, BLOCK_N):
+            keys = start_n + tl.arange(0, BLOCK_N)
+            k = tl.load(K + head + keys[None, :] * D + cols[:, None], mask=keys[None, :] < N_CTX, other=0.0)
+            qk = tl.dot(q, k)
+            qk = tl.where(keys[None, :] < N_CTX, qk, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+            p = tl.math.exp2(qk)
+            l_ij = tl.sum(p, 1)
+            alpha = tl.math.exp2(m_i - m_ij)
+            l_i = l_i * alpha + l_ij
+            acc = acc * alpha[:, None]
+            v = tl.load(V + head + keys[:, None] * D + cols[None, :], mask=keys[:, None] < N_CTX, other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc)
+            m_i = m_ij
+        tl.store(L + bh * N_CTX + rows, m_i + tl.math.log2(l_i), mask=rows < N_CTX)
+        acc = acc / l_i[:, None]
+        tl.store(O + head + rows[:, None] * D + cols[None, :], acc.to(O.dtype.element_ty), mask=rows[:, None] < N_CTX)
+
+
+    def flash(q, k, v):
+        B, H, N, D = q.shape
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+        grid = lambda META: (triton.cdiv(N, META["BLOCK_M"]) * B * H,)
+        flash_kernel[grid](q, k, v, o, lse, N, D ** -0.5 * 1.4426950408889634, H=H, BLOCK_M=16, BLOCK_N=16, D=D)
+        return o
+    ''')
+
+
+def _check(tmp_path, source: str, original: str, name: str, call: str, reference: str) -> None:
+    (tmp_path / f"{name}.py").write_text(original)
+    candidate = tmp_path / f"{name}_split.py"
+    candidate.write_text(source)
+    spec = TaskSpec(kernel=str(tmp_path / f"{name}.py"), call=call, reference=reference)
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
+                      candidate_entry=name)
+    assert report.run("candidate").correct, report.to_dict()
+
+
+def test_a_decoding_kernel_is_split_and_merged_and_stays_correct(tmp_path):
+    variants = rewrite(PATTERN, DECODE, {})
+    assert [(v.params["per_sm"], v.params["max_split"]) for v in variants] == [(2, 16), (4, 32), (8, 64)]
+    assert variants[0].params["state"] == ["m", "acc", "den"]
+    source = variants[0].source
+    assert "for start in range(0 + tl.program_id(1) * BS, T, BS * tl.num_programs(1)):" in source
+    assert "_kb_w = tl.where(_kb_mj == float('-inf'), 0.0, tl.exp(_kb_mj - _kb_max))" in source
+    assert "kb_record = 1 + triton.next_power_of_2(D) + 1" in source  # m, acc, den: shapes the launch passes
+    assert "device=o.device" in source
+    # the original kernel stays, launched where the grid fills the device
+    assert "    else:\n        decode_kernel[(n_blocks,)](q, k, v, o, T" in source
+    call = "decode(torch.randn(1, 4, 40), torch.randn(1, {T}, 2, 40), torch.randn(1, {T}, 2, 40))"
+    # 4 programs split 16 ways: 300 keys in 19 blocks (some splits take two, some one); 40 keys in 3 blocks
+    # (13 splits see no key and merge with weight 0)
+    for T in (300, 40):
+        _check(tmp_path, source, DECODE, "decode", call.format(T=T), DECODE_REFERENCE)
+    # 132 query heads x 2 fill 264 programs: n_split is 1 and the original kernel runs
+    _check(tmp_path, variants[0].source, DECODE, "decode",
+           "decode(torch.randn(2, 132, 16), torch.randn(2, 20, 4, 16), torch.randn(2, 20, 4, 16))", DECODE_REFERENCE)
+
+
+def test_flash_attention_with_exp2_views_and_dot_accumulation_is_merged_under_its_views(tmp_path):
+    (variant, *_) = rewrite(PATTERN, FLASH, {})
+    assert variant.params["state"] == ["m_i", "acc", "l_i"]
+    source = variant.source
+    assert "_kb_acc += tl.reshape(" in source and ".shape) * _kb_w[:, None]" in source  # acc * alpha[:, None]
+    assert "tl.math.exp2(_kb_mj - _kb_max)" in source
+    assert "kb_record = 16 + (16 * D) + 16" in source
+    # the merge runs the code after the loop: the log-sum-exp store reads the merged m_i and l_i
+    merge = source[source.index("def flash_kernel_merge"):source.index("def flash(")]
+    assert "tl.store(L + bh * N_CTX + rows, m_i + tl.math.log2(l_i)" in merge
+    reference = "lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)"
+    _check(tmp_path, source, FLASH, "flash", "flash(torch.randn(1, 2, 72, 16), torch.randn(1, 2, 72, 16), "
+           "torch.randn(1, 2, 72, 16))", reference)
+
+
+def _variant(source: str, old: str, new: str) -> str:
+    assert old in source, old
+    return source.replace(old, new)
+
+
+@pytest.mark.parametrize("old, new, why", [
+    ("den = den * r + tl.sum(p, 0)", "den = den + tl.sum(p, 0)", "a sum not rescaled to the new maximum"),
+    ("acc = acc * r + tl.sum(p[:, None] * vt, 0)", "acc = acc * r + tl.sum(p[:, None] * vt, 0) + m",
+     "a term that is not exp(s - m) scaled"),
+    ("r = tl.exp(m_old - m)", "r = tl.exp2(m_old - m)", "a rescale of another base than the terms"),
+    ("out = acc / den", "out = acc / den + tl.sum(s, 0)", "the last step's scores read after the loop"),
+    ("        den = den * r + tl.sum(p, 0)\n",
+     "        den = den * r + tl.sum(p, 0)\n        tl.store(o + start, tl.sum(p, 0))\n", "a store inside the loop"),
+    ("acc = tl.zeros([BD], dtype=tl.float32)", "acc = tl.load(o + d)", "an accumulator whose shape is not known"),
+    ("m = tl.full([1], float(\"-inf\"), dtype=tl.float32)", "m = tl.full([1], 0.0, dtype=tl.float32)\n    den += 1.0",
+     "a sum set twice before the loop"),
+    ("grid = (B * HQ,)", "grid = (B, HQ)", "a two-axis grid"),
+    ("BS=16, BD=triton.next_power_of_2(D))", "BS=16)", "a block size the launch does not pass"),
+    ("        acc = acc * r + tl.sum(p[:, None] * vt, 0)\n",
+     "        acc = acc * r + tl.sum(p[:, None] * vt, 0)\n        den = den + 1\n", "a sum reassigned off the pattern"),
+])
+def test_a_loop_that_carries_anything_else_is_not_split(old, new, why):
+    source = _variant(DECODE, old, new)
+    if "BD" in old and "BS=16)" in new:
+        source = source.replace("BD: tl.constexpr):", "BD: tl.constexpr = 64):")
+    assert rewrite(PATTERN, source, {}) == [], why
+
+
+def test_a_linear_sum_and_the_operator_corpus_have_nothing_to_merge():
+    linear = (REPO / "corpora" / "operators" / "col_sum" / "col_sum.py").read_text()
+    assert rewrite(PATTERN, linear, {}) == []
