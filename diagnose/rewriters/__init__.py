@@ -27,6 +27,7 @@ survive and the result reads like the input.
 | divisibility-hints          | hints | `pid * BLOCK + tl.arange(0, BLOCK)` -> wrapped in tl.multiple_of / tl.max_contiguous |
 | persistent-kernel           | persistent | a 1-D grid `(G,)` -> a loop over the G tiles on at most 1, 2 or 4 programs per SM |
 | split-work-over-programs    | split | a reduction loop on a grid too small for the SMs -> a second grid axis taking every n-th step, partials `tl.atomic_add`ed into a zeroed output, split sized at launch |
+| split-row-tile              | rowsplit | an elementwise kernel whose tile is the whole row (`tl.arange(0, BLOCK)`, BLOCK used nowhere else) -> chunks of 1024-4096 columns on a second grid axis, num_warps for the chunk; bit-identical |
 | split-kv-online-softmax     | splitkv | an online-softmax key loop (running max, sums rescaled to it) on a grid too small for the SMs -> a second grid axis of partial programs writing (m, sums) to an fp32 workspace, and a merge launch rescaling them to the largest m (log-sum-exp) before the kernel's own code after the loop; split sized at launch |
 | tensor-descriptors-tma      | tma | dot-loop tile loads -> `tl.make_tensor_descriptor(...).load`, dispatched where TMA's rules hold |
 | dot-input-precision-tf32    | keywords | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
@@ -52,6 +53,7 @@ from diagnose.rewriters import (  # noqa: F401 - register
     peel,
     persistent,
     pipelining,
+    rowsplit,
     scan,
     split,
     splitkv,
