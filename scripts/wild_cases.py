@@ -11,7 +11,7 @@ of each repository into build/wild/ (ignored) from bare clones that `fetch` (the
     # the measured numbers per case, and the label the rule below gives them:
     python scripts/wild_cases.py summary OUT [--write]
     # on the GPU host, the third set of issue 27: `kb optimize` on each case, resumable across calls:
-    python scripts/wild_cases.py optimize --out OUT [--budget-s 450] [--only id,id] [--rounds 3]
+    python scripts/wild_cases.py optimize --out OUT [--budget-s 450] [--case-s S] [--only id,id] [--rounds 3]
     # the before/after table of those runs, in Markdown:
     python scripts/wild_cases.py table OUT
 
@@ -175,9 +175,10 @@ def summary(directory: Path, write: bool) -> int:
     return 0
 
 
-def optimize(out: Path, budget_s: float, only: set[str], rounds: int) -> int:
+def optimize(out: Path, budget_s: float, only: set[str], rounds: int, case_s: float | None = None) -> int:
     """`kb optimize --kernel K --call C` per case into OUT/runs/<id>, one run after another until the budget
-    is spent; a paused or interrupted run is resumed by the next call, a finished one is left alone."""
+    is spent; a paused or interrupted run is resumed by the next call, a finished one is left alone.
+    `case_s` caps the time one run may start rounds in, so that the first case cannot take a whole call."""
     from diagnose.rounds import RoundsStore, RunStatus
 
     out = out.resolve()  # the runs are started from inside OUT
@@ -207,7 +208,8 @@ def optimize(out: Path, budget_s: float, only: set[str], rounds: int) -> int:
             if case.get("reference"):
                 command += ["--reference", case["reference"]]
         # A round that starts before the stop finishes after it: leave it the rest of the budget.
-        command += ["--stop-after", str(int(max(left - 150, 30)))]
+        start_by = left - 150 if case_s is None else min(left - 150, case_s)
+        command += ["--stop-after", str(int(max(start_by, 30)))]
         t0 = time.monotonic()
         with (out / "logs" / f"{case['id']}.log").open("a") as log:
             env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -290,6 +292,7 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=450)
     p.add_argument("--only", default="", help="case ids, comma-separated (default: every measured case)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--case-s", type=float, default=None, help="seconds one run may start rounds in (default: the budget's)")
     p = sub.add_parser("table")
     p.add_argument("out", type=Path)
     args = parser.parse_args()
@@ -298,7 +301,8 @@ def main() -> int:
     if args.command == "measure":
         return measure(args.out, args.budget_s, {x for x in args.only.split(",") if x})
     if args.command == "optimize":
-        return optimize(args.out, args.budget_s, {x for x in args.only.split(",") if x}, args.rounds)
+        return optimize(args.out, args.budget_s, {x for x in args.only.split(",") if x}, args.rounds,
+                        args.case_s)
     if args.command == "table":
         return table(args.out)
     return summary(args.directory, args.write)
