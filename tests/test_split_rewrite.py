@@ -165,3 +165,24 @@ def test_the_loop_answers_an_underfilled_grid_with_the_split(tmp_path):
     assert first.hypothesis.finding == "parallelism.grid-underfilled"
     assert first.hypothesis.pattern == PATTERN and first.outcome == "accepted", first.reason
     assert first.hypothesis.unblock.startswith("the launch's grid has at least one program per SM")
+
+
+def test_beside_other_kernels_the_one_the_call_launches_is_split():
+    """Real modules launch several kernels (a forward and a backward); the diagnosis's interception says
+    which one the call runs."""
+    source = COL_MEAN + textwrap.dedent('''
+
+
+        @triton.jit
+        def fill_kernel(x, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(x + offs, 1.0, mask=offs < n)
+
+
+        def fill(x):
+            fill_kernel[(triton.cdiv(x.numel(), 256),)](x, x.numel(), BLOCK=256)
+        ''')
+    assert rewrite(PATTERN, source, {}) == []
+    (variant, *_) = rewrite(PATTERN, source, {"launched": {"col_mean_kernel": {"num_warps": 4}}})
+    assert "col_mean_kernel_split[(n_blocks, n_split)]" in variant.source
+    assert "fill_kernel[(triton.cdiv(x.numel(), 256),)]" in variant.source

@@ -182,6 +182,26 @@ def test_a_loop_that_carries_anything_else_is_not_split(old, new, why):
     assert rewrite(PATTERN, source, {}) == [], why
 
 
+def test_in_a_module_of_several_kernels_the_one_the_call_launches_is_split():
+    other = textwrap.dedent('''
+
+
+        @triton.jit
+        def scale_kernel(x, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(x + offs, tl.load(x + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+        def scale(x):
+            scale_kernel[(triton.cdiv(x.numel(), 256),)](x, x.numel(), BLOCK=256)
+        ''')
+    source = DECODE + other
+    assert rewrite(PATTERN, source, {}) == []  # two launched kernels: which one the call runs is not known
+    variants = rewrite(PATTERN, source, {"launched": {"decode_kernel": {"num_warps": 4, "num_stages": 3}}})
+    assert len(variants) == 3 and "scale_kernel[(triton.cdiv(x.numel(), 256),)]" in variants[0].source
+    assert rewrite(PATTERN, source, {"launched": {"scale_kernel": {}}}) == []
+
+
 def test_a_linear_sum_and_the_operator_corpus_have_nothing_to_merge():
     linear = (REPO / "corpora" / "operators" / "col_sum" / "col_sum.py").read_text()
     assert rewrite(PATTERN, linear, {}) == []

@@ -14,7 +14,7 @@ import libcst.matchers as m
 from harness.guards import KERNEL_DECORATORS
 
 __all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "mask_argument", "one", "one_d_grid",
-           "only_launch", "register", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
+           "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
 # What a launch (or a triton.Config) that names neither knob gets from Triton on CUDA.
@@ -81,6 +81,24 @@ def only_launch(module: cst.Module, kernel: str) -> tuple[cst.FunctionDef, cst.C
         return None
     fn, call = found[-1]  # the innermost function holding it (findall lists the outer first)
     return fn, cst.ensure_type(call, cst.Call)
+
+
+def target_launch(module: cst.Module, context: dict[str, Any]) -> tuple[str, cst.Call] | None:
+    """The one kernel a grid rewrite works on, with its one launch: among the module's launched kernels,
+    those the call runs (`context["launched"]`, the diagnosis's interception) where that is known; None
+    unless exactly one remains, launched at one site. Real modules launch several kernels (Liger's forward
+    and backward side by side), and the call runs one of them."""
+    jit = set(jit_functions(module))
+    launched = set(context.get("launched") or {})
+    names = {dotted(c.func.value) for c in m.findall(module, m.Call(func=m.Subscript()))  # type: ignore[attr-defined]
+             if dotted(c.func.value) in jit}  # type: ignore[attr-defined]
+    if launched:
+        names &= launched
+    if len(names) != 1:
+        return None
+    name = next(iter(names))
+    found = only_launch(module, name)
+    return (name, found[1]) if found is not None else None
 
 
 def dotted(node: cst.BaseExpression) -> str:

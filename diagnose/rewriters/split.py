@@ -4,8 +4,9 @@ output with `tl.atomic_add` (the output zeroed first).
 
 It applies where splitting cannot change the result but by summation order (issue 27, family 1):
 
-- the wrapper launches the kernel on a 1-D grid: `(G,)`, or a name bound to `(G,)` or to
-  `lambda meta: (G,)` (`base.launch_grid`), and the kernel uses program_id(0) only;
+- the kernel is the one the call runs (`base.target_launch`: the module's only launched kernel, or the
+  only one of them the diagnosis saw launched), launched at one site on a 1-D grid: `(G,)`, or a name
+  bound to `(G,)` or to `lambda meta: (G,)` (`base.launch_grid`), and it uses program_id(0) only;
 - the kernel has one top-level `for` over `range(a, b[, c])` / `tl.range(...)`, without nested loops,
   whose only loop-carried values are accumulators: `acc = tl.zeros(...)` before it, `acc += ...` in it,
   and no other use of `acc` in the loop;
@@ -41,8 +42,8 @@ from diagnose.rewriters.base import (
     register,
     simple_assign,
     sm_count_statement,
+    target_launch,
 )
-from diagnose.rewriters.launch import jit_names
 
 __all__ = ["split_reduction", "strided_loop"]
 
@@ -68,16 +69,17 @@ def _assigned(stmt: cst.CSTNode) -> set[str]:
 class _Plan:
     """What the kernel and its launch must look like for the split; None fields: not applicable."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, context: dict[str, Any]) -> None:
         self.cast = False  # the stored value is a cast of the sum (`acc.to(out.dtype)`)
         self.kernel: str | None = None
         self.out_param: str | None = None  # the kernel parameter the store writes through
         self.out_arg: str | None = None  # the wrapper's name for that tensor
         self.grid: cst.BaseExpression | None = None  # G of the launch's 1-D grid
-        launch = self._launch(module)
-        if launch is None:
+        launch = target_launch(module, context)
+        grid = launch_grid(module, launch[1]) if launch is not None else None
+        if launch is None or grid is None:
             return
-        name, call, grid = launch
+        name, call = launch
         fn = jit_functions(module)[name]
         param = self._kernel_ok(fn)
         if param is None:
@@ -87,18 +89,6 @@ class _Plan:
             return
         arg = bound.value.value
         self.kernel, self.out_param, self.out_arg, self.grid = name, param, arg, grid
-
-    @staticmethod
-    def _launch(module: cst.Module) -> tuple[str, cst.Call, cst.BaseExpression] | None:
-        jit = jit_names(module)
-        launches = [c for c in m.findall(module, m.Call(func=m.Subscript())) if dotted(c.func.value) in jit]  # type: ignore[attr-defined]
-        if len(launches) != 1:
-            return None
-        call = cst.ensure_type(launches[0], cst.Call)
-        grid = launch_grid(module, call)
-        if grid is None:
-            return None
-        return dotted(call.func.value), call, grid  # type: ignore[attr-defined]
 
     def _kernel_ok(self, fn: cst.FunctionDef) -> str | None:
         """The parameter the kernel's one store writes through, when the split keeps its result."""
@@ -353,7 +343,7 @@ class _SplitLaunch(cst.CSTTransformer):
 
 def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
-    plan = _Plan(module)
+    plan = _Plan(module, context)
     if plan.kernel is None or plan.out_arg is None or plan.grid is None:
         return []
     out = []

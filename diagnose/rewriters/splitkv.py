@@ -17,7 +17,8 @@ where every value is one of:
   `tl.where(free, scaled, 0)`; E is one exponential (`tl.exp`, `tl.exp2`, a module's own `exp`) for all;
 - an accumulator step: `x_old * rescale[view]`, plus scaled terms (`+`, `+=`, `tl.dot(p, v, acc)`).
 
-The kernel qualifies when, at the end of the loop body, the one maximum is new and every other carried
+The kernel is the one the call runs (`base.target_launch`), launched once on a 1-D grid, with one
+top-level loop. It qualifies when, at the end of the loop body, the one maximum is new and every other carried
 name is an accumulator step of itself (so `x = sum_k c_k E(s_k - m)` holds after every step), nothing
 else the loop assigns is read after it, no store or atomic sits outside the code after the loop, and the
 accumulators start at zero (or the maximum at -inf). The merge then multiplies each partial `x_j` by
@@ -48,8 +49,8 @@ from diagnose.rewriters.base import (
     register,
     simple_assign,
     sm_count_statement,
+    target_launch,
 )
-from diagnose.rewriters.launch import jit_names
 from diagnose.rewriters.online_softmax import UNKNOWN, Kind, LoopReader, literal_number, source_text
 from diagnose.rewriters.split import strided_loop
 
@@ -113,16 +114,14 @@ class _Plan:
     device: str  # a launch argument that is a tensor on the kernel's device (what it stores through)
 
 
-def _plan(module: cst.Module) -> _Plan | None:
-    jit = jit_names(module)
-    launches = [c for c in m.findall(module, m.Call(func=m.Subscript())) if dotted(c.func.value) in jit]  # type: ignore[attr-defined]
-    if len(launches) != 1:
+def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
+    launch = target_launch(module, context)
+    if launch is None:
         return None
-    call = cst.ensure_type(launches[0], cst.Call)
+    kernel, call = launch
     grid = launch_grid(module, call)
-    kernel = dotted(cst.ensure_type(call.func, cst.Subscript).value)
-    fn = jit_functions(module).get(kernel)
-    if grid is None or fn is None:
+    fn = jit_functions(module)[kernel]
+    if grid is None:
         return None
     if m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("program_id")), args=[m.Arg(value=~m.Integer("0"))])) \
             or m.findall(fn, m.Return()) or m.findall(fn, m.While()) or len(m.findall(fn, m.For())) != 1:
@@ -368,7 +367,7 @@ def _record_size(plan: _Plan, fn: cst.FunctionDef) -> cst.BaseExpression:
 
 def split_online_softmax(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
-    plan = _plan(module)
+    plan = _plan(module, context)
     if plan is None:
         return []
     record = _record_size(plan, jit_functions(module)[plan.kernel])
