@@ -205,3 +205,37 @@ def test_in_a_module_of_several_kernels_the_one_the_call_launches_is_split():
 def test_a_linear_sum_and_the_operator_corpus_have_nothing_to_merge():
     linear = (REPO / "corpora" / "operators" / "col_sum" / "col_sum.py").read_text()
     assert rewrite(PATTERN, linear, {}) == []
+
+
+DECODE_TASK = '''\
+import torch
+
+from decode import decode as entry  # noqa: F401
+
+
+def inputs(b, hq, h, t, d):
+    return (torch.randn(b, hq, d), torch.randn(b, t, h, d), torch.randn(b, t, h, d))
+
+
+def reference(q, k, v):
+    return REFERENCE(q, k, v)
+
+
+cases = [dict(b=1, hq=4, h=2, t=4096, d=64)]
+'''.replace("REFERENCE", f"({DECODE_REFERENCE})")
+
+
+def test_the_loop_answers_an_underfilled_decoding_grid_with_the_split(tmp_path):
+    """From the diagnosis (4 programs for 132 SMs) to an accepted split-and-merge round, through the real
+    judge on the interpreter (the timing set by the merge kernel's presence)."""
+    from marker_judge import MarkerJudge, only_round
+
+    # 4 MB of keys and values (enough for the launch triage to count the idle SMs), in 128-key steps so
+    # that the interpreter walks few of them
+    (tmp_path / "decode.py").write_text(DECODE.replace("BS=16", "BS=128"))
+    (tmp_path / "task.py").write_text(DECODE_TASK)
+    judge = MarkerJudge(tmp_path / "decode.py", "decode_kernel_merge[", fast_us=20.0)
+    first = only_round(judge, tmp_path / "task.py", tmp_path / "run")
+    assert first.hypothesis.finding == "parallelism.grid-underfilled"
+    assert first.hypothesis.pattern == PATTERN and first.outcome == "accepted", first.reason
+    assert first.hypothesis.unblock.startswith("the launch runs at least `per_sm` programs per SM")
