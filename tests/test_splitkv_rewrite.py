@@ -154,6 +154,25 @@ def test_flash_attention_with_exp2_views_and_dot_accumulation_is_merged_under_it
            "torch.randn(1, 2, 72, 16))", reference)
 
 
+def test_a_two_axis_flash_grid_takes_the_split_on_a_third_axis(tmp_path):
+    source = FLASH.replace("""    pid = tl.program_id(0)
+    n_m = tl.cdiv(N_CTX, BLOCK_M)
+    bh, start_m = pid // n_m, pid % n_m
+""", """    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+""").replace('grid = lambda META: (triton.cdiv(N, META["BLOCK_M"]) * B * H,)', "grid = (triton.cdiv(N, 16), B * H)")
+    assert source.count("tl.program_id(1)") == 1
+    (variant, *_) = rewrite(PATTERN, source, {})
+    new = variant.source
+    assert "for start_n in tl.range(0 + tl.program_id(2) * BLOCK_N, N_CTX, BLOCK_N * tl.num_programs(2)):" in new
+    assert "(tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)" in new
+    assert "flash_kernel_partial[(kb_axis0, kb_axis1, n_split)]" in new and "flash_kernel_merge[(kb_axis0, kb_axis1,)]" in new
+    assert "n_blocks = kb_axis0 * kb_axis1" in new
+    reference = "lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)"
+    _check(tmp_path, new, source, "flash", "flash(torch.randn(2, 1, 40, 16), torch.randn(2, 1, 40, 16), "
+           "torch.randn(2, 1, 40, 16))", reference)
+
+
 def _variant(source: str, old: str, new: str) -> str:
     assert old in source, old
     return source.replace(old, new)
@@ -170,7 +189,7 @@ def _variant(source: str, old: str, new: str) -> str:
     ("acc = tl.zeros([BD], dtype=tl.float32)", "acc = tl.load(o + d)", "an accumulator whose shape is not known"),
     ("m = tl.full([1], float(\"-inf\"), dtype=tl.float32)", "m = tl.full([1], 0.0, dtype=tl.float32)\n    den += 1.0",
      "a sum set twice before the loop"),
-    ("grid = (B * HQ,)", "grid = (B, HQ)", "a two-axis grid"),
+    ("grid = (B * HQ,)", "grid = (B * HQ, 1, 1)", "a three-axis grid"),
     ("BS=16, BD=triton.next_power_of_2(D))", "BS=16)", "a block size the launch does not pass"),
     ("        acc = acc * r + tl.sum(p[:, None] * vt, 0)\n",
      "        acc = acc * r + tl.sum(p[:, None] * vt, 0)\n        den = den + 1\n", "a sum reassigned off the pattern"),

@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "mask_argument", "one", "one_d_grid",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one", "one_d_grid",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
@@ -175,12 +175,18 @@ def launch_grid(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None
     the launch's own argument for KEY (by keyword, or by position through the kernel's parameters),
     which must be a name, an attribute or a number, so that repeating it computes nothing. None
     otherwise (a grid from a function, a 2-D grid, a lambda that reads meta another way)."""
-    literal = one_d_grid(call)
-    if literal is not None:
-        return literal
+    axes = launch_grid_axes(module, call)
+    return axes[0] if axes is not None and len(axes) == 1 else None
+
+
+def launch_grid_axes(module: cst.Module, call: cst.Call) -> list[cst.BaseExpression] | None:
+    """Every axis of a launch's grid, read as `launch_grid` reads a 1-D one: a literal tuple, or a name
+    the launching function binds once to a tuple or to `lambda meta: (...)`."""
     if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
         return None
     index = call.func.slice[0].slice
+    if isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple):
+        return [el.value for el in index.value.elements]
     if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Name)):
         return None
     name = index.value.value
@@ -193,17 +199,15 @@ def launch_grid(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None
     if len(bound) != 1:
         return None
     value = bound[0]
-    if isinstance(value, cst.Tuple) and len(value.elements) == 1:
-        return value.elements[0].value
-    if not (isinstance(value, cst.Lambda) and len(value.params.params) == 1 and isinstance(value.body, cst.Tuple)
-            and len(value.body.elements) == 1):
+    if isinstance(value, cst.Tuple):
+        return [el.value for el in value.elements]
+    if not (isinstance(value, cst.Lambda) and len(value.params.params) == 1 and isinstance(value.body, cst.Tuple)):
         return None
     meta = value.params.params[0].name.value
     arguments = {name: a.value for name, a in
                  launch_arguments(jit_functions(module).get(dotted(call.func.value)), call).items()}
-    grid = value.body.elements[0].value
-    reads = m.findall(grid, m.Name(meta))
-    keys = m.findall(grid, m.Subscript(value=m.Name(meta), slice=[m.SubscriptElement(m.Index(m.SimpleString()))]))
+    reads = m.findall(value.body, m.Name(meta))
+    keys = m.findall(value.body, m.Subscript(value=m.Name(meta), slice=[m.SubscriptElement(m.Index(m.SimpleString()))]))
     if len(reads) != len(keys):
         return None  # meta used other than as meta['KEY']
     replaced: dict[str, cst.BaseExpression] = {}
@@ -214,8 +218,9 @@ def launch_grid(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None
         if not isinstance(argument, (cst.Name, cst.Attribute, cst.Integer)):
             return None
         replaced[str(text)] = argument
-    new = grid.visit(_MetaKeys(meta, replaced))
-    return new if isinstance(new, cst.BaseExpression) else None
+    axes = [el.value.visit(_MetaKeys(meta, replaced)) for el in value.body.elements]
+    return [a for a in axes if isinstance(a, cst.BaseExpression)] if all(isinstance(a, cst.BaseExpression) for a in axes) \
+        else None
 
 
 class _MetaKeys(cst.CSTTransformer):

@@ -17,8 +17,9 @@ where every value is one of:
   `tl.where(free, scaled, 0)`; E is one exponential (`tl.exp`, `tl.exp2`, a module's own `exp`) for all;
 - an accumulator step: `x_old * rescale[view]`, plus scaled terms (`+`, `+=`, `tl.dot(p, v, acc)`).
 
-The kernel is the one the call runs (`base.target_launch`), launched once on a 1-D grid, with one
-top-level loop. It qualifies when, at the end of the loop body, the one maximum is new and every other carried
+The kernel is the one the call runs (`base.target_launch`), launched once on a 1-D or 2-D grid (the
+split takes the next axis; a flash kernel's `(cdiv(N, BLOCK_M), B * H)` as well as a decoder's
+`(B * HQ,)`), with one top-level loop. It qualifies when, at the end of the loop body, the one maximum is new and every other carried
 name is an accumulator step of itself (so `x = sum_k c_k E(s_k - m)` holds after every step), nothing
 else the loop assigns is read after it, no store or atomic sits outside the code after the loop, and the
 accumulators start at zero (or the maximum at -inf). The merge then multiplies each partial `x_j` by
@@ -45,7 +46,7 @@ from diagnose.rewriters.base import (
     is_jit,
     jit_functions,
     launch_arguments,
-    launch_grid,
+    launch_grid_axes,
     register,
     simple_assign,
     sm_count_statement,
@@ -110,7 +111,7 @@ class _Plan:
     sums: list[_State]
     exp: str
     call: cst.Call
-    grid: cst.BaseExpression
+    grid: list[cst.BaseExpression]  # the launch's axes, one or two
     device: str  # a launch argument that is a tensor on the kernel's device (what it stores through)
 
 
@@ -119,11 +120,13 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
     if launch is None:
         return None
     kernel, call = launch
-    grid = launch_grid(module, call)
+    grid = launch_grid_axes(module, call)
     fn = jit_functions(module)[kernel]
-    if grid is None:
+    if grid is None or not 1 <= len(grid) <= 2:
         return None
-    if m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("program_id")), args=[m.Arg(value=~m.Integer("0"))])) \
+    axes = m.OneOf(*(m.Integer(str(a)) for a in range(len(grid))))
+    if m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("program_id")), args=[m.Arg(value=~axes)])) \
+            or m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("num_programs")), args=[m.Arg(value=~axes)])) \
             or m.findall(fn, m.Return()) or m.findall(fn, m.While()) or len(m.findall(fn, m.For())) != 1:
         return None
     body = list(fn.body.body)
@@ -245,13 +248,20 @@ def _statements(code: str) -> list[cst.BaseStatement]:
     return list(cst.parse_module(code).body)
 
 
+def _program(axes: int) -> str:
+    """The program's index on the original grid, linear (int64): its record's place in the workspace."""
+    return "tl.program_id(0).to(tl.int64)" if axes == 1 else \
+        "(tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1))"
+
+
 def _partial_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
     body = list(fn.body.body)
-    loop = strided_loop(cst.ensure_type(body[plan.at], cst.For))
+    loop = strided_loop(cst.ensure_type(body[plan.at], cst.For), axis=len(plan.grid))
     states = [plan.maximum, *plan.sums]
     numels = " + ".join(f"{s.name}.numel" for s in states)
     code = [f"tl.static_assert({numels} == {_RECORD})",
-            f"_kb_at = {_PARTIALS} + (tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * {_RECORD}"]
+            f"_kb_at = {_PARTIALS} + ({_program(len(plan.grid))} * tl.num_programs({len(plan.grid)}) "
+            f"+ tl.program_id({len(plan.grid)})) * {_RECORD}"]
     offset = "0"
     for s in states:
         code.append(f"tl.store(_kb_at + {offset} + tl.arange(0, {s.name}.numel), tl.ravel({s.name}).to(tl.float32))")
@@ -269,7 +279,7 @@ def _merge_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
     mx = plan.maximum.name
     load = (f"tl.reshape(tl.load(_kb_at + _kb_j * {_RECORD} + {{offset}} + tl.arange(0, {{name}}.numel)), "
             f"{{name}}.shape)")
-    code = [f"_kb_at = {_PARTIALS} + tl.program_id(0).to(tl.int64) * {_SPLITS} * {_RECORD}",
+    code = [f"_kb_at = {_PARTIALS} + {_program(len(plan.grid))} * {_SPLITS} * {_RECORD}",
             f"_kb_max = tl.full({mx}.shape, float('-inf'), tl.float32)",
             f"for _kb_j in range(0, {_SPLITS}):",
             f"    _kb_max = tl.maximum(_kb_max, {load.format(offset='0', name=mx)})"]
@@ -308,8 +318,8 @@ class _AddKernels(cst.CSTTransformer):
 
 
 class _SplitLaunch(cst.CSTTransformer):
-    """`K[grid](args)` -> the split sized from the SM count; `K_partial[(G, n_split)](args, ...)` then
-    `K_merge[(G,)](args, ...)` where it splits, the launch as it was elsewhere."""
+    """`K[grid](args)` -> the split sized from the SM count; `K_partial[(*grid, n_split)](args, ...)` then
+    `K_merge[grid](args, ...)` where it splits, the launch as it was elsewhere."""
 
     def __init__(self, plan: _Plan, record: cst.BaseExpression, per_sm: int, max_split: int) -> None:
         self.plan, self.record, self.per_sm, self.max_split = plan, record, per_sm, max_split
@@ -331,20 +341,25 @@ class _SplitLaunch(cst.CSTTransformer):
                 cst.parse_expression(grid)))]), args=_inserted(list(call.args), len(call.args), keywords, style))
             return cst.SimpleStatementLine([cst.Expr(made)])
 
-        head = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], self.plan.grid)],
-                                        leading_lines=updated.leading_lines),
-                sm_count_statement("132").with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        axes = ["n_blocks"] if len(self.plan.grid) == 1 else [f"kb_axis{i}" for i in range(len(self.plan.grid))]
+        head: list[cst.BaseStatement] = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(n))], a)])
+                                         for n, a in zip(axes, self.plan.grid, strict=True)]
+        head[0] = head[0].with_changes(leading_lines=updated.leading_lines)
+        if len(axes) > 1:
+            head.append(cst.parse_statement(f"n_blocks = {' * '.join(axes)}\n"))
+        head += [sm_count_statement("132").with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
                     f"# split the key loop over programs until each SM has {self.per_sm} (none when the grid "
                     "fills them); a second launch merges the splits"))]),
                 cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * sm_count // n_blocks)))\n")]
         record = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("kb_record"))], self.record)])
         workspace = cst.parse_statement(f"kb_partials = torch.empty(n_blocks * n_split * kb_record, dtype=torch.float32, "
                                         f"device={self.plan.device}.device)\n")
-        partial = launch(f"{kernel}_partial", "(n_blocks, n_split)", {_PARTIALS: "kb_partials", _RECORD: "kb_record"})
-        merge = launch(f"{kernel}_merge", "(n_blocks,)",
+        grid = ", ".join(axes)
+        partial = launch(f"{kernel}_partial", f"({grid}, n_split)", {_PARTIALS: "kb_partials", _RECORD: "kb_record"})
+        merge = launch(f"{kernel}_merge", f"({grid},)",
                        {_PARTIALS: "kb_partials", _SPLITS: "n_split", _RECORD: "kb_record"})
         plain = updated.with_changes(body=[cst.Expr(call.with_changes(func=cst.ensure_type(call.func, cst.Subscript).with_changes(
-            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks,)")))])))], leading_lines=[])
+            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression(f"({grid},)")))])))], leading_lines=[])
         branch = cst.If(test=cst.parse_expression("n_split > 1"),
                         body=cst.IndentedBlock([record, workspace, partial, merge]),
                         orelse=cst.Else(cst.IndentedBlock([plain])))
