@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one", "one_d_grid",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
 
 
@@ -156,16 +156,6 @@ class ReplaceNodes(cst.CSTTransformer):
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> Any:
         return self.values.get(id(original), updated)
-
-
-def one_d_grid(call: cst.Call) -> cst.BaseExpression | None:
-    """G of a launch `kernel[(G,)](...)` written with a literal 1-tuple grid, else None."""
-    if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
-        return None
-    index = call.func.slice[0].slice
-    if isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple) and len(index.value.elements) == 1:
-        return index.value.elements[0].value
-    return None
 
 
 def launch_grid(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None:
