@@ -264,10 +264,12 @@ def table(out: Path) -> int:
         if s.status == "finished":
             speedups.append(s.speedup_vs_initial)
         # a run interrupted (or, recorded before runs said so, left "running") stopped where its log ends
-        status = f"{s.status}: {last}" if s.status in ("running", "interrupted") else s.status
+        status = f"{s.status}: {last}" if s.status in ("running", "interrupted", "failed") else s.status
+        speedup = "-" if s.status == "failed" else \
+            f"{s.speedup_vs_initial:.3f}x{'' if s.speedup_vs_initial_measured else ' (chained)'}"
         print(f"| {case['id']} | {case.get('root_cause', '-')} | {status} | {median('baseline')} | "
-              f"{median('candidate') if s.best_round else median('baseline')} | {s.speedup_vs_initial:.3f}x"
-              f"{'' if s.speedup_vs_initial_measured else ' (chained)'} | {'; '.join(accepted) or '-'} | {tried or '-'} |")
+              f"{median('candidate') if s.best_round else median('baseline')} | {speedup} | "
+              f"{'; '.join(accepted) or '-'} | {tried or '-'} |")
     if speedups:
         print(f"\n{len(speedups)} finished runs: geomean {geomean(speedups):.3f}x over the initial kernels, "
               f"{sum(1 for x in speedups if x > 1.0)} improved.")
