@@ -103,6 +103,23 @@ def test_without_a_call_every_qualifying_kernel_is_split_and_in_place_writes_sta
            "torch.randn(4, 1500))", reference)
 
 
+HELPER = """
+
+@triton.jit
+def silu(x):
+    return x * tl.sigmoid(x)
+"""
+
+
+def test_a_jit_helper_made_of_elementwise_operations_is_seen_through(tmp_path):
+    source = SWIGLU.replace("\n\n@triton.jit\ndef swiglu_fwd", HELPER + "\n\n@triton.jit\ndef swiglu_fwd", 1).replace(
+        "c_row = (a_row * tl.sigmoid(a_row)).cast(b_row.dtype) * b_row", "c_row = silu(a_row).cast(b_row.dtype) * b_row")
+    (variant, *_) = rewrite(PATTERN, source, {"launched": {"swiglu_fwd": {}}})
+    assert "tl.program_id(1) * _KB_COLS" in variant.source
+    reduced = source.replace("return x * tl.sigmoid(x)", "return x * tl.sigmoid(x) / tl.sum(x, 0)")
+    assert rewrite(PATTERN, reduced, {"launched": {"swiglu_fwd": {}}}) == []  # the helper looks across the row
+
+
 @pytest.mark.parametrize("old, new, why", [
     ("c_row = (a_row * tl.sigmoid(a_row)).cast(b_row.dtype) * b_row",
      "c_row = (a_row / tl.sum(a_row, 0)).cast(b_row.dtype) * b_row", "a reduction over the row"),

@@ -12,8 +12,9 @@ It applies to a kernel that:
 - makes its one `tl.arange(0, BLOCK)` the whole value of a top-level assignment, and uses BLOCK (a
   constexpr the launch passes) nowhere else (a `tl.zeros([BLOCK])` would keep the old width);
 - calls only elementwise operations: `tl.*` other than reductions, scans, dots and layout changes,
-  the tensors' `.to` / `.cast`, and names imported from `triton.language` (libdevice's `tanh`); takes
-  no subscript (`x[None, :]` makes the tile two-dimensional);
+  the tensors' `.to` / `.cast`, names imported from `triton.language` (libdevice's `tanh`), and the
+  module's own @triton.jit helpers made of the same (Liger's `silu`); takes no subscript (`x[None, :]`
+  makes the tile two-dimensional);
 - stores through the column offsets.
 
 Per-row scalars (`a += pid * stride`, a per-row scale loaded once) are recomputed by each chunk's program.
@@ -65,8 +66,10 @@ def _triton_imports(module: cst.Module) -> set[str]:
     return out
 
 
-def _elementwise(fn: cst.FunctionDef, imported: set[str]) -> bool:
-    if m.findall(fn.body, m.For() | m.While() | m.Subscript() | m.Return()):
+def _elementwise(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.FunctionDef], depth: int = 0) -> bool:
+    """Whether every operation in `fn` (a kernel, or at depth > 0 a @triton.jit helper it calls, such as
+    Liger's `silu`) acts on each element alone."""
+    if m.findall(fn.body, m.For() | m.While() | m.Subscript()) or (depth == 0 and m.findall(fn.body, m.Return())):
         return False
     for call in m.findall(fn.body, m.Call()):
         assert isinstance(call, cst.Call)
@@ -82,15 +85,17 @@ def _elementwise(fn: cst.FunctionDef, imported: set[str]) -> bool:
             continue
         if name in imported:
             continue
+        if name in helpers and depth < 3 and name != fn.name.value and _elementwise(helpers[name], imported, helpers, depth + 1):
+            continue
         return False
     return True
 
 
-def _row_tile(fn: cst.FunctionDef, imported: set[str]) -> tuple[int, str, str] | None:
+def _row_tile(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.FunctionDef]) -> tuple[int, str, str] | None:
     """(statement index, columns name, BLOCK parameter) of `cols = tl.arange(0, BLOCK)`, when the kernel
     qualifies."""
     aranges = m.findall(fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))))
-    if len(aranges) != 1 or not _elementwise(fn, imported):
+    if len(aranges) != 1 or not _elementwise(fn, imported, helpers):
         return None
     constexpr = {p.name.value for p in fn.params.params
                  if p.annotation is not None and dotted(p.annotation.annotation).endswith("constexpr")}
@@ -203,10 +208,11 @@ def split_row_tile(source: str, context: dict[str, Any]) -> list[Variant]:
     tiles: dict[str, tuple[int, str, str]] = {}
     launches: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
     autotuned: set[int] = set()
-    for name, fn in jit_functions(module).items():
+    helpers = jit_functions(module)
+    for name, fn in helpers.items():
         if launched and name not in launched:
             continue  # a kernel the call does not run (Liger's backward beside its forward)
-        tile = _row_tile(fn, imported)
+        tile = _row_tile(fn, imported, helpers)
         found = only_launch(module, name) if tile is not None else None
         if tile is None or found is None:
             continue
