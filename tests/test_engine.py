@@ -170,6 +170,11 @@ def test_l2_classes_from_measurements():
     assert kinds(_report([3.0, 4.5])) == {"profile.launch-bound"}
     assert kinds(_report([40.0, 90.0], fraction=0.3)) == {"profile.memory-bound"}
     assert kinds(_report([40.0, 90.0], fraction=0.95)) == {"profile.ok"}
+    # short of the copy roofline but not far from it: still headroom, asked for with less confidence
+    (short,) = classify(_report([40.0, 90.0], fraction=0.68), EvidenceLog())
+    assert (short.kind, short.confidence) == ("profile.memory-bound", 0.5)
+    assert classify(_report([40.0, 90.0], fraction=0.3), EvidenceLog())[0].confidence == 0.8
+    assert kinds(_report([40.0, 90.0], fraction=0.8)) == {"profile.ok"}
     stalled = {"kernel": "k", "source": "ncu", "dram_throughput_pct": 35.0,
                "top_stalls": [["smsp__pcsamp_warps_issue_stalled_long_scoreboard", 71.0]]}
     assert "profile.latency-bound" in kinds(_report([40.0, 90.0], fraction=0.5, profile=stalled))
