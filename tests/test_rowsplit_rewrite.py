@@ -7,10 +7,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from conftest import candidate_rejection
 
 from diagnose.rewriters import rewrite
-from harness.run import RunOptions, run_task
-from harness.task import TaskSpec
 
 PATTERN = "split-row-tile"
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n\n"
@@ -68,13 +67,7 @@ SWIGLU = HEADER + textwrap.dedent('''\
 
 
 def _check(tmp_path, source: str, name: str, call: str, reference: str) -> None:
-    (tmp_path / "swiglu.py").write_text(SWIGLU)
-    candidate = tmp_path / "swiglu_rows.py"
-    candidate.write_text(source)
-    spec = TaskSpec(kernel=str(tmp_path / "swiglu.py"), call=call, reference=reference)
-    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
-                      candidate_entry=name)
-    assert report.run("candidate").correct, report.to_dict()
+    assert candidate_rejection(tmp_path, SWIGLU, source, name, call, reference) == ""
 
 
 def test_the_kernel_the_call_runs_is_split_into_column_chunks_and_stays_exact(tmp_path):

@@ -8,11 +8,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from conftest import REPO
+from conftest import REPO, candidate_rejection
 
 from diagnose.rewriters import rewrite
-from harness.run import RunOptions, run_task
-from harness.task import TaskSpec
 
 PATTERN = "split-kv-online-softmax"
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n\n"
@@ -109,13 +107,7 @@ FLASH = HEADER + textwrap.dedent('''\
 
 
 def _check(tmp_path, source: str, original: str, name: str, call: str, reference: str) -> None:
-    (tmp_path / f"{name}.py").write_text(original)
-    candidate = tmp_path / f"{name}_split.py"
-    candidate.write_text(source)
-    spec = TaskSpec(kernel=str(tmp_path / f"{name}.py"), call=call, reference=reference)
-    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2), candidate=str(candidate),
-                      candidate_entry=name)
-    assert report.run("candidate").correct, report.to_dict()
+    assert candidate_rejection(tmp_path, original, source, name, call, reference) == ""
 
 
 def test_a_decoding_kernel_is_split_and_merged_and_stays_correct(tmp_path):

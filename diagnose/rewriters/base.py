@@ -14,7 +14,8 @@ import libcst.matchers as m
 from harness.guards import KERNEL_DECORATORS
 
 __all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one",
-           "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff"]
+           "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
+           "with_keywords", "with_parameters"]
 
 
 # What a launch (or a triton.Config) that names neither knob gets from Triton on CUDA.
@@ -99,6 +100,43 @@ def target_launch(module: cst.Module, context: dict[str, Any]) -> tuple[str, cst
     name = next(iter(names))
     found = only_launch(module, name)
     return (name, found[1]) if found is not None else None
+
+
+def with_parameters(fn: cst.FunctionDef, names: list[str], constexpr: set[str]) -> cst.FunctionDef:
+    """`fn` with parameters added before its first one with a default (launches pass them by keyword),
+    those in `constexpr` annotated `tl.constexpr`; the list's own layout (one per line, a trailing comma)
+    kept."""
+    params = list(fn.params.params)
+    at = next((i for i, p in enumerate(params) if p.default is not None), len(params))
+    style = _comma_style(params)
+    new = [cst.Param(cst.Name(n), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")) if n in constexpr
+                     else None, comma=style) for n in names]
+    return fn.with_changes(params=fn.params.with_changes(params=_inserted(params, at, new, style)))
+
+
+def with_keywords(call: cst.Call, keywords: dict[str, cst.BaseExpression]) -> cst.Call:
+    """`call` with `name=value` arguments appended, its own layout kept."""
+    style = _comma_style(list(call.args))
+    eq = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+    new = [cst.Arg(v, keyword=cst.Name(k), equal=eq, comma=style) for k, v in keywords.items()]
+    return call.with_changes(args=_inserted(list(call.args), len(call.args), new, style))
+
+
+def _comma_style(items: list[Any]) -> cst.Comma:
+    """The comma a parameter or argument list is written with (its line breaks), else `, `."""
+    return next((i.comma for i in items if isinstance(i.comma, cst.Comma)),
+                cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+
+
+def _inserted(items: list[Any], at: int, new: list[Any], style: cst.Comma) -> list[Any]:
+    """`new` (each with `style`'s comma) inserted at `at`: appended ones take the last item's comma (a
+    trailing comma, a closing line break) and the last item takes `style`."""
+    items = list(items)
+    if at == len(items) and items:
+        new[-1] = new[-1].with_changes(comma=items[-1].comma)
+        items[-1] = items[-1].with_changes(comma=style)
+    items[at:at] = new
+    return items
 
 
 def dotted(node: cst.BaseExpression) -> str:

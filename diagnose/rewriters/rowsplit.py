@@ -39,6 +39,8 @@ from diagnose.rewriters.base import (
     only_launch,
     register,
     simple_assign,
+    with_keywords,
+    with_parameters,
 )
 
 __all__ = ["split_row_tile"]
@@ -146,17 +148,7 @@ class _ChunkKernel(cst.CSTTransformer):
         before = cst.ensure_type(body[at], cst.SimpleStatementLine).leading_lines
         body[at] = chunk.with_changes(leading_lines=[*before, cst.EmptyLine(comment=cst.Comment(
             "# split: this program's chunk of the row (a second grid axis); every operation on it is elementwise"))])
-        params = list(updated.params.params)
-        where = next((i for i, p in enumerate(params) if p.default is not None), len(params))
-        style = next((p.comma for p in params if isinstance(p.comma, cst.Comma)),
-                     cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        new = cst.Param(cst.Name(_COLS), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")), comma=style)
-        if where == len(params) and params:
-            new = new.with_changes(comma=params[-1].comma)
-            params[-1] = params[-1].with_changes(comma=style)
-        params.insert(where, new)
-        return updated.with_changes(params=updated.params.with_changes(params=params),
-                                    body=updated.body.with_changes(body=body))
+        return with_parameters(updated, [_COLS], {_COLS}).with_changes(body=updated.body.with_changes(body=body))
 
 
 class _ChunkLaunch(cst.CSTTransformer):
@@ -178,21 +170,16 @@ class _ChunkLaunch(cst.CSTTransformer):
             return updated
         grid, block = self.launches[id(hit)]
         call = cst.ensure_type(cst.ensure_type(updated.body[0], cst.Expr).value, cst.Call)
-        style = next((a.comma for a in call.args if isinstance(a.comma, cst.Comma)),
-                     cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         args = list(call.args)
         warps = [i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "num_warps"]
         for i in warps:
             args[i] = args[i].with_changes(value=cst.Integer(str(self.warps)))
-        eq = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
-        extra = [cst.Arg(cst.Name("kb_cols"), keyword=cst.Name(_COLS), equal=eq, comma=style)]
+        extra: dict[str, cst.BaseExpression] = {_COLS: cst.Name("kb_cols")}
         if not warps and id(hit) not in self.autotuned:
-            extra.append(cst.Arg(cst.Integer(str(self.warps)), keyword=cst.Name("num_warps"), equal=eq, comma=style))
-        if args:
-            extra[-1] = extra[-1].with_changes(comma=args[-1].comma)
-            args[-1] = args[-1].with_changes(comma=style)
-        made = call.with_changes(func=cst.ensure_type(call.func, cst.Subscript).with_changes(slice=[cst.SubscriptElement(
-            cst.Index(cst.parse_expression("(kb_rows, triton.cdiv(kb_row, kb_cols))")))]), args=[*args, *extra])
+            extra["num_warps"] = cst.Integer(str(self.warps))
+        made = with_keywords(call.with_changes(args=args), extra).with_changes(
+            func=cst.ensure_type(call.func, cst.Subscript).with_changes(slice=[cst.SubscriptElement(
+                cst.Index(cst.parse_expression("(kb_rows, triton.cdiv(kb_row, kb_cols))")))]))
         head = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("kb_rows"))], grid)],
                                         leading_lines=updated.leading_lines),
                 cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("kb_row"))], block)]),

@@ -51,6 +51,8 @@ from diagnose.rewriters.base import (
     simple_assign,
     sm_count_statement,
     target_launch,
+    with_keywords,
+    with_parameters,
 )
 from diagnose.rewriters.online_softmax import UNKNOWN, Kind, LoopReader, literal_number, source_text
 from diagnose.rewriters.split import strided_loop
@@ -220,30 +222,6 @@ def _device_argument(fn: cst.FunctionDef, after: list[cst.BaseStatement], argume
 _RECORD, _PARTIALS, _SPLITS = "_KB_RECORD", "_kb_partials", "_kb_n_split"
 
 
-def _with_params(fn: cst.FunctionDef, names: list[str], constexpr: set[str]) -> cst.FunctionDef:
-    """`fn` with parameters added before its first one with a default (launches pass them by keyword)."""
-    params = list(fn.params.params)
-    at = next((i for i, p in enumerate(params) if p.default is not None), len(params))
-    style = next((p.comma for p in params if isinstance(p.comma, cst.Comma)), _COMMA)
-    new = [cst.Param(cst.Name(n), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")) if n in constexpr
-                     else None, comma=style) for n in names]
-    return fn.with_changes(params=fn.params.with_changes(params=_inserted(params, at, new, style)))
-
-
-_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-
-
-def _inserted(items: list[Any], at: int, new: list[Any], style: cst.Comma) -> list[Any]:
-    """`new` (parameters or arguments, each with `style`'s comma) inserted at `at`, the list's own line
-    breaks kept: appended ones take the last item's comma (a trailing comma, a closing line break)."""
-    items = list(items)
-    if at == len(items) and items:
-        new[-1] = new[-1].with_changes(comma=items[-1].comma)
-        items[-1] = items[-1].with_changes(comma=style)
-    items[at:at] = new
-    return items
-
-
 def _statements(code: str) -> list[cst.BaseStatement]:
     return list(cst.parse_module(code).body)
 
@@ -271,7 +249,7 @@ def _partial_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
         "# this split's partial state (the maximum, then the sums rescaled to it) for the merge kernel"))])
     new = fn.with_changes(name=cst.Name(f"{plan.kernel}_partial"),
                           body=fn.body.with_changes(body=[*body[:plan.at], loop, *tail]))
-    return _with_params(new, [_PARTIALS, _RECORD], {_RECORD})
+    return with_parameters(new, [_PARTIALS, _RECORD], {_RECORD})
 
 
 def _merge_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
@@ -298,7 +276,7 @@ def _merge_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
         "# the splits' partial states merged: each sum rescaled from its split's maximum to the largest"))])
     new = fn.with_changes(name=cst.Name(f"{plan.kernel}_merge"),
                           body=fn.body.with_changes(body=[*body[:plan.at], *merge, *body[plan.at + 1:]]))
-    return _with_params(new, [_PARTIALS, _SPLITS, _RECORD], {_RECORD})
+    return with_parameters(new, [_PARTIALS, _SPLITS, _RECORD], {_RECORD})
 
 
 class _AddKernels(cst.CSTTransformer):
@@ -332,13 +310,10 @@ class _SplitLaunch(cst.CSTTransformer):
                 and m.matches(updated.body[0].value, m.Call(func=m.Subscript(value=m.Name(kernel))))):
             return updated
         call = cst.ensure_type(updated.body[0].value, cst.Call)
-        style = next((a.comma for a in call.args if isinstance(a.comma, cst.Comma)), _COMMA)
 
         def launch(name: str, grid: str, extra: dict[str, str]) -> cst.BaseStatement:
-            keywords = [cst.Arg(cst.parse_expression(v), keyword=cst.Name(k), comma=style, equal=cst.AssignEqual(
-                cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))) for k, v in extra.items()]
-            made = call.with_changes(func=cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(
-                cst.parse_expression(grid)))]), args=_inserted(list(call.args), len(call.args), keywords, style))
+            made = with_keywords(call, {k: cst.parse_expression(v) for k, v in extra.items()}).with_changes(
+                func=cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(cst.parse_expression(grid)))]))
             return cst.SimpleStatementLine([cst.Expr(made)])
 
         axes = ["n_blocks"] if len(self.plan.grid) == 1 else [f"kb_axis{i}" for i in range(len(self.plan.grid))]
