@@ -1,7 +1,8 @@
 """Split a whole-row tile over a second grid axis (issue 27, families 1 and 5): a kernel that handles one row
 per program with `cols = tl.arange(0, BLOCK)`, BLOCK the row's next power of two (Liger's style:
-`BLOCK_SIZE = next_power_of_2(n_cols)`, 16 warps for 16,384 columns), keeps the whole row live in
-registers; occupancy falls (Liger's GEGLU: 23% on the H200) and ptxas may spill. Where every operation on
+`BLOCK_SIZE = next_power_of_2(n_cols)`, 16 warps for 16,384 columns), runs few, coarse programs. Liger's
+GEGLU measured 23% achieved occupancy and 68% of the copy bandwidth on the H200 with 45 registers and no
+spills; in 1,024-column chunks on 4 warps it ran at the copy bandwidth (1.46x). Where every operation on
 the tile is elementwise, each column is computed alone, so the row can be cut into chunks of C columns
 taken by a second grid axis, `cols = tl.program_id(1) * C + tl.arange(0, C)`, with nothing else changed:
 the result is bit-identical.
