@@ -16,10 +16,10 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
-from diagnose.rewriters.base import dotted, is_jit, mask_argument
+from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign
 
-__all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code",
-           "enclosing_function", "fresh_name", "infinity_sign", "kernel_aranges", "mask_like", "names_in", "number", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
+__all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "derived_names",
+           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "mask_like", "names_in", "number", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -51,12 +51,16 @@ def infinity_sign(node: cst.BaseExpression) -> int | None:
     return None if core is None else sign * core
 
 
+def is_broadcast(node: cst.Subscript) -> bool:
+    """`x[None, :]`, `x[:, None]`, `x[None]`: a view of the whole value, no indexing."""
+    return all(isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None and e.slice.step is None
+               or isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None")) for e in node.slice)
+
+
 def bare(node: cst.BaseExpression) -> cst.BaseExpression:
     """`x` of `(x)`, `x[None, :]`, `x[:, None]`: broadcasting does not change which values a block takes."""
     while True:
-        if isinstance(node, cst.Subscript) and all(
-                isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None and e.slice.step is None
-                or isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None")) for e in node.slice):
+        if isinstance(node, cst.Subscript) and is_broadcast(node):
             node = node.value
         elif node.lpar:
             node = node.with_changes(lpar=[], rpar=[])
@@ -197,6 +201,23 @@ def enclosing_function(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTN
         if isinstance(node, cst.FunctionDef):
             return node
     return None
+
+
+def derived_names(expr: cst.BaseExpression, fn: cst.FunctionDef) -> set[str]:
+    """The names `expr` reads, and those they are computed from through `fn`'s top-level plain
+    assignments (`out_ptrs = Out + rows` before `tl.store(out_ptrs, ...)` gives out_ptrs, Out, rows)."""
+    assigned: dict[str, set[str]] = {}
+    for st in fn.body.body:
+        assign = simple_assign(st)
+        if assign is not None:
+            assigned.setdefault(assign[0], set()).update(names_in(assign[1]))
+    seen: set[str] = set()
+    todo = names_in(expr)
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        todo |= assigned.get(name, set()) - seen
+    return seen
 
 
 def single_assigns(block: cst.CSTNode) -> dict[str, cst.BaseExpression]:

@@ -26,8 +26,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted
+from diagnose.rewriters.blocks import code, infinity_sign, is_broadcast, number
 
-__all__ = ["FREE", "UNKNOWN", "Kind", "LoopReader", "literal_number", "source_text"]
+__all__ = ["FREE", "UNKNOWN", "Kind", "LoopReader"]
 
 _AUGMENTED: dict[type, cst.BaseBinaryOp] = {cst.AddAssign: cst.Add(), cst.MultiplyAssign: cst.Multiply(),
                                             cst.SubtractAssign: cst.Subtract(), cst.DivideAssign: cst.Divide()}
@@ -50,41 +51,9 @@ FREE = Kind("free")
 UNKNOWN = Kind("unknown")
 
 
-def source_text(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
-def _is_view(slices: list[cst.SubscriptElement]) -> bool:
-    """`[:, None]`, `[None]`: a broadcast of the whole value, no indexing."""
-    for element in slices:
-        s = element.slice
-        if isinstance(s, cst.Index) and m.matches(s.value, m.Name("None")):
-            continue
-        if isinstance(s, cst.Slice) and s.lower is None and s.upper is None and s.step is None:
-            continue
-        return False
-    return True
-
-
 def _exp_name(func: cst.BaseExpression) -> str:
     name = dotted(func)
     return name if name.rsplit(".", 1)[-1] in ("exp", "exp2") else ""
-
-
-def literal_number(node: cst.BaseExpression) -> float | None:
-    """A literal number: `0`, `0.0`, `-1e9`, `float('-inf')`, `-float('inf')`."""
-    if isinstance(node, (cst.Integer, cst.Float)):
-        return float(node.evaluated_value)
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        inner = literal_number(node.expression)
-        return None if inner is None else -inner
-    if isinstance(node, cst.Call) and dotted(node.func) == "float" and len(node.args) == 1 \
-            and isinstance(node.args[0].value, cst.SimpleString):
-        try:
-            return float(str(node.args[0].value.evaluated_value))
-        except ValueError:
-            return None
-    return None
 
 
 class LoopReader:
@@ -109,9 +78,9 @@ class LoopReader:
             inner = self.kind(e.value)
             if inner == FREE:
                 return FREE if all(self._free(el) for el in m.findall(e, m.Name())) else UNKNOWN
-            if not _is_view(list(e.slice)):
+            if not is_broadcast(e):
                 return UNKNOWN
-            return replace(inner, view=inner.view + source_text(cst.Subscript(cst.Name("_"), e.slice))[1:]) \
+            return replace(inner, view=inner.view + code(cst.Subscript(cst.Name("_"), e.slice))[1:]) \
                 if inner.tag == "rescale" else inner
         if isinstance(e, cst.UnaryOperation):
             return FREE if self.kind(e.expression) == FREE else UNKNOWN
@@ -178,9 +147,9 @@ class LoopReader:
             return args[0]
         if func == "tl.where" and len(e.args) == 3 and args[0] == FREE:
             value, other = (args[1], e.args[2].value) if args[2] == FREE else (args[2], e.args[1].value)
-            if value.tag == "scaled" and literal_number(other) == 0.0:
+            if value.tag == "scaled" and number(other) == 0:
                 return value
-            if value.tag == "diff_new" and literal_number(other) == float("-inf"):
+            if value.tag == "diff_new" and infinity_sign(other) == -1:
                 return value
             return UNKNOWN
         if func == "tl.dot":

@@ -43,6 +43,7 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
+from diagnose.rewriters.blocks import derived_names
 
 __all__ = ["split_row_tile"]
 
@@ -110,27 +111,10 @@ def _row_tile(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.Fu
         block = cst.ensure_type(cst.ensure_type(assign[1], cst.Call).args[1].value, cst.Name).value
         uses = [n for n in m.findall(fn.body, m.Name(block))]
         stores = [c for c in m.findall(fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store"))))]
-        if block in constexpr and len(uses) == 1 and stores and all(_reaches(cst.ensure_type(c, cst.Call).args[0].value,
-                                                                              assign[0], fn) for c in stores):
+        if block in constexpr and len(uses) == 1 and stores and all(
+                assign[0] in derived_names(cst.ensure_type(c, cst.Call).args[0].value, fn) for c in stores):
             return i, assign[0], block
     return None
-
-
-def _reaches(pointer: cst.BaseExpression, cols: str, fn: cst.FunctionDef) -> bool:
-    """Whether a pointer expression derives from `cols`, through the kernel's assignments."""
-    assigned: dict[str, set[str]] = {}
-    for st in fn.body.body:
-        assign = simple_assign(st)
-        if assign is not None:
-            assigned.setdefault(assign[0], set()).update(n.value for n in m.findall(assign[1], m.Name()))  # type: ignore[attr-defined]
-    todo, seen = {n.value for n in m.findall(pointer, m.Name())}, set()  # type: ignore[attr-defined]
-    while todo:
-        name = todo.pop()
-        if name == cols:
-            return True
-        seen.add(name)
-        todo |= assigned.get(name, set()) - seen
-    return False
 
 
 class _ChunkKernel(cst.CSTTransformer):

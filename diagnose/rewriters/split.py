@@ -44,6 +44,7 @@ from diagnose.rewriters.base import (
     sm_count_statement,
     target_launch,
 )
+from diagnose.rewriters.blocks import derived_names
 
 __all__ = ["split_reduction", "strided_loop"]
 
@@ -156,27 +157,8 @@ class _Plan:
         # a constexpr (a block size in the offsets) is never the pointer
         params = {p.name.value for p in fn.params.params
                   if not (p.annotation and dotted(p.annotation.annotation).endswith("constexpr"))}
-        pointers = _pointer_params(positional[0].value, fn, params)
+        pointers = derived_names(positional[0].value, fn) & params
         return next(iter(pointers)) if len(pointers) == 1 else None
-
-
-def _pointer_params(pointer: cst.BaseExpression, fn: cst.FunctionDef, params: set[str]) -> set[str]:
-    """The kernel parameters a pointer expression derives from, through the kernel's top-level
-    assignments (`out_ptrs = Out + rows` before `tl.store(out_ptrs, ...)`)."""
-    assigned: dict[str, list[cst.BaseExpression]] = {}
-    for st in fn.body.body:
-        assign = simple_assign(st)
-        if assign is not None:
-            assigned.setdefault(assign[0], []).append(assign[1])
-    found, todo, seen = set(), set(_names(pointer)), set()
-    while todo:
-        name = todo.pop()
-        seen.add(name)
-        if name in params:
-            found.add(name)
-        for value in assigned.get(name, []):
-            todo |= _names(value) - seen
-    return found
 
 
 def _reads(stmt: cst.CSTNode) -> set[str]:

@@ -33,6 +33,7 @@ count; where the grid already fills the device the kernel runs as it was.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,8 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.online_softmax import UNKNOWN, Kind, LoopReader, literal_number, source_text
+from diagnose.rewriters.blocks import assigned_names, code, infinity_sign, names_in, number
+from diagnose.rewriters.online_softmax import UNKNOWN, Kind, LoopReader
 from diagnose.rewriters.split import strided_loop
 
 __all__ = ["split_online_softmax"]
@@ -67,18 +69,23 @@ class _State:
 
     name: str
     shape: list[cst.BaseExpression]
-    zero: bool
     view: str = ""
+
+
+def _literal(node: cst.BaseExpression) -> float | None:
+    """A literal number, infinities as kernels spell them included (`float('-inf')`)."""
+    value, sign = number(node), infinity_sign(node)
+    return value if value is not None else sign * math.inf if sign is not None else None
 
 
 def _init(value: cst.BaseExpression) -> tuple[list[cst.BaseExpression], float | None] | None:
     """(shape, fill) of `tl.zeros(shape, ...)`, `tl.full(shape, v, ...)`, either `+-` a literal."""
     shift = 0.0
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
-        number = literal_number(value.right)
-        if number is None:
+        term = _literal(value.right)
+        if term is None:
             return None
-        shift = number if isinstance(value.operator, cst.Add) else -number
+        shift = term if isinstance(value.operator, cst.Add) else -term
         value = value.left
     if not (isinstance(value, cst.Call) and dotted(value.func) in ("tl.zeros", "tl.full") and value.args
             and isinstance(value.args[0].value, (cst.List, cst.Tuple))):
@@ -88,21 +95,8 @@ def _init(value: cst.BaseExpression) -> tuple[list[cst.BaseExpression], float | 
     shape = [el.value for el in dims.elements]
     if dotted(value.func) == "tl.zeros":
         return shape, 0.0 + shift
-    fill = literal_number(value.args[1].value) if len(value.args) > 1 else None
+    fill = _literal(value.args[1].value) if len(value.args) > 1 else None
     return shape, None if fill is None else fill + shift
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name())}  # type: ignore[attr-defined]
-
-
-def _assigned(stmt: cst.CSTNode) -> set[str]:
-    out: set[str] = set()
-    for assign in m.findall(stmt, m.Assign() | m.AugAssign()):
-        targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]  # type: ignore[attr-defined]
-        for t in targets:
-            out |= _names(t) if isinstance(t, (cst.Name, cst.Tuple)) else set()
-    return out
 
 
 @dataclass
@@ -140,8 +134,8 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
     if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range")
             and isinstance(loop.target, cst.Name) and not loop.orelse):
         return None
-    before = {n for st in body[:at] for n in _assigned(st)}
-    in_loop = set().union(*(_assigned(st) for st in loop.body.body)) | {loop.target.value}
+    before = {n for st in body[:at] for n in assigned_names(st)}
+    in_loop = set().union(*(assigned_names(st) for st in loop.body.body)) | {loop.target.value}
     carried = sorted(in_loop & before)
     plan = None
     for candidate in carried:  # which carried name is the running maximum
@@ -159,7 +153,7 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
         return None
     maximum_name, sum_names, reader = plan
     after = [st for st in body[at + 1:] if isinstance(st, cst.BaseStatement)]
-    if set().union(set(), *(_names(st) for st in after)) & (in_loop - set(sum_names) - {maximum_name}):
+    if set().union(set(), *(names_in(st) for st in after)) & (in_loop - set(sum_names) - {maximum_name}):
         return None  # the code after the loop reads what only the last step set
     writes = [c for c in m.findall(fn, m.Call()) if dotted(c.func).rsplit(".", 1)[-1] in ("store", "atomic_add")  # type: ignore[attr-defined]
               or dotted(c.func).startswith("tl.atomic")]  # type: ignore[attr-defined]
@@ -168,7 +162,7 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
         return None
     inits: dict[str, tuple[list[cst.BaseExpression], float | None]] = {}
     for name in (maximum_name, *sum_names):
-        setting = [st for st in body[:at] if name in _assigned(st)]
+        setting = [st for st in body[:at] if name in assigned_names(st)]
         assign = simple_assign(setting[0]) if len(setting) == 1 else None
         found = _init(assign[1]) if assign is not None else None
         if found is None:
@@ -181,14 +175,14 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
     params = {p.name.value for p in fn.params.params}
     for shape, _ in inits.values():
         for dim in shape:
-            for n in _names(dim):
+            for n in names_in(dim):
                 if n not in params or n not in arguments or arguments[n].star:
                     return None
     device = _device_argument(fn, after, arguments)
     if device is None:
         return None
-    states = [_State(n, inits[n][0], inits[n][1] == 0.0, next(iter(reader.views[n]))) for n in sum_names]
-    return _Plan(kernel, at, _State(maximum_name, inits[maximum_name][0], False), states, next(iter(reader.exps)), call,
+    states = [_State(n, inits[n][0], next(iter(reader.views[n]))) for n in sum_names]
+    return _Plan(kernel, at, _State(maximum_name, inits[maximum_name][0]), states, next(iter(reader.exps)), call,
                  grid, device)
 
 
@@ -222,8 +216,8 @@ def _device_argument(fn: cst.FunctionDef, after: list[cst.BaseStatement], argume
 _RECORD, _PARTIALS, _SPLITS = "_KB_RECORD", "_kb_partials", "_kb_n_split"
 
 
-def _statements(code: str) -> list[cst.BaseStatement]:
-    return list(cst.parse_module(code).body)
+def _statements(lines: list[str]) -> list[cst.BaseStatement]:
+    return list(cst.parse_module("\n".join(lines) + "\n").body)
 
 
 def _program(axes: int) -> str:
@@ -237,14 +231,14 @@ def _partial_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
     loop = strided_loop(cst.ensure_type(body[plan.at], cst.For), axis=len(plan.grid))
     states = [plan.maximum, *plan.sums]
     numels = " + ".join(f"{s.name}.numel" for s in states)
-    code = [f"tl.static_assert({numels} == {_RECORD})",
+    lines = [f"tl.static_assert({numels} == {_RECORD})",
             f"_kb_at = {_PARTIALS} + ({_program(len(plan.grid))} * tl.num_programs({len(plan.grid)}) "
             f"+ tl.program_id({len(plan.grid)})) * {_RECORD}"]
     offset = "0"
     for s in states:
-        code.append(f"tl.store(_kb_at + {offset} + tl.arange(0, {s.name}.numel), tl.ravel({s.name}).to(tl.float32))")
+        lines.append(f"tl.store(_kb_at + {offset} + tl.arange(0, {s.name}.numel), tl.ravel({s.name}).to(tl.float32))")
         offset = f"{offset} + {s.name}.numel"
-    tail = _statements("\n".join(code) + "\n")
+    tail = _statements(lines)
     tail[0] = tail[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
         "# this split's partial state (the maximum, then the sums rescaled to it) for the merge kernel"))])
     new = fn.with_changes(name=cst.Name(f"{plan.kernel}_partial"),
@@ -257,21 +251,21 @@ def _merge_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
     mx = plan.maximum.name
     load = (f"tl.reshape(tl.load(_kb_at + _kb_j * {_RECORD} + {{offset}} + tl.arange(0, {{name}}.numel)), "
             f"{{name}}.shape)")
-    code = [f"_kb_at = {_PARTIALS} + {_program(len(plan.grid))} * {_SPLITS} * {_RECORD}",
+    lines = [f"_kb_at = {_PARTIALS} + {_program(len(plan.grid))} * {_SPLITS} * {_RECORD}",
             f"_kb_max = tl.full({mx}.shape, float('-inf'), tl.float32)",
             f"for _kb_j in range(0, {_SPLITS}):",
             f"    _kb_max = tl.maximum(_kb_max, {load.format(offset='0', name=mx)})"]
-    code += [f"_kb_{s.name} = tl.zeros({s.name}.shape, tl.float32)" for s in plan.sums]
-    code += [f"for _kb_j in range(0, {_SPLITS}):",
+    lines += [f"_kb_{s.name} = tl.zeros({s.name}.shape, tl.float32)" for s in plan.sums]
+    lines += [f"for _kb_j in range(0, {_SPLITS}):",
              f"    _kb_mj = {load.format(offset='0', name=mx)}",
              f"    _kb_w = tl.where(_kb_mj == float('-inf'), 0.0, {plan.exp}(_kb_mj - _kb_max))"]
     offset = f"{mx}.numel"
     for s in plan.sums:
-        code.append(f"    _kb_{s.name} += {load.format(offset=offset, name=s.name)} * _kb_w{s.view}")
+        lines.append(f"    _kb_{s.name} += {load.format(offset=offset, name=s.name)} * _kb_w{s.view}")
         offset = f"{offset} + {s.name}.numel"
-    code += [f"{s.name} = _kb_{s.name}.to({s.name}.dtype)" for s in plan.sums]
-    code.append(f"{mx} = _kb_max.to({mx}.dtype)")
-    merge = _statements("\n".join(code) + "\n")
+    lines += [f"{s.name} = _kb_{s.name}.to({s.name}.dtype)" for s in plan.sums]
+    lines.append(f"{mx} = _kb_max.to({mx}.dtype)")
+    merge = _statements(lines)
     merge[0] = merge[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
         "# the splits' partial states merged: each sum rescaled from its split's maximum to the largest"))])
     new = fn.with_changes(name=cst.Name(f"{plan.kernel}_merge"),
@@ -351,7 +345,7 @@ def _record_size(plan: _Plan, fn: cst.FunctionDef) -> cst.BaseExpression:
     for s in [plan.maximum, *plan.sums]:
         dims = [d for d in (x.visit(SubstituteNames(arguments)) for x in s.shape) if isinstance(d, cst.BaseExpression)]
         dims = dims or [cst.Integer("1")]
-        terms.append(" * ".join(f"({source_text(d)})" if isinstance(d, cst.BinaryOperation) else source_text(d) for d in dims))
+        terms.append(" * ".join(f"({code(d)})" if isinstance(d, cst.BinaryOperation) else code(d) for d in dims))
     return cst.parse_expression(" + ".join(f"({t})" if "*" in t else t for t in terms))
 
 
