@@ -128,6 +128,8 @@ def test_a_jit_helper_made_of_elementwise_operations_is_seen_through(tmp_path):
     ("    tl.store(c + cols, c_row, mask=mask)\n", "    tl.store(c + row, b_row)\n",
      "a store that does not go through the columns"),
     ("(a2.shape[0],)](a2, b2, c, c.stride(-2)", "(a2.shape[0], 1)](a2, b2, c, c.stride(-2)", "a two-axis grid"),
+    ("c_row = (a_row * tl.sigmoid(a_row)).cast(b_row.dtype) * b_row",
+     "c_row = (a_row * tl.sigmoid(a_row) - a_row.sum()).cast(b_row.dtype) * b_row", "a reduction spelled as a method"),
 ])
 def test_a_kernel_that_is_not_elementwise_over_the_row_is_not_split(old, new, why):
     source = SWIGLU.replace(old, new)

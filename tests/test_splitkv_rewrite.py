@@ -185,6 +185,8 @@ def _variant(source: str, old: str, new: str) -> str:
     ("BS=16, BD=triton.next_power_of_2(D))", "BS=16)", "a block size the launch does not pass"),
     ("        acc = acc * r + tl.sum(p[:, None] * vt, 0)\n",
      "        acc = acc * r + tl.sum(p[:, None] * vt, 0)\n        den = den + 1\n", "a sum reassigned off the pattern"),
+    ("p = tl.exp(s - m)", "p = tl.exp(s - m_old)", "terms scaled by the old maximum, not the new"),
+    ("acc = acc * r + tl.sum(p[:, None] * vt, 0)", "acc = acc * r * r + tl.sum(p[:, None] * vt, 0)", "a sum rescaled twice"),
 ])
 def test_a_loop_that_carries_anything_else_is_not_split(old, new, why):
     source = _variant(DECODE, old, new)

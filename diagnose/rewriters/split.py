@@ -44,7 +44,7 @@ from diagnose.rewriters.base import (
     sm_count_statement,
     target_launch,
 )
-from diagnose.rewriters.blocks import derived_names
+from diagnose.rewriters.blocks import derived_names, names_in
 
 __all__ = ["split_reduction", "strided_loop"]
 
@@ -54,16 +54,12 @@ _VARIANTS = ({"per_sm": 2, "max_split": 16}, {"per_sm": 2, "max_split": 64}, {"p
              {"per_sm": 4, "max_split": 256})
 
 
-def _names(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name())}  # type: ignore[attr-defined]
-
-
 def _assigned(stmt: cst.CSTNode) -> set[str]:
     out: set[str] = set()
     for assign in m.findall(stmt, m.Assign() | m.AugAssign() | m.AnnAssign()):
         targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]  # type: ignore[attr-defined]
         for t in targets:
-            out |= _names(t) if isinstance(t, (cst.Name, cst.Tuple)) else set()
+            out |= names_in(t) if isinstance(t, (cst.Name, cst.Tuple)) else set()
     return out
 
 
@@ -114,7 +110,7 @@ class _Plan:
             aug = m.findall(st, m.AugAssign(operator=m.AddAssign(), target=m.Name()))
             if aug and isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1 and isinstance(st.body[0], cst.AugAssign):
                 target = st.body[0].target.value  # type: ignore[attr-defined]
-                value_reads = _names(st.body[0].value)
+                value_reads = names_in(st.body[0].value)
                 if target in accumulators and not value_reads & accumulators:
                     if (value_reads - written) & _assigned_in(loop.body):
                         return None  # it adds a value from the last iteration
@@ -144,7 +140,7 @@ class _Plan:
         positional = [a for a in store.args if a.keyword is None]
         if len(positional) < 2 or any(a.keyword and a.keyword.value not in ("mask",) for a in store.args):
             return None
-        if any(_names(a.value) & carried for a in store.args if a is not positional[1]):
+        if any(names_in(a.value) & carried for a in store.args if a is not positional[1]):
             return None  # a pointer or mask computed from the sum: each program would see its partial only
         value = positional[1].value
         if _cast_of(value) is not None and _linear(_cast_of(value), carried):  # type: ignore[arg-type]
@@ -166,11 +162,11 @@ def _reads(stmt: cst.CSTNode) -> set[str]:
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
         small = stmt.body[0]
         if isinstance(small, cst.Assign):
-            return _names(small.value) | {n for t in small.targets if not isinstance(t.target, (cst.Name, cst.Tuple))
-                                          for n in _names(t.target)}
+            return names_in(small.value) | {n for t in small.targets if not isinstance(t.target, (cst.Name, cst.Tuple))
+                                          for n in names_in(t.target)}
         if isinstance(small, cst.AugAssign):
-            return _names(small.value) | _names(small.target)
-    return _names(stmt)
+            return names_in(small.value) | names_in(small.target)
+    return names_in(stmt)
 
 
 def _assigned_in(block: cst.BaseSuite) -> set[str]:
@@ -190,9 +186,9 @@ def _linear(value: cst.BaseExpression, accumulators: set[str]) -> bool:
         return value.value in accumulators
     if isinstance(value, cst.Call) and dotted(value.func) == "tl.sum" and value.args:
         return _linear(value.args[0].value, accumulators) and not any(
-            _names(a.value) & accumulators for a in value.args[1:])
+            names_in(a.value) & accumulators for a in value.args[1:])
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)):
-        left, right = _names(value.left) & accumulators, _names(value.right) & accumulators
+        left, right = names_in(value.left) & accumulators, names_in(value.right) & accumulators
         if isinstance(value.operator, cst.Divide):
             return _linear(value.left, accumulators) and not right
         return (_linear(value.left, accumulators) and not right) or (_linear(value.right, accumulators) and not left)
