@@ -174,7 +174,8 @@ def test_l2_classes_from_measurements():
     (short,) = classify(_report([40.0, 90.0], fraction=0.68), EvidenceLog())
     assert (short.kind, short.confidence) == ("profile.memory-bound", 0.5)
     assert classify(_report([40.0, 90.0], fraction=0.3), EvidenceLog())[0].confidence == 0.8
-    assert kinds(_report([40.0, 90.0], fraction=0.8)) == {"profile.ok"}
+    assert kinds(_report([40.0, 90.0], fraction=0.86)) == {"profile.memory-bound"}  # GEGLU after its warps search
+    assert kinds(_report([40.0, 90.0], fraction=0.9)) == {"profile.ok"}  # issue 27's bar
     stalled = {"kernel": "k", "source": "ncu", "dram_throughput_pct": 35.0,
                "top_stalls": [["smsp__pcsamp_warps_issue_stalled_long_scoreboard", 71.0]]}
     assert "profile.latency-bound" in kinds(_report([40.0, 90.0], fraction=0.5, profile=stalled))
@@ -251,7 +252,8 @@ def test_l2_on_a_real_h200_report_and_profile_only():
     report = RunReport.from_dict(json.loads((H200 / "row_sum.1.json").read_text()))
     log = EvidenceLog()
     findings = classify(report, log)
-    assert [f.kind for f in findings] == ["profile.ok"]  # row_sum reached a median 83% of copy bandwidth
+    # row_sum reached a median 83% of copy bandwidth: short of the 90% a streaming kernel reaches
+    assert [(f.kind, f.confidence) for f in findings] == [("profile.memory-bound", 0.5)]
     assert "83%" in findings[0].title and "(4208 GB/s)" in log.items[0].claim
     assert log.items[0].source.endswith("@NVIDIA H200")
     request = DiagnosisRequest(None, _never_compile, report)
