@@ -77,6 +77,9 @@ def find_run(home: str | None, run: str, fix: str = "see `kb rounds list`") -> P
 @click.option("--untargeted/--no-untargeted", default=True, show_default=True,
               help="Once the findings and the launch search are spent, try the catalog's other rewrites that apply "
                    "to the kernel (rounds no finding asked for; a resumed run keeps its own).")
+@click.option("--repair-baseline", "repair_baseline", is_flag=True, default=False,
+              help="When the task's own kernel fails its checks and its diagnosis names a repair (a sum the IR adds in "
+                   "bf16/fp16), start from the repaired kernel, checked first; speedups are then over it.")
 @backend_option()
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the run lives (default: runs/<task>-<time> under the KB home).")
@@ -95,7 +98,7 @@ def find_run(home: str | None, run: str, fix: str = "see `kb rounds list`") -> P
 @user_errors
 def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
              reference: str | None, rounds: int, time_budget: float | None, llm: str, llm_settings: dict[str, Any],
-             strategy: str, untargeted: bool, backend: BackendName, run_dir: Path | None, resume_run: str | None,
+             strategy: str, untargeted: bool, repair_baseline: bool, backend: BackendName, run_dir: Path | None, resume_run: str | None,
              release: str | None, stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
              check_workers: int | None, as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task (a TASK file, or --kernel FILE --call EXPR);
@@ -117,7 +120,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
         if LLMConfig.from_env() is None:
             raise UserFacingError("--llm openai needs an endpoint", "set KB_LLM_BASE_URL (and KB_LLM_MODEL, KB_LLM_API_KEY)")
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
-                              untargeted=untargeted, backend=backend, release=release,
+                              untargeted=untargeted, repair_baseline=repair_baseline, backend=backend, release=release,
                               references=stand_ins(versus), warmup_ms=warmup_ms, rep_ms=rep_ms,
                               check_workers=check_workers, **llm_settings)
     if options.backend == "interpreter":

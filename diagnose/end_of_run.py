@@ -36,6 +36,8 @@ def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, o
     if (info.final or {}).get("best_round") == best:
         return
     final_judge = getattr(judge, "final", None)
+    # A run that starts from a repaired kernel times against it: the task's own fails its checks.
+    initial = str(store.dir / "round-000.py") if info.options.get("repaired") else None
     if not best and not options.references and info.baseline:
         # Nothing to time: the best kernel is the initial one and no stand-in is asked for.
         store.update_run(final=final_record(0, RunReport.from_dict(info.baseline), options))
@@ -43,10 +45,10 @@ def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, o
     if final_judge is not None:
         say(f"timing the best kernel (round {best}) against the task's own and PyTorch" if best
             else "timing the task's own kernel against PyTorch")
-        report = final_judge(spec, info.best_path if best else None, entry)
+        report = final_judge(spec, info.best_path if best else None, entry, initial)
     elif best:
         say(f"timing the best kernel (round {best}) against the task's own")
-        report = judge(spec, None, info.best_path, entry)
+        report = judge(spec, initial, info.best_path, entry)
     else:
         return
     if best and not report.failure and decides(report):

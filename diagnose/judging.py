@@ -63,9 +63,9 @@ class HarnessJudge:
         return run_task(spec, self.check_options, candidate=candidate, candidate_entry=entry,
                         judge=self.judge_for(spec), baseline=baseline)
 
-    def final(self, spec: TaskSpec, best: str | None, entry: str) -> RunReport:
+    def final(self, spec: TaskSpec, best: str | None, entry: str, initial: str | None = None) -> RunReport:
         """The end-of-run measurement: the best kernel (None: the initial one alone) against the task's
-        own, with the PyTorch stand-ins the options name."""
+        own (or `initial`, the file a repaired run starts from), with the PyTorch stand-ins the options name."""
         from dataclasses import replace
 
         from harness.run import run_task
@@ -76,7 +76,7 @@ class HarnessJudge:
         # with three kernel workers of ~30 GiB left from the rounds).
         judge.retire(keep=[best] if best else [])
         return run_task(spec, replace(self.options, references=self.references), candidate=best,
-                        candidate_entry=entry, judge=judge)
+                        candidate_entry=entry, judge=judge, baseline=initial)
 
     def judge_all(self, spec: TaskSpec, baseline: str, candidates: list[str], entry: str) -> list[RunReport]:
         """A round's variants against their (already validated) parent: each variant checked in a fresh

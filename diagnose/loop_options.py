@@ -38,8 +38,12 @@ class OptimizeOptions:
     # Once the diagnosis's findings and the launch search are spent, try the catalog's other rewrites
     # whose preconditions hold on the kernel (untargeted rounds: no finding asked for them).
     untargeted: bool = True
+    # A task's own kernel that fails its checks: start from the repair its diagnosis names (a sum the IR
+    # adds in bf16 -> fp32-accumulation), checked first, instead of stopping (diagnose/baseline_repair.py).
+    repair_baseline: bool = False
 
 
 # Options a resumed run keeps from its start (a run's rounds must be comparable with each other).
 KEPT_ON_RESUME = ("rounds", "llm", "strategy", "backend", "candidates", "repairs", "context_tokens",
-                   "max_tokens_per_run", "llm_model", "llm_first", "untargeted")
+                   "max_tokens_per_run", "llm_model", "llm_first", "untargeted",
+                   "repair_baseline")

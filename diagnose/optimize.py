@@ -97,8 +97,10 @@ def _open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Tas
     return store, options
 
 
-def _ensure_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, say: Callable[[str], None]) -> None:
-    """The task's own kernel measured once per run, before any round; a run whose kernel fails is FAILED."""
+def _ensure_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, say: Callable[[str], None],
+                     task: Task, options: OptimizeOptions, home: KBHome | None) -> None:
+    """The task's own kernel measured once per run, before any round; a run whose kernel fails is FAILED,
+    unless its diagnosis names a repair and the run may start from it (`repair_baseline`)."""
     if store.run().baseline is not None:
         return
     say("measuring the baseline")
@@ -108,11 +110,50 @@ def _ensure_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: st
                               f"check the device, then `kb optimize --resume {store.dir}`")
     baseline_run = base.run("baseline")
     if not (baseline_run and baseline_run.correct):
-        why = why_rejected(base, "baseline")
-        store.update_run(status=RunStatus.FAILED, note=f"the task's own kernel is not correct: {why}")
-        raise UserFacingError(f"the task's own kernel fails its checks: {why}",
-                              "fix the task or its kernel first (kb run TASK shows the cases)")
+        base = _repaired_baseline(store, spec, judge, entry, say, task, options, home, why_rejected(base, "baseline"))
     store.update_run(baseline=base.to_dict(), best_round=0, best_path=str(store.dir / "round-000.py"))
+
+
+def _repaired_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, say: Callable[[str], None],
+                       task: Task, options: OptimizeOptions, home: KBHome | None, why: str) -> RunReport:
+    """The report of the failing initial kernel's repair, checked and timed as the run's baseline, which
+    round-000.py then holds (the original kept as round-000.original.py); else the run FAILED, and the
+    error says whether a repair exists."""
+    from diagnose.baseline_repair import repair_from
+
+    def failed(problem: str, fix: str) -> UserFacingError:
+        store.update_run(status=RunStatus.FAILED, note=f"the task's own kernel is not correct: {why}")
+        return UserFacingError(problem, fix)
+
+    problem = f"the task's own kernel fails its checks: {why}"
+    initial = store.dir / "round-000.py"
+    say("the task's own kernel fails its checks: diagnosing it for a repair")
+    repair = repair_from(lambda path: _diagnose(store, task, path, entry, options, home)[0], initial)
+    if repair is None:
+        raise failed(problem, "fix the task or its kernel first (kb run TASK shows the cases)")
+    if not options.repair_baseline:
+        raise failed(f"{problem}; the diagnosis found {repair.describe()}",
+                     "start the run with --repair-baseline to begin from that rewrite, or fix the kernel")
+    repaired = store.dir / "round-000.repaired.py"
+    repaired.write_text(repair.source)
+    say(f"checking the repair: {repair.describe()}")
+    base = judge(spec, str(repaired), None, entry)
+    if base.failure:
+        raise UserFacingError(f"measuring the repaired kernel failed: {base.failure}",
+                              f"check the device, then `kb optimize --resume {store.dir}`")
+    if not (run := base.run("baseline")) or not run.correct:
+        raise failed(f"{problem}; its repair ({repair.describe()}) fails too: {why_rejected(base, 'baseline')}",
+                     "fix the task or its kernel first (kb run TASK shows the cases)")
+    shutil.copyfile(initial, store.dir / "round-000.original.py")
+    shutil.copyfile(repaired, initial)
+    for r in base.runs:
+        r.source = str(initial)
+    info = store.run()
+    store.update_run(options={**info.options, "repaired": repair.record("round-000.original.py", why)},
+                     note=f"the task's own kernel failed its checks ({why}); the run starts from its repair, "
+                          f"{repair.describe()} on lines {repair.lines}, and its speedups are over the repaired kernel")
+    say(f"round 0 is the repaired kernel ({repair.pattern}); the original is round-000.original.py")
+    return base
 
 
 def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHome | None, judge: Judge | None,
@@ -129,7 +170,7 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
         judge = own_judge = HarnessJudge(options)
     started = time.monotonic()
     try:
-        _ensure_baseline(store, spec, judge, entry, say)
+        _ensure_baseline(store, spec, judge, entry, say, task, options, home)
         while True:
             rounds = store.rounds()
             pending = next((r for r in rounds if r.state != "done"), None)
@@ -241,7 +282,7 @@ def agent_step(spec: TaskSpec | None, options: OptimizeOptions, run_dir: Path, c
         judge = judge or own_judge
         assert judge is not None
         try:
-            _ensure_baseline(store, spec, judge, entry, say)
+            _ensure_baseline(store, spec, judge, entry, say, task, options, home)
             for pending in [r for r in store.rounds() if r.state != "done"]:  # a step killed mid-way
                 _finish(store, pending, spec, task, entry, judge, options, home, say)
             parent_idx, parent = _best_path(store)

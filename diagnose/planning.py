@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from diagnose.baseline_repair import REPAIRS
 from diagnose.loop_options import OptimizeOptions
 from diagnose.records import Answer
 from diagnose.rewriters import REWRITERS
 from diagnose.rounds import Hypothesis, Round
 
-__all__ = ["FALLBACK", "breadth_first", "hypotheses"]
+__all__ = ["FALLBACK", "REPAIR_PATTERNS", "breadth_first", "hypotheses"]
+
+# Rewrites that change a kernel's values to repair them.
+REPAIR_PATTERNS = frozenset(REPAIRS.values())
 
 # The launch configuration search: the hypothesis every round can fall back on.
 FALLBACK = ("autotune-configs", "launch configuration search")
@@ -52,8 +56,10 @@ def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | No
     out: list[Hypothesis] = []
     asks = options.llm == "openai"
     for f in findings:
+        # A repair changes the kernel's values (toward its reference): it starts a run whose kernel fails
+        # its checks (diagnose/baseline_repair.py), and is never a speed round.
         patterns = [Hypothesis(f.kind, f.title, pattern, "pattern", f.level, list(f.evidence))
-                    for pattern in by_finding.get(f.kind, [])]
+                    for pattern in by_finding.get(f.kind, []) if pattern not in REPAIR_PATTERNS]
         model = [Hypothesis(f.kind, f.title, "llm-rewrite", "llm", f.level, list(f.evidence))] if asks else []
         out += model + patterns if options.llm_first else patterns + model
     search = [Hypothesis("", FALLBACK[1], FALLBACK[0], "pattern", answer.stopped_at or "L1")]
@@ -81,7 +87,7 @@ def _untargeted(planned: list[Hypothesis], options: OptimizeOptions, catalog: li
     takes one only where its rewriter applies to the kernel; the round records no finding, and its
     title says so."""
     backend = "npu" if options.backend == "npu" else "cuda"
-    asked = {h.pattern for h in planned}
+    asked = {h.pattern for h in planned} | REPAIR_PATTERNS
     fresh = [p for p in catalog if p.id in REWRITERS and p.id not in asked and backend in p.backends
              and p.rewrite.kind != "launch-config-search"]
     fresh.sort(key=lambda p: _RISK_ORDER.get(p.risk, len(_RISK_ORDER)))

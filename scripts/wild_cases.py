@@ -11,7 +11,7 @@ of each repository into build/wild/ (ignored) from bare clones that `fetch` (the
     # the measured numbers per case, and the label the rule below gives them:
     python scripts/wild_cases.py summary OUT [--write]
     # on the GPU host, the third set of issue 27: `kb optimize` on each case, resumable across calls:
-    python scripts/wild_cases.py optimize --out OUT [--budget-s 450] [--case-s S] [--only id,id] [--rounds 3]
+    python scripts/wild_cases.py optimize --out OUT [--budget-s 450] [--case-s S] [--only id,id] [--rounds 3] [--repair-baseline]
     # the before/after table of those runs, in Markdown:
     python scripts/wild_cases.py table OUT
 
@@ -175,10 +175,12 @@ def summary(directory: Path, write: bool) -> int:
     return 0
 
 
-def optimize(out: Path, budget_s: float, only: set[str], rounds: int, case_s: float | None = None) -> int:
+def optimize(out: Path, budget_s: float, only: set[str], rounds: int, case_s: float | None = None,
+             repair_baseline: bool = False) -> int:
     """`kb optimize --kernel K --call C` per case into OUT/runs/<id>, one run after another until the budget
     is spent; a paused or interrupted run is resumed by the next call, a finished one is left alone.
-    `case_s` caps the time one run may start rounds in, so that the first case cannot take a whole call."""
+    `case_s` caps the time one run may start rounds in, so that the first case cannot take a whole call;
+    `repair_baseline` lets a new run whose kernel fails its checks start from the repair its diagnosis names."""
     from diagnose.rounds import RoundsStore, RunStatus
 
     out = out.resolve()  # the runs are started from inside OUT
@@ -207,6 +209,8 @@ def optimize(out: Path, budget_s: float, only: set[str], rounds: int, case_s: fl
                        "--rounds", str(rounds), "--vs", "none", *TIMING_WINDOWS]
             if case.get("reference"):
                 command += ["--reference", case["reference"]]
+            if repair_baseline:
+                command.append("--repair-baseline")
         # A round that starts before the stop finishes after it: leave it the rest of the budget.
         start_by = left - 150 if case_s is None else min(left - 150, case_s)
         command += ["--stop-after", str(int(max(start_by, 30)))]
@@ -295,6 +299,7 @@ def main() -> int:
     p.add_argument("--only", default="", help="case ids, comma-separated (default: every measured case)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--case-s", type=float, default=None, help="seconds one run may start rounds in (default: the budget's)")
+    p.add_argument("--repair-baseline", action="store_true", help="kb optimize --repair-baseline for the new runs")
     p = sub.add_parser("table")
     p.add_argument("out", type=Path)
     args = parser.parse_args()
@@ -304,7 +309,7 @@ def main() -> int:
         return measure(args.out, args.budget_s, {x for x in args.only.split(",") if x})
     if args.command == "optimize":
         return optimize(args.out, args.budget_s, {x for x in args.only.split(",") if x}, args.rounds,
-                        args.case_s)
+                        args.case_s, args.repair_baseline)
     if args.command == "table":
         return table(args.out)
     return summary(args.directory, args.write)

@@ -69,7 +69,7 @@ class TimedJudge(HarnessJudge):
     def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
         return [self(spec, baseline, c, entry) for c in candidates]
 
-    def final(self, spec, best, entry) -> RunReport:
+    def final(self, spec, best, entry, initial=None) -> RunReport:
         """Best against initial, and PyTorch eager at a fixed 80 µs per case."""
         report = self(spec, None, best, entry)
         base = report.run("baseline")
@@ -599,7 +599,7 @@ def test_the_final_measurement_reports_speedups_over_pytorch():
 class SlowAtTheEnd(TimedJudge):
     """The end-of-run timing finds the best kernel 3x slower than the initial one on the first case."""
 
-    def final(self, spec, best, entry) -> RunReport:
+    def final(self, spec, best, entry, initial=None) -> RunReport:
         report = super().final(spec, best, entry)
         first = next(c for c in report.run("candidate").cases if not c.heldout)
         first.timing = Timing(*(first.timing.median_us * 3,) * 3, 100, repeat_spread=0.0)
@@ -626,7 +626,7 @@ def test_a_best_kernel_that_does_not_hold_up_at_the_end_hands_back_the_initial_o
 class UntimedAtTheEnd(TimedJudge):
     """The end-of-run measurement checks but does not time (the interpreter's untimed judge)."""
 
-    def final(self, spec, best, entry) -> RunReport:
+    def final(self, spec, best, entry, initial=None) -> RunReport:
         report = super().final(spec, best, entry)
         for run in report.runs:
             for case in run.cases:
@@ -662,7 +662,7 @@ def test_nothing_accepted_and_no_stand_ins_leaves_nothing_to_time_at_the_end(tmp
     class CountingJudge(TimedJudge):
         finals = 0
 
-        def final(self, spec, best, entry):
+        def final(self, spec, best, entry, initial=None):
             self.finals += 1
             return super().final(spec, best, entry)
 

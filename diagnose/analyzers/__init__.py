@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from diagnose.analyzers import ascend, dot, index, layout, pipelining, resources, spills, vectorization
+from diagnose.analyzers import ascend, dot, index, layout, pipelining, precision, resources, spills, vectorization
 from diagnose.records import EvidenceLog, Finding
 from harness.ir.artifacts import Artifacts
 
@@ -24,6 +24,7 @@ ANALYZERS: dict[str, Analyzer] = {
     "layout": layout.analyze,
     "index": index.analyze,
     "resources": resources.analyze,
+    "precision": precision.analyze,
     "ascend": ascend.analyze,
 }
 
@@ -39,6 +40,8 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "index-math": ("int64", "64-bit", "index", "offset", "division", "modulo", "div/mod", "//"),
     "resources": ("shared memory", "occupancy", "outofresources", "out of resources", "smem"),
     "atomics": ("atomic",),
+    "precision": ("precision", "accura", "accumulat", "bf16", "fp16", "half", "rounding", "numeric", "wrong value",
+                  "mismatch", "differ", "tolerance"),
     "parallelism": ("parallel", "grid", "program", "occupancy", "idle", "fill the", "sms", "masked lanes"),
     "math": ("libdevice", "pow", "exp", "precise", "math"),
     "ascend-memory": ("discrete", "ub overflow", "unified buffer", "scalar", "dma", "load", "store"),

@@ -31,6 +31,7 @@ survive and the result reads like the input.
 | split-kv-online-softmax     | splitkv | an online-softmax key loop (running max, sums rescaled to it) on a grid too small for the SMs -> a second grid axis of partial programs writing (m, sums) to an fp32 workspace, and a merge launch rescaling them to the largest m (log-sum-exp) before the kernel's own code after the loop; split sized at launch |
 | tensor-descriptors-tma      | tma | dot-loop tile loads -> `tl.make_tensor_descriptor(...).load`, dispatched where TMA's rules hold |
 | dot-input-precision-tf32    | keywords | `input_precision="ieee"` -> "tf32" where the task's fp32 tolerance admits it, else "tf32x3" |
+| fp32-accumulation           | precision | `tl.sum(x)` / `tl.cumsum(x)` / `x.sum()` at the lines the IR shows adding in bf16/fp16 -> the operand widened with `.to(tl.float32)` (declines without those lines: the source cannot tell a bf16 operand from an integer one) |
 | int32-offsets               | keywords | drop per-element `.to(tl.int64)` casts |
 | relaxed-atomics             | keywords | `sem="relaxed"` on atomics that give none |
 | exp2-fast-math              | exp2 | `tl.exp(d)` -> `tl.exp2(d)` with log2(e) folded into the scalar factor of the scores `d` is built from (an online softmax's `dot * scale`), where everything between commutes with a scale; and `tl.exp(x)` -> `tl.exp2(x * log2(e))` at each call |
@@ -53,6 +54,7 @@ from diagnose.rewriters import (  # noqa: F401 - register
     peel,
     persistent,
     pipelining,
+    precision,
     rowsplit,
     scan,
     split,
