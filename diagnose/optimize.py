@@ -39,9 +39,10 @@ from diagnose.records import Answer
 from diagnose.rewriters import Variant, rewrite, unified_diff
 from diagnose.rounds import Hypothesis, Round, RoundsStore, RunStatus
 from diagnose.small_shapes import small_shape_variant
+from harness.entries import entry_name
 from harness.errors import UserFacingError, first_line
 from harness.measurement import RunReport
-from harness.task import Task, TaskSpec, entry_name
+from harness.task import Task, TaskSpec
 
 if TYPE_CHECKING:
     from kb.home import KBHome
@@ -91,7 +92,7 @@ def _open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Tas
     if RoundsStore.status_of(run_dir) is not None:
         raise UserFacingError(f"{run_dir} already holds a run", f"resume it with `kb optimize --resume {run_dir}`")
     store = RoundsStore(run_dir, create=True)  # new, or left empty by a kill before its record was written
-    shutil.copyfile(task.source_file, run_dir / "round-000.py")
+    shutil.copyfile(task.kernel_file or task.source_file, run_dir / "round-000.py")
     # The family travels in the spec so that synthesis can file the rounds without loading the task.
     store.create_run(run_dir.name, task.name, replace(spec, family=task.family), asdict(options))
     return store, options
@@ -214,17 +215,23 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
 
 
 def _check_rewritable(task: Task, entry: str) -> None:
-    """One line, before any round, when the loop could not rewrite the kernel: the file the entry's code
-    lives in (what each round rewrites) defines no Triton kernel, or names the entry differently."""
+    """One line, before any round, when the loop could not rewrite the kernel: neither the file the
+    entry's code lives in nor one file of kernels it names defines a Triton kernel (what each round
+    rewrites), or the entry's file names the entry differently."""
+    from harness.entries import attribute_path, kernel_files_named_by
     from harness.guards import defines_kernel
     from harness.loading import load_kernel_module
-    from harness.task import attribute_path
 
-    if not defines_kernel(task.source_file):
-        raise UserFacingError(f"the entry {entry} runs code in {task.source_file}, which defines no @triton.jit kernel: "
-                              "there is nothing there to rewrite",
-                              "make the entry the launch wrapper in the kernel's own file (for an autograd Function, "
-                              "its .apply; for a partial, the function it wraps)")
+    if not defines_kernel(task.kernel_file or task.source_file):
+        named = kernel_files_named_by(task.entry)
+        if len(named) > 1:
+            raise UserFacingError(f"the entry {entry} runs code in {task.source_file}, which defines no @triton.jit "
+                                  f"kernel, and launches kernels of {len(named)} files ({', '.join(named)})",
+                                  "make the entry a wrapper that launches the kernels of one file")
+        raise UserFacingError(f"the entry {entry} runs code in {task.source_file}, which defines no @triton.jit kernel "
+                              "and names none it launches: there is nothing to rewrite",
+                              "make the entry the launch wrapper of the kernel (for an autograd Function, its "
+                              ".apply; for a partial, the function it wraps)")
     if attribute_path(load_kernel_module(task.source_file), entry) is None:
         raise UserFacingError(f"{task.source_file} has no attribute path {entry!r} for the entry, so a rewrite of it "
                               "could not be called", "make the entry a module-level function or Function.apply there")

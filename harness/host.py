@@ -74,7 +74,8 @@ class KernelHost:
         name = str(request["name"])
         before = self.watch.state
         if request.get("file"):
-            entry = _entry_from_file(str(request["file"]), str(request.get("entry") or ""), request.get("stands_in_for"))
+            entry = _entry_from_file(str(request["file"]), str(request.get("entry") or ""), request.get("stands_in_for"),
+                                     request.get("entry_file"))
         else:
             entry = _entry_from_task(request["task"], str(request.get("attr", "entry")), bool(request.get("compiled")))
         self.entries[name] = entry
@@ -83,7 +84,7 @@ class KernelHost:
         if request.get("trusted"):
             # The user's own code: what its import set is the state its calls are judged against.
             self.watch.state = global_state()
-        from harness.task import defining_file, entry_name
+        from harness.entries import defining_file, entry_name
 
         tuners = autotuners(entry)
         return {"entry_file": defining_file(entry, request.get("file") or ""), "name": entry_name(entry),
@@ -310,11 +311,13 @@ class KernelHost:
 
 # --- loading ---------------------------------------------------------------------------------
 
-def _entry_from_file(file: str, name: str, stands_in_for: str | None = None) -> Any:
-    from harness.loading import load_kernel_module
-    from harness.task import attribute_path
+def _entry_from_file(file: str, name: str, stands_in_for: str | None = None, entry_file: str | None = None) -> Any:
+    """The entry `name` of the rewrite `file` of the task's `stands_in_for` (looked up in `entry_file`,
+    the task's layer file, where the two differ: `load_rewrite`)."""
+    from harness.entries import attribute_path
+    from harness.loading import load_kernel_module, load_rewrite
 
-    module = load_kernel_module(file, stands_in_for)
+    module = load_rewrite(file, stands_in_for, entry_file) if stands_in_for else load_kernel_module(file)
     entry = attribute_path(module, name) if name else None
     if not callable(entry):
         raise UserFacingError(f"{file} defines no callable {name!r}",

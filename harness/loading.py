@@ -1,6 +1,7 @@
 """Importing a kernel file from the wild: under a private module name, inside its package when it sits in
 one (relative imports resolve), with Triton's older leniency for autotune keys, and failing in one line
-that says what to do (install a module, use the GPU machine, or the Triton the file was written for)."""
+that says what to do (install a module, use the GPU machine, or the Triton the file was written for).
+A rewrite of a kernels file that another file's launch wrapper imports from is seen by that wrapper."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from harness.errors import UserFacingError, first_line
 
-__all__ = ["load_kernel_module"]
+__all__ = ["load_kernel_module", "load_rewrite"]
 
 
 def load_kernel_module(path: str | os.PathLike[str], stands_in_for: str | os.PathLike[str] | None = None) -> ModuleType:
@@ -70,6 +71,27 @@ def load_kernel_module(path: str | os.PathLike[str], stands_in_for: str | os.Pat
             with contextlib.suppress(ValueError):
                 sys.path.remove(folder)
     return module
+
+
+def load_rewrite(file: str | os.PathLike[str], kernel_file: str | os.PathLike[str],
+                 entry_file: str | os.PathLike[str] | None = None) -> ModuleType:
+    """The module to look a rewrite's entry up in. `file` rewrites `kernel_file` (an optimize round, a
+    `--candidate`). Where the entry lives in that same file, it is the rewrite itself, imported as if it
+    sat there. Where the entry lives in `entry_file`, a layer that imports its kernels from `kernel_file`
+    (`from .linear_kernels import linear_forward_kernel`), the rewrite is installed under the kernel
+    file's module name and a fresh copy of `entry_file` is imported, so the wrapper launches the rewritten
+    kernels. The installed name stays for the process's life (modules that import the kernel file later
+    get the rewrite too), which is why each rewrite is hosted in a worker of its own."""
+    kernel = Path(kernel_file).resolve()
+    if entry_file is None or Path(entry_file).resolve() == kernel:
+        return load_kernel_module(file, kernel)
+    rewritten = load_kernel_module(file, kernel)
+    package, _ = _package_of(kernel)
+    sys.modules[f"{package}.{kernel.stem}" if package else kernel.stem] = rewritten
+    parent = sys.modules.get(package) if package else None
+    if parent is not None:  # `from . import kernels` reads the package's attribute first
+        setattr(parent, kernel.stem, rewritten)
+    return load_kernel_module(entry_file)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ class TaskInfo:
     name: str
     path: str
     entry: str  # the launch wrapper's name (candidates define one of the same name)
-    source_file: str
+    source_file: str  # the file defining the entry
     cases: list[dict[str, Any]]  # listed cases, then held-out ones, then those generated for this seed
     labels: list[str]
     timed: int  # cases[:timed] are timed; the rest are checked only
@@ -47,6 +47,7 @@ class TaskInfo:
     flops: list[float | None] = field(default_factory=list)
     seed: int = 0
     inouts: list[int] = field(default_factory=list)  # of `exempt`, those read too: never poisoned
+    kernel_file: str = ""  # the file defining the kernels the entry launches (what candidates rewrite)
 
 
 @dataclass
@@ -75,7 +76,8 @@ class ReferenceHost:
 
     def load(self, spec: dict[str, Any], seed: int, generated: int) -> dict[str, Any]:
         """`spec`: a TaskSpec as JSON, as it crossed from the caller."""
-        from harness.task import TaskSpec, entry_name, load_job_task, task_files
+        from harness.entries import entry_name
+        from harness.task import TaskSpec, load_job_task, task_files
 
         if self.task is None:
             self.task = load_job_task(TaskSpec.from_json(spec))
@@ -91,7 +93,7 @@ class ReferenceHost:
             outputs, inouts = list(roles.outputs), list(roles.inouts)
         self.info = TaskInfo(
             name=task.name, path=task.path, entry=entry_name(task.entry),
-            source_file=task.source_file, cases=[_plain(c) for c in cases],
+            source_file=task.source_file, kernel_file=task.kernel_file, cases=[_plain(c) for c in cases],
             labels=[task.case_label(c) for c in cases], timed=len(task.cases), generated=len(generated_cases),
             exempt=outputs + inouts, inouts=inouts, allow_torch=list(task.allow_torch), has_reference=task.reference is not None,
             warm_cache=task.warm_cache, family=task.family, files=task_files(task),

@@ -199,9 +199,11 @@ class Session:
             request.update(task=self.spec.to_json(), trusted=True, attr="entry" if name == "entry" else "eager",
                            compiled=name == "compiled")
         else:
-            # a rewrite imports as if it sat where the task's kernel file does (its package, its siblings)
+            # a rewrite imports as if it sat where the task's kernel file does (its package, its siblings),
+            # and the entry is looked up in it, or in the layer file that imports its kernels
             request.update(file=str(Path(kernel.file).resolve()), entry=kernel.entry or self.info.entry,  # type: ignore[arg-type]
-                           stands_in_for=self.info.source_file)
+                           stands_in_for=self.info.kernel_file or self.info.source_file,
+                           entry_file=self.info.source_file)
         return request
 
     def retire(self, keep: Sequence[str] = ()) -> None:

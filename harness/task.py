@@ -57,12 +57,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture import Interception, device_for, intercept_entry
+from harness.entries import defining_file, entry_name, kernel_file_of, launch_code
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 from harness.loading import load_kernel_module
 
-__all__ = ["DEFAULT_TOLERANCES", "Call", "Task", "TaskSpec", "attribute_path", "capture_task", "defining_file", "entry_name",
-           "intercept_task", "launch_code", "load_job_task", "load_task", "task_files",
+__all__ = ["DEFAULT_TOLERANCES", "Call", "Task", "TaskSpec", "capture_task",
+           "intercept_task", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]
 
 # evaluation.md: fp32 ~1e-4 relative (tf32 dots need the task to loosen it), fp16 1e-2, bf16 2e-2;
@@ -104,6 +105,9 @@ class Task:
     family: str = ""
     path: str = ""  # the file it came from; workers load tasks by path
     source_file: str = ""  # the file defining the entry (for the static guards)
+    # The file defining the kernels the entry launches, which an optimize run rewrites: `source_file`,
+    # unless that defines none and the entry's code names kernels of one other file (`kernel_file_of`).
+    kernel_file: str = ""
     keywords: Callable[[], dict[str, Any]] | None = None  # --call's keyword arguments, evaluated afresh
     heldout_ranges: dict[str, Any] = field(default_factory=dict)
 
@@ -162,6 +166,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     for name in ("reference", "eager", "bytes", "flops"):
         if ns.get(name) is not None and not callable(ns[name]):
             raise UserFacingError(f"task file {path}: {name} must be a callable", "see harness/task.py")
+    source = defining_file(ns["entry"], path)
     return Task(
         name=task_name(path),
         entry=ns["entry"],
@@ -180,7 +185,8 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         warm_cache=bool(ns.get("warm_cache", False)),
         family=str(ns.get("family", "")),
         path=str(Path(path).resolve()),
-        source_file=defining_file(ns["entry"], path),
+        source_file=source,
+        kernel_file=kernel_file_of(ns["entry"], source),
         heldout_ranges=_ranges(ns.get("heldout_ranges", {}), path),
     )
 
@@ -238,8 +244,9 @@ def load_job_task(spec: TaskSpec) -> Task:
 
 def task_files(task: Task) -> list[str]:
     """The task's own files, whose change during a run would change the verdicts: the task file, the
-    file defining its entry, and the files its reference and stand-in are defined in."""
-    files = {task.path, task.source_file}
+    file defining its entry, the one defining its kernels, and the files its reference and stand-in are
+    defined in."""
+    files = {task.path, task.source_file, task.kernel_file}
     for fn in (task.reference, task.eager, task.entry):
         code = launch_code(fn)
         if code is not None and Path(code.co_filename).is_file():
@@ -289,6 +296,7 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
     # not add to them), not a fallback to catch.
     return Task(name=Path(kernel_file).stem, entry=entry, inputs=inputs, cases=[{}], reference=ref,
                 namespace=ns, path=str(Path(kernel_file).resolve()), source_file=source,
+                kernel_file=kernel_file_of(entry, source),
                 allow_torch=torch_calls(source, entry_name(entry)),
                 keywords=keywords if tree.body.keywords else None)
 
@@ -333,85 +341,6 @@ def _case_list(value: Any, path: Any, name: str) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
         raise UserFacingError(f"task file {path}: {name} must be a list of dicts", f"e.g. {name} = [dict(n=4096)]")
     return value
-
-
-def defining_file(fn: Any, fallback: Any) -> str:
-    """The file holding the code a callable runs (`launch_code`), else `fallback`."""
-    code = launch_code(fn)
-    return str(Path(code.co_filename).resolve()) if code is not None else str(Path(fallback).resolve())
-
-
-def launch_code(fn: Any) -> Any:
-    """The code object an entry runs, followed through what wraps it: `functools.partial`, decorators
-    that keep `__wrapped__`, bound methods, a `torch.autograd.Function`'s `.apply` (its `forward`), an
-    `nn.Module` (its `forward`) or any callable object (its `__call__`). None for a builtin.
-
-    `.apply` is the one that matters most: its own code is torch's, so an entry of the form
-    `MyFunction.apply` would otherwise name `torch/autograd/function.py` as the kernel's source."""
-    import functools
-
-    seen: set[int] = set()
-    while id(fn) not in seen:
-        seen.add(id(fn))
-        owner = _autograd_owner(fn)
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif owner is not None:
-            fn = getattr(owner, "forward", None)
-        elif getattr(fn, "__wrapped__", None) is not None:
-            fn = fn.__wrapped__
-        elif getattr(fn, "__func__", None) is not None:
-            fn = fn.__func__
-        elif getattr(fn, "__code__", None) is not None:
-            return fn.__code__
-        elif _is_module(fn):
-            fn = type(fn).forward
-        elif callable(fn) and not isinstance(fn, type) and hasattr(type(fn).__call__, "__code__"):
-            fn = type(fn).__call__
-        else:
-            return None
-    return None
-
-
-def entry_name(fn: Any) -> str:
-    """How a rewritten copy of the entry's file names the entry: `rms_norm`, or `RMSNorm.apply` for an
-    autograd Function (a dotted path from the module; `attribute_path` follows it back)."""
-    owner = _autograd_owner(fn)
-    if owner is not None:
-        return f"{owner.__qualname__}.apply"
-    qualname = str(getattr(fn, "__qualname__", "") or getattr(fn, "__name__", "") or "entry")
-    return getattr(fn, "__name__", "entry") if "<locals>" in qualname else qualname
-
-
-def attribute_path(module: Any, path: str) -> Any:
-    """`module.A.b` for the path "A.b"; None where a step is missing."""
-    value = module
-    for part in path.split("."):
-        value = getattr(value, part, None)
-        if value is None:
-            return None
-    return value
-
-
-def _autograd_owner(fn: Any) -> type | None:
-    """The torch.autograd.Function class whose `.apply` `fn` is, else None."""
-    owner = getattr(fn, "__self__", None)
-    if not isinstance(owner, type) or getattr(fn, "__name__", "") != "apply":
-        return None
-    try:
-        import torch
-    except ImportError:
-        return None
-    return owner if issubclass(owner, torch.autograd.Function) else None
-
-
-def _is_module(obj: Any) -> bool:
-    try:
-        import torch
-
-        return isinstance(obj, torch.nn.Module)
-    except ImportError:
-        return False
 
 
 def _eval(expr: str, ns: dict[str, Any], flag: str) -> Any:

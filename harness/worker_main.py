@@ -172,13 +172,16 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
     """One case of a kernel file's entry, intercepted: its launches' facts (grid, arguments, options),
     and unless `compile` is false, each launch compiled as it specializes it (the diagnosis of a
     rewritten kernel imports it here, not in the optimize loop's own process)."""
-    from harness.capture import intercept_entry
+    from harness.capture import device_for, intercept_entry
+    from harness.entries import attribute_path
     from harness.errors import UserFacingError
-    from harness.loading import load_kernel_module
-    from harness.task import TaskSpec, attribute_path, load_job_task
+    from harness.loading import load_rewrite
+    from harness.task import TaskSpec, load_job_task
 
-    task = load_job_task(TaskSpec.from_json(r["task"]))
-    module = load_kernel_module(r["file"], task.source_file)  # a rewrite imports as if it sat there
+    with device_for(r.get("target")):  # libraries that ask the GPU at import (attorch) load on a CPU too
+        task = load_job_task(TaskSpec.from_json(r["task"]))
+        # a rewrite imports as if it sat where the kernel file does; the entry is its own or the layer's
+        module = load_rewrite(r["file"], task.kernel_file or task.source_file, task.source_file)
     case = task.cases[int(r.get("case", 0))]
     entry = attribute_path(module, r["entry"])  # `fn`, or `Function.apply` for an autograd entry
     if entry is None:

@@ -40,8 +40,9 @@ def check_run(run_dir: Path) -> RunCheck:
     from diagnose.planning import hypotheses
     from diagnose.request import KernelInput, request_from
     from diagnose.rewriters import rewrite
+    from harness.entries import entry_name
     from harness.measurement import RunReport
-    from harness.task import entry_name, load_task
+    from harness.task import load_task
 
     with sqlite3.connect(run_dir / "rounds.sqlite") as db:
         spec, baseline = db.execute("select spec, baseline from run").fetchone()

@@ -45,18 +45,19 @@ def cost_us(source: str, pipelining_pays: bool = True) -> float:
 class TimedJudge(HarnessJudge):
     """Checks with the real harness (interpreter, sandboxed worker), then times by `cost_us`."""
 
-    def __init__(self, pipelining_pays: bool = True, die_on_call: int | None = None) -> None:
+    def __init__(self, pipelining_pays: bool = True, die_on_call: int | None = None, kernel: Path = KERNEL) -> None:
         super().__init__(OptimizeOptions(backend="interpreter", seeds=1), time=False)
         self.calls = 0
         self.pipelining_pays = pipelining_pays
         self.die_on_call = die_on_call
+        self.kernel = kernel  # the task's own kernel file, whose text a baseline of None is timed by
 
     def __call__(self, spec, baseline, candidate, entry) -> RunReport:
         self.calls += 1
         if self.die_on_call is not None and self.calls == self.die_on_call:
             os.kill(os.getpid(), signal.SIGKILL)  # a lost machine, mid-round
         report = super().__call__(spec, baseline, candidate, entry)
-        sources = {"baseline": Path(baseline or KERNEL).read_text(),
+        sources = {"baseline": Path(baseline or self.kernel).read_text(),
                    "candidate": Path(candidate).read_text() if candidate else ""}
         for run in report.runs:
             if run.correct:
@@ -112,6 +113,24 @@ def test_rounds_accept_then_reject_with_reasons(tmp_path):
     # What justified each round: its finding and the condition the pattern's rewrite makes true.
     assert first.hypothesis.unblock.startswith("the loop is an innermost scf.for with tt.num_stages > 1")
     assert "The rewrite makes true: the launch configuration is chosen by measurement" in best
+    store.close()
+
+
+def test_a_layer_files_entry_gets_rounds_on_the_kernels_file_it_launches(tmp_path):
+    """attorch's layout: the run starts from the kernels file, each round rewrites it, and the layer's
+    entry (left as it is) launches the rewrite when the judge checks it."""
+    layered = FIXTURES / "optimize" / "layered"
+    spec = TaskSpec(kernel=str(layered / "rowsum_layer.py"), call="RowSum.apply(torch.randn(4, 256))",
+                    reference="lambda x: x.sum(-1)")
+    judge = TimedJudge(kernel=layered / "rowsum_kernels.py")
+    try:
+        store = optimize(spec, OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
+    finally:
+        judge.close()
+    assert (store.dir / "round-000.py").read_text() == (layered / "rowsum_kernels.py").read_text()
+    (first,) = store.rounds()
+    assert (first.hypothesis.pattern, first.outcome) == ("tl-range-pipelining", "accepted"), first.reason
+    assert "tl.range(" in (store.dir / "best.py").read_text()
     store.close()
 
 
@@ -211,7 +230,7 @@ class OneCaseSlowerJudge(TimedJudge):
 
     def __call__(self, spec, baseline, candidate, entry) -> RunReport:
         report = super().__call__(spec, baseline, candidate, entry)
-        sources = {"baseline": Path(baseline or KERNEL).read_text(), "candidate": Path(candidate).read_text() if candidate else ""}
+        sources = {"baseline": Path(baseline or self.kernel).read_text(), "candidate": Path(candidate).read_text() if candidate else ""}
         for run in report.runs:
             for case in run.cases:
                 if case.timing and case.label == "m=8,n=128" and "num_stages=" in sources[run.role]:
@@ -976,7 +995,8 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
     compiled in a worker that resolves `Function.apply` in the rewrite), not as a task file, which the
     kernel file is not (every wild case on the H200 failed so after its baseline, 2026-12-03)."""
     from diagnose.optimize import _diagnose
-    from harness.task import entry_name, load_job_task
+    from harness.entries import entry_name
+    from harness.task import load_job_task
 
     ops = tmp_path / "src" / "rowpkg" / "ops"
     ops.mkdir(parents=True)

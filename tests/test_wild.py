@@ -15,11 +15,12 @@ from conftest import FIXTURES
 from cli import main
 from harness.capture import capture_call, device_for
 from harness.compile_errors import one_line
+from harness.entries import defining_file, entry_name, launch_code
 from harness.errors import UserFacingError
 from harness.guards import static_guards
 from harness.roles import argument_roles, kernel_access
 from harness.run import RunOptions, run_task
-from harness.task import TaskSpec, defining_file, entry_name, launch_code, load_job_task
+from harness.task import TaskSpec, load_job_task, task_files
 
 WILD = FIXTURES / "wild"
 RMS = WILD / "wildpkg" / "ops" / "rms_norm.py"
@@ -110,6 +111,62 @@ def test_optimize_takes_a_kernel_and_a_call_like_run_and_why():
     assert result.exit_code == 2 and "needs a device to time on" in result.output  # past the input checks
     result = CliRunner().invoke(main, ["optimize", "--kernel", str(WILD / "accumulate.py")])
     assert result.exit_code == 2 and "--kernel needs --call" in result.output
+
+
+LAYERED = FIXTURES / "optimize" / "layered"
+LAYERED_SPEC = TaskSpec(kernel=str(LAYERED / "rowsum_layer.py"), call="RowSum.apply(torch.randn(4, 256))",
+                        reference="lambda x: x.sum(-1)")
+
+
+def test_a_layer_files_entry_rewrites_the_kernels_file_its_forward_launches():
+    """attorch's layout: the autograd Function in one file, its forward's kernel in another, its backward's
+    in a third. The run rewrites the forward's, and the judge, the capture and the loop's start agree."""
+    task = load_job_task(LAYERED_SPEC)
+    assert task.source_file == str((LAYERED / "rowsum_layer.py").resolve())
+    assert task.kernel_file == str((LAYERED / "rowsum_kernels.py").resolve())  # not fill_kernels.py (backward)
+    assert str((LAYERED / "rowsum_kernels.py").resolve()) in task_files(task)
+    # a kernel file's own entry stays its own
+    with device_for(None):  # the module asks the device at import
+        assert load_job_task(TaskSpec(kernel=str(RMS), call=RMS_CALL)).kernel_file == str(RMS.resolve())
+
+
+def test_a_rewrite_of_the_kernels_file_is_what_the_layers_entry_launches(tmp_path):
+    """The rewrite sits outside the package (a run's folder). A wrong one must be caught: if the layer
+    still launched the original kernel, it would pass."""
+    from harness.run import kernel_launch_facts
+
+    original = (LAYERED / "rowsum_kernels.py").read_text()
+    right, wrong = tmp_path / "round-001.py", tmp_path / "round-002.py"
+    right.write_text(original.replace("for start in range(0, N, BLOCK):", "for start in tl.range(0, N, BLOCK, num_stages=2):"))
+    wrong.write_text(original.replace("acc += tl.load(x_ptr + row * N + cols)", "acc += 2 * tl.load(x_ptr + row * N + cols)"))
+    options = RunOptions(backend="interpreter", seeds=1, timeout_s=60, time=False)
+    report = run_task(LAYERED_SPEC, options, candidate=str(right))
+    assert report.run("baseline").correct and report.run("candidate").correct, json.dumps(report.to_dict())[:2000]
+    bad = run_task(LAYERED_SPEC, options, candidate=str(wrong)).run("candidate")
+    assert not bad.correct and bad.cases[0].checks[0].mismatched == 4  # every row sum doubled
+    (launch,) = kernel_launch_facts(LAYERED_SPEC, str(right), "RowSum.apply")
+    assert launch.kernel == "rowsum_kernel" and launch.source_file == str(right.resolve())
+
+
+def test_an_entry_launching_kernels_of_several_files_is_refused_in_one_line(tmp_path):
+    from diagnose.optimize import OptimizeOptions, optimize
+
+    package = tmp_path / "twofiles"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    kernel = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef {0}(x, y):\n    tl.store(y, tl.load(x))\n"
+    (package / "first.py").write_text(kernel.format("first_kernel"))
+    (package / "second.py").write_text(kernel.format("second_kernel"))
+    (package / "layer.py").write_text(
+        "import torch\n\nfrom .first import first_kernel\nfrom .second import second_kernel\n\n\n"
+        "def helper(x, y):\n    second_kernel[(1,)](y, x)\n\n\n"
+        "def both(x):\n    y = torch.empty_like(x)\n    first_kernel[(1,)](x, y)\n    helper(x, y)\n    return x\n")
+    spec = TaskSpec(kernel=str(package / "layer.py"), call="both(torch.randn(1))")
+    assert load_job_task(spec).kernel_file == str((package / "layer.py").resolve())  # neither: ambiguous
+    with pytest.raises(UserFacingError, match="launches kernels of 2 files") as caught:
+        optimize(spec, OptimizeOptions(rounds=1, backend="cuda"), tmp_path / "run", None)
+    assert "first.py" in caught.value.problem and "second.py" in caught.value.problem  # the helper is followed
+    assert not (tmp_path / "run" / "round-000.py").exists()
 
 
 def test_the_guards_read_an_autograd_entrys_forward(tmp_path):
