@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diagnose.features import KernelFeatures, access_mask, dotted_name, kernel_functions
-from diagnose.launch_values import evaluate, expand, single_assignments, trip_count
+from diagnose.launch_values import address_definitions, evaluate, expand, single_assignments, trip_count
 from diagnose.records import EvidenceLog, Finding
 from diagnose.triage import source_line
 from diagnose.work import operand_flops
@@ -65,7 +65,7 @@ def launch_triage(feats: KernelFeatures, launches: list[LaunchFacts], findings: 
         kernel = kernels.get(facts.kernel)
         if kernel is not None:
             values, definitions = facts.integers(), single_assignments(kernel)
-            kept += _coalescing(feats, facts, kernel, values, definitions, log)
+            kept += _coalescing(feats, facts, kernel, values, log)
             kept = _masks(feats, facts, kernel, values, definitions, kept, log, notes)
     return kept
 
@@ -146,14 +146,17 @@ def _dot_work(feats: KernelFeatures, facts: LaunchFacts, device: Any) -> tuple[f
 
 # ------------------------------------------------------------------------------------ coalescing
 def _coalescing(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, values: dict[str, int],
-                definitions: dict[str, ast.expr], log: EvidenceLog) -> list[Finding]:
+                log: EvidenceLog) -> list[Finding]:
     name = Path(feats.file).name
     out: list[Finding] = []
+    definitions, unknown = address_definitions(kernel)  # pointers moved in place (`W += ...`) read through
     for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
         what = dotted_name(call.func)
         if what not in ("tl.load", "tl.store") or not call.args:
             continue
         pointer = expand(call.args[0], definitions, 8)
+        if any(isinstance(n, ast.Name) and n.id in unknown for n in ast.walk(pointer)):
+            continue  # a term the source does not fix may hold the unit-stride axis
         strides = [s for s in _lane_strides(pointer, values)]
         if not strides or any(s == 1 for s in strides) or any(s is None for s in strides):
             continue  # a unit-stride lane axis (coalesced), or a stride this launch does not fix

@@ -9,7 +9,7 @@ from typing import Any
 
 from diagnose.features import dotted_name
 
-__all__ = ["evaluate", "expand", "single_assignments", "trip_count"]
+__all__ = ["address_definitions", "evaluate", "expand", "single_assignments", "trip_count"]
 
 
 def trip_count(bounds: str, values: dict[str, int], definitions: dict[str, ast.expr] | None = None) -> int | None:
@@ -82,15 +82,48 @@ def single_assignments(fn: ast.FunctionDef) -> dict[str, ast.expr]:
     return {k: v for k, v in value.items() if count[k] == 1}
 
 
-def expand(node: ast.expr, definitions: dict[str, ast.expr], depth: int) -> ast.expr:
-    """`node` with once-assigned names replaced by their definitions, `depth` levels deep."""
+def address_definitions(fn: ast.FunctionDef) -> tuple[dict[str, ast.expr], set[str]]:
+    """What an address is built from, pointers moved in place included: `single_assignments`, plus each
+    name rebound only by `+=` / `-=` as its first value (its one assignment, or itself for a parameter)
+    plus the steps (`X += row * stride` is `X + row * stride`; attorch's `W += stride * cols[None, :]`
+    before its loop adds the tile's unit-stride axis). Also the names whose value the source does not
+    fix that way (assigned twice, or rebound by another operator): an address holding one is unknown."""
+    plain: dict[str, list[ast.expr]] = {}
+    steps: dict[str, list[ast.expr]] = {}
+    other: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            plain.setdefault(node.targets[0].id, []).append(node.value)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            if isinstance(node.op, (ast.Add, ast.Sub)):
+                steps.setdefault(node.target.id, []).append(
+                    node.value if isinstance(node.op, ast.Add) else ast.UnaryOp(ast.USub(), node.value))
+            else:
+                other.add(node.target.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            other.add(node.target.id)
+    definitions = {name: values[0] for name, values in plain.items() if len(values) == 1 and name not in other}
+    for name, moves in steps.items():
+        if name in other or len(plain.get(name, [])) > 1:
+            continue
+        value = plain[name][0] if name in plain else ast.Name(name, ast.Load())
+        for step in moves:
+            value = ast.BinOp(value, ast.Add(), step)
+        definitions[name] = value
+    unknown = other | {name for name, values in plain.items() if len(values) > 1}
+    return definitions, unknown
+
+
+def expand(node: ast.expr, definitions: dict[str, ast.expr], depth: int, _inside: frozenset[str] = frozenset()) -> ast.expr:
+    """`node` with defined names replaced by their definitions, `depth` levels deep. A name inside its
+    own definition (a moved parameter, `X + row * stride`) stays itself."""
     if depth <= 0:
         return node
 
     class Inline(ast.NodeTransformer):
         def visit_Name(self, name: ast.Name) -> Any:
-            if name.id in definitions:
-                return expand(definitions[name.id], definitions, depth - 1)
+            if name.id in definitions and name.id not in _inside:
+                return expand(definitions[name.id], definitions, depth - 1, _inside | {name.id})
             return name
 
     return Inline().visit(copy.deepcopy(node))

@@ -96,6 +96,22 @@ def test_lanes_a_stride_apart_are_uncoalesced_and_unit_stride_lanes_are_not():
     assert not any(f.kind == "memory.uncoalesced" for f in found)
 
 
+def test_a_pointer_moved_in_place_keeps_its_terms_when_lanes_are_read():
+    """attorch's linear kernel moves its weight pointer along the unit-stride axis before the loop
+    (`W += stride * cols[None, :]`); reading the load as `W + stride_k * rows[:, None]` alone made a
+    coalesced tile 'uncoalesced' (lanes 28,672 bytes apart) at 90% of the GEMM ceiling. A row pointer
+    moved by a scalar (`X += row * stride`) still shows a strided column read."""
+    moved = WILD / "moved_pointers.py"
+    found, _, _, _ = l1(moved, "double(torch.randn(512, 1000))")
+    assert not any(f.kind == "memory.uncoalesced" for f in found)
+    found, _, log, _ = l1(moved, "row_sums(torch.randn(1000, 512).t())")  # columns 512 elements apart
+    (bad,) = [f for f in found if f.kind == "memory.uncoalesced"]
+    assert bad.kernel_lines == [34]
+    assert "512 elements (2048 bytes)" in next(e.claim for e in log.items if e.id == bad.evidence[0])
+    found, _, _, _ = l1(moved, "row_sums(torch.randn(512, 1000))")
+    assert not any(f.kind == "memory.uncoalesced" for f in found)
+
+
 def test_a_loop_that_runs_once_at_this_launch_is_no_pipelining_problem():
     found, notes, _, _ = l1(GOLD / "streaming_rowsum.py", "row_sum(torch.randn(64, 1024))")  # N == BLOCK
     assert not any(f.kind == "pipelining.none" for f in found)
