@@ -64,6 +64,11 @@ def target_name(target: Any) -> str:
     return f"{target.backend}:{target.arch}"
 
 
+# How a launch of an autotuned kernel says which of its configs was compiled.
+FIRST_CONFIG = "autotuned kernel: compiled config"
+TUNER_PICK = "autotuned kernel: compiled the config its tuner picked on this device"
+
+
 @dataclass
 class Launch:
     """One intercepted kernel launch: the JIT function and the specialization Triton computed for it."""
@@ -183,10 +188,15 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
 
     original_autotune_run = autotuner.Autotuner.run
 
-    def first_config_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # Autotuning benchmarks every config on a device; capture the first config instead.
-        config = self.configs[0]
-        note["text"] = f"autotuned kernel: compiled config 1 of {len(self.configs)} ({config})"
+    def picked_config_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # Autotuning benchmarks every config on a device, which an intercepted launch cannot: capture the
+        # config the tuner picked in a real call before (`best_config`, on a GPU), else the first one.
+        config = getattr(self, "best_config", None)
+        if config is not None:
+            note["text"] = f"{TUNER_PICK}: {config}"
+        else:
+            config = self.configs[0]
+            note["text"] = f"{FIRST_CONFIG} 1 of {len(self.configs)} ({config})"
         merged = {**kwargs, **config.all_kwargs()}
         return self.fn.run(*args, **merged)
 
@@ -195,7 +205,7 @@ def intercept_launches(target: Any | None) -> Iterator[list[Launch]]:
     # restores exactly the state we found, without touching a GPU driver that may not exist.
     previous_driver = driver._active
     knobs.runtime.jit_cache_hook = hook
-    autotuner.Autotuner.run = first_config_run
+    autotuner.Autotuner.run = picked_config_run
     JITFunction.run = run_noting_grid
     if target is not None:
         driver.set_active(_SpecializingDriver(target))
@@ -349,6 +359,34 @@ def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, 
 
     tgt, on_device = capture_target(target)
     ns = {"torch": torch, "triton": triton, "tl": tl, **namespace}
+    launches = _intercepted(run, ns, tgt, on_device, target, what)
+    if on_device and any(launch.config_note.startswith(FIRST_CONFIG) for launch in launches):
+        # The IR of config 1 (often the smallest tile, 2 warps: mma.sync where the pick runs wgmma) is not
+        # what runs. One real call lets each tuner time its configs here and keep its pick; then again.
+        failure = _tune(run, ns)
+        if failure is None:
+            if work is not None:
+                work.ops.clear()  # the wrapper's own work, counted once
+            launches = _intercepted(run, ns, tgt, on_device, target, what)
+        else:
+            for launch in launches:
+                launch.config_note += f"; the tuning call failed ({failure})"
+    if not launches:
+        raise UserFacingError(
+            f"{what} made no Triton launch",
+            "call the launch wrapper that runs kernel[grid](...) (for an autograd Function, its .apply), "
+            "not a plain PyTorch function",
+        )
+    unique: dict[str, Launch] = {}
+    for launch in launches:
+        unique.setdefault(launch.key, launch)
+    return Interception(list(unique.values()), tgt, on_device, work.items() if work else [])
+
+
+def _intercepted(run: Any, ns: dict[str, Any], tgt: Any, on_device: bool, target: str | None, what: str) -> list[Launch]:
+    """One pass of `run` with its launches recorded, not run."""
+    import torch
+
     torch.manual_seed(0)
     with intercept_launches(None if on_device else tgt) as launches, device_for(target):
         with _default_device("cuda" if on_device else None), contextlib.redirect_stdout(sys.stderr):
@@ -361,16 +399,22 @@ def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, 
                     raise
                 raise UserFacingError(f"{what} raised {type(exc).__name__}: {first_line(exc)}",
                                       "fix the expression so that it runs against the kernel file") from exc
-    if not launches:
-        raise UserFacingError(
-            f"{what} made no Triton launch",
-            "call the launch wrapper that runs kernel[grid](...) (for an autograd Function, its .apply), "
-            "not a plain PyTorch function",
-        )
-    unique: dict[str, Launch] = {}
-    for launch in launches:
-        unique.setdefault(launch.key, launch)
-    return Interception(list(unique.values()), tgt, on_device, work.items() if work else [])
+    return launches
+
+
+def _tune(run: Any, ns: dict[str, Any]) -> str | None:
+    """`run` called for real on the GPU, so that its autotuners time their configs and keep their picks;
+    why it could not, else None."""
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        with _default_device("cuda"), contextlib.redirect_stdout(sys.stderr):
+            run(ns)
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - user code on the device: the first config stands, said so
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    return None
 
 
 def intercept_entry(entry: Callable[..., Any], arguments: Callable[[], tuple[Any, dict[str, Any]]],

@@ -66,3 +66,26 @@ def test_bad_input_is_one_clear_error(kernel, call, message):
 def test_unknown_target_is_refused():
     with pytest.raises(UserFacingError, match="unknown target"):
         capture_call(EXAMPLES / "scale.py", "scale(torch.randn(64), 1.0)", target="tpu:4")
+
+
+def test_an_autotuned_launch_compiles_the_tuners_pick_when_it_has_one():
+    """On a GPU the capture first lets the tuner time its configs in a real call (its `best_config`);
+    config 1 (often the smallest tile: mma.sync where the pick runs wgmma) is only the CPU's fallback."""
+    import torch
+
+    from harness.capture import FIRST_CONFIG, TUNER_PICK, intercept_callable
+    from harness.loading import load_kernel_module
+
+    module = load_kernel_module(FIXTURES / "adversarial" / "autotuned_softmax.py")
+    kernel = module.tuned_softmax_kernel
+
+    def capture():
+        intercepted = intercept_callable(lambda ns: module.softmax(torch.randn(4, 100)), vars(module), None, "softmax")
+        (launch,), (fact,) = intercepted.launches, intercepted.facts()
+        return launch.config_note, fact.num_warps
+
+    note, warps = capture()
+    assert warps == 1 and note.startswith(FIRST_CONFIG)
+    kernel.best_config = kernel.configs[1]  # what Autotuner.run leaves after timing on a device
+    note, warps = capture()
+    assert warps == 2 and note.startswith(TUNER_PICK)
