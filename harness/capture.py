@@ -367,6 +367,7 @@ def intercept_callable(run: Any, namespace: dict[str, Any], target: str | None, 
         if failure is None:
             if work is not None:
                 work.ops.clear()  # the wrapper's own work, counted once
+            _forget_compiled(launches)
             launches = _intercepted(run, ns, tgt, on_device, target, what)
         else:
             for launch in launches:
@@ -415,6 +416,15 @@ def _tune(run: Any, ns: dict[str, Any]) -> str | None:
     except Exception as exc:  # noqa: BLE001 - user code on the device: the first config stands, said so
         return f"{type(exc).__name__}: {first_line(exc)}"
     return None
+
+
+def _forget_compiled(launches: list[Launch]) -> None:
+    """Drop what the real call compiled into these kernels' in-memory caches: Triton asks the cache
+    hook (the interception) only on a miss, so a cached kernel would launch for real, unseen."""
+    for launch in launches:
+        caches = getattr(launch.fn, "device_caches", None)  # Triton 3.x: device -> (kernels, keys, ...)
+        if caches is not None:
+            caches.clear()
 
 
 def intercept_entry(entry: Callable[..., Any], arguments: Callable[[], tuple[Any, dict[str, Any]]],
