@@ -124,12 +124,15 @@ def test_a_layer_files_entry_gets_rounds_on_the_kernels_file_it_launches(tmp_pat
                     reference="lambda x: x.sum(-1)")
     judge = TimedJudge(kernel=layered / "rowsum_kernels.py")
     try:
-        store = optimize(spec, OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
+        store = optimize(spec, OptimizeOptions(rounds=2, backend="interpreter", seeds=1), tmp_path / "run", judge=judge)
     finally:
         judge.close()
     assert (store.dir / "round-000.py").read_text() == (layered / "rowsum_kernels.py").read_text()
-    (first,) = store.rounds()
-    assert (first.hypothesis.pattern, first.outcome) == ("tl-range-pipelining", "accepted"), first.reason
+    # Round 1 sums the chunks into a vector (correct, no faster on this judge); round 2 pipelines the loop.
+    first, second = store.rounds()
+    assert (first.hypothesis.pattern, first.outcome) == ("accumulate-then-reduce", "rejected")
+    assert "within noise" in first.reason  # checked correct through the layer, then timed
+    assert (second.hypothesis.pattern, second.outcome) == ("tl-range-pipelining", "accepted"), second.reason
     assert "tl.range(" in (store.dir / "best.py").read_text()
     store.close()
 

@@ -138,7 +138,7 @@ def test_a_rewrite_of_the_kernels_file_is_what_the_layers_entry_launches(tmp_pat
     original = (LAYERED / "rowsum_kernels.py").read_text()
     right, wrong = tmp_path / "round-001.py", tmp_path / "round-002.py"
     right.write_text(original.replace("for start in range(0, N, BLOCK):", "for start in tl.range(0, N, BLOCK, num_stages=2):"))
-    wrong.write_text(original.replace("acc += tl.load(x_ptr + row * N + cols)", "acc += 2 * tl.load(x_ptr + row * N + cols)"))
+    wrong.write_text(original.replace("total += tl.sum(", "total += 2 * tl.sum("))
     options = RunOptions(backend="interpreter", seeds=1, timeout_s=60, time=False)
     report = run_task(LAYERED_SPEC, options, candidate=str(right))
     assert report.run("baseline").correct and report.run("candidate").correct, json.dumps(report.to_dict())[:2000]
