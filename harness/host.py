@@ -317,7 +317,7 @@ def _entry_from_file(file: str, name: str, stands_in_for: str | None = None, ent
     from harness.entries import attribute_path
     from harness.loading import load_kernel_module, load_rewrite
 
-    module = load_rewrite(file, stands_in_for, entry_file) if stands_in_for else load_kernel_module(file)
+    module = load_rewrite(file, stands_in_for, entry_file, name) if stands_in_for else load_kernel_module(file)
     entry = attribute_path(module, name) if name else None
     if not callable(entry):
         raise UserFacingError(f"{file} defines no callable {name!r}",

@@ -5,6 +5,7 @@ A rewrite of a kernels file that another file's launch wrapper imports from is s
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import os
@@ -74,17 +75,20 @@ def load_kernel_module(path: str | os.PathLike[str], stands_in_for: str | os.Pat
 
 
 def load_rewrite(file: str | os.PathLike[str], kernel_file: str | os.PathLike[str],
-                 entry_file: str | os.PathLike[str] | None = None) -> ModuleType:
+                 entry_file: str | os.PathLike[str] | None = None, entry: str = "") -> ModuleType:
     """The module to look a rewrite's entry up in. `file` rewrites `kernel_file` (an optimize round, a
     `--candidate`). Where the entry lives in that same file, it is the rewrite itself, imported as if it
     sat there. Where the entry lives in `entry_file`, a layer that imports its kernels from `kernel_file`
     (`from .linear_kernels import linear_forward_kernel`), the rewrite is installed under the kernel
     file's module name and a fresh copy of `entry_file` is imported, so the wrapper launches the rewritten
     kernels. The installed name stays for the process's life (modules that import the kernel file later
-    get the rewrite too), which is why each rewrite is hosted in a worker of its own."""
+    get the rewrite too), which is why each rewrite is hosted in a worker of its own. A rewrite that
+    defines the `entry` itself (a user's whole new layer) stands in for `entry_file` instead."""
     kernel = Path(kernel_file).resolve()
     if entry_file is None or Path(entry_file).resolve() == kernel:
         return load_kernel_module(file, kernel)
+    if entry and _defines_name(file, entry.split(".")[0]):
+        return load_kernel_module(file, entry_file)
     rewritten = load_kernel_module(file, kernel)
     package, _ = _package_of(kernel)
     sys.modules[f"{package}.{kernel.stem}" if package else kernel.stem] = rewritten
@@ -92,6 +96,22 @@ def load_rewrite(file: str | os.PathLike[str], kernel_file: str | os.PathLike[st
     if parent is not None:  # `from . import kernels` reads the package's attribute first
         setattr(parent, kernel.stem, rewritten)
     return load_kernel_module(entry_file)
+
+
+def _defines_name(file: str | os.PathLike[str], name: str) -> bool:
+    """Whether the file binds `name` at module level (a def, a class, an assignment or an import)."""
+    try:
+        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return True
+    return False
 
 
 @contextlib.contextmanager

@@ -181,7 +181,7 @@ def _capture(r: dict[str, Any]) -> dict[str, Any]:
     with device_for(r.get("target")):  # libraries that ask the GPU at import (attorch) load on a CPU too
         task = load_job_task(TaskSpec.from_json(r["task"]))
         # a rewrite imports as if it sat where the kernel file does; the entry is its own or the layer's
-        module = load_rewrite(r["file"], task.kernel_file or task.source_file, task.source_file)
+        module = load_rewrite(r["file"], task.kernel_file or task.source_file, task.source_file, str(r["entry"]))
     case = task.cases[int(r.get("case", 0))]
     entry = attribute_path(module, r["entry"])  # `fn`, or `Function.apply` for an autograd entry
     if entry is None:

@@ -146,6 +146,13 @@ def test_a_rewrite_of_the_kernels_file_is_what_the_layers_entry_launches(tmp_pat
     assert not bad.correct and bad.cases[0].checks[0].mismatched == 4  # every row sum doubled
     (launch,) = kernel_launch_facts(LAYERED_SPEC, str(right), "RowSum.apply")
     assert launch.kernel == "rowsum_kernel" and launch.source_file == str(right.resolve())
+    # A user's whole new layer (its own RowSum, its own kernel inline) stands in for the layer file instead:
+    # installed as the kernels file, it would leave the original layer importing a name it lacks.
+    layer = (LAYERED / "rowsum_layer.py").read_text().replace("from .rowsum_kernels import rowsum_kernel\n", "")
+    whole = tmp_path / "my_layer.py"
+    whole.write_text((layer + "\n\n" + right.read_text()).replace("rowsum_kernel", "my_rowsum_kernel"))
+    mine = run_task(LAYERED_SPEC, options, candidate=str(whole)).run("candidate")
+    assert mine.correct, mine.rejected
 
 
 def test_an_entry_launching_kernels_of_several_files_is_refused_in_one_line(tmp_path):
