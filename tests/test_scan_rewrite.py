@@ -85,6 +85,23 @@ def test_a_gated_recurrence_is_solved_a_chunk_at_a_time_and_stays_correct(tmp_pa
     _check(tmp_path, variants[1].source, "gated(torch.randn(2, 70, 40), -torch.rand(2, 70, 40))")
 
 
+def test_a_recurrence_the_loop_already_pipelined_is_still_found_and_chunked(tmp_path):
+    """On the H200, fla's HGRN got tl-range-pipelining in round 1 (2.51x); its next diagnosis no longer
+    saw the recurrence in `tl.range(0, T, num_stages=3)`, so the scan was never tried. It is found there
+    now, and the chunk loop keeps the pipelining option."""
+    (piped,) = [v for v in rewrite("tl-range-pipelining", GATED, {"features": "loop"}) if v.params.get("num_stages") == 3]
+    assert "for _ in tl.range(0, T, num_stages=3):" in piped.source
+    kernel = tmp_path / "piped.py"
+    kernel.write_text(piped.source)
+    assert any(f.kind == "recurrence.step-at-a-time" for f in triage(kernel_features(kernel), EvidenceLog()))
+    variants = rewrite(PATTERN, piped.source, {})
+    assert [v.params["chunk"] for v in variants] == [16, 64]
+    assert "    for _kb_t0 in tl.range(0, T, 16, num_stages=3):\n" in variants[0].source
+    _check(tmp_path, variants[0].source, "gated(torch.randn(2, 37, 40), -torch.rand(2, 37, 40))")
+    stepped = piped.source.replace("tl.range(0, T, num_stages=3)", "tl.range(0, T, 2, num_stages=3)")
+    assert rewrite(PATTERN, stepped, {}) == []  # a step other than 1 is not a recurrence over every step
+
+
 @pytest.mark.parametrize("change, why", [
     (("for _ in range(0, T):", "for t in range(0, T):\n        b_x = b_x + t"), "the loop variable read in the body"),
     (("b_h = tl.exp(b_g) * b_h + b_x", "b_h = tl.maximum(b_h, b_x)"), "no linear update"),

@@ -22,10 +22,12 @@ once, and the state leaving it carried to the next:
         p_x += C * D; ...
 
 The sums are reassociated, so values move by rounding (the judge's tolerances decide). Preconditions,
-checked on the syntax tree: the loop is `range(T)` / `range(S, T)` with step 1 and a variable the body
-does not read; its body holds only loads through pointers, one update `h = a * h + b` with a and b free
-of h, stores of an expression of h, and `p += S` for every pointer used, all by the same S; h is a 1-D
-vector (`tl.zeros([BD], ...)`) set before the loop. Anything else and the rewrite declines.
+checked on the syntax tree: the loop is `range(T)` / `range(S, T)` with step 1, or the same through
+`tl.range` (as tl-range-pipelining leaves it; its options, `num_stages=3`, go on the chunk loop), and a
+variable the body does not read; its body holds only loads through pointers, one update `h = a * h + b`
+with a and b free of h, stores of an expression of h, and `p += S` for every pointer used, all by the
+same S; h is a 1-D vector (`tl.zeros([BD], ...)`) set before the loop. Anything else and the rewrite
+declines.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, ma
 from diagnose.rewriters.blocks import KernelLoops, assigned_names, calls_in, code, names_in
 
 __all__ = ["LinearRecurrence", "linear_recurrences", "chunked_linear_scan"]
+
+# The loops a recurrence may step in: Python's range, and Triton's with its pipelining options.
+_LOOPS = ("range", "tl.range", "triton.language.range")
 
 _COMBINE = "_kb_linear_recurrence"
 _COMBINE_DEF = f'''@triton.jit
@@ -67,6 +72,8 @@ class _Recurrence:
     stride: str
     start: cst.BaseExpression | None
     bound: cst.BaseExpression
+    loop: str = "range"  # the loop's callee: `range`, or `tl.range` with its options (`num_stages=3`) kept
+    options: str = ""  # those options, as written: ", num_stages=3"
 
 
 def _paren(text: str) -> str:
@@ -97,9 +104,11 @@ def _update(value: cst.BaseExpression, state: str) -> tuple[cst.BaseExpression, 
 def _recurrence(loop: cst.For, kernel: cst.FunctionDef) -> _Recurrence | None:
     if not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call) or loop.orelse is not None:
         return None
-    if dotted(loop.iter.func) != "range" or any(a.keyword is not None for a in loop.iter.args):
-        return None
-    bounds = [a.value for a in loop.iter.args]
+    callee = dotted(loop.iter.func)
+    if callee not in _LOOPS or (callee == "range" and any(a.keyword is not None for a in loop.iter.args)):
+        return None  # `tl.range(0, T, num_stages=3)`: the loop as tl-range-pipelining leaves it
+    bounds = [a.value for a in loop.iter.args if a.keyword is None]
+    options = "".join(f", {a.keyword.value}={code(a.value)}" for a in loop.iter.args if a.keyword is not None)
     if not 1 <= len(bounds) <= 2 or not isinstance(loop.body, cst.IndentedBlock):
         return None
     if loop.target.value in names_in(loop.body) or m.findall(loop.body, m.For() | m.While() | m.If()):
@@ -150,7 +159,7 @@ def _recurrence(loop: cst.For, kernel: cst.FunctionDef) -> _Recurrence | None:
             stored = small.value.args[1].value
             if names_in(stored) & (set(in_loop) - {state} - set(pointers)):  # `p_o.dtype` is static
                 return None
-    return _Recurrence(state, a, b, stride, bounds[0] if len(bounds) == 2 else None, bounds[-1])
+    return _Recurrence(state, a, b, stride, bounds[0] if len(bounds) == 2 else None, bounds[-1], callee, options)
 
 
 def _one_d_state(kernel: cst.FunctionDef, state: str) -> bool:
@@ -226,7 +235,8 @@ class _Scan(KernelLoops):
             return updated
         self.found.append(LinearRecurrence(self.line(original), rec.state))
         start = code(rec.start) if rec.start is not None else "0"
-        header = cst.parse_statement(f"for _kb_t0 in range({start}, {code(rec.bound)}, {self.chunk}):\n    pass\n")
+        header = cst.parse_statement(f"for _kb_t0 in {rec.loop}({start}, {code(rec.bound)}, {self.chunk}{rec.options}):\n"
+                                     "    pass\n")
         assert isinstance(header, cst.For)
         comment = cst.EmptyLine(comment=cst.Comment(
             f"# the recurrence {rec.state} = a * {rec.state} + b solved {self.chunk} steps at a time by an associative scan"))
