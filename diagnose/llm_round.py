@@ -32,6 +32,7 @@ from diagnose.records import Answer
 from diagnose.rewriters import Variant
 from diagnose.rounds import Round, RoundsStore
 from harness.answers import answer_module, python_fences
+from harness.guards import binds_name
 
 if TYPE_CHECKING:
     from diagnose.loop_options import OptimizeOptions
@@ -118,17 +119,9 @@ def extract_module(reply: str, entry: str) -> str:
     except SyntaxError as exc:
         raise ReplyError(f"the reply's code does not parse: line {exc.lineno}: {exc.msg}") from exc
     owner = entry.split(".")[0]  # "RMSNorm.apply": the module defines RMSNorm
-    if not any(_defines(node, owner) for node in tree.body):
+    if not binds_name(tree, owner):
         raise ReplyError(f"the reply's code does not define the launch wrapper {entry!r} at module level")
     return code
-
-
-def _defines(node: ast.stmt, name: str) -> bool:
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-        return node.name == name
-    if isinstance(node, ast.Assign):
-        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-    return isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name
 
 
 def _sha(text: str) -> str:

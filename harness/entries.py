@@ -14,6 +14,7 @@ from types import CodeType
 from typing import Any
 
 from harness.guards import defines_kernel
+from harness.loading import package_of
 
 __all__ = ["attribute_path", "defining_file", "entry_name", "kernel_file_of", "kernel_files_named_by",
            "launch_code", "launch_function"]
@@ -125,7 +126,7 @@ def kernel_files_named_by(entry: Any) -> list[str]:
     function = launch_function(entry)
     if function is None:
         return []
-    home = _package_root(Path(function.__code__.co_filename).resolve())
+    _, home = package_of(Path(function.__code__.co_filename).resolve())  # the package's root folder
     files: dict[str, None] = {}
     seen: set[int] = set()
     todo: list[tuple[CodeType, dict[str, Any], int]] = [(function.__code__, getattr(function, "__globals__", {}), 0)]
@@ -169,14 +170,6 @@ def _kernel_file(value: Any) -> str | None:
         fn = getattr(fn, "fn", None)
     code = getattr(fn, "__code__", None)
     return str(Path(code.co_filename).resolve()) if code is not None else None
-
-
-def _package_root(file: Path) -> Path:
-    """The folder holding the top package `file` sits in; its own folder outside a package."""
-    folder = file.parent
-    while (folder / "__init__.py").is_file() and folder.parent != folder:
-        folder = folder.parent
-    return folder
 
 
 def _under(file: Path, folder: Path) -> bool:

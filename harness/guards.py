@@ -16,7 +16,8 @@ import ast
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KERNEL_DECORATORS", "defines_kernel", "escape_guards", "escape_kinds", "is_kernel", "static_guards", "tensors_in", "torch_calls"]
+__all__ = ["KERNEL_DECORATORS", "binds_name", "defines_kernel", "escape_guards", "escape_kinds", "is_kernel", "static_guards",
+           "tensors_in", "torch_calls"]
 
 # Torch calls a launch wrapper legitimately makes: allocation, metadata, dtypes, devices, streams of
 # the caller. Anything else under `torch.` computes, and so is a fallback unless the task allows it.
@@ -51,6 +52,21 @@ def defines_kernel(source_file: str) -> bool:
     except (OSError, SyntaxError, UnicodeDecodeError):
         return False
     return any(isinstance(n, ast.FunctionDef) and is_kernel(n) for n in ast.walk(tree))
+
+
+def binds_name(tree: ast.Module, name: str, imports: bool = False) -> bool:
+    """Whether the module binds `name` at its top level: a def, a class, an assignment, and with
+    `imports` an import too."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if imports and isinstance(node, ast.Import | ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            return True
+    return False
 
 
 def static_guards(source_file: str, entry_name: str, allow_torch: tuple[str, ...] = ()) -> list[str]:

@@ -130,7 +130,8 @@ class Judge(Session):
             return None
         reasons = guards.static_guards(entry_file, load.get("name") or self.info.entry, tuple(self.info.allow_torch))
         if not hosted.spec.trusted:
-            allowed = guards.escape_kinds(self.info.source_file) | guards.escape_kinds(self.info.kernel_file or self.info.source_file)
+            own = dict.fromkeys([self.info.source_file, self.info.kernel_file or self.info.source_file])
+            allowed = set().union(*(guards.escape_kinds(f) for f in own))
             for file in dict.fromkeys([str(hosted.spec.file), entry_file]):
                 reasons += guards.escape_guards(file, allowed=allowed)
             reason = verdicts.import_reason(load, self._allowed_import_changes(load))

@@ -17,8 +17,9 @@ from types import ModuleType
 from typing import Any
 
 from harness.errors import UserFacingError, first_line
+from harness.guards import binds_name
 
-__all__ = ["load_kernel_module", "load_rewrite"]
+__all__ = ["load_kernel_module", "load_rewrite", "package_of"]
 
 
 def load_kernel_module(path: str | os.PathLike[str], stands_in_for: str | os.PathLike[str] | None = None) -> ModuleType:
@@ -35,7 +36,7 @@ def load_kernel_module(path: str | os.PathLike[str], stands_in_for: str | os.Pat
     if spec is None or spec.loader is None:
         raise UserFacingError(f"kernel file {path} is not a Python module", "pass a .py file")
     module = importlib.util.module_from_spec(spec)
-    package, root = _package_of(home)
+    package, root = package_of(home)
     if package:
         # A file inside a package (`from .utils import ...`, `from liger_kernel.ops import ...`): its
         # relative imports resolve against the package, imported from the folder above it, which stays
@@ -87,10 +88,10 @@ def load_rewrite(file: str | os.PathLike[str], kernel_file: str | os.PathLike[st
     kernel = Path(kernel_file).resolve()
     if entry_file is None or Path(entry_file).resolve() == kernel:
         return load_kernel_module(file, kernel)
-    if entry and _defines_name(file, entry.split(".")[0]):
+    if entry and _binds(file, entry.split(".")[0]):
         return load_kernel_module(file, entry_file)
     rewritten = load_kernel_module(file, kernel)
-    package, _ = _package_of(kernel)
+    package, _ = package_of(kernel)
     sys.modules[f"{package}.{kernel.stem}" if package else kernel.stem] = rewritten
     parent = sys.modules.get(package) if package else None
     if parent is not None:  # `from . import kernels` reads the package's attribute first
@@ -98,20 +99,12 @@ def load_rewrite(file: str | os.PathLike[str], kernel_file: str | os.PathLike[st
     return load_kernel_module(entry_file)
 
 
-def _defines_name(file: str | os.PathLike[str], name: str) -> bool:
+def _binds(file: str | os.PathLike[str], name: str) -> bool:
     """Whether the file binds `name` at module level (a def, a class, an assignment or an import)."""
     try:
-        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+        return binds_name(ast.parse(Path(file).read_text(encoding="utf-8")), name, imports=True)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return False
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return True
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
-            return True
-    return False
 
 
 @contextlib.contextmanager
@@ -152,7 +145,7 @@ def _raised_by_triton(exc: BaseException) -> bool:
     return tb is not None and f"{os.sep}triton{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
-def _package_of(file: Path) -> tuple[str, Path]:
+def package_of(file: Path) -> tuple[str, Path]:
     """The dotted package a file sits in (folders with __init__.py above it) and the folder holding the
     top package; ("", file's folder) outside a package."""
     parts: list[str] = []
