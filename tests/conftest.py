@@ -19,11 +19,14 @@ def _model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _clean_environ(monkeypatch: pytest.MonkeyPatch, _model_cache: Path) -> None:
-    """No test sees the developer's KB, chroma server, model cache or LLM settings."""
+def _clean_environ(monkeypatch: pytest.MonkeyPatch, _model_cache: Path, tmp_path: Path) -> None:
+    """No test sees the developer's KB, chroma server, model cache or LLM settings. Without $KB_HOME the
+    default home is the per-user data directory, which the README's first command fills: each test's
+    default is a home of its own that does not exist until the test makes it."""
     for key in list(os.environ):
         if key.startswith(("KB_", "MLIR_", "TRITON_")):
             monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KB_HOME", str(tmp_path / "default-kb-home"))
     monkeypatch.setenv("KB_LOCK_WAIT_S", "1")
     monkeypatch.setenv("KB_MODEL_CACHE", str(_model_cache))
 
