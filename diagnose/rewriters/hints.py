@@ -1,20 +1,41 @@
-"""Divisibility hints: `pid * BLOCK + tl.arange(0, BLOCK)` wrapped in tl.multiple_of / tl.max_contiguous."""
+"""Divisibility hints, two kinds.
+
+- Offsets: `pid * BLOCK + tl.arange(0, BLOCK)` wrapped in tl.multiple_of / tl.max_contiguous. True by
+  construction, and mostly what the compiler's axis analysis already knows.
+- Launch-true hints on runtime integers: Triton specializes an integer argument only when it is a
+  multiple of 16. A row stride of 5000 fp16 elements (10,000 bytes, 16-byte aligned rows) or a size of
+  4100 fp32 elements is not, so every access through it is planned at one element per instruction
+  (`vectorization fails vec = 1 origin vec = 1`). A copy of the kernel, `<kernel>_aligned8`, starts by
+  re-binding its strides and mask bounds as `tl.multiple_of(P, 8)`, and each launch takes it only when
+  every one of those arguments is an int that really is a multiple of 8, and the kernel as written
+  otherwise. The hint is true for every launch that reaches it, never a false 16 (a false hint is a
+  silent miscompile); 8 elements are 16 bytes at fp16 and 32 at fp32, and a second variant says 4
+  (16 bytes at fp32) for sizes that are only multiples of 4.
+
+Which integers: the kernel's non-constexpr parameters that a load's or store's address multiplies
+(strides) or that its mask compares against (sizes), directly or through the locals the kernel computes
+them into.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
-from diagnose.rewriters.base import InJit, Variant, register, start_plus_arange
+from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, launch_arguments, register, start_plus_arange
+from diagnose.rewriters.blocks import code, names_in
+
+_ACCESS = {"tl.load", "tl.store"}
+_ORDER = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
 
 
 class _OffsetHints(InJit):
     """`offs = pid * BLOCK + tl.arange(0, BLOCK)` -> the same wrapped in tl.multiple_of / tl.max_contiguous.
 
     Only this form is rewritten: its start is a multiple of BLOCK and its BLOCK values are
-    contiguous by construction, so the hint is true for every launch. Hints on runtime strides or
-    sizes could be false (a silent miscompile) and are left to a person or the LLM."""
+    contiguous by construction, so the hint is true for every launch."""
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         split = start_plus_arange(updated.value) if self.depth else None
@@ -31,10 +52,173 @@ class _OffsetHints(InJit):
         return updated.with_changes(value=tl_call("max_contiguous", tl_call("multiple_of", updated.value, block), block))
 
 
-def divisibility_hints(source: str, context: dict[str, Any]) -> list[Variant]:
+def _offset_hints(source: str) -> list[Variant]:
     t = _OffsetHints()
     new = cst.parse_module(source).visit(t)
     return [Variant({"hints": t.changed}, new.code)] if t.changed else []
+
+
+def _definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """Every value each local is given in the kernel (`=`, `+=`, ...), at any depth."""
+    out: dict[str, list[cst.BaseExpression]] = {}
+    for node in m.findall(fn, m.Assign() | m.AugAssign()):
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[union-attr]
+        for target in targets:
+            if isinstance(target, cst.Name):
+                out.setdefault(target.value, []).append(node.value)  # type: ignore[union-attr]
+    return out
+
+
+def _expanded(roots: list[cst.BaseExpression], definitions: dict[str, list[cst.BaseExpression]]) -> list[cst.BaseExpression]:
+    """`roots` and every value of the locals they read, transitively."""
+    out, seen, todo = list(roots), set(), [n for r in roots for n in names_in(r)]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for value in definitions.get(name, []):
+            out.append(value)
+            todo.extend(names_in(value))
+    return out
+
+
+def _bare_names(nodes: list[cst.BaseExpression]) -> set[str]:
+    return {n.value for n in nodes if isinstance(n, cst.Name)}
+
+
+def aligned_parameters(fn: cst.FunctionDef) -> list[str]:
+    """The kernel's runtime integer parameters that decide its accesses' alignment: multiplied into a load's
+    or store's address (strides), or compared against in its mask (sizes), in parameter order."""
+    params = [p.name.value for p in fn.params.params
+              if p.default is None and not (p.annotation is not None and "constexpr" in code(p.annotation.annotation))]
+    definitions = _definitions(fn)
+    addresses: list[cst.BaseExpression] = []
+    masks: list[cst.BaseExpression] = []
+    for call in m.findall(fn, m.Call()):
+        assert isinstance(call, cst.Call)
+        if dotted(call.func) not in _ACCESS or not call.args:
+            continue
+        addresses.append(call.args[0].value)
+        masks += [a.value for a in call.args if a.keyword is not None and a.keyword.value == "mask"]
+    found: set[str] = set()
+    for expr in _expanded(addresses, definitions):
+        for product in m.findall(expr, m.BinaryOperation(operator=m.Multiply())):
+            assert isinstance(product, cst.BinaryOperation)
+            found |= _bare_names([product.left.with_changes(lpar=[], rpar=[]),
+                                  product.right.with_changes(lpar=[], rpar=[])])
+    for expr in _expanded(masks, definitions):
+        for comparison in m.findall(expr, m.Comparison()):
+            assert isinstance(comparison, cst.Comparison)
+            if all(isinstance(c.operator, _ORDER) for c in comparison.comparisons):
+                found |= _bare_names([comparison.left] + [c.comparator for c in comparison.comparisons])
+    return [p for p in params if p in found]
+
+
+# Module-level helper the rewritten launches call: what Triton's specialization leaves unsaid about an int.
+_MULTIPLE_HELPER = '''
+
+def _kb_multiple(value):
+    """The multiple of 8 or 4 an int argument is, where Triton's launch specialization does not say it
+    (it marks multiples of 16, and 1); else 1 (no hint)."""
+    if not isinstance(value, int) or value % 16 == 0 or value == 1:
+        return 1
+    return 8 if value % 8 == 0 else 4 if value % 4 == 0 else 1
+'''
+# Calls an argument expression may make and still be evaluated twice (once for the hint): reads of a
+# tensor's layout and plain conversions, nothing that allocates or moves data.
+_PURE_METHODS = {"stride", "size", "numel", "element_size", "dim"}
+_PURE_FUNCTIONS = {"int", "len", "min", "max"}
+
+
+def _flag(param: str) -> str:
+    return f"_kb_{param}_multiple"
+
+
+def _pure(expr: cst.BaseExpression) -> bool:
+    for call in m.findall(expr, m.Call()):
+        func = cst.ensure_type(call, cst.Call).func
+        if not ((isinstance(func, cst.Attribute) and func.attr.value in _PURE_METHODS)
+                or (isinstance(func, cst.Name) and func.value in _PURE_FUNCTIONS)):
+            return False
+    return True
+
+
+class _HintedLaunches(cst.CSTTransformer):
+    """Each launch `kernel[grid](...)` outside kernels passes, for every hinted parameter it binds, the
+    multiple `_kb_multiple` finds in its value."""
+
+    def __init__(self, kernel: cst.FunctionDef, hinted: list[str]) -> None:
+        self.kernel, self.hinted = kernel, hinted
+        self.changed = 0
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        return original if is_jit(original) else updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not m.matches(updated.func, m.Subscript(value=m.Name(self.kernel.name.value))):
+            return updated
+        bound = launch_arguments(self.kernel, updated)
+        flags = [cst.Arg(keyword=cst.Name(_flag(p)), value=cst.parse_expression(f"_kb_multiple({code(bound[p].value)})"),
+                         equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+                 for p in self.hinted if p in bound and _pure(bound[p].value)]
+        if not flags:
+            return updated
+        self.changed += 1
+        args = list(updated.args)
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated.with_changes(args=[*args, *flags])
+
+
+def _with_hints(fn: cst.FunctionDef, hinted: list[str]) -> cst.FunctionDef:
+    """`if _kb_P_multiple > 1: P = tl.multiple_of(P, _kb_P_multiple)` at the top, resolved at compile time
+    (the flag is a constexpr, 1 by default: launches that do not pass it compile the kernel as written)."""
+    # `P // d * d`, not tl.multiple_of(P, d): Triton drops a hint on a kernel argument (it has no defining op
+    # to carry the attribute), while the axis analysis reads d off the product. Exact where the flag is set.
+    hints = [cst.parse_statement(f"if {_flag(p)} > 1:\n    {p} = {p} // {_flag(p)} * {_flag(p)}\n") for p in hinted]
+    docstring = fn.body.body[:1] if m.matches(fn.body.body[0], m.SimpleStatementLine(
+        body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])) else []
+    body = [*docstring, *hints, *fn.body.body[len(docstring):]]
+    flags = [cst.Param(cst.Name(_flag(p)), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")),
+                       default=cst.Integer("1"), equal=cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")))
+             for p in hinted]
+    params = list(fn.params.params)
+    params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return fn.with_changes(params=fn.params.with_changes(params=[*params, *flags]),
+                           body=fn.body.with_changes(body=body))
+
+
+def launch_true_hints(source: str) -> list[Variant]:
+    """Every launched kernel with strides or mask bounds among its runtime integers, hinted where each
+    launch's values are multiples of 8 or 4 that Triton's specialization does not mark."""
+    module = cst.parse_module(source)
+    hinted_kernels: dict[str, list[str]] = {}
+    for fn in [n for n in module.body if isinstance(n, cst.FunctionDef) and is_jit(n)]:
+        if isinstance(fn.params.star_arg, cst.Param) or fn.params.star_kwarg is not None or fn.params.kwonly_params:
+            continue  # flags appended after *args or keyword-only parameters would change what binds where
+        hinted = [p for p in aligned_parameters(fn) if _flag(p) not in {q.name.value for q in fn.params.params}]
+        if not hinted:
+            continue
+        launches = _HintedLaunches(fn, hinted)
+        changed = module.visit(launches)
+        if not launches.changed:
+            continue
+        module = changed.with_changes(body=[_with_hints(n, hinted) if isinstance(n, cst.FunctionDef)
+                                            and n.name.value == fn.name.value and is_jit(n) else n
+                                            for n in changed.body])
+        hinted_kernels[fn.name.value] = hinted
+    if not hinted_kernels:
+        return []
+    body = list(module.body)
+    at = max(i for i, n in enumerate(body) if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))) + 1 \
+        if any(m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) for n in body) else 0
+    helper = [n.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) if isinstance(n, cst.FunctionDef) else n
+              for n in cst.parse_module(_MULTIPLE_HELPER).body]
+    return [Variant({"hinted": hinted_kernels}, module.with_changes(body=[*body[:at], *helper, *body[at:]]).code)]
+
+
+def divisibility_hints(source: str, context: dict[str, Any]) -> list[Variant]:
+    return launch_true_hints(source) + _offset_hints(source)
 
 
 register("divisibility-hints")(divisibility_hints)
