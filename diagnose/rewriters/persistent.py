@@ -1,6 +1,7 @@
 """Persistent launch: a 1-D grid becomes a loop over its tiles on at most 1, 2 or 4 programs per SM.
 The grid may be written as the launch's literal `(G,)` or as a name bound to `(G,)` or to
-`lambda meta: (G,)` (`base.launch_grid`); every launch of the kernel must be one of those."""
+`lambda meta: (G,)` (`base.launch_grid`); every launch of the kernel must be one of those. A dot kernel
+on a 2-D grid of output tiles gets the persistent tensor-descriptor form instead (`persistent_dot`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_grid, register, sm_count_statement
 from diagnose.rewriters.blocks import assigned_names, code
+from diagnose.rewriters.persistent_dot import persistent_tma_dot
 
 
 class _ProgramIdToTile(cst.CSTTransformer):
@@ -105,7 +107,7 @@ def persistent_launch(source: str, context: dict[str, Any]) -> list[Variant]:
         new = cst.parse_module(source).visit(t)
         if t.changed:
             out.append(Variant({"programs_per_sm": per_sm}, new.code))
-    return out
+    return out + persistent_tma_dot(source)
 
 
 register("persistent-kernel")(persistent_launch)
