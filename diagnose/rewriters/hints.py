@@ -62,10 +62,14 @@ def _definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
     """Every value each local is given in the kernel (`=`, `+=`, ...), at any depth."""
     out: dict[str, list[cst.BaseExpression]] = {}
     for node in m.findall(fn, m.Assign() | m.AugAssign()):
-        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[union-attr]
+        if isinstance(node, cst.Assign):
+            targets, value = [t.target for t in node.targets], node.value
+        else:
+            node = cst.ensure_type(node, cst.AugAssign)
+            targets, value = [node.target], node.value
         for target in targets:
             if isinstance(target, cst.Name):
-                out.setdefault(target.value, []).append(node.value)  # type: ignore[union-attr]
+                out.setdefault(target.value, []).append(value)
     return out
 
 

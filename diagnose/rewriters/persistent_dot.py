@@ -47,7 +47,7 @@ def _program_axis(value: cst.BaseExpression) -> int | None:
 def _tile_bound(fn: cst.FunctionDef, pid: str) -> tuple[str, str] | None:
     """(bound, block) of the tile `pid` indexes: the name bound to `pid * BLOCK + tl.arange(0, BLOCK)` and
     the one expression it is compared `<` against."""
-    ranges = []
+    ranges: list[tuple[str, str]] = []
     for stmt in fn.body.body:
         assign = simple_assign(stmt)
         split = start_plus_arange(assign[1]) if assign else None
@@ -60,8 +60,8 @@ def _tile_bound(fn: cst.FunctionDef, pid: str) -> tuple[str, str] | None:
             ranges.append((assign[0], code(block)))
     if len(ranges) != 1:
         return None
-    name, block = ranges[0]
-    bounds = set()
+    name, width = ranges[0]
+    bounds: set[str] = set()
     for comparison in m.findall(fn, m.Comparison()):
         assert isinstance(comparison, cst.Comparison)
         left = comparison.left.with_changes(lpar=[], rpar=[])
@@ -69,7 +69,7 @@ def _tile_bound(fn: cst.FunctionDef, pid: str) -> tuple[str, str] | None:
         if m.matches(base, m.Name(name)) and len(comparison.comparisons) == 1 \
                 and isinstance(comparison.comparisons[0].operator, cst.LessThan):
             bounds.add(code(comparison.comparisons[0].comparator))
-    return (bounds.pop(), block) if len(bounds) == 1 else None
+    return (bounds.pop(), width) if len(bounds) == 1 else None
 
 
 def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool) -> cst.FunctionDef | None:
@@ -93,7 +93,7 @@ def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool) -> cst.Function
     (rows_bound, rows_block), (cols_bound, cols_block) = bounds  # type: ignore[misc]
     params = {p.name.value: p for p in fn.params.params}
     moved = [name for name in assigned if name in params]
-    if any(params[n].annotation is not None and "constexpr" in code(params[n].annotation.annotation) for n in moved):
+    if any((note := params[n].annotation) is not None and "constexpr" in code(note.annotation) for n in moved):
         return None
     descriptors = [st for st in body if (a := simple_assign(st)) and isinstance(a[1], cst.Call)
                    and dotted(a[1].func) == "tl.make_tensor_descriptor" and not (names_in(a[1]) & set(assigned))]
@@ -131,9 +131,11 @@ class _OneProgramPerSM(cst.CSTTransformer):
             return updated
         call = cst.ensure_type(calls[0], cst.Call)
         grid = cst.parse_expression("(sm_count,)")
-        new = call.with_changes(func=call.func.with_changes(slice=[cst.SubscriptElement(cst.Index(grid))]))  # type: ignore[attr-defined]
+        new = call.with_changes(func=cst.ensure_type(call.func, cst.Subscript).with_changes(
+            slice=[cst.SubscriptElement(cst.Index(grid))]))
         self.changed += 1
-        return cst.FlattenSentinel([sm_count_statement("4"), updated.deep_replace(call, new)])  # type: ignore[list-item]
+        return cst.FlattenSentinel([sm_count_statement("4"), cst.ensure_type(updated.deep_replace(call, new),
+                                                                             cst.SimpleStatementLine)])
 
 
 def persistent_tma_dot(source: str) -> list[Variant]:
