@@ -64,3 +64,16 @@ def test_tiles_that_cannot_be_counted_from_the_masks_are_left_alone():
     unmasked = textwrap.dedent(source).replace("mask=(rm[:, None] < M) & (rn[None, :] < N)", "mask=rn[None, :] < N") \
         .replace("mask=(rm[:, None] < M) & ((k + rk)[None, :] < K)", "mask=(k + rk)[None, :] < K")
     assert _persistent(unmasked) == []
+
+
+def test_an_autotuned_matmul_lets_its_tuner_pick_the_tile_and_the_warp_specialization(tmp_path):
+    # The loop's round 1 on this matmul (H200): the tile search's size-keyed @triton.autotune.
+    (tuned,) = [v for v in rewrite("autotune-configs", MATMUL.read_text(), {}) if "autotune" in v.params]
+    (variant,) = _persistent(tuned.source)
+    assert variant.params["warp_specialize"] == "tuned" and variant.params["configs_added"] == 8
+    kernel = variant.source[variant.source.index("def matmul_kernel_tma"):]
+    assert "_KB_WARP_SPECIALIZE: tl.constexpr = False" in kernel and "warp_specialize=_KB_WARP_SPECIALIZE" in kernel
+    configs = variant.source[variant.source.rindex("@triton.autotune", 0, variant.source.index("def matmul_kernel_tma")):]
+    assert '"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "_KB_WARP_SPECIALIZE": True}, num_warps=8, num_stages=3' in configs
+    call = "matmul(torch.randn(200, 96).half(), torch.randn(96, 136).half())"
+    assert candidate_rejection(tmp_path, MATMUL.read_text(), variant.source, "matmul", call, "torch.matmul", seeds=1) == ""

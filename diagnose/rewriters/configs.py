@@ -342,6 +342,21 @@ class _Append(cst.CSTTransformer):
         return call.with_changes(args=args)
 
 
+def listed_config_keys(decorator: cst.Decorator) -> tuple[set[tuple[str, ...]], str | None]:
+    """The kwargs keys of every config an @triton.autotune decorator surely lists, and the callee it
+    spells them with (`triton.Config`); another rewrite appends configs of the same keys."""
+    listed = _configs_in(decorator)
+    return {tuple(k for k, _ in c.meta) for c in listed.surely}, next(iter(sorted(listed.callees)), None)
+
+
+def append_configs(module: cst.Module, kernel: str, configs: list[str]) -> cst.Module | None:
+    """`module` with `configs` (source text of Config calls) appended to `kernel`'s autotune list; None
+    when its list cannot be extended in place."""
+    append = _Append(kernel, configs)
+    new = module.visit(append)
+    return new if append.done else None
+
+
 def widen_autotune_configs(source: str, context: dict[str, Any]) -> list[Variant]:
     """One variant per family (module docstring) for each autotuned kernel with literal configs."""
     module = cst.parse_module(source)

@@ -32,9 +32,17 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, simple_assign, sm_count_statement, start_plus_arange
 from diagnose.rewriters.blocks import assigned_names, code, names_in
+from diagnose.rewriters.configs import append_configs, autotuned_kernels, listed_config_keys
 from diagnose.rewriters.tma import tensor_descriptors
 
-__all__ = ["persistent_tma_dot"]
+__all__ = ["PERSISTENT_TILES", "persistent_tma_dot"]
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps): this form's best tiles on the H200 at 512^3-4096^3 and
+# 3072x1024x4096 (scripts/matmul_headroom.py --forms persistent). 128x256x64 needs 3 stages here: with 4 its
+# operand buffers and the epilogue's exceed sm90's shared memory.
+PERSISTENT_TILES = ((128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 128, 64, 4, 4), (128, 256, 64, 3, 8))
+# The constexpr an autotuned kernel's configs set to choose warp specialization per shape.
+WS_FLAG = "_KB_WARP_SPECIALIZE"
 
 
 def _program_axis(value: cst.BaseExpression) -> int | None:
@@ -72,7 +80,9 @@ def _tile_bound(fn: cst.FunctionDef, pid: str) -> tuple[str, str] | None:
     return (bounds.pop(), width) if len(bounds) == 1 else None
 
 
-def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool) -> cst.FunctionDef | None:
+def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool | str) -> cst.FunctionDef | None:
+    """The kernel as a loop over its output tiles; `warp_specialize` True / False, or the name of the
+    constexpr parameter (added here) that says it."""
     body = list(fn.body.body)
     if m.findall(fn, m.Return()) or m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("num_programs")))):
         return None
@@ -101,7 +111,7 @@ def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool) -> cst.Function
     head = [st for st in body[:first] if st not in descriptors]
     rest = [st for i, st in enumerate(body) if i >= first and st not in descriptors and i not in {j for j, _ in pids.values()}]
     pid_m, pid_n = pids[0][1], pids[1][1]
-    options = "flatten=True" + (", warp_specialize=True" if warp_specialize else "")
+    options = "flatten=True" + (f", warp_specialize={warp_specialize}" if warp_specialize else "")
     loop = cst.parse_statement(
         f"for _kb_tile in tl.range(tl.program_id(0), _kb_tiles_m * _kb_tiles_n, tl.num_programs(0), {options}):\n"
         f"    {pid_m} = _kb_tile % _kb_tiles_m\n    {pid_n} = _kb_tile // _kb_tiles_m\n")
@@ -113,7 +123,46 @@ def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool) -> cst.Function
     prologue = [cst.parse_statement(f"_kb_{name}_at_launch = {name}") for name in moved] + [
         cst.parse_statement(f"_kb_tiles_m = tl.cdiv({rows_bound}, {rows_block})"),
         cst.parse_statement(f"_kb_tiles_n = tl.cdiv({cols_bound}, {cols_block})")]
-    return fn.with_changes(body=fn.body.with_changes(body=[*head, *prologue, *descriptors, loop]))
+    new = fn.with_changes(body=fn.body.with_changes(body=[*head, *prologue, *descriptors, loop]))
+    if isinstance(warp_specialize, str):
+        flag = cst.Param(cst.Name(warp_specialize), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")),
+                         default=cst.Name("False"), equal=cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")))
+        listed = list(new.params.params)
+        listed[-1] = listed[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        new = new.with_changes(params=new.params.with_changes(params=[*listed, flag]))
+    return new
+
+
+def _tuned_tiles(module: cst.Module, kernel: cst.FunctionDef) -> list[str] | None:
+    """Configs to append to an autotuned kernel's list in the persistent form: each of PERSISTENT_TILES with
+    and without warp specialization, and its own configs with it (theirs stay, without). None when its
+    configs' keys are not the tile's three blocks."""
+    keys, callee = listed_config_keys(autotuned_kernels(module)[kernel.name.value])
+    rows = _tile_bound(kernel, _pid_names(kernel)[0])
+    cols = _tile_bound(kernel, _pid_names(kernel)[1])
+    if len(keys) != 1 or callee is None or rows is None or cols is None:
+        return None
+    (names,) = keys
+    k_block = [n for n in names if n not in (rows[1], cols[1])]
+    if len(names) != 3 or len(k_block) != 1:
+        return None
+    out = []
+    for bm, bn, bk, stages, warps in PERSISTENT_TILES:
+        for ws in (False, True):
+            blocks = {rows[1]: bm, cols[1]: bn, k_block[0]: bk}
+            meta = ", ".join(f'"{n}": {blocks[n]}' for n in names)
+            out.append(f'{callee}({{{meta}, "{WS_FLAG}": {ws}}}, num_warps={warps}, num_stages={stages})')
+    return out
+
+
+def _pid_names(fn: cst.FunctionDef) -> list[str]:
+    found = {}
+    for stmt in fn.body.body:
+        assign = simple_assign(stmt)
+        axis = _program_axis(assign[1]) if assign else None
+        if assign is not None and axis is not None:
+            found[axis] = assign[0]
+    return [found.get(0, ""), found.get(1, "")]
 
 
 class _OneProgramPerSM(cst.CSTTransformer):
@@ -149,14 +198,27 @@ def persistent_tma_dot(source: str) -> list[Variant]:
         if len(kernels) != 1:
             continue
         kernel = kernels[0]
+        launches = _OneProgramPerSM(kernel.name.value)
+        relaunched = [n.visit(launches) if not (isinstance(n, cst.FunctionDef) and is_jit(n)) else n for n in module.body]
+        if not launches.changed:
+            continue
+        if kernel.name.value in autotuned_kernels(module):
+            # Which tile, and whether to specialize warps, differs by shape: the kernel's own tuner picks both.
+            persistent = _persistent_body(kernel, WS_FLAG)
+            tiles = _tuned_tiles(module, kernel)
+            if persistent is None or tiles is None:
+                continue
+            tuned = append_configs(module.with_changes(body=[persistent if n is kernel else n for n in relaunched]),
+                                   kernel.name.value, tiles)
+            if tuned is not None:
+                out.append(Variant({**tma.params, "persistent": "one program per SM, tiles in launch order",
+                                    "warp_specialize": "tuned", "configs_added": len(tiles)}, tuned.code))
+            continue
         for warp_specialize in (False, True):
             persistent = _persistent_body(kernel, warp_specialize)
             if persistent is None:
                 break
-            launches = _OneProgramPerSM(kernel.name.value)
-            body = [persistent if n is kernel else n.visit(launches) if not (isinstance(n, cst.FunctionDef) and is_jit(n))
-                    else n for n in module.body]
-            if launches.changed:
-                out.append(Variant({**tma.params, "persistent": "one program per SM, tiles in launch order",
-                                    "warp_specialize": warp_specialize}, module.with_changes(body=body).code))
+            body = [persistent if n is kernel else n for n in relaunched]
+            out.append(Variant({**tma.params, "persistent": "one program per SM, tiles in launch order",
+                                "warp_specialize": warp_specialize}, module.with_changes(body=body).code))
     return out
