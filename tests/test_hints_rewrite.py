@@ -86,3 +86,9 @@ def test_an_argument_that_computes_is_not_evaluated_twice():
     source = ROW_DOT.replace("a.stride(0), BLOCK_M", "a.contiguous().stride(0), BLOCK_M")
     hinted = _hinted(source)
     assert "_kb_stride_am_multiple=" not in hinted and "_kb_K_multiple=_kb_multiple(k)" in hinted
+
+
+def test_a_kernel_defined_twice_is_left_alone():
+    # LLM answers often repeat the kernel and its wrapper; flags added to both would bind twice.
+    twice = ROW_DOT + "\n\n" + ROW_DOT[len(HEADER):]
+    assert [v for v in rewrite("divisibility-hints", twice, {}) if "hinted" in v.params] == []

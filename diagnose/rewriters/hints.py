@@ -197,7 +197,10 @@ def launch_true_hints(source: str) -> list[Variant]:
     launch's values are multiples of 8 or 4 that Triton's specialization does not mark."""
     module = cst.parse_module(source)
     hinted_kernels: dict[str, list[str]] = {}
+    defined = [n.name.value for n in module.body if isinstance(n, cst.FunctionDef)]
     for fn in [n for n in module.body if isinstance(n, cst.FunctionDef) and is_jit(n)]:
+        if defined.count(fn.name.value) > 1:
+            continue  # defined twice (LLM answers repeat a kernel): which one a launch reaches is not ours to guess
         if isinstance(fn.params.star_arg, cst.Param) or fn.params.star_kwarg is not None or fn.params.kwonly_params:
             continue  # flags appended after *args or keyword-only parameters would change what binds where
         hinted = [p for p in aligned_parameters(fn) if _flag(p) not in {q.name.value for q in fn.params.params}]

@@ -6,7 +6,9 @@ without Hopper warp specialization.
 Measured on the H200 (triton 3.6, fp16, docs/device/2026-12-04-h200-own-suite/): against cuBLAS, the
 textbook kernel's best plain tile reaches 0.83x at 512^3 and 0.72x at 1024^3, where 64 to 128 output tiles
 leave a partial wave on 132 SMs; this form reaches 0.89x and 0.93x, and matches the plain form's best from
-2048^3 up. The tiles stay the kernel's own (its launch's, or its autotuner's configs).
+2048^3 up. A kernel with launch-fixed tiles keeps them (two variants: with and without warp specialization);
+an autotuned one gets this form's measured tiles appended to its configs, each with and without warp
+specialization as a config constexpr, so that its tuner picks both per shape.
 
     pid_m = tl.program_id(0)                  _kb_tiles_m = tl.cdiv(M, BLOCK_M)   # the row mask's bound
     pid_n = tl.program_id(1)                  _kb_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -45,11 +47,16 @@ PERSISTENT_TILES = ((128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 128, 64, 4, 
 WS_FLAG = "_KB_WARP_SPECIALIZE"
 
 
-def _program_axis(value: cst.BaseExpression) -> int | None:
-    if isinstance(value, cst.Call) and dotted(value.func) == "tl.program_id" and len(value.args) == 1 \
-            and isinstance(value.args[0].value, cst.Integer):
-        return int(value.args[0].value.value)
-    return None
+def _program_ids(fn: cst.FunctionDef) -> dict[int, tuple[int, str]]:
+    """Axis -> (statement index, name) of the kernel's top-level `name = tl.program_id(axis)` assignments."""
+    out = {}
+    for i, stmt in enumerate(fn.body.body):
+        assign = simple_assign(stmt)
+        value = assign[1] if assign else None
+        if assign is not None and isinstance(value, cst.Call) and dotted(value.func) == "tl.program_id" \
+                and len(value.args) == 1 and isinstance(value.args[0].value, cst.Integer):
+            out[int(value.args[0].value.value)] = (i, assign[0])
+    return out
 
 
 def _tile_bound(fn: cst.FunctionDef, pid: str) -> tuple[str, str] | None:
@@ -86,12 +93,7 @@ def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool | str) -> cst.Fu
     body = list(fn.body.body)
     if m.findall(fn, m.Return()) or m.findall(fn, m.Call(func=m.Attribute(attr=m.Name("num_programs")))):
         return None
-    pids: dict[int, tuple[int, str]] = {}  # axis -> (statement index, name)
-    for i, stmt in enumerate(body):
-        assign = simple_assign(stmt)
-        axis = _program_axis(assign[1]) if assign else None
-        if assign is not None and axis is not None:
-            pids[axis] = (i, assign[0])
+    pids = _program_ids(fn)
     uses = m.findall(fn, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("program_id"))))
     if sorted(pids) != [0, 1] or len(uses) != 2:
         return None
@@ -135,11 +137,11 @@ def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool | str) -> cst.Fu
 
 def _tuned_tiles(module: cst.Module, kernel: cst.FunctionDef) -> list[str] | None:
     """Configs to append to an autotuned kernel's list in the persistent form: each of PERSISTENT_TILES with
-    and without warp specialization, and its own configs with it (theirs stay, without). None when its
-    configs' keys are not the tile's three blocks."""
+    and without warp specialization (its own configs stay, without). None when its configs' keys are not the
+    tile's three blocks."""
     keys, callee = listed_config_keys(autotuned_kernels(module)[kernel.name.value])
-    rows = _tile_bound(kernel, _pid_names(kernel)[0])
-    cols = _tile_bound(kernel, _pid_names(kernel)[1])
+    pids = _program_ids(kernel)
+    rows, cols = (_tile_bound(kernel, pids[axis][1]) if axis in pids else None for axis in (0, 1))
     if len(keys) != 1 or callee is None or rows is None or cols is None:
         return None
     (names,) = keys
@@ -155,19 +157,9 @@ def _tuned_tiles(module: cst.Module, kernel: cst.FunctionDef) -> list[str] | Non
     return out
 
 
-def _pid_names(fn: cst.FunctionDef) -> list[str]:
-    found = {}
-    for stmt in fn.body.body:
-        assign = simple_assign(stmt)
-        axis = _program_axis(assign[1]) if assign else None
-        if assign is not None and axis is not None:
-            found[axis] = assign[0]
-    return [found.get(0, ""), found.get(1, "")]
-
-
 class _OneProgramPerSM(cst.CSTTransformer):
     """`kernel[grid](...)` -> `sm_count = ...` and `kernel[(sm_count,)](...)`: programs past the last tile
-    find their loop empty."""
+    find their loop empty. Without a GPU (the interpreter) 4 programs, so that each walks several tiles."""
 
     def __init__(self, kernel: str) -> None:
         self.kernel = kernel
@@ -188,8 +180,8 @@ class _OneProgramPerSM(cst.CSTTransformer):
 
 
 def persistent_tma_dot(source: str) -> list[Variant]:
-    """The persistent TMA form of each dot kernel the TMA rewrite takes, without and with warp
-    specialization; [] where its preconditions do not hold."""
+    """The persistent TMA form of each dot kernel the TMA rewrite takes: without and with warp specialization,
+    or one variant whose tuner chooses (an autotuned kernel); [] where its preconditions do not hold."""
     before = {n.name.value for n in cst.parse_module(source).body if isinstance(n, cst.FunctionDef)}
     out = []
     for tma in tensor_descriptors(source, {}):
