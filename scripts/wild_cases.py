@@ -55,6 +55,8 @@ SMS = 132  # H200
 # do_bench windows of the optimize runs' timings: the device bench's (scripts/device_bench.sh), a third of
 # the harness's default, so that a ten-minute call holds several runs.
 TIMING_WINDOWS = ("--warmup-ms", "50", "--rep-ms", "100")
+# Seconds a new run's baseline (checks, timing, first diagnosis) took on the H200 for these kernels: 40-70.
+BASELINE_S = 90
 
 
 def load(path: Path = CASES) -> list[dict[str, Any]]:
@@ -213,6 +215,11 @@ def optimize(out: Path, budget_s: float, only: set[str], rounds: int, case_s: fl
                 command.append("--repair-baseline")
         # A round that starts before the stop finishes after it: leave it the rest of the budget.
         start_by = left - 150 if case_s is None else min(left - 150, case_s)
+        if start_by < BASELINE_S and not resume:
+            # 2026-12-04: `--budget-s 200` left HGRN 50 s, its baseline took 64, and the run paused before round 1.
+            print(f"{case['id']}: only {max(start_by, 30):.0f} s to start rounds in, and a new run's baseline takes "
+                  f"about {BASELINE_S} s on these kernels: it may pause before round 1 (give --budget-s >= "
+                  f"{BASELINE_S + 210:.0f})", flush=True)
         command += ["--stop-after", str(int(max(start_by, 30)))]
         t0 = time.monotonic()
         with (out / "logs" / f"{case['id']}.log").open("a") as log:
