@@ -92,3 +92,16 @@ def test_a_kernel_defined_twice_is_left_alone():
     # LLM answers often repeat the kernel and its wrapper; flags added to both would bind twice.
     twice = ROW_DOT + "\n\n" + ROW_DOT[len(HEADER):]
     assert [v for v in rewrite("divisibility-hints", twice, {}) if "hinted" in v.params] == []
+
+
+def test_a_second_kernel_hinted_in_a_later_round_shares_the_helper():
+    once = _hinted(ROW_DOT)
+    second = once + "\n\n" + ROW_DOT[len(HEADER):].replace("row_dot", "col_dot")
+    twice = _hinted(second)
+    assert twice.count("def _kb_multiple(") == 1 and "_kb_K_multiple=_kb_multiple(k)" in twice.split("def col_dot(")[1]
+    assert _hinted_or_none(twice) is None  # nothing left to hint
+
+
+def _hinted_or_none(source: str) -> str | None:
+    found = [v.source for v in rewrite("divisibility-hints", source, {}) if "hinted" in v.params]
+    return found[0] if found else None

@@ -175,7 +175,7 @@ class _HintedLaunches(cst.CSTTransformer):
 
 
 def _with_hints(fn: cst.FunctionDef, hinted: list[str]) -> cst.FunctionDef:
-    """`if _kb_P_multiple > 1: P = tl.multiple_of(P, _kb_P_multiple)` at the top, resolved at compile time
+    """`if _kb_P_multiple > 1: P = P // _kb_P_multiple * _kb_P_multiple` at the top, resolved at compile time
     (the flag is a constexpr, 1 by default: launches that do not pass it compile the kernel as written)."""
     # `P // d * d`, not tl.multiple_of(P, d): Triton drops a hint on a kernel argument (it has no defining op
     # to carry the attribute), while the axis analysis reads d off the product. Exact where the flag is set.
@@ -217,6 +217,8 @@ def launch_true_hints(source: str) -> list[Variant]:
     if not hinted_kernels:
         return []
     body = list(module.body)
+    if any(isinstance(n, cst.FunctionDef) and n.name.value == "_kb_multiple" for n in body):
+        return [Variant({"hinted": hinted_kernels}, module.code)]  # hinted before (an earlier round): one helper serves
     at = max(i for i, n in enumerate(body) if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))) + 1 \
         if any(m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) for n in body) else 0
     helper = [n.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) if isinstance(n, cst.FunctionDef) else n
