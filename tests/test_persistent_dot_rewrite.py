@@ -31,7 +31,7 @@ def test_a_tiled_matmul_gets_both_forms_with_its_launch_on_the_sm_count():
 
 
 @pytest.mark.parametrize("call", [
-    "matmul(torch.randn(128, 64).half(), torch.randn(64, 128).half())",   # whole tiles, fewer than programs... and more
+    "matmul(torch.randn(128, 64).half(), torch.randn(64, 128).half())",   # whole tiles: 4 of them on 4 programs
     "matmul(torch.randn(200, 96).half(), torch.randn(96, 136).half())",   # ragged last tiles (TMA pads, the store masks)
     "matmul(torch.randn(65, 65).half(), torch.randn(65, 33).half())",     # 130-byte rows: the kernel as written
 ])
