@@ -16,7 +16,7 @@ from harness.guards import KERNEL_DECORATORS
 
 __all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
-           "with_keywords", "with_parameters"]
+           "program_axis", "with_keywords", "with_parameters"]
 
 
 # What a launch (or a triton.Config) that names neither knob gets from Triton on CUDA.
@@ -103,16 +103,29 @@ def target_launch(module: cst.Module, context: dict[str, Any]) -> tuple[str, cst
     return (name, found[1]) if found is not None else None
 
 
-def with_parameters(fn: cst.FunctionDef, names: list[str], constexpr: set[str]) -> cst.FunctionDef:
-    """`fn` with parameters added before its first one with a default (launches pass them by keyword),
-    those in `constexpr` annotated `tl.constexpr`; the list's own layout (one per line, a trailing comma)
-    kept."""
+def with_parameters(fn: cst.FunctionDef, names: list[str], constexpr: set[str], default: str | None = None
+                    ) -> cst.FunctionDef:
+    """`fn` with parameters added before its first one with a default (launches pass them by keyword), or,
+    given a `default` (source text) for them all, after its last one (launches may leave them out); those
+    in `constexpr` annotated `tl.constexpr`; the list's own layout (one per line, a trailing comma) kept."""
     params = list(fn.params.params)
-    at = next((i for i, p in enumerate(params) if p.default is not None), len(params))
+    at = len(params) if default is not None else next((i for i, p in enumerate(params) if p.default is not None),
+                                                       len(params))
     style = _comma_style(params)
+    value = cst.parse_expression(default) if default is not None else None
+    equal = cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")) if default is not None \
+        else cst.MaybeSentinel.DEFAULT
     new = [cst.Param(cst.Name(n), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")) if n in constexpr
-                     else None, comma=style) for n in names]
+                     else None, default=value, equal=equal, comma=style) for n in names]
     return fn.with_changes(params=fn.params.with_changes(params=_inserted(params, at, new, style)))
+
+
+def program_axis(node: cst.BaseExpression) -> int | None:
+    """The axis of `tl.program_id(<literal>)`, else None."""
+    if isinstance(node, cst.Call) and dotted(node.func) == "tl.program_id" and node.args \
+            and isinstance(node.args[0].value, cst.Integer):
+        return int(node.args[0].value.value)
+    return None
 
 
 def with_keywords(call: cst.Call, keywords: dict[str, cst.BaseExpression]) -> cst.Call:

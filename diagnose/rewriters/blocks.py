@@ -137,6 +137,19 @@ def assigned_names(body: cst.CSTNode) -> dict[str, int]:
     return counts
 
 
+def kept_at_launch(fn: cst.FunctionDef) -> tuple[list[cst.BaseStatement], list[cst.BaseStatement]] | None:
+    """For a kernel made a loop over its tiles: statements that save, before the loop, the parameters its
+    body moves (Liger's `a += program_id * stride`, fla's `T = eos - bos`), and statements that restore them
+    at the top of each tile, so that no tile starts from the previous one's values. None where a moved
+    parameter is a constexpr: it cannot be a loop-carried value at all."""
+    params = {q.name.value: q for q in fn.params.params}
+    moved = [name for name in assigned_names(fn.body) if name in params]
+    if any((note := params[n].annotation) is not None and "constexpr" in code(note.annotation) for n in moved):
+        return None
+    return ([cst.parse_statement(f"_kb_{name}_at_launch = {name}") for name in moved],
+            [cst.parse_statement(f"{name} = _kb_{name}_at_launch") for name in moved])
+
+
 def fresh_name(name: str, taken: set[str]) -> str:
     """`name`, underscores added until it is not in `taken` (the module's names), and now taken."""
     while name in taken:

@@ -24,7 +24,17 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, launch_arguments, register, start_plus_arange
+from diagnose.rewriters.base import (
+    InJit,
+    Variant,
+    dotted,
+    is_jit,
+    launch_arguments,
+    register,
+    start_plus_arange,
+    with_keywords,
+    with_parameters,
+)
 from diagnose.rewriters.blocks import code, names_in
 
 _ACCESS = {"tl.load", "tl.store"}
@@ -163,15 +173,12 @@ class _HintedLaunches(cst.CSTTransformer):
         if not m.matches(updated.func, m.Subscript(value=m.Name(self.kernel.name.value))):
             return updated
         bound = launch_arguments(self.kernel, updated)
-        flags = [cst.Arg(keyword=cst.Name(_flag(p)), value=cst.parse_expression(f"_kb_multiple({code(bound[p].value)})"),
-                         equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-                 for p in self.hinted if p in bound and _pure(bound[p].value)]
+        flags = {_flag(p): cst.parse_expression(f"_kb_multiple({code(bound[p].value)})")
+                 for p in self.hinted if p in bound and _pure(bound[p].value)}
         if not flags:
             return updated
         self.changed += 1
-        args = list(updated.args)
-        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return updated.with_changes(args=[*args, *flags])
+        return with_keywords(updated, flags)
 
 
 def _with_hints(fn: cst.FunctionDef, hinted: list[str]) -> cst.FunctionDef:
@@ -183,13 +190,8 @@ def _with_hints(fn: cst.FunctionDef, hinted: list[str]) -> cst.FunctionDef:
     docstring = fn.body.body[:1] if m.matches(fn.body.body[0], m.SimpleStatementLine(
         body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])) else []
     body = [*docstring, *hints, *fn.body.body[len(docstring):]]
-    flags = [cst.Param(cst.Name(_flag(p)), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")),
-                       default=cst.Integer("1"), equal=cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")))
-             for p in hinted]
-    params = list(fn.params.params)
-    params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return fn.with_changes(params=fn.params.with_changes(params=[*params, *flags]),
-                           body=fn.body.with_changes(body=body))
+    flags = [_flag(p) for p in hinted]
+    return with_parameters(fn, flags, set(flags), default="1").with_changes(body=fn.body.with_changes(body=body))
 
 
 def launch_true_hints(source: str) -> list[Variant]:

@@ -12,7 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_grid, register, sm_count_statement
-from diagnose.rewriters.blocks import assigned_names, code
+from diagnose.rewriters.blocks import kept_at_launch
 from diagnose.rewriters.persistent_dot import persistent_tma_dot
 
 
@@ -58,17 +58,11 @@ class _Persistent(cst.CSTTransformer):
                                           args=[m.Arg(value=~m.Integer("0"))])) or m.findall(original, m.Return()):
                 self.kernel = None  # a 2-D or early-returning kernel: not this rewrite
                 return updated
-            # Parameters the body moves (Liger's `a += program_id * stride`, fla's `T = eos - bos`) would carry
-            # one tile's value into the next: each tile starts from the launch's value again. A constexpr one
-            # cannot be a loop-carried value at all.
-            params = {q.name.value: q for q in original.params.params}
-            moved = [name for name in assigned_names(original.body) if name in params]
-            annotations = {name: params[name].annotation for name in moved}
-            if any(a is not None and "constexpr" in code(a.annotation) for a in annotations.values()):
+            kept = kept_at_launch(original)
+            if kept is None:
                 self.kernel = None
                 return updated
-            saved = [cst.parse_statement(f"_kb_{name}_at_launch = {name}") for name in moved]
-            restored = [cst.parse_statement(f"{name} = _kb_{name}_at_launch") for name in moved]
+            saved, restored = kept
             body = restored + [st.visit(_ProgramIdToTile()) for st in updated.body.body]
             loop = cst.For(target=cst.Name("tile"), iter=cst.parse_expression(
                 "tl.range(tl.program_id(0), n_tiles, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),  # type: ignore[arg-type]

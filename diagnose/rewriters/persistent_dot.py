@@ -32,8 +32,17 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, simple_assign, sm_count_statement, start_plus_arange
-from diagnose.rewriters.blocks import assigned_names, code, names_in
+from diagnose.rewriters.base import (
+    Variant,
+    dotted,
+    is_jit,
+    program_axis,
+    simple_assign,
+    sm_count_statement,
+    start_plus_arange,
+    with_parameters,
+)
+from diagnose.rewriters.blocks import assigned_names, code, kept_at_launch, names_in
 from diagnose.rewriters.configs import append_configs, autotuned_kernels, listed_config_keys
 from diagnose.rewriters.tma import tensor_descriptors
 
@@ -52,10 +61,9 @@ def _program_ids(fn: cst.FunctionDef) -> dict[int, tuple[int, str]]:
     out = {}
     for i, stmt in enumerate(fn.body.body):
         assign = simple_assign(stmt)
-        value = assign[1] if assign else None
-        if assign is not None and isinstance(value, cst.Call) and dotted(value.func) == "tl.program_id" \
-                and len(value.args) == 1 and isinstance(value.args[0].value, cst.Integer):
-            out[int(value.args[0].value.value)] = (i, assign[0])
+        axis = program_axis(assign[1]) if assign else None
+        if assign is not None and axis is not None:
+            out[axis] = (i, assign[0])
     return out
 
 
@@ -103,10 +111,10 @@ def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool | str) -> cst.Fu
                                              names_in(cst.parse_expression(b[0]))):
         return None
     (rows_bound, rows_block), (cols_bound, cols_block) = bounds  # type: ignore[misc]
-    params = {p.name.value: p for p in fn.params.params}
-    moved = [name for name in assigned if name in params]
-    if any((note := params[n].annotation) is not None and "constexpr" in code(note.annotation) for n in moved):
+    kept = kept_at_launch(fn)
+    if kept is None:
         return None
+    saved, restored = kept
     descriptors = [st for st in body if (a := simple_assign(st)) and isinstance(a[1], cst.Call)
                    and dotted(a[1].func) == "tl.make_tensor_descriptor" and not (names_in(a[1]) & set(assigned))]
     first = min(i for i, _ in pids.values())
@@ -118,21 +126,15 @@ def _persistent_body(fn: cst.FunctionDef, warp_specialize: bool | str) -> cst.Fu
         f"for _kb_tile in tl.range(tl.program_id(0), _kb_tiles_m * _kb_tiles_n, tl.num_programs(0), {options}):\n"
         f"    {pid_m} = _kb_tile % _kb_tiles_m\n    {pid_n} = _kb_tile // _kb_tiles_m\n")
     assert isinstance(loop, cst.For)
-    restored = [cst.parse_statement(f"{name} = _kb_{name}_at_launch") for name in moved]
     loop = loop.with_changes(body=loop.body.with_changes(body=[*restored, *loop.body.body, *rest]), leading_lines=[
         cst.EmptyLine(comment=cst.Comment("# persistent: each program walks the output tiles num_programs apart, "
                                           "in the 2-D grid's launch order"))])
-    prologue = [cst.parse_statement(f"_kb_{name}_at_launch = {name}") for name in moved] + [
+    prologue = saved + [
         cst.parse_statement(f"_kb_tiles_m = tl.cdiv({rows_bound}, {rows_block})"),
         cst.parse_statement(f"_kb_tiles_n = tl.cdiv({cols_bound}, {cols_block})")]
     new = fn.with_changes(body=fn.body.with_changes(body=[*head, *prologue, *descriptors, loop]))
-    if isinstance(warp_specialize, str):
-        flag = cst.Param(cst.Name(warp_specialize), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")),
-                         default=cst.Name("False"), equal=cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")))
-        listed = list(new.params.params)
-        listed[-1] = listed[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        new = new.with_changes(params=new.params.with_changes(params=[*listed, flag]))
-    return new
+    return with_parameters(new, [warp_specialize], {warp_specialize}, default="False") \
+        if isinstance(warp_specialize, str) else new
 
 
 def _tuned_tiles(module: cst.Module, kernel: cst.FunctionDef) -> list[str] | None:

@@ -11,7 +11,16 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.base import InJit, SubstituteNames, Variant, dotted, jit_functions, launch_arguments, register
+from diagnose.rewriters.base import (
+    InJit,
+    SubstituteNames,
+    Variant,
+    dotted,
+    jit_functions,
+    launch_arguments,
+    program_axis,
+    register,
+)
 from diagnose.rewriters.blocks import enclosing_function, names_in, reaching_value
 from diagnose.rewriters.configs import DOT_TILES, autotuned_kernels
 from diagnose.rewriters.launch import (
@@ -44,15 +53,8 @@ class _AxisBlocks(cst.CSTVisitor):
         self.pids: dict[str, int] = {}
         self.axis_block: dict[int, str] = {}
 
-    @staticmethod
-    def _axis(node: cst.BaseExpression) -> int | None:
-        if isinstance(node, cst.Call) and dotted(node.func) == "tl.program_id" and node.args \
-                and isinstance(node.args[0].value, cst.Integer):
-            return int(node.args[0].value.value)
-        return None
-
     def visit_Assign(self, node: cst.Assign) -> None:
-        axis = self._axis(node.value)
+        axis = program_axis(node.value)
         if axis is not None and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
             self.pids[node.targets[0].target.value] = axis
 
@@ -60,7 +62,7 @@ class _AxisBlocks(cst.CSTVisitor):
         if not isinstance(node.operator, cst.Multiply):
             return
         for pid, block in ((node.left, node.right), (node.right, node.left)):
-            axis = self.pids.get(pid.value) if isinstance(pid, cst.Name) else self._axis(pid)
+            axis = self.pids.get(pid.value) if isinstance(pid, cst.Name) else program_axis(pid)
             if axis is not None and isinstance(block, cst.Name) and block.value.isupper():
                 self.axis_block.setdefault(axis, block.value)
 
