@@ -228,7 +228,7 @@ _LAUNCHING: OrderedDict[int, tuple[cst.Module, dict[int, cst.FunctionDef]]] = Or
 
 def _launching_functions(module: cst.Module) -> dict[int, cst.FunctionDef]:
     """id of each `x[...](...)` call -> the outermost function holding it, read once per module (a walk per
-    launch took 25 s on a 1,235-line fla file)."""
+    launch made the 1-D persistent rewrite take 8 s a variant on a 1,235-line fla file)."""
     held = _LAUNCHING.get(id(module))
     if held is not None and held[0] is module:
         _LAUNCHING.move_to_end(id(module))

@@ -39,7 +39,7 @@ class _Persistent(cst.CSTTransformer):
         # one or to `lambda meta: (G,)`), no parameter with a default (n_tiles is appended after them).
         jit = jit_functions(node)
         launches = [cst.ensure_type(c, cst.Call) for c in m.findall(node, m.Call(func=m.Subscript()))]
-        # Launches per statement, counted once (per kernel it was a walk of the module: 25 s on fla's abc/chunk.py).
+        # Launches per statement, counted once (per kernel it was a walk of the module: seconds on fla's abc/chunk.py).
         per_line = [Counter(dotted(c.func.value) for c in m.findall(line, m.Call(func=m.Subscript(value=m.Name()))))  # type: ignore[attr-defined]
                     for line in m.findall(node, m.SimpleStatementLine())]
         for name in dict.fromkeys(dotted(c.func.value) for c in launches if dotted(c.func.value) in jit):  # type: ignore[attr-defined]
