@@ -105,3 +105,12 @@ def test_a_second_kernel_hinted_in_a_later_round_shares_the_helper():
 def _hinted_or_none(source: str) -> str | None:
     found = [v.source for v in rewrite("divisibility-hints", source, {}) if "hinted" in v.params]
     return found[0] if found else None
+
+
+def test_a_signature_closed_on_its_own_line_stays_so():
+    # Liger's style: the parameters on one line, `):` on the next; the flags join the parameters' line.
+    split = ROW_DOT.replace("BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):",
+                            "BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr\n):")
+    hinted = _hinted(split)
+    assert "BLOCK_K: tl.constexpr, _kb_M_multiple: tl.constexpr = 1" in hinted
+    assert "_kb_stride_am_multiple: tl.constexpr = 1\n):" in hinted

@@ -149,6 +149,11 @@ def _inserted(items: list[Any], at: int, new: list[Any], style: cst.Comma) -> li
     if at == len(items) and items:
         new[-1] = new[-1].with_changes(comma=items[-1].comma)
         items[-1] = items[-1].with_changes(comma=style)
+        # A list closed on its own line keeps that line break after its last item (libcst holds it there).
+        trailing = next((a for a in ("whitespace_after_param", "whitespace_after_arg") if hasattr(items[-1], a)), None)
+        if trailing is not None:
+            new[-1] = new[-1].with_changes(**{trailing: getattr(items[-1], trailing)})
+            items[-1] = items[-1].with_changes(**{trailing: cst.SimpleWhitespace("")})
     items[at:at] = new
     return items
 
