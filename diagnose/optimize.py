@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diagnose.end_of_run import time_the_end
-from diagnose.judging import HarnessJudge, Judge, acceptable, improvement, validate_variants, why_rejected
+from diagnose.judging import (
+    POOLED_NOTE,
+    HarnessJudge,
+    Judge,
+    acceptable,
+    confirmed,
+    improvement,
+    validate_variants,
+    why_rejected,
+)
 from diagnose.llm import EndpointError
 from diagnose.llm_round import ask_for_round, budget_left
 from diagnose.loop_options import KEPT_ON_RESUME, OptimizeOptions
@@ -539,7 +548,7 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                **llm_record}
     won = improvement(report, options)
     if won is not None:
-        again = _confirmed(judge, spec, parent, file, entry, options)
+        again = confirmed(judge, spec, parent, file, entry, options)
         if again is not None:
             report_again, (geomean_again, noise_again, why_again) = again
             timings["confirmation"] = {"geomean": geomean_again, "noise": noise_again, "why": why_again,
@@ -557,6 +566,8 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                 say(f"round {r.idx}: rejected ({geomean:.3f}x not confirmed: {figure})")
                 return
             first = f", {geomean:.3f}x among the variants"
+            if POOLED_NOTE in report_again.notes:
+                first += "; pooled over two timings alone (one read a case slower than the bar)"
             geomean, won = geomean_again, won_again
             # The round's figures are the confirmation's; "report" stays the checked one (L2 reads it).
             timings["per_case"] = report_again.speedups()
@@ -570,23 +581,6 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
         verdict = "slower than the parent" if geomean < 1 - noise else f"within noise {noise:.1%}"
         store.done(r.idx, "rejected", f"{p}: geomean speedup {geomean:.3f}x is {verdict}", timings, geomean)
         say(f"round {r.idx}: rejected ({geomean:.3f}x)")
-
-
-def _confirmed(judge: Judge, spec: TaskSpec, parent: Path, chosen: Path, entry: str,
-               options: OptimizeOptions) -> tuple[RunReport, tuple[float | None, float, str]] | None:
-    """The round's pick timed against its parent once more, in a job of its own, tried twice if the
-    job fails; None when the judge cannot (no `confirm`, or a judge that does not time). The pick is
-    the fastest of several variants, so its first figure is biased up, and one slow timing of the
-    parent can make it: on the H200, silu_mul's round 1 was accepted at 1.162x because the parent
-    read 19.2 µs on 2^20 elements (8.8 µs in the end-of-run measurement, which found the pick 0.995x
-    of it). The recorded speedup is this second, unselected figure."""
-    confirm = getattr(judge, "confirm", None)
-    if confirm is None:
-        return None
-    report = confirm(spec, str(parent), str(chosen), entry)
-    if report is not None and report.failure:  # a lost worker or a timeout: once more, in a fresh worker
-        report = confirm(spec, str(parent), str(chosen), entry)
-    return (report, acceptable(report, options)) if report is not None else None
 
 
 def _checker(judge: Judge, spec: TaskSpec, parent: Path, entry: str) -> Callable[[Path], str | None]:

@@ -228,6 +228,54 @@ def test_a_round_is_accepted_only_if_its_pick_is_faster_when_timed_again(tmp_pat
     kept.close()
 
 
+class NoisyConfirmationJudge(TimedJudge):
+    """Pipelining pays 1.43x on every case; timed again alone, case m=8,n=128 reads the candidate
+    `slow[i]` times slower in the i-th confirmation (noise between jobs, or a real regression)."""
+
+    def __init__(self, slow: list[float]) -> None:
+        super().__init__()
+        self.slow = slow
+        self.confirmations = 0
+
+    def confirm(self, spec, baseline, candidate, entry) -> RunReport:
+        report = self(spec, baseline, candidate, entry)
+        factor = self.slow[self.confirmations]
+        self.confirmations += 1
+        for case in report.run("candidate").cases:
+            if case.timing is not None and case.label == "m=8,n=128":
+                case.timing = Timing(*(case.timing.median_us * factor,) * 3, 100, repeat_spread=0.0)
+        return report
+
+
+def test_a_case_one_confirmation_reads_slower_is_timed_again_and_the_timings_pooled(tmp_path):
+    # 1.429x in the round; timed again, case m=8,n=128 reads 1.429 / 1.5 = 0.952x: vetoed before. The
+    # readings disagree, so a third timing (the case at 1.429x again) is pooled with it: accepted.
+    judge = NoisyConfirmationJudge(slow=[1.5, 1.0])
+    store = _run(tmp_path / "noise", rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.confirmations == 2
+    assert first.outcome == "accepted" and "pooled over two timings alone" in first.reason
+    pooled_case = first.timings["per_case"]["m=8,n=128"]
+    assert pooled_case == pytest.approx(100 / ((70 * 1.5 + 70) / 2), rel=1e-6)  # the mean of both medians
+    # The gap between the two timings (70 against 105 us) widens the bar the pooled report is judged by.
+    assert first.timings["confirmation"]["noise"] == pytest.approx(35 / 105)
+    store.close()
+
+    # A real regression reads slow in both timings alone and still vetoes.
+    judge = NoisyConfirmationJudge(slow=[1.5, 1.5])
+    store = _run(tmp_path / "real", rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.confirmations == 2
+    assert first.outcome == "rejected" and "case m=8,n=128 is 0.952x of the parent" in first.reason
+    store.close()
+
+    # A confirmation that agrees with the round costs no third timing.
+    judge = NoisyConfirmationJudge(slow=[1.0])
+    store = _run(tmp_path / "agree", rounds=1, judge=judge)
+    assert judge.confirmations == 1 and store.rounds()[0].outcome == "accepted"
+    store.close()
+
+
 class OneCaseSlowerJudge(TimedJudge):
     """Pipelining pays (1.43x) on every case but m=8,n=128, where it costs 1.5x more."""
 
