@@ -8,126 +8,56 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register, simple_assign, start_plus_arange
-
-
-def _terms(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The operands of a chain of `+`."""
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) and not expr.lpar:
-        return _terms(expr.left) + _terms(expr.right)
-    return [expr]
-
-
-def _axis(sub: cst.Subscript) -> int | None:
-    """0 for `v[:, None]`, 1 for `v[None, :]`."""
-    if len(sub.slice) != 2:
-        return None
-    first, second = (e.slice for e in sub.slice)
-    if isinstance(first, cst.Slice) and isinstance(second, cst.Index) and m.matches(second.value, m.Name("None")):
-        return 0
-    if isinstance(second, cst.Slice) and isinstance(first, cst.Index) and m.matches(first.value, m.Name("None")):
-        return 1
-    return None
+from diagnose.rewriters.affine import TileLoad, tile_loads
+from diagnose.rewriters.base import Variant, is_jit, register
+from diagnose.rewriters.blocks import assigned_names, fresh_name, names_in
 
 
 class _TmaLoads(cst.CSTTransformer):
-    """Inside the kernel's loops, `tl.load(P + R[:, None] * S0 + C[None, :] * S1, mask=(R[:, None] < M) &
-    (C[None, :] < N), other=0.0)` becomes `P_desc.load([R0, C0])` on a descriptor of shape [M, N],
-    strides [S0, S1] and the tile's block shape, created once before the loop. Out-of-bounds rows and
-    columns read as zero, as `other=0.0` did."""
+    """Inside the kernel's loops, each tile load the affine reader placed (`affine.tile_loads`) becomes
+    `<base>_desc.load([row start, column start])` on a descriptor of the array's shape, strides and the
+    tile's block shape, created once per program. Out-of-bounds rows and columns read as zero, as the
+    masked load's `other=0.0` did (or as its unspecified `other`, or as a wrapped row that only a masked
+    output row reads)."""
 
-    def __init__(self, module: cst.Module, ranges: dict[str, tuple[cst.BaseExpression, cst.BaseExpression]]) -> None:
-        self.module, self.ranges = module, ranges
-        self.descriptors: dict[str, cst.BaseStatement] = {}  # base param -> `base_desc = tl.make_tensor_descriptor(...)`
-        self.strides: dict[str, tuple[str | None, str | None]] = {}
-        self.loop = 0
-
-    def visit_For(self, node: cst.For) -> None:
-        self.loop += 1
-
-    def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
-        self.loop -= 1
-        return updated
-
-    def _range(self, v: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-        v = v.with_changes(lpar=[], rpar=[])
-        if isinstance(v, cst.Name) and v.value in self.ranges:
-            return self.ranges[v.value]
-        if isinstance(v, cst.BinaryOperation) and isinstance(v.operator, cst.Add):
-            for var, off in ((v.right, v.left), (v.left, v.right)):
-                if isinstance(var, cst.Name) and var.value in self.ranges:
-                    start, block = self.ranges[var.value]
-                    return (off if m.matches(start, m.Integer("0")) else
-                            cst.BinaryOperation(off, cst.Add(), start)), block
-        return None
+    def __init__(self, fn: cst.FunctionDef) -> None:
+        self.reads = tile_loads(fn)
+        params = {p.name.value for p in fn.params.params}
+        counts = assigned_names(fn.body)
+        # Names a descriptor may use at the kernel's top: launch values of parameters it never reassigns,
+        # and globals. The base may be moved in place later (attorch's `input_pointer += ...`).
+        self.at_top = {n for n in params if not counts.get(n)}
+        self.locals = set(counts) | params
+        self.descriptors: dict[str, tuple[str, cst.BaseStatement]] = {}  # key -> (name, statement)
+        self.strides: dict[str, tuple[str, str]] = {}  # base -> (row stride, column stride)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        if not self.loop or dotted(updated.func) != "tl.load" or not updated.args or updated.args[0].keyword:
+        read = self.reads.get(original)
+        if read is None or not self._fits(read):
             return updated
-        kw = {a.keyword.value: a.value for a in updated.args[1:] if a.keyword is not None}
-        if len(updated.args) - 1 != len(kw) or set(kw) - {"mask", "other"}:
-            return updated
-        if "other" in kw and not m.matches(kw["other"], m.Float("0.0") | m.Integer("0")):
-            return updated
-        base, axes = None, {}
-        for term in _terms(updated.args[0].value):
-            stride = None
-            if isinstance(term, cst.BinaryOperation) and isinstance(term.operator, cst.Multiply) \
-                    and isinstance(term.left, cst.Subscript):
-                stride = term.right
-                term = term.left
-            if isinstance(term, cst.Name) and base is None:
-                base = term.value
-            elif isinstance(term, cst.Subscript) and (axis := _axis(term)) is not None and axis not in axes:
-                rng = self._range(term.value)
-                if rng is None:
-                    return updated
-                axes[axis] = (self.module.code_for_node(term.value), rng, stride)
-            else:
-                return updated
-        if base is None or set(axes) != {0, 1} or "mask" not in kw:
-            return updated
-        bounds = self._bounds(kw["mask"])
-        if bounds is None or set(bounds) != {axes[0][0], axes[1][0]}:
-            return updated
-        strides = [axes[i][2] if axes[i][2] is not None else cst.Integer("1") for i in (0, 1)]
-        name = f"{base[:-4] if base.endswith('_ptr') else base}_desc"
-        make = cst.parse_expression("tl.make_tensor_descriptor(x, shape=[], strides=[], block_shape=[])").with_changes(
-            args=[cst.Arg(cst.Name(base)),
-                  *[cst.Arg(cst.List([cst.Element(e) for e in vals]), keyword=cst.Name(k),  # type: ignore[arg-type]
-                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-                    for k, vals in (("shape", [bounds[axes[0][0]], bounds[axes[1][0]]]), ("strides", strides),
-                                    ("block_shape", [axes[0][1][1], axes[1][1][1]]))]])
-        self.descriptors.setdefault(base, cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], make)]))
-        self.strides[base] = tuple(self.module.code_for_node(x) if isinstance(x, cst.Name) else None for x in strides)  # type: ignore[assignment]
-        starts = cst.List([cst.Element(axes[i][1][0].with_changes(lpar=[], rpar=[])) for i in (0, 1)])
-        return cst.Call(cst.Attribute(cst.Name(name), cst.Name("load")), [cst.Arg(starts)])
+        rows, cols = read.axes
+        make = (f"tl.make_tensor_descriptor({read.base}, shape=[{rows.bound}, {cols.bound}], "
+                f"strides=[{rows.stride}, {cols.stride}], block_shape=[{rows.block}, {cols.block}])")
+        if make not in self.descriptors:
+            stem = read.base[:-4] if read.base.endswith("_ptr") else read.base
+            taken = {name for name, _ in self.descriptors.values()}
+            name = fresh_name(f"{stem}_desc", taken | self.locals)
+            self.descriptors[make] = (name, cst.parse_statement(f"{name} = {make}"))
+            self.strides[read.base] = (rows.stride, cols.stride)
+        name = self.descriptors[make][0]
+        return cst.parse_expression(f"{name}.load([{rows.start}, {cols.start}])")
 
-    def _bounds(self, mask: cst.BaseExpression) -> dict[str, cst.BaseExpression] | None:
-        """{range code: bound} of a mask `(A[:, None] < M) & (B[None, :] < N)`."""
-        mask = mask.with_changes(lpar=[], rpar=[])
-        if isinstance(mask, cst.BinaryOperation) and isinstance(mask.operator, cst.BitAnd):
-            left, right = self._bounds(mask.left), self._bounds(mask.right)
-            return None if left is None or right is None else {**left, **right}
-        if (isinstance(mask, cst.Comparison) and len(mask.comparisons) == 1
-                and isinstance(mask.comparisons[0].operator, cst.LessThan) and isinstance(mask.left, cst.Subscript)):
-            return {self.module.code_for_node(mask.left.value): mask.comparisons[0].comparator}
-        return None
-
-
-def _kernel_ranges(fn: cst.FunctionDef) -> dict[str, tuple[cst.BaseExpression, cst.BaseExpression]]:
-    out: dict[str, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
-    for stmt in fn.body.body:
-        assign = simple_assign(stmt)
-        if assign is None:
-            continue
-        name, value = assign
-        if isinstance(value, cst.Call) and dotted(value.func) == "tl.arange" and len(value.args) == 2 \
-                and m.matches(value.args[0].value, m.Integer("0")):
-            out[name] = (cst.Integer("0"), value.args[1].value)
-        elif (split := start_plus_arange(value)) is not None:
-            out[name] = split
-    return out
+    def _fits(self, read: TileLoad) -> bool:
+        """The descriptor can be made at the kernel's top, and the launch can check TMA's rules on it: row
+        stride a parameter or a literal, column stride 1 or a parameter; one stride pair per base."""
+        rows, cols = read.axes
+        used = {n for part in (rows.bound, cols.bound, rows.stride, cols.stride, rows.block, cols.block)
+                for n in names_in(cst.parse_expression(part))}
+        if used - self.at_top & self.locals:
+            return False
+        if not (rows.stride in self.at_top or rows.stride.isdigit()) or not (cols.stride == "1" or cols.stride in self.at_top):
+            return False
+        return self.strides.get(read.base, (rows.stride, cols.stride)) == (rows.stride, cols.stride)
 
 
 def tensor_descriptors(source: str, context: dict[str, Any]) -> list[Variant]:
@@ -140,15 +70,13 @@ def tensor_descriptors(source: str, context: dict[str, Any]) -> list[Variant]:
         if not (isinstance(fn, cst.FunctionDef) and is_jit(fn) and m.findall(fn, m.Call(func=m.Attribute(
                 value=m.Name("tl"), attr=m.Name("dot"))))):
             continue
-        loads = _TmaLoads(module, _kernel_ranges(fn))
-        new_body = []
-        for stmt in fn.body.body:
-            rewritten = stmt.visit(loads)
-            if isinstance(stmt, cst.For) and loads.descriptors:
-                new_body += [d for d in loads.descriptors.values() if d not in new_body]
-            new_body.append(rewritten)  # type: ignore[arg-type]
+        loads = _TmaLoads(fn)
+        rewritten = [st for st in (stmt.visit(loads) for stmt in fn.body.body) if isinstance(st, cst.BaseStatement)]
         if not loads.descriptors:
             continue
+        doc = 1 if rewritten and m.matches(rewritten[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
+        made = [statement for _, statement in loads.descriptors.values()]
+        new_body = [*rewritten[:doc], *made, *rewritten[doc:]]
         name = fn.name.value
         tma = fn.with_changes(name=cst.Name(f"{name}_tma"), body=fn.body.with_changes(body=new_body),
                               leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
@@ -158,12 +86,12 @@ def tensor_descriptors(source: str, context: dict[str, Any]) -> list[Variant]:
         if not dispatch.changed:
             continue
         new = module.with_changes(body=[*body[:i + 1], tma, *rest])
-        return [Variant({"tma": sorted(loads.descriptors)}, new.code)]
+        return [Variant({"tma": sorted(loads.strides)}, new.code)]
     return []
 
 
 class _TmaDispatch(cst.CSTTransformer):
-    def __init__(self, kernel: str, params: list[str], strides: dict[str, tuple[str | None, str | None]]) -> None:
+    def __init__(self, kernel: str, params: list[str], strides: dict[str, tuple[str, str]]) -> None:
         self.kernel, self.params, self.strides = kernel, params, strides
         self.changed = 0
 
@@ -183,25 +111,29 @@ class _TmaDispatch(cst.CSTTransformer):
                 return updated
             t = code(bound[base])
             tensors.append(t)
-            check = [f"{t}.data_ptr() % 16 == 0"]
-            if s0 and s0 in bound:
-                check.append(f"({code(bound[s0])} * {t}.element_size()) % 16 == 0")
-            if s1 and s1 in bound:
+            if not (s0.isdigit() or s0 in bound) or not (s1 == "1" or s1 in bound):
+                return updated  # a stride the launch does not pass: TMA's rules cannot be checked
+            row = s0 if s0.isdigit() else code(bound[s0])
+            check = [f"{t}.data_ptr() % 16 == 0", f"({row} * {t}.element_size()) % 16 == 0"]
+            if s1 != "1":
                 check.append(f"{code(bound[s1])} == 1")
             checks.append(" and ".join(check))
-        tma_call = updated.deep_replace(call, call.with_changes(func=call.func.with_changes(  # type: ignore[attr-defined]
+        # The launch's own comment lines go above the branch, not into it (its code would start dedented).
+        launch = updated.with_changes(leading_lines=[])
+        tma_call = launch.deep_replace(call, call.with_changes(func=call.func.with_changes(  # type: ignore[attr-defined]
             value=cst.Name(f"{self.kernel}_tma"))))
         self.changed += 1
         condition = "(\n    " + "\n    and ".join(checks) + "\n)"
         # One statement for the caller: the flag and the branch go out as a small block.
-        return cst.parse_statement(
+        branch = cst.parse_statement(
             f"if {condition}:\n"
             f"    # TMA descriptors need scratch memory for device-side creation\n"
             f"    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, "
             f"device={tensors[0]}.device))\n"
             f"    {code(tma_call).strip()}\n"
             f"else:\n"
-            f"    {code(updated).strip()}\n")
+            f"    {code(launch).strip()}\n")
+        return branch.with_changes(leading_lines=updated.leading_lines)
 
 
 register("tensor-descriptors-tma")(tensor_descriptors)
