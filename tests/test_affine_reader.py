@@ -49,9 +49,9 @@ TUTORIAL = textwrap.dedent('''
         M, K = a.shape
         K, N = b.shape
         c = torch.empty((M, N), device=a.device, dtype=torch.float16)
-        grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+        grid = (triton.cdiv(M, 128), triton.cdiv(N, 64))
         mm_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                        BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+                        BLOCK_M=128, BLOCK_N=64, BLOCK_K=32)
         return c
 ''')
 
@@ -86,8 +86,8 @@ DRAFT = textwrap.dedent('''
         m, k = a.shape
         k, n = b.shape
         c = torch.empty((m, n), device=a.device, dtype=torch.float16)
-        BLOCK_M = 32
-        BLOCK_N = 32
+        BLOCK_M = 128
+        BLOCK_N = 64
         BLOCK_K = 32
         grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
         # the launch's own comment stays above the dispatch
@@ -167,8 +167,8 @@ def test_what_the_reader_cannot_place_is_declined(change):
 
 
 @pytest.mark.parametrize("call", [
-    "mm(torch.randn(64, 64).half(), torch.randn(64, 96).half())",    # whole tiles
-    "mm(torch.randn(72, 40).half(), torch.randn(40, 56).half())",    # ragged: TMA pads, the store masks
+    "mm(torch.randn(256, 64).half(), torch.randn(64, 128).half())",  # whole 128x64 tiles, 4 of them
+    "mm(torch.randn(200, 40).half(), torch.randn(40, 136).half())",  # ragged: TMA pads, the store masks
     "mm(torch.randn(33, 33).half(), torch.randn(33, 17).half())",    # 66-byte rows: the kernel as written
 ])
 @pytest.mark.parametrize("source", [TUTORIAL, DRAFT], ids=["tutorial", "draft"])

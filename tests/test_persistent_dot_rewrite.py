@@ -11,8 +11,13 @@ import pytest
 from conftest import FIXTURES, candidate_rejection
 
 from diagnose.rewriters import rewrite
+from diagnose.rewriters.persistent_dot import MIN_FIXED_TILE
 
 MATMUL = FIXTURES.parent.parent / "corpora" / "operators" / "matmul" / "matmul.py"
+# The corpus matmul launched on a 128x64 tile: large enough for one program per SM (`MIN_FIXED_TILE`).
+WIDE = MATMUL.read_text().replace("grid = (triton.cdiv(m, 64), triton.cdiv(n, 64))",
+                                  "grid = (triton.cdiv(m, 128), triton.cdiv(n, 64))") \
+    .replace("BLOCK_M=64, BLOCK_N=64, BLOCK_K=32", "BLOCK_M=128, BLOCK_N=64, BLOCK_K=32")
 
 
 def _persistent(source: str) -> list:
@@ -20,7 +25,7 @@ def _persistent(source: str) -> list:
 
 
 def test_a_tiled_matmul_gets_both_forms_with_its_launch_on_the_sm_count():
-    variants = _persistent(MATMUL.read_text())
+    variants = _persistent(WIDE)
     assert [v.params["warp_specialize"] for v in variants] == [False, True]
     source = variants[1].source
     assert "_kb_tiles_m = tl.cdiv(M, BLOCK_M)" in source and "_kb_tiles_n = tl.cdiv(N, BLOCK_N)" in source
@@ -36,15 +41,15 @@ def test_a_tiled_matmul_gets_both_forms_with_its_launch_on_the_sm_count():
     "matmul(torch.randn(65, 65).half(), torch.randn(65, 33).half())",     # 130-byte rows: the kernel as written
 ])
 def test_the_persistent_forms_pass_the_judge(tmp_path, call):
-    for variant in _persistent(MATMUL.read_text()):
-        assert candidate_rejection(tmp_path, MATMUL.read_text(), variant.source, "matmul", call, "torch.matmul",
+    for variant in _persistent(WIDE):
+        assert candidate_rejection(tmp_path, WIDE, variant.source, "matmul", call, "torch.matmul",
                                    seeds=1) == "", variant.params
 
 
 def test_the_warp_specialized_form_compiles_for_sm90_as_one_flattened_tile_loop(tmp_path):
     from harness.capture import capture_call
 
-    (tmp_path / "persistent.py").write_text(_persistent(MATMUL.read_text())[1].source)
+    (tmp_path / "persistent.py").write_text(_persistent(WIDE)[1].source)
     [art] = capture_call(tmp_path / "persistent.py", "matmul(torch.randn(512, 512).half(), torch.randn(512, 512).half())",
                          target="cuda:90")
     assert art.kernel == "matmul_kernel_tma"
@@ -52,8 +57,18 @@ def test_the_warp_specialized_form_compiles_for_sm90_as_one_flattened_tile_loop(
     assert "ttng.warp_group_dot" in art.stages["ttgir"]
 
 
+def test_a_launch_fixed_tile_too_small_for_one_program_per_sm_is_left_to_the_tile_search():
+    # 64x64: on the H200 a draft's 64x64x32 tile ran 2.4-3.5x slower persistent than on its own grid.
+    assert MIN_FIXED_TILE == 64 * 128 and _persistent(MATMUL.read_text()) == []
+    # The same tile written as wrapper locals passed by position (TritonBench-T's drafts) is read as well.
+    positional = WIDE.replace("BLOCK_M=128, BLOCK_N=64, BLOCK_K=32", "BLOCK_M, BLOCK_N, BLOCK_K").replace(
+        "    grid = (", "    BLOCK_M = 64\n    BLOCK_N = 64\n    BLOCK_K = 32\n    grid = (")
+    assert "BLOCK_M = 64" in positional and _persistent(positional) == []
+    assert len(_persistent(positional.replace("BLOCK_N = 64", "BLOCK_N = 128"))) == 2
+
+
 def test_tiles_that_cannot_be_counted_from_the_masks_are_left_alone():
-    source = MATMUL.read_text()
+    source = WIDE
     # Rows bounded by a value the kernel recomputes: the tile count read before the loop would be stale.
     moved = source.replace("    rm = pid_m * BLOCK_M", "    M = M - 0\n    rm = pid_m * BLOCK_M")
     assert _persistent(moved) == []

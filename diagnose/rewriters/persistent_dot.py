@@ -6,7 +6,8 @@ without Hopper warp specialization.
 Measured on the H200 (triton 3.6, fp16, docs/device/2026-12-04-h200-own-suite/): against cuBLAS, the
 textbook kernel's best plain tile reaches 0.83x at 512^3 and 0.72x at 1024^3, where 64 to 128 output tiles
 leave a partial wave on 132 SMs; this form reaches 0.89x and 0.93x, and matches the plain form's best from
-2048^3 up. A kernel with launch-fixed tiles keeps them (two variants: with and without warp specialization);
+2048^3 up. A kernel with launch-fixed tiles of at least 64x128 keeps them (two variants: with and without warp
+specialization; a smaller fixed tile is declined, `MIN_FIXED_TILE`);
 an autotuned one gets this form's measured tiles appended to its configs, each with and without warp
 specialization as a config constexpr, so that its tuner picks both per shape.
 
@@ -44,6 +45,7 @@ from diagnose.rewriters.base import (
 )
 from diagnose.rewriters.blocks import assigned_names, code, kept_at_launch, names_in
 from diagnose.rewriters.configs import append_configs, autotuned_kernels, listed_config_keys
+from diagnose.rewriters.launch import current_knobs
 from diagnose.rewriters.tma import tensor_descriptors
 
 __all__ = ["PERSISTENT_TILES", "persistent_tma_dot"]
@@ -54,6 +56,12 @@ __all__ = ["PERSISTENT_TILES", "persistent_tma_dot"]
 PERSISTENT_TILES = ((128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 128, 64, 4, 4), (128, 256, 64, 3, 8))
 # The constexpr an autotuned kernel's configs set to choose warp specialization per shape.
 WS_FLAG = "_KB_WARP_SPECIALIZE"
+# The fewest output elements a launch-fixed tile needs for this form. One program per SM leaves a small tile's
+# SM nearly idle: on the H200 a TritonBench-T draft's 64x64x32 tile ran 2.4-3.5x slower persistent than on its
+# own grid (1280^2-4096^2, docs/device/2026-12-04-h200-own-suite-2/), where the plain grid keeps several
+# programs on each SM; 64x128 and larger tiles gained (PERSISTENT_TILES). A kernel with a smaller fixed tile
+# is left to the tile search first, whose tuned kernel then gets this form's tiles.
+MIN_FIXED_TILE = 64 * 128
 
 
 def _program_ids(fn: cst.FunctionDef) -> dict[int, tuple[int, str]]:
@@ -159,6 +167,17 @@ def _tuned_tiles(module: cst.Module, kernel: cst.FunctionDef) -> list[str] | Non
     return out
 
 
+def _fixed_tile(source: str, kernel: cst.FunctionDef) -> float:
+    """Output elements of the tile the original kernel's launch fixes (BLOCK_M x BLOCK_N, as the launch
+    writes them: keywords, positions, wrapper locals or defaults); infinite where the launch does not say."""
+    name = kernel.name.value.removesuffix("_tma")
+    pids = _program_ids(kernel)
+    blocks = [_tile_bound(kernel, pids[axis][1]) if axis in pids else None for axis in (0, 1)]
+    knobs = current_knobs(cst.parse_module(source), {name})
+    values = [knobs[b[1]].value if b is not None and b[1] in knobs else None for b in blocks]
+    return float("inf") if None in values else float(values[0]) * float(values[1])  # type: ignore[arg-type]
+
+
 class _OneProgramPerSM(cst.CSTTransformer):
     """`kernel[grid](...)` -> `sm_count = ...` and `kernel[(sm_count,)](...)`: programs past the last tile
     find their loop empty. Without a GPU (the interpreter) 4 programs, so that each walks several tiles."""
@@ -207,6 +226,8 @@ def persistent_tma_dot(source: str) -> list[Variant]:
             if tuned is not None:
                 out.append(Variant({**tma.params, "persistent": "one program per SM, tiles in launch order",
                                     "warp_specialize": "tuned", "configs_added": len(tiles)}, tuned.code))
+            continue
+        if _fixed_tile(source, kernel) < MIN_FIXED_TILE:
             continue
         for warp_specialize in (False, True):
             persistent = _persistent_body(kernel, warp_specialize)
