@@ -119,9 +119,11 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
     if memory:
         fractions = [r.fraction for _, r in memory]
         mid = median(fractions)
-        copy = (report.ceilings or {}).get("copy_gbps")
-        ev = log.add("L2", "roofline", f"{len(memory)} memory-bound case(s) reach a median {mid:.0%} of the measured "
-                     f"copy bandwidth ({f'{copy:.0f}' if copy else '?'} GB/s)", where,
+        ceiling = report.ceilings or {}
+        copy = ceiling.get("copy_gbps")
+        against = ("of the measured copy rate at their sizes" if ceiling.get("copy_curve") else
+                   f"of the measured copy bandwidth ({f'{copy:.0f}' if copy else '?'} GB/s)")
+        ev = log.add("L2", "roofline", f"{len(memory)} memory-bound case(s) reach a median {mid:.0%} {against}", where,
                      ", ".join(f"{label}: {r.achieved_gbps:.0f} GB/s ({r.fraction:.0%})"
                                for label, r in memory if r.achieved_gbps))
         if mid < FAR_FROM_ROOF:

@@ -287,6 +287,25 @@ def test_a_small_case_is_bounded_by_the_launch_floor_not_the_bandwidth_line():
     assert place(32768, None, 4.5e-6, {"copy_gbps": 4000.0}).bound_on_speedup(4.5) > 500  # no floor measured
 
 
+def test_a_memory_bound_case_is_placed_against_the_copy_rate_at_its_own_size():
+    from harness.roofline import copy_gbps_at
+
+    # The H200's curve (docs/device/2026-12-04-h200-own-suite-2/call3/copy-ladder.txt, rounded): torch's copy
+    # of 8.4 MB reaches 1222 GB/s, of 2.1 GB 4247.
+    curve = [[8.4e6, 1222.0], [33.6e6, 2479.0], [134.2e6, 3613.0], [536.9e6, 4114.0], [2147.5e6, 4247.0]]
+    ceiling = {"copy_gbps": 4247.0, "copy_curve": curve, "launch_floor_us": 3.5}
+    assert copy_gbps_at(ceiling, 33.6e6) == pytest.approx(2479.0)
+    assert copy_gbps_at(ceiling, 67.1e6) == pytest.approx((2479.0 + 3613.0) / 2, rel=1e-3)  # log-midpoint
+    assert copy_gbps_at(ceiling, 1e5) == 1222.0 and copy_gbps_at(ceiling, 1e12) == 4247.0  # the ends hold
+    # A kernel moving 33.6 MB as fast as the copy does sits on its roof: nothing to take, not 1.7x.
+    at_copy = place(33.6e6, None, 33.6e6 / 2479e9, ceiling)
+    assert at_copy.fraction == pytest.approx(1.0) and at_copy.bound_on_speedup(13.55) == pytest.approx(1.0)
+    assert place(33.6e6, None, 33.6e6 / 2479e9, {"copy_gbps": 4247.0}).fraction == pytest.approx(2479 / 4247)
+    # A curve does not move a compute-bound case, nor a case the copy at its size would still beat.
+    assert place(1e9, 7e12, 20e-3, {**ceiling, "matmul_bf16_tflops": 700.0}).fraction == pytest.approx(0.5)
+    assert place(536.9e6, None, 536.9e6 / 2057e9, ceiling).fraction == pytest.approx(0.5)
+
+
 def test_the_launch_floor_is_timed_as_the_harness_times_kernels():
     # On the interpreter the clock is the host's: this checks the procedure runs end to end, not the figure.
     code = "from harness.launch_floor import launch_floor_us; print(launch_floor_us(warmup_ms=1, rep_ms=5))"

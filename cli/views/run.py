@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.measurement import CaseResult, KernelRun, RunReport
+from harness.roofline import copy_summary
 
 __all__ = ["render_run"]
 
@@ -54,7 +55,7 @@ def render_run(report: RunReport, console: Any) -> None:
         rates = ", ".join(f"{name} {ceil[key]:.0f}" for name, key in (
             ("bf16", "matmul_bf16_tflops"), ("fp16", "matmul_fp16_tflops"), ("tf32", "matmul_tf32_tflops"),
             ("fp32", "matmul_fp32_tflops"), ("int8", "matmul_int8_tops")) if ceil.get(key))
-        console.print(f"ceilings ({ceil.get('measured', '?')}): copy {ceil['copy_gbps']:.0f} GB/s, matmul TFLOP/s "
+        console.print(f"ceilings ({ceil.get('measured', '?')}): {copy_summary(ceil)}, matmul TFLOP/s "
                       f"(int8: TOP/s): {rates}")
     for flag in report.flags():
         console.print(f"[yellow]review[/]: {flag}")

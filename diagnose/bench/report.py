@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from diagnose.bench.schedule import jobs, load_bench
 from diagnose.records import LEVELS
 from harness.measurement import geomean
+from harness.roofline import copy_summary
 
 if TYPE_CHECKING:
     from diagnose.bench.schedule import Job
@@ -332,7 +333,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         lines += [data["note"], ""]
     if data.get("ceilings"):
         c = data["ceilings"]
-        lines += [f"Ceilings measured on this device: copy {c.get('copy_gbps', 0):.0f} GB/s, bf16 matmul "
+        lines += [f"Ceilings measured on this device: {copy_summary(c)}, bf16 matmul "
                   f"{c.get('matmul_bf16_tflops', 0):.0f} TFLOP/s, fp32 matmul {c.get('matmul_fp32_tflops', 0):.0f} "
                   f"TFLOP/s, " + (f"launch floor {c['launch_floor_us']:.2f} µs" if c.get("launch_floor_us") else
                                   "no launch floor (measured before it was: the bounds ignore launch latency)")
