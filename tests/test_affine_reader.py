@@ -134,6 +134,20 @@ def test_pointers_advanced_in_the_loop_and_rows_wrapped_into_range():
                                    TileAxis("pid_n * BLOCK_N", "BLOCK_N", "stride_bn", "N")))
 
 
+def test_a_pointer_advanced_before_its_load_starts_one_step_on():
+    moved = TUTORIAL.replace("        a_ptrs += BLOCK_K * stride_ak\n", "").replace(
+        "        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)\n",
+        "        a_ptrs += BLOCK_K * stride_ak\n"
+        "        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - (k + 1) * BLOCK_K, other=0.0)\n")
+    assert moved.index("a_ptrs += BLOCK_K") < moved.index("a = tl.load(a_ptrs") < moved.index("tl.dot(a, b, acc)")
+    a = next(r for r in _reads(moved) if r.base == "a_ptr")
+    assert a.axes[1].start == "(k + 1) * BLOCK_K" and a.axes[1].bound == "K"
+    # Loaded on both sides of its step, a pointer has two starts in one iteration: not read.
+    both = TUTORIAL.replace("        a_ptrs += BLOCK_K * stride_ak\n",
+                            "        a_ptrs += BLOCK_K * stride_ak\n        acc += tl.load(a_ptrs).to(tl.float32)\n")
+    assert [r.base for r in _reads(both)] == ["b_ptr"]
+
+
 def test_masks_through_names_ranges_made_in_the_loop_and_unit_strides_left_out():
     a, b = _reads(DRAFT)
     assert a == TileLoad("A", (TileAxis("pid_m * BLOCK_M", "BLOCK_M", "K", "M"), TileAxis("k", "BLOCK_K", "1", "K")))

@@ -249,9 +249,15 @@ class _Reader:
                 step = self._advance(stmt)
                 if step is not None and self.counts.get(step[0]) == 2 and not names_in(cst.parse_expression(step[1])) \
                         & set(self.counts) - self.params:
-                    loads_before = any(m.findall(s, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load"))))
-                                       for s in body[:i])
-                    advanced[step[0]] = (step[1], not loads_before)
+                    reads = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load")),
+                                   args=[m.Arg(value=m.Name(step[0])), m.ZeroOrMore()])
+                    before = any(m.findall(s, reads) for s in body[:i])
+                    after = any(m.findall(s, reads) for s in body[i + 1:])
+                    if not (before and after):  # loads on both sides of the step see two different starts
+                        advanced[step[0]] = (step[1], after)
+        for name in assigned_names(loop.body):  # loop-carried: the value at entry is the first iteration's only
+            if name not in advanced:
+                self.env[name] = None
         self.loops.append((target or "", index or ""))
         saved = dict(self.advanced)
         self.advanced.update(advanced)
@@ -347,7 +353,7 @@ class _Reader:
         if total is None:
             return {}
         index = self.loops[-1][1]
-        times = f"({index} + 1)" if before else index
+        times = _plus(index, "1") if before else index
         for term in total.terms:
             for stride_step in self._steps(step, term.stride):
                 return {term.axis: _times(times, stride_step)}
