@@ -129,9 +129,9 @@ def copy_summary(ceiling: dict[str, Any]) -> str:
     curve = sorted(ceiling.get("copy_curve") or [])
     text = f"copy {float(ceiling.get('copy_gbps') or 0):.0f} GB/s"
     if curve:
-        text += (f" ({curve[0][1]:.0f} GB/s at {curve[0][0] / 1e6:.0f} MB moved; memory-bound cases are placed "
-                 "against the copy at their own size)")
-    return text
+        return text + (f" ({curve[0][1]:.0f} GB/s at {curve[0][0] / 1e6:.0f} MB moved; memory-bound cases are "
+                       "placed against the copy at their own size)")
+    return text + " (one rate for every size: measured before the copy curve)"
 
 
 def _launch_floor_us() -> float | None:

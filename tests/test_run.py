@@ -288,7 +288,7 @@ def test_a_small_case_is_bounded_by_the_launch_floor_not_the_bandwidth_line():
 
 
 def test_a_memory_bound_case_is_placed_against_the_copy_rate_at_its_own_size():
-    from harness.roofline import copy_gbps_at
+    from harness.roofline import copy_gbps_at, copy_summary
 
     # The H200's curve (docs/device/2026-12-04-h200-own-suite-2/call3/copy-ladder.txt, rounded): torch's copy
     # of 8.4 MB reaches 1222 GB/s, of 2.1 GB 4247.
@@ -304,6 +304,9 @@ def test_a_memory_bound_case_is_placed_against_the_copy_rate_at_its_own_size():
     # A curve does not move a compute-bound case, nor a case the copy at its size would still beat.
     assert place(1e9, 7e12, 20e-3, {**ceiling, "matmul_bf16_tflops": 700.0}).fraction == pytest.approx(0.5)
     assert place(536.9e6, None, 536.9e6 / 2057e9, ceiling).fraction == pytest.approx(0.5)
+    # Reports say which placing a run used.
+    assert copy_summary(ceiling).startswith("copy 4247 GB/s (1222 GB/s at 8 MB moved;")
+    assert copy_summary({"copy_gbps": 4250.0}) == "copy 4250 GB/s (one rate for every size: measured before the copy curve)"
 
 
 def test_the_launch_floor_is_timed_as_the_harness_times_kernels():
