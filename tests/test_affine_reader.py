@@ -162,22 +162,59 @@ def test_a_pointer_parameter_moved_in_place_is_read_from_its_launch_value():
 
 
 @pytest.mark.parametrize("change", [
-    # A wrapped row that a reduction reads: zero instead of a wrapped row would change the sum.
-    ("acc = tl.dot(a, b, acc)", "acc = tl.dot(a, b, acc) + tl.sum(a, axis=1)[:, None]"),
     # The K mask does not follow the advanced pointer: the read cannot say what it bounds.
-    ("mask=offs_k[None, :] < K - k * BLOCK_K", "mask=offs_k[None, :] < K"),
+    ("mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)", "mask=offs_k[None, :] < K, other=0.0)"),
     # Rows gathered through an index loaded from memory.
     ("offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M", "offs_am = tl.load(c_ptr + tl.arange(0, BLOCK_M))"),
     # A start that changes between where it is made and the load.
     ("    offs_k = tl.arange(0, BLOCK_K)\n", "    offs_k = tl.arange(0, BLOCK_K)\n    pid_m = pid_m + 1\n"),
     # A load that asks for something a descriptor does not do.
     ("mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)", "mask=offs_k[None, :] < K - k * BLOCK_K, other=1.0)"),
+    # A second limit on the K axis (a split's own end): the descriptor's shape would carry only one.
+    ("mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)",
+     "mask=(offs_k[None, :] < K - k * BLOCK_K) & (offs_k[None, :] < K_END), other=0.0)"),
+    # The advanced pointer read through another expression: its start moves, the expression's does not.
+    ("        a = tl.load(a_ptrs, mask=", "        a = tl.load(a_ptrs + 0 * stride_ak, mask="),
+    # The base moved by a scalar offset (a batch): a descriptor at the kernel's top would read batch 0.
+    ("    a_ptrs = a_ptr + (", "    a_ptr += tl.program_id(2) * stride_am * M\n    a_ptrs = a_ptr + ("),
 ])
 def test_what_the_reader_cannot_place_is_declined(change):
     old, new = change
     assert old in TUTORIAL
     reads = _reads(TUTORIAL.replace(old, new))
     assert [r.base for r in reads] == ["b_ptr"]  # the other operand's load, untouched, still reads
+
+
+@pytest.mark.parametrize("change", [
+    # A reduction across output rows: a wrapped row read as zero instead would change it.
+    ("acc = tl.dot(a, b, acc)", "acc = tl.dot(a, b, acc) + tl.sum(a, axis=1)[:, None]", []),
+    ("    tl.store(c_ptrs, acc.to(tl.float16), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))",
+     "    tl.atomic_max(c_ptr + offs_cn, tl.max(acc, axis=0), mask=offs_cn < N)", []),
+    # A store not masked by the rows' bound: the wrapped rows would be written; the columns still are masked.
+    ("mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))", "mask=offs_cn[None, :] < N)", ["b_ptr"]),
+])
+def test_rows_wrapped_into_range_are_read_only_where_no_output_row_sees_them(change):
+    old, new, read = change
+    assert old in TUTORIAL
+    assert [r.base for r in _reads(TUTORIAL.replace(old, new))] == read
+
+
+def test_a_load_in_a_branch_that_remakes_its_range_is_not_read_with_the_old_one():
+    branch = DRAFT.replace(
+        "        a = tl.load(A + (rm[:, None] * K + k_range[None, :])",
+        "        if REVERSE:\n            k_range = K - BLOCK_K - k + tl.arange(0, BLOCK_K)\n"
+        "            a = tl.load(A + (rm[:, None] * K + k_range[None, :])")
+    assert "if REVERSE:" in branch
+    assert all(r.base != "A" for r in _reads(branch))
+
+
+def test_a_pointer_advanced_in_an_outer_loop_moves_with_that_loop():
+    nested = TUTORIAL.replace("        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)\n",
+                              "        for j in range(0, 2):\n"
+                              "            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)\n")
+    assert "for j in range(0, 2)" in nested
+    a = next(r for r in _reads(nested) if r.base == "a_ptr")
+    assert a.axes[1].start == "k * BLOCK_K"
 
 
 @pytest.mark.parametrize("call", [

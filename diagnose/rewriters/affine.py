@@ -85,6 +85,9 @@ class _Mask:  # spans bounded above: ((axis or None for 1-D, span, bound), ...)
 _Value = _Scalar | _Span | _Placed | _Sum | _Mask | None
 
 _SCALAR_CALLS = {"tl.program_id", "tl.num_programs", "tl.cdiv", "triton.cdiv", "min", "max"}
+# Operations that combine values across a tile's rows or columns (a wrapped row would reach them).
+_ACROSS = {"sum", "max", "min", "argmax", "argmin", "reduce", "cumsum", "cumprod", "associative_scan", "sort",
+           "xor_sum", "histogram", "gather", "trans", "permute", "reshape", "view"}
 
 
 def _norm(text: str) -> str:
@@ -95,10 +98,16 @@ def _paren(text: str) -> str:
     return text if re.fullmatch(r"[\w.]+", text) else f"({text})"
 
 
+_LOOSER_THAN_PLUS = re.compile(r"<<|>>|[&|^<>=!]|\b(?:if|and|or|not|lambda)\b")
+
+
 def _plus(a: str, b: str) -> str:
     if a == "0":
         return b
-    return a if b == "0" else f"{a} + {b}"
+    if b == "0":
+        return a
+    a, b = (f"({x})" if _LOOSER_THAN_PLUS.search(x) else x for x in (a, b))
+    return f"{a} + {b}"
 
 
 def _times(a: str, b: str) -> str:
@@ -138,7 +147,8 @@ class _Reader:
         self.counts = assigned_names(fn.body)
         self.env: dict[str, _Value] = {p: _Scalar(p) for p in self.params}  # a parameter's launch value
         self.loops: list[tuple[str, str]] = []  # (loop variable, iteration index expression)
-        self.advanced: dict[str, tuple[str, bool]] = {}  # pointer name -> (step expression, applied before use)
+        # pointer name -> (step expression, applied before its load, its loop's iteration index)
+        self.advanced: dict[str, tuple[str, bool, str]] = {}
         self.loads: dict[cst.Call, TileLoad] = {}
 
     # expressions
@@ -147,8 +157,12 @@ class _Reader:
         if isinstance(e, cst.Name):
             if e.value not in self.env:  # a global, or a local not assigned yet at this point: unknown
                 return None if self.counts.get(e.value) else _Scalar(e.value)
+            if e.value in self.advanced:
+                return None  # its start moves each iteration: read only as a load's whole address
             held = self.env[e.value]
-            return _Scalar(e.value) if isinstance(held, _Scalar) else held  # a scalar by its name (`stable`)
+            if isinstance(held, _Scalar) and self.stable(e.value):
+                return _Scalar(e.value)  # a scalar that keeps one value is read by its name
+            return held  # a moved one by what it holds (`p += pid_b * stride`), which `stable` then declines
         if isinstance(e, cst.Integer | cst.Float):
             return _Scalar(code(e))
         if isinstance(e, cst.Attribute):
@@ -216,9 +230,9 @@ class _Reader:
             self.loop(stmt)
             return
         if isinstance(stmt, cst.If | cst.While | cst.With | cst.Try):
-            self.find_loads(stmt)
-            for name in assigned_names(stmt):  # whatever a branch assigns is unknown afterwards
+            for name in assigned_names(stmt):  # whatever a branch assigns is unknown in it and afterwards
                 self.env[name] = None
+            self.find_loads(stmt)
             return
         self.find_loads(stmt)
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -254,7 +268,7 @@ class _Reader:
                     before = any(m.findall(s, reads) for s in body[:i])
                     after = any(m.findall(s, reads) for s in body[i + 1:])
                     if not (before and after):  # loads on both sides of the step see two different starts
-                        advanced[step[0]] = (step[1], after)
+                        advanced[step[0]] = (step[1], after, index)
         for name in assigned_names(loop.body):  # loop-carried: the value at entry is the first iteration's only
             if name not in advanced:
                 self.env[name] = None
@@ -283,7 +297,12 @@ class _Reader:
                 dotted(loop.iter.func) not in ("range", "tl.range", "tl.static_range"):
             return None
         args = [a for a in loop.iter.args if a.keyword is None]
+        named = {a.keyword.value: a.value for a in loop.iter.args if a.keyword is not None}
         v = loop.target.value
+        if "step" in named:
+            if len(args) != 2:
+                return None
+            args = [*args, cst.Arg(named["step"])]
         if len(args) == 1:
             return v
         start = code(args[0].value)
@@ -312,11 +331,13 @@ class _Reader:
         address = call.args[0].value.with_changes(lpar=[], rpar=[])
         shift: dict[int, str] = {}
         if isinstance(address, cst.Name) and address.value in self.advanced:
-            step, before = self.advanced[address.value]
-            shift = self._shift(address.value, step, before)
+            step, before, index = self.advanced[address.value]
+            shift = self._shift(address.value, step, before, index)
             if not shift:
                 return None
-        total = _as_sum(self.value(address))
+            total = _as_sum(self.env.get(address.value))  # its start at the loop's entry, moved by `shift`
+        else:
+            total = _as_sum(self.value(address))
         if total is None or sorted(t.axis for t in total.terms) != [0, 1]:
             return None
         # The base is a pointer parameter at its launch value, even where the kernel moves it in place.
@@ -330,9 +351,15 @@ class _Reader:
         for term in sorted(total.terms, key=lambda t: t.axis):
             moved = shift.get(term.axis, "0")
             bound = self._bound(term, moved, mask)
-            if bound is None or (term.span.wrap is not None and not self._feeds_dot_on(call, term.axis)):
+            if bound is None:
+                return None
+            masked = any(axis == term.axis for axis, _, _ in mask.limits)
+            if not masked and not self._wrap_is_harmless(call, term.axis, term.span.wrap or ""):
                 return None
             axes.append(TileAxis(_plus(term.span.start, moved), term.span.block, term.stride, bound))
+        if len(mask.limits) != sum(any(a == t.axis for a, _, _ in mask.limits) for t in total.terms) or \
+                len({a for a, _, _ in mask.limits}) != len(mask.limits):
+            return None  # a limit the descriptor's shape does not carry (a split's own end, a second bound)
         used = {n for a in axes for part in (a.start, a.block, a.stride, a.bound)
                 for n in names_in(cst.parse_expression(part))}
         if not all(self.stable(n) for n in used):
@@ -346,13 +373,12 @@ class _Reader:
             return True
         return not self.counts.get(name) if name in self.params else self.counts.get(name, 0) <= 1
 
-    def _shift(self, pointer: str, step: str, before: bool) -> dict[int, str]:
+    def _shift(self, pointer: str, step: str, before: bool, index: str) -> dict[int, str]:
         """Axis -> how far an advanced pointer has moved along it at this load."""
         start = self.env.get(pointer)
         total = _as_sum(start)
         if total is None:
             return {}
-        index = self.loops[-1][1]
         times = _plus(index, "1") if before else index
         for term in total.terms:
             for stride_step in self._steps(step, term.stride):
@@ -386,6 +412,25 @@ class _Reader:
                 return code(expr.left)
             return None
         return term.span.wrap if moved == "0" or term.span.wrap is None else None
+
+    def _wrap_is_harmless(self, call: cst.Call, axis: int, wrap: str) -> bool:
+        """Whether reading the rows past `wrap` as zero, not as the wrapped rows, changes no output: the tile
+        only feeds `tl.dot` on its non-contracted side, so such a row reaches only its own output row; nothing
+        in the kernel reduces, scans or accumulates atomically across output rows; and every store is
+        masked by a comparison with `wrap`."""
+        if not wrap or not self._feeds_dot_on(call, axis):
+            return False
+        across = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.MatchIfTrue(
+            lambda a: isinstance(a, cst.Name) and (a.value in _ACROSS or a.value.startswith("atomic_")))))
+        if m.findall(self.fn, across):
+            return False
+        stores = [c for c in m.findall(self.fn, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store"))))
+                  if isinstance(c, cst.Call)]
+        bounded = [c for c in stores if any(
+            a.keyword is not None and a.keyword.value == "mask" and any(
+                isinstance(cmp, cst.Comparison) and _norm(code(cmp.comparisons[0].comparator)) == _norm(wrap)
+                for cmp in m.findall(a.value, m.Comparison())) for a in c.args)]
+        return bool(stores) and len(bounded) == len(stores)
 
     def _feeds_dot_on(self, call: cst.Call, axis: int) -> bool:
         """Whether the loaded tile is only an operand of `tl.dot`, on the side where `axis` is not contracted

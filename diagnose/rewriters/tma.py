@@ -27,7 +27,8 @@ class _TmaLoads(cst.CSTTransformer):
         # Names a descriptor may use at the kernel's top: launch values of parameters it never reassigns,
         # and globals. The base may be moved in place later (attorch's `input_pointer += ...`).
         self.at_top = {n for n in params if not counts.get(n)}
-        self.locals = set(counts) | params
+        loop_targets = {n for loop in m.findall(fn, m.For()) if isinstance(loop, cst.For) for n in names_in(loop.target)}
+        self.locals = set(counts) | params | loop_targets
         self.descriptors: dict[str, tuple[str, cst.BaseStatement]] = {}  # key -> (name, statement)
         self.strides: dict[str, tuple[str, str]] = {}  # base -> (row stride, column stride)
 
