@@ -133,6 +133,10 @@ def assigned_names(body: cst.CSTNode) -> dict[str, int]:
             for name in names_in(node.target):
                 counts[name] = counts.get(name, 0) + 1
 
+        def visit_For(self, node: cst.For) -> None:
+            for name in names_in(node.target):
+                counts[name] = counts.get(name, 0) + 1
+
     body.visit(Visitor())
     return counts
 
