@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted
-from diagnose.rewriters.blocks import assigned_names, code, names_in
+from diagnose.rewriters.blocks import arange_width, assigned_names, calls_in, code, names_in
 
 __all__ = ["TileAxis", "TileLoad", "tile_loads"]
 
@@ -169,8 +169,8 @@ class _Reader:
             return _Scalar(code(e)) if e.value.__class__ is cst.Name and e.value.value in self.params else None
         if isinstance(e, cst.Call):
             name = dotted(e.func)
-            if name == "tl.arange" and len(e.args) == 2 and m.matches(e.args[0].value, m.Integer("0")):
-                return _Span("0", code(e.args[1].value))
+            if (width := arange_width(e)) is not None:
+                return _Span("0", width)
             if name in _SCALAR_CALLS and all(isinstance(self.value(a.value), _Scalar) for a in e.args):
                 return _Scalar(code(e))
             return None
@@ -314,8 +314,7 @@ class _Reader:
     def find_loads(self, node: cst.CSTNode) -> None:
         if not self.loops:
             return
-        for call in m.findall(node, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load")))):
-            assert isinstance(call, cst.Call)
+        for call in calls_in(node, "tl.load"):
             read = self.load(call)
             if read is not None:
                 self.loads[call] = read
@@ -381,22 +380,23 @@ class _Reader:
             return {}
         times = _plus(index, "1") if before else index
         for term in total.terms:
-            for stride_step in self._steps(step, term.stride):
+            if (stride_step := self._step(step, term.stride)) is not None:
                 return {term.axis: _times(times, stride_step)}
         return {}
 
-    def _steps(self, increment: str, stride: str) -> list[str]:
-        """The step along an axis of stride `stride` that `p += increment` takes (`BLOCK_K * stride_ak`)."""
+    def _step(self, increment: str, stride: str) -> str | None:
+        """The step along an axis of stride `stride` that `p += increment` takes (`BLOCK_K * stride_ak`), or
+        None where the increment does not move along that axis."""
         if _norm(increment) == _norm(stride) and stride != "1":
-            return ["1"]
+            return "1"
         expr = cst.parse_expression(increment)
         if stride == "1":
-            return [increment] if isinstance(self.value(expr), _Scalar) and "stride" not in increment else []
+            return increment if isinstance(self.value(expr), _Scalar) and "stride" not in increment else None
         if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
             for a, b in ((expr.left, expr.right), (expr.right, expr.left)):
                 if _norm(code(b)) == _norm(stride):
-                    return [code(a)]
-        return []
+                    return code(a)
+        return None
 
     def _bound(self, term: _Placed, moved: str, mask: _Mask) -> str | None:
         """The array's length along the term's axis: the bound its mask gives (net of the pointer's advance),
@@ -424,8 +424,7 @@ class _Reader:
             lambda a: isinstance(a, cst.Name) and (a.value in _ACROSS or a.value.startswith("atomic_")))))
         if m.findall(self.fn, across):
             return False
-        stores = [c for c in m.findall(self.fn, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store"))))
-                  if isinstance(c, cst.Call)]
+        stores = calls_in(self.fn, "tl.store")
         bounded = [c for c in stores if any(
             a.keyword is not None and a.keyword.value == "mask" and any(
                 isinstance(cmp, cst.Comparison) and _norm(code(cmp.comparisons[0].comparator)) == _norm(wrap)
@@ -440,8 +439,7 @@ class _Reader:
         if owner is None or self.counts.get(owner) != 1:
             return False
         uses = len([n for n in m.findall(self.fn, m.Name(owner))]) - 1
-        dots = [c for c in m.findall(self.fn, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot"))))
-                if isinstance(c, cst.Call)]
+        dots = calls_in(self.fn, "tl.dot")
         sides = [i for c in dots for i, a in enumerate(c.args[:2]) if m.matches(a.value, m.Name(owner))]
         return uses == len(sides) and set(sides) == {0 if axis == 0 else 1}
 

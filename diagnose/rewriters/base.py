@@ -16,7 +16,7 @@ from harness.guards import KERNEL_DECORATORS
 
 __all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
-           "program_axis", "with_keywords", "with_parameters"]
+           "docstring_lines", "program_axis", "with_keywords", "with_parameters"]
 
 
 # What a launch (or a triton.Config) that names neither knob gets from Triton on CUDA.
@@ -118,6 +118,13 @@ def with_parameters(fn: cst.FunctionDef, names: list[str], constexpr: set[str], 
     new = [cst.Param(cst.Name(n), annotation=cst.Annotation(cst.parse_expression("tl.constexpr")) if n in constexpr
                      else None, default=value, equal=equal, comma=style) for n in names]
     return fn.with_changes(params=fn.params.with_changes(params=_inserted(params, at, new, style)))
+
+
+def docstring_lines(body: list[Any]) -> int:
+    """1 when a function body (its statements) opens with a docstring, else 0: code inserted at the top of a
+    function goes after it."""
+    return 1 if body and m.matches(body[0], m.SimpleStatementLine(
+        body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])) else 0
 
 
 def program_axis(node: cst.BaseExpression) -> int | None:

@@ -5,12 +5,12 @@
 - Launch-true hints on runtime integers: Triton specializes an integer argument only when it is a
   multiple of 16. A row stride of 5000 fp16 elements (10,000 bytes, 16-byte aligned rows) or a size of
   4100 fp32 elements is not, so every access through it is planned at one element per instruction
-  (`vectorization fails vec = 1 origin vec = 1`). A copy of the kernel, `<kernel>_aligned8`, starts by
-  re-binding its strides and mask bounds as `tl.multiple_of(P, 8)`, and each launch takes it only when
-  every one of those arguments is an int that really is a multiple of 8, and the kernel as written
-  otherwise. The hint is true for every launch that reaches it, never a false 16 (a false hint is a
-  silent miscompile); 8 elements are 16 bytes at fp16 and 32 at fp32, and a second variant says 4
-  (16 bytes at fp32) for sizes that are only multiples of 4.
+  (`vectorization fails vec = 1 origin vec = 1`). Each such parameter P gets a constexpr flag
+  `_kb_P_multiple` (default 1), and the kernel starts with `if _kb_P_multiple > 1: P = P // d * d` (not
+  `tl.multiple_of(P, d)`, which Triton drops on a kernel argument). Each launch sets the flag with the
+  module's `_kb_multiple(value)`: 8 or 4 where the value really is such a multiple and Triton's own
+  specialization does not say it, else 1, which compiles the kernel as written. The hint is true for
+  every launch that reaches it, never a false 16 (a false hint is a silent miscompile).
 
 Which integers: the kernel's non-constexpr parameters that a load's or store's address multiplies
 (strides) or that its mask compares against (sizes), directly or through the locals the kernel computes
@@ -27,6 +27,7 @@ import libcst.matchers as m
 from diagnose.rewriters.base import (
     InJit,
     Variant,
+    docstring_lines,
     dotted,
     is_jit,
     launch_arguments,
@@ -187,8 +188,7 @@ def _with_hints(fn: cst.FunctionDef, hinted: list[str]) -> cst.FunctionDef:
     # `P // d * d`, not tl.multiple_of(P, d): Triton drops a hint on a kernel argument (it has no defining op
     # to carry the attribute), while the axis analysis reads d off the product. Exact where the flag is set.
     hints = [cst.parse_statement(f"if {_flag(p)} > 1:\n    {p} = {p} // {_flag(p)} * {_flag(p)}\n") for p in hinted]
-    docstring = fn.body.body[:1] if m.matches(fn.body.body[0], m.SimpleStatementLine(
-        body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])) else []
+    docstring = list(fn.body.body[:docstring_lines(list(fn.body.body))])
     body = [*docstring, *hints, *fn.body.body[len(docstring):]]
     flags = [_flag(p) for p in hinted]
     return with_parameters(fn, flags, set(flags), default="1").with_changes(body=fn.body.with_changes(body=body))
@@ -221,8 +221,8 @@ def launch_true_hints(source: str) -> list[Variant]:
     body = list(module.body)
     if any(isinstance(n, cst.FunctionDef) and n.name.value == "_kb_multiple" for n in body):
         return [Variant({"hinted": hinted_kernels}, module.code)]  # hinted before (an earlier round): one helper serves
-    at = max(i for i, n in enumerate(body) if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))) + 1 \
-        if any(m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) for n in body) else 0
+    imports = [i for i, n in enumerate(body) if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))]
+    at = imports[-1] + 1 if imports else 0  # the helper goes after the last import
     helper = [n.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) if isinstance(n, cst.FunctionDef) else n
               for n in cst.parse_module(_MULTIPLE_HELPER).body]
     return [Variant({"hinted": hinted_kernels}, module.with_changes(body=[*body[:at], *helper, *body[at:]]).code)]

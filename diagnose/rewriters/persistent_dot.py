@@ -167,13 +167,13 @@ def _tuned_tiles(module: cst.Module, kernel: cst.FunctionDef) -> list[str] | Non
     return out
 
 
-def _fixed_tile(source: str, kernel: cst.FunctionDef) -> float:
+def _fixed_tile(original: cst.Module, kernel: cst.FunctionDef) -> float:
     """Output elements of the tile the original kernel's launch fixes (BLOCK_M x BLOCK_N, as the launch
     writes them: keywords, positions, wrapper locals or defaults); infinite where the launch does not say."""
     name = kernel.name.value.removesuffix("_tma")
     pids = _program_ids(kernel)
     blocks = [_tile_bound(kernel, pids[axis][1]) if axis in pids else None for axis in (0, 1)]
-    knobs = current_knobs(cst.parse_module(source), {name})
+    knobs = current_knobs(original, {name})
     values = [knobs[b[1]].value if b is not None and b[1] in knobs else None for b in blocks]
     return float("inf") if None in values else float(values[0]) * float(values[1])  # type: ignore[arg-type]
 
@@ -203,7 +203,8 @@ class _OneProgramPerSM(cst.CSTTransformer):
 def persistent_tma_dot(source: str) -> list[Variant]:
     """The persistent TMA form of each dot kernel the TMA rewrite takes: without and with warp specialization,
     or one variant whose tuner chooses (an autotuned kernel); [] where its preconditions do not hold."""
-    before = {n.name.value for n in cst.parse_module(source).body if isinstance(n, cst.FunctionDef)}
+    original = cst.parse_module(source)
+    before = {n.name.value for n in original.body if isinstance(n, cst.FunctionDef)}
     out = []
     for tma in tensor_descriptors(source, {}):
         module = cst.parse_module(tma.source)
@@ -227,7 +228,7 @@ def persistent_tma_dot(source: str) -> list[Variant]:
                 out.append(Variant({**tma.params, "persistent": "one program per SM, tiles in launch order",
                                     "warp_specialize": "tuned", "configs_added": len(tiles)}, tuned.code))
             continue
-        if _fixed_tile(source, kernel) < MIN_FIXED_TILE:
+        if _fixed_tile(original, kernel) < MIN_FIXED_TILE:
             continue
         for warp_specialize in (False, True):
             persistent = _persistent_body(kernel, warp_specialize)

@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.affine import TileLoad, tile_loads
-from diagnose.rewriters.base import Variant, is_jit, register
+from diagnose.rewriters.base import Variant, docstring_lines, is_jit, register
 from diagnose.rewriters.blocks import assigned_names, fresh_name, names_in
 
 
@@ -27,8 +27,7 @@ class _TmaLoads(cst.CSTTransformer):
         # Names a descriptor may use at the kernel's top: launch values of parameters it never reassigns,
         # and globals. The base may be moved in place later (attorch's `input_pointer += ...`).
         self.at_top = {n for n in params if not counts.get(n)}
-        loop_targets = {n for loop in m.findall(fn, m.For()) if isinstance(loop, cst.For) for n in names_in(loop.target)}
-        self.locals = set(counts) | params | loop_targets
+        self.locals = set(counts) | params  # loop targets are among the assigned names
         self.descriptors: dict[str, tuple[str, cst.BaseStatement]] = {}  # key -> (name, statement)
         self.strides: dict[str, tuple[str, str]] = {}  # base -> (row stride, column stride)
 
@@ -75,7 +74,7 @@ def tensor_descriptors(source: str, context: dict[str, Any]) -> list[Variant]:
         rewritten = [st for st in (stmt.visit(loads) for stmt in fn.body.body) if isinstance(st, cst.BaseStatement)]
         if not loads.descriptors:
             continue
-        doc = 1 if rewritten and m.matches(rewritten[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
+        doc = docstring_lines(rewritten)
         made = [statement for _, statement in loads.descriptors.values()]
         new_body = [*rewritten[:doc], *made, *rewritten[doc:]]
         name = fn.name.value
