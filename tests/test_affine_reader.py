@@ -243,3 +243,13 @@ def test_the_draft_form_compiles_for_sm90_to_tma_copies_with_its_launch_comment_
     [art] = capture_call(tmp_path / "tma.py", "mm(torch.randn(256, 256).half(), torch.randn(256, 256).half())",
                          target="cuda:90")
     assert art.kernel == "mm_kernel_tma" and "ttng.async_tma_copy_global_to_local" in art.stages["ttgir"]
+
+
+def test_the_dispatch_keeps_each_launch_as_it_was_written_one_level_in():
+    (variant,) = rewrite("tensor-descriptors-tma", TUTORIAL, {})
+    start = TUTORIAL.index("    mm_kernel[grid](")
+    launch = TUTORIAL[start:TUTORIAL.index("\n", TUTORIAL.index("BLOCK_M=128", start))]
+    assert "\n" in launch  # a call over two lines: its second line moves with the first
+    shifted = "\n".join("    " + line for line in launch.splitlines())
+    assert "    else:\n" + shifted in variant.source
+    assert shifted.replace("mm_kernel[grid]", "mm_kernel_tma[grid]") in variant.source

@@ -3,6 +3,7 @@ where TMA's rules hold."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import libcst as cst
@@ -130,10 +131,20 @@ class _TmaDispatch(cst.CSTTransformer):
             f"    # TMA descriptors need scratch memory for device-side creation\n"
             f"    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, "
             f"device={tensors[0]}.device))\n"
-            f"    {code(tma_call).strip()}\n"
+            f"{_in_block(code(tma_call))}\n"
             f"else:\n"
-            f"    {code(launch).strip()}\n")
+            f"{_in_block(code(launch))}\n")
         return branch.with_changes(leading_lines=updated.leading_lines)
+
+
+def _in_block(statement: str) -> str:
+    """A statement's text one level into the dispatch's branch, its continuation lines shifted with it so
+    the call reads as it did; a statement holding a multi-line string keeps its lines as they are (shifting
+    them would change the string)."""
+    text = statement.strip()
+    if any("\n" in cst.ensure_type(s, cst.SimpleString).value for s in m.findall(cst.parse_statement(text), m.SimpleString())):
+        return "    " + text
+    return textwrap.indent(text, "    ")
 
 
 register("tensor-descriptors-tma")(tensor_descriptors)
