@@ -1,0 +1,474 @@
+"""Several rows per program (issue 27, family 1; pattern rows-per-program, for L1's
+`parallelism.masked-lanes` and `vectorization.small-tile`): a kernel that gives each program one row
+(`row = tl.program_id(0)`) and that row's short 1-D tile runs most of its lanes masked, or too few
+elements per thread. Our avg_pool2d's 56x56 planes: 28 of 256 lanes live, 0.22-0.47 of the copy rate on
+the H200. The program becomes a [ROWS, BLOCK] tile, ROWS consecutive rows at once:
+
+- `tl.program_id(0)` becomes `_kb_row = tl.program_id(0) * _KB_ROWS + tl.arange(0, _KB_ROWS)[:, None]`,
+  and the lane axis `tl.arange(0, BLOCK)` becomes `tl.arange(0, BLOCK)[None, :]`: everything computed
+  from them broadcasts to [ROWS, 1], [1, BLOCK] or [ROWS, BLOCK] as it was a scalar, a row or a tile;
+- a reduction over the row (`tl.sum(x, axis=0)`, `tl.max(x)`) reduces axis 1 with `keep_dims=True`
+  (a [ROWS, 1] column broadcasts where the scalar did), a scan runs along axis 1, and
+  `tl.zeros([BLOCK])` / `tl.full([BLOCK], ...)` become [ROWS, BLOCK];
+- every access whose pointer depends on the row gets `_kb_row < _kb_n_rows` in its mask (the last
+  program's rows past the grid); accesses that do not depend on it (a weight vector) stay as they were;
+- the launch's grid axis 0 (G rows) becomes `cdiv(G, ROWS)`, and G is passed as `_kb_n_rows`.
+
+Where the lanes' block can be fitted (the lane axis starts at 0 or at `tl.program_id(k) * BLOCK` for
+k > 0, BLOCK is a constexpr the launch passes and the kernel uses only there, in the arange and in
+`tl.zeros` shapes, and every lane access is masked against an extent parameter E), the variants size it
+`min(BLOCK, next_power_of_2(E))` at launch and give the freed lanes to rows: ROWS = f * BLOCK // that,
+for f = 1, 2, 4 (the written tile, twice, four times). Covering is unchanged: a block shrunk below the
+written one covers all of E in its first program along that axis, as the written block did. Elsewhere
+the variants take 2, 4 or 8 rows with the tile as written.
+
+It declines what it cannot rewrite soundly: a kernel with a subscript (already 2-D), more than one
+`tl.arange`, `tl.num_programs`, a dot, a layout change, an early `return`, a branch, loop bound or
+conditional expression that reads a row-dependent value (it would become a tensor), a loop-carried
+value that starts as a scalar and becomes a tile, a hint (`tl.multiple_of`) on a row-dependent value,
+a helper @triton.jit function that reduces, loads or stores, and an access whose value or mask depends
+on the row while its pointer does not. The judge then checks every case and the held-out sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import (
+    Variant,
+    docstring_lines,
+    dotted,
+    jit_functions,
+    launch_arguments,
+    launch_grid_axes,
+    mask_argument,
+    program_axis,
+    register,
+    target_launch,
+    with_keywords,
+    with_parameters,
+)
+from diagnose.rewriters.blocks import code, names_in
+
+__all__ = ["rows_per_program"]
+
+ROW, LANE = "row", "lane"  # what a value varies along once the program holds several rows
+_ROWS, _N_ROWS, _ROW, _ROW_OK = "_KB_ROWS", "_kb_n_rows", "_kb_row", "_kb_row_ok"
+_REDUCE = frozenset({"sum", "max", "min", "argmax", "argmin", "reduce", "xor_sum"})
+_SCAN = frozenset({"cumsum", "cumprod", "associative_scan"})
+_ACCESS = frozenset({"load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or",
+                     "atomic_xor", "atomic_xchg"})
+_HINTS = frozenset({"multiple_of", "max_contiguous", "max_constancy"})
+# tl calls whose meaning depends on the tile's rank or the grid, which the rewrite cannot carry over.
+_REFUSED = frozenset({"dot", "dot_scaled", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "join",
+                      "split", "sort", "flip", "histogram", "gather", "ravel", "interleave", "num_programs",
+                      "make_block_ptr", "advance", "make_tensor_descriptor", "topk", "atomic_cas", "static_range",
+                      "tensor_descriptor", "load_tensor_descriptor", "store_tensor_descriptor"})
+_TILE_FACTORS = (1, 2, 4)  # a fitted variant's tile: the written one, twice, four times
+_ROW_COUNTS = (2, 4, 8)  # rows per program where the lane block stays as written
+
+
+@dataclass
+class _Kernel:
+    """What the analysis found in the kernel: the lane arange (None: one element per row), its block, the
+    extent its masks compare with (None: the block cannot be fitted), and the value dimensions."""
+    fn: cst.FunctionDef
+    lanes: cst.Call | None
+    block: str | None
+    extent: str | None
+    dims: dict[str, frozenset[str]] = field(default_factory=dict)
+
+
+class _Decline(Exception):
+    pass
+
+
+def _call_name(call: cst.Call) -> tuple[str, str]:
+    """(dotted name, last part) of a call's function."""
+    name = dotted(call.func)
+    return name, name.rsplit(".", 1)[-1]
+
+
+def _is_tl(name: str) -> bool:
+    return name.startswith(("tl.", "triton.language."))
+
+
+def _axis_argument(call: cst.Call, position: int) -> tuple[int | None, cst.Arg | None]:
+    """Where a reduction's axis is given (index in args), and the argument; (None, None) when omitted."""
+    for i, a in enumerate(call.args):
+        if a.keyword is not None and a.keyword.value == "axis":
+            return i, a
+    if len(call.args) > position and call.args[position].keyword is None:
+        return position, call.args[position]
+    return None, None
+
+
+class _Dims:
+    """Which values vary along the rows and along the lanes once the program holds several rows: a
+    fixpoint over every assignment in the kernel (names are flow-insensitive: a name that is a tile
+    anywhere is taken for one everywhere)."""
+
+    def __init__(self, fn: cst.FunctionDef, lanes: cst.Call | None, helpers: dict[str, cst.FunctionDef]) -> None:
+        self.fn, self.lanes, self.helpers = fn, lanes, helpers
+        self.names: dict[str, frozenset[str]] = {}
+
+    def solve(self) -> dict[str, frozenset[str]]:
+        bindings = _bindings(self.fn.body)
+        for _ in range(len(bindings) + 2):
+            changed = False
+            for name, value in bindings:
+                new = self.names.get(name, frozenset()) | self.of(value)
+                if new != self.names.get(name, frozenset()):
+                    self.names[name], changed = new, True
+            if not changed:
+                return self.names
+        return self.names
+
+    def of(self, node: cst.CSTNode | None) -> frozenset[str]:
+        if node is None:
+            return frozenset()
+        if isinstance(node, cst.Name):
+            return self.names.get(node.value, frozenset())
+        if isinstance(node, cst.Call):
+            return self._call(node)
+        if isinstance(node, cst.Attribute):
+            return frozenset()  # x.dtype, ptr.dtype.element_ty: types, not values
+        out: frozenset[str] = frozenset()
+        for child in node.children:
+            if isinstance(child, cst.BaseExpression) or isinstance(child, (cst.Arg, cst.Element, cst.ComparisonTarget)):
+                out |= self.of(child)
+        return out
+
+    def _call(self, call: cst.Call) -> frozenset[str]:
+        name, last = _call_name(call)
+        args = frozenset().union(*(self.of(a.value) for a in call.args)) if call.args else frozenset()
+        if call is self.lanes:
+            return frozenset({LANE})
+        if program_axis(call) == 0 or (name == "tl.program_id" and _keyword_axis(call) == 0):
+            return frozenset({ROW})
+        if _is_tl(name) and last in ("zeros", "full"):
+            return frozenset({ROW, LANE})
+        if _is_tl(name) and last in _REDUCE:
+            return self.of(call.args[0].value) - {LANE} if call.args else frozenset()
+        if _is_tl(name) and last == "load":
+            return self.of(call.args[0].value) if call.args else frozenset()
+        if isinstance(call.func, cst.Attribute) and not _is_tl(name):
+            return self.of(call.func.value) | args  # a tensor's method: x.to(...)
+        return args
+
+
+def _keyword_axis(call: cst.Call) -> int | None:
+    axis = next((a for a in call.args if a.keyword is not None and a.keyword.value == "axis"), None)
+    return int(axis.value.value) if axis is not None and isinstance(axis.value, cst.Integer) else None
+
+
+def _bindings(node: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
+    """(name, value) of every assignment under `node`; an augmented one binds its value (which joins the
+    name's), a loop target binds its iterable."""
+    out: list[tuple[str, cst.BaseExpression]] = []
+    for found in m.findall(node, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()):
+        if isinstance(found, cst.Assign):
+            out += [(n, found.value) for t in found.targets for n in names_in(t.target)]
+        elif isinstance(found, (cst.AugAssign, cst.AnnAssign)) and found.value is not None:
+            out += [(n, found.value) for n in names_in(found.target)]
+        elif isinstance(found, cst.For):
+            out += [(n, found.iter) for n in names_in(found.target)]
+    return out
+
+
+def _pure_helper(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], depth: int = 0) -> bool:
+    """Whether a @triton.jit helper acts on each element alone: no loop, branch, subscript, access,
+    reduction, scan, tile factory or program id (Liger's `silu`, a `_gelu(x)`)."""
+    if depth > 3 or m.findall(fn.body, m.For() | m.While() | m.If() | m.Subscript()):
+        return False
+    for call in m.findall(fn.body, m.Call()):
+        assert isinstance(call, cst.Call)
+        name, last = _call_name(call)
+        if _is_tl(name) and (last in _REDUCE | _SCAN | _ACCESS | _REFUSED | _HINTS
+                             or last in ("arange", "zeros", "full", "program_id")):
+            return False
+        if name in helpers and not (name != fn.name.value and _pure_helper(helpers[name], helpers, depth + 1)):
+            return False
+    return True
+
+
+def _analyse(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef]) -> _Kernel:
+    if m.findall(fn.body, m.Subscript() | m.Return() | m.Lambda() | m.GeneratorExp() | m.ListComp()):
+        raise _Decline("subscript, return or comprehension")
+    calls = [c for c in m.findall(fn.body, m.Call()) if isinstance(c, cst.Call)]
+    aranges = [c for c in calls if dotted(c.func) == "tl.arange"]
+    pids = [c for c in calls if dotted(c.func) == "tl.program_id"]
+    if len(aranges) > 1 or not any(program_axis(c) == 0 or _keyword_axis(c) == 0 for c in pids):
+        raise _Decline("not one row per program with one lane axis")
+    if any(program_axis(c) is None and _keyword_axis(c) is None for c in pids):
+        raise _Decline("a program id whose axis is not a literal")
+    lanes = aranges[0] if aranges else None
+    if lanes is not None and not (len(lanes.args) == 2 and m.matches(lanes.args[0].value, m.Integer("0"))
+                                  and isinstance(lanes.args[1].value, cst.Name)):
+        raise _Decline("the lane axis is not tl.arange(0, BLOCK)")
+    block = cst.ensure_type(lanes.args[1].value, cst.Name).value if lanes is not None else None
+    for call in calls:
+        name, last = _call_name(call)
+        if _is_tl(name) and last in _REFUSED:
+            raise _Decline(f"tl.{last}")
+        if name in helpers and not _pure_helper(helpers[name], helpers):
+            raise _Decline(f"helper {name} is not elementwise")
+        if not _is_tl(name) and isinstance(call.func, cst.Attribute) and last in _REDUCE | _SCAN:
+            raise _Decline("a reduction written as a method")
+        if _is_tl(name) and last in ("zeros", "full") and not _lane_shape(call, block):
+            raise _Decline("a tile factory of another shape than [BLOCK]")
+    kernel = _Kernel(fn, lanes, block, None)
+    dims = _Dims(fn, lanes, helpers)
+    kernel.dims = dims.solve()
+    _check_control(fn, dims)
+    _check_accesses(calls, dims)
+    for call in calls:
+        name, last = _call_name(call)
+        if _is_tl(name) and last in _HINTS and call.args and ROW in dims.of(call.args[0].value):
+            raise _Decline("a hint on a row-dependent value")
+    kernel.extent = _extent(fn, kernel, calls, dims)
+    return kernel
+
+
+def _lane_shape(call: cst.Call, block: str | None) -> bool:
+    """Whether a tl.zeros / tl.full call's shape is `[BLOCK]` or `(BLOCK,)`."""
+    shape = call.args[0].value if call.args else None
+    if block is None or not isinstance(shape, (cst.List, cst.Tuple)) or len(shape.elements) != 1:
+        return False
+    return m.matches(shape.elements[0].value, m.Name(block))
+
+
+def _check_control(fn: cst.FunctionDef, dims: _Dims) -> None:
+    """Branches, loop bounds and conditional expressions must not read row-dependent values (they would
+    become tensors), and every plain assignment of a name assigned more than once must give it the same
+    dimensions: a loop-carried `acc = 0.0` that the loop makes a row's column (`acc += tl.sum(x)`) would
+    change type between iterations. (An augmented assignment keeps its target's dimensions.)"""
+    for node in m.findall(fn.body, m.If() | m.While() | m.IfExp()):
+        assert isinstance(node, (cst.If, cst.While, cst.IfExp))
+        if dims.of(node.test):
+            raise _Decline("a branch on a row-dependent value")
+    for loop in m.findall(fn.body, m.For()):
+        if dims.of(cst.ensure_type(loop, cst.For).iter):
+            raise _Decline("a loop bound that depends on the row")
+    plain = [(n, v) for node in m.findall(fn.body, m.Assign() | m.AnnAssign())
+             for n, v in _bindings(cst.SimpleStatementLine([cst.ensure_type(node, (cst.Assign, cst.AnnAssign))]))]  # type: ignore[arg-type]
+    counts: dict[str, int] = {}
+    for name, _ in _bindings(fn.body):
+        counts[name] = counts.get(name, 0) + 1
+    for name, value in plain:
+        if counts[name] > 1 and dims.of(value) != dims.names.get(name, frozenset()):
+            raise _Decline(f"{name} changes dimensions between its assignments")
+
+
+def _check_accesses(calls: list[cst.Call], dims: _Dims) -> None:
+    """An access whose pointer does not depend on the row must not take a row-dependent value or mask:
+    Triton broadcasts those to the pointer's shape, not the other way."""
+    for call in calls:
+        name, last = _call_name(call)
+        if not (_is_tl(name) and last in _ACCESS) or not call.args:
+            continue
+        pointer = dims.of(call.args[0].value)
+        others = frozenset().union(*(dims.of(a.value) for a in call.args[1:])) if len(call.args) > 1 else frozenset()
+        if not others <= pointer:
+            raise _Decline(f"tl.{last} with a pointer narrower than its value or mask")
+
+
+def _extent(fn: cst.FunctionDef, kernel: _Kernel, calls: list[cst.Call], dims: _Dims) -> str | None:
+    """The parameter E the lane masks compare with, when the lane block can be fitted to it: BLOCK is a
+    constexpr used only in the arange, a `tl.program_id(k) * BLOCK` start (k > 0) and tile shapes, and
+    every access through the lanes is masked."""
+    block = kernel.block
+    params = {p.name.value: p for p in fn.params.params}
+    annotation = params[block].annotation if block is not None and block in params else None
+    if block is None or annotation is None or not dotted(annotation.annotation).endswith("constexpr"):
+        return None
+    uses = [n for n in m.findall(fn.body, m.Name(block))]
+    allowed = {id(kernel.lanes.args[1].value)} if kernel.lanes is not None else set()
+    for call in calls:
+        _, last = _call_name(call)
+        if last in ("zeros", "full"):
+            allowed |= {id(n) for n in m.findall(call.args[0].value, m.Name(block))}
+    for product in m.findall(fn.body, m.BinaryOperation(operator=m.Multiply())):
+        assert isinstance(product, cst.BinaryOperation)
+        for side, other in ((product.left, product.right), (product.right, product.left)):
+            axis = program_axis(other) if isinstance(other, cst.Call) else None
+            if m.matches(side, m.Name(block)) and axis is not None and axis > 0:
+                allowed.add(id(side))
+    if any(id(n) not in allowed for n in uses):
+        return None
+    extents: set[str] = set()
+    for comparison in m.findall(fn.body, m.Comparison()):
+        assert isinstance(comparison, cst.Comparison)
+        if len(comparison.comparisons) == 1 and isinstance(comparison.comparisons[0].operator, cst.LessThan) \
+                and dims.of(comparison.left) == {LANE} and isinstance(comparison.comparisons[0].comparator, cst.Name) \
+                and comparison.comparisons[0].comparator.value in params:
+            extents.add(comparison.comparisons[0].comparator.value)
+    for call in calls:
+        name, last = _call_name(call)
+        if _is_tl(name) and last in _ACCESS and call.args and LANE in dims.of(call.args[0].value) \
+                and _mask_index(call) is None:
+            return None  # an unmasked lane access relies on the block being the written one
+    return next(iter(extents)) if len(extents) == 1 else None
+
+
+def _mask_index(call: cst.Call) -> int | None:
+    _, last = _call_name(call)
+    if last in ("load", "store"):
+        return mask_argument(call)
+    keyword = next((i for i, a in enumerate(call.args) if a.keyword is not None and a.keyword.value == "mask"), None)
+    if keyword is not None:
+        return keyword
+    return 2 if len(call.args) > 2 and call.args[2].keyword is None else None
+
+
+class _RowsKernel(cst.CSTTransformer):
+    """The kernel's body rewritten for a [ROWS, BLOCK] program (module docstring): each call is judged on
+    the original tree (identity, dimensions) and rebuilt from its updated form, so nested rewrites (a
+    masked load inside a reduction) compose."""
+
+    def __init__(self, kernel: _Kernel) -> None:
+        self.kernel = kernel
+        self.dims = _Dims(kernel.fn, kernel.lanes, {})
+        self.dims.names = kernel.dims
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        name, last = _call_name(original)
+        if name == "tl.program_id" and (program_axis(original) == 0 or _keyword_axis(original) == 0):
+            return cst.Name(_ROW)
+        if original is self.kernel.lanes:
+            return cst.Subscript(updated, [cst.SubscriptElement(cst.Index(cst.Name("None"))),
+                                           cst.SubscriptElement(cst.Slice(None, None))])
+        if not _is_tl(name):
+            return updated
+        if last in ("zeros", "full"):
+            shape = cst.parse_expression(f"[{_ROWS}, {self.kernel.block}]")
+            return updated.with_changes(args=[updated.args[0].with_changes(value=shape), *updated.args[1:]])
+        if last in _REDUCE | _SCAN:
+            at, _ = _axis_argument(updated, 1)
+            if at is None:
+                new = with_keywords(updated, {"axis": cst.Integer("1")})
+            else:
+                args = list(updated.args)
+                args[at] = args[at].with_changes(value=cst.Integer("1"))
+                new = updated.with_changes(args=args)
+            return with_keywords(new, {"keep_dims": cst.Name("True")}) if last in _REDUCE else new
+        if last in _HINTS and len(updated.args) > 1 and self.dims.of(original.args[0].value) == {LANE}:
+            args = list(updated.args)
+            args[1] = args[1].with_changes(value=cst.parse_expression(f"[1, {code(args[1].value)}]"))
+            return updated.with_changes(args=args)
+        if last in _ACCESS and original.args and ROW in self.dims.of(original.args[0].value):
+            at = _mask_index(updated)
+            if at is None:
+                return with_keywords(updated, {"mask": cst.Name(_ROW_OK)})
+            args = list(updated.args)
+            old = args[at].value
+            old = old if isinstance(old, cst.Name) else old.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            args[at] = args[at].with_changes(value=cst.BinaryOperation(
+                old, cst.BitAnd(whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" ")),
+                cst.Name(_ROW_OK)))
+            return updated.with_changes(args=args)
+        return updated
+
+    def rewrite(self) -> cst.FunctionDef:
+        fn = cst.ensure_type(self.kernel.fn.visit(self), cst.FunctionDef)
+        body = list(fn.body.body)
+        at = docstring_lines(body)
+        head = [cst.parse_statement(f"{_ROW} = tl.program_id(0) * {_ROWS} + tl.arange(0, {_ROWS})[:, None]\n"),
+                cst.parse_statement(f"{_ROW_OK} = {_ROW} < {_N_ROWS}\n")]
+        head[0] = head[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+            "# rows per program: this program's rows, each computed as a program computed its one row"))])
+        body[at:at] = head
+        fn = fn.with_changes(body=fn.body.with_changes(body=body))
+        return with_parameters(fn, [_N_ROWS, _ROWS], {_ROWS}, default="1")
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The launch side of a variant: the block argument to fit to the extent (None: the block stays as
+    written), and the rows per program (source text)."""
+    block: cst.Arg | None
+    extent: cst.BaseExpression | None
+    rows: str
+
+
+class _RowsLaunch(cst.CSTTransformer):
+    """The launch statement preceded by the row count, the fitted block and the rows per program; its
+    grid's axis 0 divided by the rows, the two new arguments passed."""
+
+    def __init__(self, call: cst.Call, axes: list[cst.BaseExpression], fit: _Fit) -> None:
+        self.call, self.axes, self.fit = call, axes, fit
+        self.done = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if original is not self.call:
+            return updated
+        rows = cst.Element(cst.parse_expression("triton.cdiv(kb_rows, kb_rows_per_program)"))
+        grid = cst.Tuple([rows, *[cst.Element(a) for a in self.axes[1:]]]) if len(self.axes) > 1 else cst.Tuple([rows])
+        args = [u.with_changes(value=cst.Name("kb_row_block")) if o is self.fit.block else u
+                for o, u in zip(original.args, updated.args)]
+        made = with_keywords(updated.with_changes(args=args),
+                             {_N_ROWS: cst.Name("kb_rows"), _ROWS: cst.Name("kb_rows_per_program")})
+        self.done += 1
+        return made.with_changes(func=cst.ensure_type(made.func, cst.Subscript).with_changes(
+            slice=[cst.SubscriptElement(cst.Index(grid))]))
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        if len(original.body) != 1 or not isinstance(original.body[0], (cst.Expr, cst.Assign)) \
+                or original.body[0].value is not self.call:
+            return updated
+        head: list[cst.BaseStatement] = [cst.SimpleStatementLine(
+            [cst.Assign([cst.AssignTarget(cst.Name("kb_rows"))], self.axes[0])], leading_lines=updated.leading_lines)]
+        if self.fit.block is not None and self.fit.extent is not None:
+            head.append(cst.parse_statement(
+                f"kb_row_block = min({code(self.fit.block.value)}, triton.next_power_of_2({code(self.fit.extent)}))"
+                "  # the lanes fitted to the row, the lanes freed given to more rows\n"))
+        head.append(cst.parse_statement(f"kb_rows_per_program = {self.fit.rows}\n"))
+        self.done += 1
+        return cst.FlattenSentinel([*head, updated.with_changes(leading_lines=[])])
+
+
+def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
+    module = cst.parse_module(source)
+    target = target_launch(module, context)
+    if target is None:
+        return []
+    name, call = target
+    helpers = jit_functions(module)
+    fn = helpers[name]
+    try:
+        kernel = _analyse(fn, helpers)
+    except _Decline:
+        return []
+    axes = launch_grid_axes(module, call)
+    if not axes or any(a.star for a in call.args):
+        return []
+    arguments = launch_arguments(fn, call)
+    block = arguments.get(kernel.block) if kernel.block is not None else None
+    extent = arguments.get(kernel.extent) if kernel.extent is not None else None
+    fitted = (block is not None and extent is not None and isinstance(block.value, (cst.Integer, cst.Name, cst.Attribute))
+              and isinstance(extent.value, (cst.Name, cst.Attribute, cst.Integer)))
+    rewritten = _RowsKernel(kernel).rewrite()
+    plans: list[tuple[_Fit, dict[str, Any]]]
+    if fitted and block is not None and extent is not None:
+        plans = [(_Fit(block, extent.value, f"max(1, {f} * {code(block.value)} // kb_row_block)"),
+                  {"lanes": "fitted to the row", "tile": f"{f}x the written tile"}) for f in _TILE_FACTORS]
+    else:
+        plans = [(_Fit(None, None, str(r)), {"rows_per_program": r}) for r in _ROW_COUNTS]
+    out = []
+    for fit, params in plans:
+        launch = _RowsLaunch(call, axes, fit)
+        new = module.visit(launch)
+        if launch.done != 2:  # the call and its statement
+            continue
+        body = [rewritten if isinstance(s, cst.FunctionDef) and s.name.value == name else s for s in new.body]
+        out.append(Variant({"rows": "several rows per program", **params, "kernel": name},
+                           new.with_changes(body=body).code))
+    return out
+
+
+register("rows-per-program")(rows_per_program)
