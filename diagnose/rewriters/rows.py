@@ -66,10 +66,13 @@ _HINTS = frozenset({"multiple_of", "max_contiguous", "max_constancy"})
 # tl calls whose meaning depends on the tile's rank or the grid, which the rewrite cannot carry over.
 _REFUSED = frozenset({"dot", "dot_scaled", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "join",
                       "split", "sort", "flip", "histogram", "gather", "ravel", "interleave", "num_programs",
-                      "make_block_ptr", "advance", "make_tensor_descriptor", "topk", "atomic_cas", "static_range",
+                      "make_block_ptr", "advance", "make_tensor_descriptor", "topk", "atomic_cas",
                       "tensor_descriptor", "load_tensor_descriptor", "store_tensor_descriptor"})
 _TILE_FACTORS = (1, 2, 4)  # a fitted variant's tile: the written one, twice, four times
 _ROW_COUNTS = (2, 4, 8)  # rows per program where the lane block stays as written
+# Rows stop adding where the tile would pass this many elements (a whole-row tile of 16,384 columns
+# keeps its one row): more only spills registers and slows the compile.
+_MAX_TILE = 8192
 
 
 @dataclass
@@ -275,6 +278,8 @@ def _check_accesses(calls: list[cst.Call], dims: _Dims) -> None:
         others = frozenset().union(*(dims.of(a.value) for a in call.args[1:])) if len(call.args) > 1 else frozenset()
         if not others <= pointer:
             raise _Decline(f"tl.{last} with a pointer narrower than its value or mask")
+        if last.startswith("atomic") and ROW not in pointer:
+            raise _Decline("an atomic once per program (a counter) would count programs, not rows")
 
 
 def _extent(fn: cst.FunctionDef, kernel: _Kernel, calls: list[cst.Call], dims: _Dims) -> str | None:
@@ -386,6 +391,20 @@ class _RowsKernel(cst.CSTTransformer):
         return with_parameters(fn, [_N_ROWS, _ROWS], {_ROWS}, default="1")
 
 
+# Calls a launch argument may make and still be evaluated again at no cost and to the same value.
+_PURE_CALLS = frozenset({"size", "stride", "numel", "dim", "len", "int", "min", "max", "triton.cdiv",
+                         "triton.next_power_of_2"})
+
+
+def _repeatable(expr: cst.BaseExpression) -> bool:
+    """Whether a launch argument can be written again beside the launch (`kb_row_block = min(B, ...E)`):
+    names, numbers, shapes and arithmetic on them, `x.size(1)`, `triton.cdiv(...)`."""
+    calls = [c for c in m.findall(expr, m.Call()) if isinstance(c, cst.Call)]
+    return not expr.deep_equals(cst.Name("None")) and not m.findall(expr, m.Lambda() | m.Await() | m.Yield()) and all(
+        dotted(c.func) in _PURE_CALLS or dotted(c.func).rsplit(".", 1)[-1] in ("size", "stride", "numel", "dim")
+        for c in calls) and not isinstance(expr, (cst.SimpleString, cst.FormattedString, cst.Float))
+
+
 @dataclass(frozen=True)
 class _Fit:
     """The launch side of a variant: the block argument to fit to the extent (None: the block stays as
@@ -450,15 +469,17 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
     arguments = launch_arguments(fn, call)
     block = arguments.get(kernel.block) if kernel.block is not None else None
     extent = arguments.get(kernel.extent) if kernel.extent is not None else None
-    fitted = (block is not None and extent is not None and isinstance(block.value, (cst.Integer, cst.Name, cst.Attribute))
-              and isinstance(extent.value, (cst.Name, cst.Attribute, cst.Integer)))
+    fitted = block is not None and extent is not None and _repeatable(block.value) and _repeatable(extent.value)
     rewritten = _RowsKernel(kernel).rewrite()
     plans: list[tuple[_Fit, dict[str, Any]]]
     if fitted and block is not None and extent is not None:
-        plans = [(_Fit(block, extent.value, f"max(1, {f} * {code(block.value)} // kb_row_block)"),
+        written = code(block.value)
+        plans = [(_Fit(block, extent.value, f"max(1, min({f} * {written}, max({written}, {_MAX_TILE})) // kb_row_block)"),
                   {"lanes": "fitted to the row", "tile": f"{f}x the written tile"}) for f in _TILE_FACTORS]
     else:
-        plans = [(_Fit(None, None, str(r)), {"rows_per_program": r}) for r in _ROW_COUNTS]
+        known = block is not None and _repeatable(block.value)
+        plans = [(_Fit(None, None, f"max(1, min({r}, {_MAX_TILE} // {code(block.value)}))" if known and block else str(r)),
+                  {"rows_per_program": r}) for r in _ROW_COUNTS]
     out = []
     for fit, params in plans:
         launch = _RowsLaunch(call, axes, fit)

@@ -1,0 +1,231 @@
+"""Several rows per program (issue 27, family 1; pattern rows-per-program): a row-per-program kernel's
+short 1-D tile becomes a [ROWS, BLOCK] tile of consecutive rows. Each variant is judged on the
+interpreter against the kernel as written, on rows shorter and longer than the written block and on
+row counts that leave the last program's rows partly past the grid; what the rewrite cannot carry
+over is declined."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from conftest import candidate_rejection
+
+from diagnose.engine import diagnose
+from diagnose.render import to_markdown
+from diagnose.request import KernelInput, request_from
+from diagnose.rewriters import rewrite
+
+PATTERN = "rows-per-program"
+
+# 2x2 average pooling, one output row per program, the block a literal the grid repeats (so the block
+# cannot simply be fitted: fit-tile-to-extent declines it).
+POOL = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def pool_kernel(x_ptr, out_ptr, H, W, H_out, W_out, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        plane = row // H_out
+        oh = row % H_out
+        ow = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = ow < W_out
+        top = x_ptr + plane * H * W + (2 * oh) * W + 2 * ow
+        acc = tl.load(top, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(top + 1, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(top + W, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(top + W + 1, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * W_out + ow, (acc * 0.25).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+    def pool(x):
+        n, c, h, w = x.shape
+        out = torch.empty((n, c, h // 2, w // 2), dtype=x.dtype, device=x.device)
+        pool_kernel[(n * c * (h // 2), triton.cdiv(w // 2, 64))](x, out, h, w, h // 2, w // 2, BLOCK=64)
+        return out
+    ''')
+
+# A row reduction on a lambda grid: a max, a sum without an axis, a per-row scalar stored, a weight
+# vector that does not depend on the row.
+SOFTMAX = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def softmax_kernel(x_ptr, w_ptr, out_ptr, lse_ptr, stride, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        top = tl.max(x, axis=0)
+        e = tl.exp(x - top)
+        total = tl.sum(e)
+        tl.store(out_ptr + row * stride + cols, e / total * w, mask=mask)
+        tl.store(lse_ptr + row, top + tl.log(total))
+
+
+    def softmax(x, w):
+        rows, cols = x.shape
+        out = torch.empty_like(x)
+        lse = torch.empty(rows, dtype=torch.float32, device=x.device)
+        BLOCK = triton.next_power_of_2(cols)
+        grid = lambda meta: (rows,)
+        softmax_kernel[grid](x, w, out, lse, x.stride(0), cols, BLOCK=BLOCK)
+        return out, lse
+    ''')
+SOFTMAX_REFERENCE = ("lambda x, w: (torch.softmax(x.float(), 1) * w, torch.logsumexp(x.float(), 1))")
+
+# Scattered rows: an index loaded per row, atomics into the rows it names (duplicates included).
+SCATTER = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def scatter_kernel(src_ptr, idx_ptr, out_ptr, dim, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < dim
+        dst = tl.load(idx_ptr + row)
+        vec = tl.load(src_ptr + row * dim + cols, mask=mask)
+        tl.atomic_add(out_ptr + dst * dim + cols, vec, mask=mask)
+
+
+    def scatter(src, idx, bins):
+        k, dim = src.shape
+        out = torch.zeros((bins, dim), dtype=src.dtype, device=src.device)
+        scatter_kernel[(k, triton.cdiv(dim, 256))](src, idx, out, dim, BLOCK=256)
+        return out
+    ''')
+SCATTER_REFERENCE = "lambda src, idx, bins: torch.zeros(bins, src.shape[1]).index_add_(0, idx, src)"
+
+# A loop over column chunks with a tile accumulator: the block steps the loop, so it is not fitted.
+ROW_SUM = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def row_sum_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)
+        tl.store(out_ptr + row, tl.sum(acc, axis=0))
+
+
+    def row_sum(x):
+        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        row_sum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=32)
+        return out
+    ''')
+
+
+def test_short_rows_take_fitted_lanes_and_several_rows_per_program(tmp_path):
+    variants = rewrite(PATTERN, POOL, {})
+    assert [v.params["tile"] for v in variants] == ["1x the written tile", "2x the written tile", "4x the written tile"]
+    first = variants[0].source
+    assert "kb_row_block = min(64, triton.next_power_of_2(w // 2))" in first
+    assert "kb_rows_per_program = max(1, min(1 * 64, max(64, 8192)) // kb_row_block)" in first
+    assert "pool_kernel[(triton.cdiv(kb_rows, kb_rows_per_program), triton.cdiv(w // 2, 64))]" in first
+    assert "BLOCK=kb_row_block, _kb_n_rows=kb_rows, _KB_ROWS=kb_rows_per_program)" in first
+    assert "mask=mask & _kb_row_ok" in first and "tl.arange(0, BLOCK)[None, :]" in first
+    reference = "lambda x: torch.nn.functional.avg_pool2d(x, 2)"
+    # rows of 3 outputs (21 rows per 64-lane block), of 100 (wider than the block: two programs a row),
+    # and 7 x 5 rows, which no rows-per-program count divides
+    for shape in ("2, 3, 10, 6", "1, 2, 6, 200", "1, 7, 10, 8"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, POOL, variant.source, "pool", f"pool(torch.randn({shape}))",
+                                       reference) == "", (shape, variant.params)
+
+
+def test_a_row_reduction_reduces_each_row_of_the_tile_and_keeps_a_weight_vector_one_row(tmp_path):
+    variants = rewrite(PATTERN, SOFTMAX, {})
+    assert len(variants) == 3
+    source = variants[1].source
+    assert "top = tl.max(x, axis=1, keep_dims=True)" in source and "total = tl.sum(e, axis=1, keep_dims=True)" in source
+    assert "w = tl.load(w_ptr + cols, mask=mask, other=0.0)" in source  # the weights do not depend on the row
+    assert "tl.store(lse_ptr + row, top + tl.log(total), mask=_kb_row_ok)" in source
+    assert "softmax_kernel[(triton.cdiv(kb_rows, kb_rows_per_program),)]" in source  # the lambda grid read
+    for shape in ("5, 20", "3, 64", "9, 3"):
+        call = f"softmax(torch.randn({shape}), torch.rand({shape.split(', ')[1]}))"
+        for variant in variants:
+            assert candidate_rejection(tmp_path, SOFTMAX, variant.source, "softmax", call, SOFTMAX_REFERENCE) == ""
+
+
+def test_rows_scattered_by_a_loaded_index_stay_exact_with_duplicates(tmp_path):
+    variants = rewrite(PATTERN, SCATTER, {})
+    assert variants and "dst = tl.load(idx_ptr + row, mask=_kb_row_ok)" in variants[0].source
+    call = "scatter(torch.randn(13, 10), torch.tensor([0, 1, 1, 4, 2, 2, 2, 0, 3, 4, 4, 1, 0]), 5)"
+    for variant in variants:
+        assert candidate_rejection(tmp_path, SCATTER, variant.source, "scatter", call, SCATTER_REFERENCE) == ""
+
+
+def test_a_block_that_steps_a_loop_keeps_its_width_and_the_rows_come_in_twos_fours_and_eights(tmp_path):
+    variants = rewrite(PATTERN, ROW_SUM, {})
+    assert [v.params["rows_per_program"] for v in variants] == [2, 4, 8]
+    assert "kb_rows_per_program = max(1, min(8, 8192 // 32))" in variants[2].source  # a 32-lane block: 8 rows fit
+    assert "acc = tl.zeros([_KB_ROWS, BLOCK], dtype=tl.float32)" in variants[0].source
+    assert "tl.store(out_ptr + row, tl.sum(acc, axis=1, keep_dims=True), mask=_kb_row_ok)" in variants[0].source
+    for shape in ("11, 70", "2, 5"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, ROW_SUM, variant.source, "row_sum", f"row_sum(torch.randn({shape}))",
+                                       "lambda x: x.sum(1)") == ""
+
+
+@pytest.mark.parametrize("source, replacements", [
+    # a scalar carried by a loop that the loop would make a column of the rows
+    (ROW_SUM, [("acc = tl.zeros([BLOCK], dtype=tl.float32)", "acc = 0.0"),
+               ("acc += tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)",
+                "acc += tl.sum(tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0))"),
+               ("tl.sum(acc, axis=0)", "acc")]),
+    # a branch on the row (it would test a tensor), and an early return
+    (POOL, [("    mask = ow < W_out\n", "    mask = ow < W_out\n    if row % 2 == 0:\n        mask = mask & (ow > 0)\n")]),
+    (POOL, [("    plane = row // H_out\n", "    if row >= H_out * 1000:\n        return\n    plane = row // H_out\n")]),
+    # a loop whose bound depends on the row
+    (ROW_SUM, [("range(0, n_cols, BLOCK)", "range(0, n_cols - row, BLOCK)")]),
+    # already a 2-D tile, or a grid-stride loop
+    (POOL, [("ow = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)", "ow = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]")]),
+    (POOL, [("plane = row // H_out", "plane = row // H_out + tl.num_programs(0) * 0")]),
+    # a row-dependent value stored through a pointer that does not depend on the row
+    (SOFTMAX, [("tl.store(lse_ptr + row, top + tl.log(total))", "tl.store(lse_ptr + cols, top + tl.log(total) + cols * 0.0, mask=mask)")]),
+    # an atomic once per program: it would count programs, not rows
+    (SCATTER, [("    tl.atomic_add(out_ptr + dst * dim + cols, vec, mask=mask)\n",
+                "    tl.atomic_add(out_ptr + dst * dim + cols, vec, mask=mask)\n    tl.atomic_add(idx_ptr, 0)\n")]),
+    # a hint on a row-dependent value
+    (POOL, [("plane = row // H_out", "plane = tl.multiple_of(row // H_out, 4)")]),
+])
+def test_what_the_tile_cannot_carry_over_is_declined(source, replacements):
+    for old, new in replacements:
+        assert old in source, old
+        source = source.replace(old, new)
+    assert rewrite(PATTERN, source, {}) == []
+
+
+def test_a_block_the_kernel_reads_elsewhere_is_not_fitted(tmp_path):
+    # The mean divides by the block as written: fitting the lanes would change it, so the rows take it as is.
+    source = SOFTMAX.replace("total = tl.sum(e)", "total = tl.sum(e) * (BLOCK / BLOCK)")
+    variants = rewrite(PATTERN, source, {})
+    assert [v.params.get("rows_per_program") for v in variants] == [2, 4, 8]
+    assert "kb_row_block" not in variants[0].source
+    call = "softmax(torch.randn(7, 20), torch.rand(20))"
+    assert candidate_rejection(tmp_path, source, variants[2].source, "softmax", call, SOFTMAX_REFERENCE) == ""
+
+
+def test_the_masked_lanes_finding_names_the_rewrite(tmp_path):
+    path = tmp_path / "pool.py"
+    path.write_text(POOL)
+    answer = diagnose(request_from(KernelInput(kernel=str(path), call="pool(torch.randn(4, 8, 56, 56))")), None,
+                      level_max="L1")
+    assert "parallelism.masked-lanes" in [f.kind for f in answer.findings]  # 28 of 64 lanes live
+    assert any(r.pattern_id == PATTERN and r.for_finding == "parallelism.masked-lanes" for r in answer.recommendations)
+    assert "rows-per-program" in to_markdown(answer)
