@@ -134,7 +134,7 @@ def test_short_rows_take_fitted_lanes_and_several_rows_per_program(tmp_path):
     variants = rewrite(PATTERN, POOL, {})
     assert [v.params["tile"] for v in variants] == ["1x the written tile", "2x the written tile", "4x the written tile"]
     first = variants[0].source
-    assert "kb_row_block = min(64, triton.next_power_of_2(w // 2))" in first
+    assert "kb_row_block = min(64, triton.next_power_of_2(max(1, w // 2)))" in first
     assert "kb_rows_per_program = max(1, min(1 * 64, max(64, 8192)) // kb_row_block)" in first
     assert "pool_kernel[(triton.cdiv(kb_rows, kb_rows_per_program), triton.cdiv(w // 2, 64))]" in first
     assert "BLOCK=kb_row_block, _kb_n_rows=kb_rows, _KB_ROWS=kb_rows_per_program)" in first
@@ -150,12 +150,14 @@ def test_short_rows_take_fitted_lanes_and_several_rows_per_program(tmp_path):
 
 def test_a_row_reduction_reduces_each_row_of_the_tile_and_keeps_a_weight_vector_one_row(tmp_path):
     variants = rewrite(PATTERN, SOFTMAX, {})
-    assert len(variants) == 3
+    # masked lanes may reach a reduction, so the block stays as written and the rows come in 2, 4, 8
+    assert [v.params.get("rows_per_program") for v in variants] == [2, 4, 8]
     source = variants[1].source
     assert "top = tl.max(x, axis=1, keep_dims=True)" in source and "total = tl.sum(e, axis=1, keep_dims=True)" in source
     assert "w = tl.load(w_ptr + cols, mask=mask, other=0.0)" in source  # the weights do not depend on the row
     assert "tl.store(lse_ptr + row, top + tl.log(total), mask=_kb_row_ok)" in source
     assert "softmax_kernel[(triton.cdiv(kb_rows, kb_rows_per_program),)]" in source  # the lambda grid read
+    assert "kb_rows_per_program = max(1, min(4, 8192 // BLOCK))" in source
     for shape in ("5, 20", "3, 64", "9, 3"):
         call = f"softmax(torch.randn({shape}), torch.rand({shape.split(', ')[1]}))"
         for variant in variants:
@@ -229,3 +231,115 @@ def test_the_masked_lanes_finding_names_the_rewrite(tmp_path):
     assert "parallelism.masked-lanes" in [f.kind for f in answer.findings]  # 28 of 64 lanes live
     assert any(r.pattern_id == PATTERN and r.for_finding == "parallelism.masked-lanes" for r in answer.recommendations)
     assert "rows-per-program" in to_markdown(answer)
+
+
+# What a review found wrong in the first version, each now declined or exact (probes written for it).
+PAD = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def pad_kernel(x_ptr, out_ptr, W, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        lanes = tl.arange(0, BLOCK)
+        src = lanes - 1
+        x = tl.load(x_ptr + row * W + src, mask=(src >= 0) & (src < W), other=0.0)
+        tl.store(out_ptr + row * (W + 1) + lanes, x, mask=lanes <= W)
+
+
+    def pad(x):
+        out = torch.zeros(x.shape[0], x.shape[1] + 1, dtype=x.dtype, device=x.device)
+        pad_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=64)
+        return out
+    ''')
+
+
+def test_lanes_that_must_cover_more_than_the_masked_extent_are_not_fitted(tmp_path):
+    # The store covers W + 1 columns through `lanes <= W`: a block fitted to W would drop the last one.
+    variants = rewrite(PATTERN, PAD, {})
+    assert variants and all("kb_row_block" not in v.source for v in variants)
+    for variant in variants:
+        assert candidate_rejection(tmp_path, PAD, variant.source, "pad", "pad(torch.randn(3, 4))",
+                                   "lambda x: torch.nn.functional.pad(x, (1, 0))") == ""
+
+
+NORM = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def norm_kernel(x_ptr, w_ptr, out_ptr, wsum_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float("inf"))
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        top = tl.max(x, axis=0, keep_dims=True)
+        scale = tl.load(w_ptr + 0 * row, mask=None)
+        tl.store(out_ptr + row * n_cols + cols, (x - top) * w * scale, mask=mask)
+        tl.store(wsum_ptr, tl.sum(w, axis=0))
+
+
+    def norm(x, w):
+        rows, cols = x.shape
+        out = torch.empty_like(x)
+        wsum = torch.empty(1, dtype=x.dtype, device=x.device)
+        norm_kernel[(rows,)](x, w, out, wsum, cols, BLOCK=triton.next_power_of_2(cols))
+        return out, wsum
+    ''')
+
+
+def test_a_reduction_of_a_row_free_value_stays_a_scalar_and_given_options_are_kept(tmp_path):
+    # A weight vector's sum stored through a scalar pointer, a max that already keeps its dims, and an
+    # explicit mask=None on a row's load.
+    variants = rewrite(PATTERN, NORM, {})
+    assert variants
+    text = variants[0].source
+    assert "tl.max(x, axis=1, keep_dims=True)" in text and text.count("keep_dims") == 1
+    assert "tl.store(wsum_ptr, tl.sum(w, axis=None))" in text
+    assert "scale = tl.load(w_ptr + 0 * row, mask=_kb_row_ok)" in text
+    reference = "lambda x, w: ((x - x.max(1, keepdim=True).values) * w * w[0], w.sum().reshape(1))"
+    for variant in variants:
+        assert candidate_rejection(tmp_path, NORM, variant.source, "norm", "norm(torch.randn(5, 20), torch.rand(20))",
+                                   reference) == ""
+
+
+@pytest.mark.parametrize("old, new", [
+    # a tile filled with a row's value
+    ("    cols = tl.arange(0, BLOCK)\n", "    cols = tl.arange(0, BLOCK) + tl.full([BLOCK], row, tl.int32) * 0\n"),
+    # a function the rewrite cannot read (an import), handed a tile
+    ("    e = tl.exp(x - top)\n", "    e = helpers.exp_of(x - top)\n"),
+    # a reduction's options by position
+    ("    top = tl.max(x, axis=0)\n", "    top = tl.max(x, 0, False)\n"),
+])
+def test_what_the_rewrite_cannot_read_is_declined(old, new):
+    source = SOFTMAX.replace("import torch\n", "import torch\nimport helpers\n")
+    assert old in source
+    assert rewrite(PATTERN, source.replace(old, new), {}) == []
+
+
+def test_an_axis_written_in_hex_is_read_not_raised():
+    for axis in ("0x0", "axis=0x0"):
+        assert len(rewrite(PATTERN, POOL.replace("row = tl.program_id(0)", f"row = tl.program_id({axis})"), {})) == 3
+
+
+def test_empty_rows_and_a_grid_bound_before_a_reshape(tmp_path):
+    # `grid` holds the row count of the moment it was bound; the launch comes after a reshape.
+    source = ROW_SUM.replace("    row_sum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=32)\n",
+                             "    grid = (x.shape[0],)\n    n = x.shape[1]\n    x = x.reshape(-1)\n"
+                             "    row_sum_kernel[grid](x, out, n, BLOCK=32)\n")
+    assert "x.reshape(-1)" in source
+    variants = rewrite(PATTERN, source, {})
+    assert variants and "kb_rows = grid[0]" in variants[0].source
+    for variant in variants:
+        assert candidate_rejection(tmp_path, source, variant.source, "row_sum", "row_sum(torch.randn(9, 16))",
+                                   "lambda x: x.sum(1)") == ""
+    # rows of no columns: the fitted block stays at least 1 (next_power_of_2(0) is 0)
+    fitted = rewrite(PATTERN, SCATTER, {})[0]
+    assert "triton.next_power_of_2(max(1, dim))" in fitted.source
+    assert candidate_rejection(tmp_path, SCATTER, fitted.source, "scatter", "scatter(torch.randn(3, 0), torch.tensor([0, 1, 1]), 2)",
+                               SCATTER_REFERENCE) == ""

@@ -131,7 +131,7 @@ def program_axis(node: cst.BaseExpression) -> int | None:
     """The axis of `tl.program_id(<literal>)`, else None."""
     if isinstance(node, cst.Call) and dotted(node.func) == "tl.program_id" and node.args \
             and isinstance(node.args[0].value, cst.Integer):
-        return int(node.args[0].value.value)
+        return int(node.args[0].value.evaluated_value)  # `0x0` is an axis too
     return None
 
 

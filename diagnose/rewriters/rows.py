@@ -14,20 +14,27 @@ the H200. The program becomes a [ROWS, BLOCK] tile, ROWS consecutive rows at onc
   program's rows past the grid); accesses that do not depend on it (a weight vector) stay as they were;
 - the launch's grid axis 0 (G rows) becomes `cdiv(G, ROWS)`, and G is passed as `_kb_n_rows`.
 
-Where the lanes' block can be fitted (the lane axis starts at 0 or at `tl.program_id(k) * BLOCK` for
-k > 0, BLOCK is a constexpr the launch passes and the kernel uses only there, in the arange and in
-`tl.zeros` shapes, and every lane access is masked against an extent parameter E), the variants size it
-`min(BLOCK, next_power_of_2(E))` at launch and give the freed lanes to rows: ROWS = f * BLOCK // that,
-for f = 1, 2, 4 (the written tile, twice, four times). Covering is unchanged: a block shrunk below the
-written one covers all of E in its first program along that axis, as the written block did. Elsewhere
-the variants take 2, 4 or 8 rows with the tile as written.
+Where the lanes' block can be fitted, the variants size it `min(BLOCK, next_power_of_2(E))` at launch and
+give the freed lanes to rows: ROWS = f * BLOCK // that, for f = 1, 2, 4 (the written tile, twice, four
+times), never past 8,192 elements. That needs: the lanes are a name bound to `tl.arange(0, BLOCK)` or
+`tl.program_id(k) * BLOCK + tl.arange(0, BLOCK)` (k > 0); BLOCK is a constexpr the launch passes and the
+kernel uses only there and in tile shapes; every access through the lanes has a mask with a term
+`lanes < E` (through names), the same kernel parameter E for all; and nothing reduces or scans (a masked
+lane's `other` may reach a max). Covering is then unchanged: a block shrunk below the written one covers
+all of E in its first program along that axis, as the written block did, and every lane past E did
+nothing. Elsewhere the variants take 2, 4 or 8 rows with the tile as written (2 or 4 where the block is
+tuned and unknown at the launch).
 
 It declines what it cannot rewrite soundly: a kernel with a subscript (already 2-D), more than one
 `tl.arange`, `tl.num_programs`, a dot, a layout change, an early `return`, a branch, loop bound or
-conditional expression that reads a row-dependent value (it would become a tensor), a loop-carried
-value that starts as a scalar and becomes a tile, a hint (`tl.multiple_of`) on a row-dependent value,
-a helper @triton.jit function that reduces, loads or stores, and an access whose value or mask depends
-on the row while its pointer does not. The judge then checks every case and the held-out sizes.
+conditional expression that reads a row-dependent value (it would become a tensor), a name whose
+assignments give it different dimensions (a loop-carried `acc = 0.0` that becomes a column), a hint
+(`tl.multiple_of`) or a `tl.full` fill on a row-dependent value, a reduction's options by position, a
+helper @triton.jit function that reduces, loads or stores, a module-level function it cannot read (an
+import, `f = triton.jit(g)`) handed a tile, an access whose value or mask depends on the row while its
+pointer does not, and an atomic once per program (a counter). A reduction of a value that does not
+depend on the row reduces it whole, to the scalar it was. The judge then checks every case and the
+held-out sizes.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from diagnose.rewriters.base import (
     mask_argument,
     program_axis,
     register,
+    simple_assign,
+    start_plus_arange,
     target_launch,
     with_keywords,
     with_parameters,
@@ -166,7 +175,7 @@ class _Dims:
 
 def _keyword_axis(call: cst.Call) -> int | None:
     axis = next((a for a in call.args if a.keyword is not None and a.keyword.value == "axis"), None)
-    return int(axis.value.value) if axis is not None and isinstance(axis.value, cst.Integer) else None
+    return int(axis.value.evaluated_value) if axis is not None and isinstance(axis.value, cst.Integer) else None
 
 
 def _bindings(node: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
@@ -199,7 +208,10 @@ def _pure_helper(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], depth
     return True
 
 
-def _analyse(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef]) -> _Kernel:
+def _analyse(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], outside: set[str]) -> _Kernel:
+    """The kernel read for the rewrite; raises _Decline with why not. `outside`: the module-level names
+    that are neither Triton's language nor a @triton.jit helper seen here (imports, `f = triton.jit(g)`):
+    what they do to a tile is unknown."""
     if m.findall(fn.body, m.Subscript() | m.Return() | m.Lambda() | m.GeneratorExp() | m.ListComp()):
         raise _Decline("subscript, return or comprehension")
     calls = [c for c in m.findall(fn.body, m.Call()) if isinstance(c, cst.Call)]
@@ -224,9 +236,20 @@ def _analyse(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef]) -> _Kerne
             raise _Decline("a reduction written as a method")
         if _is_tl(name) and last in ("zeros", "full") and not _lane_shape(call, block):
             raise _Decline("a tile factory of another shape than [BLOCK]")
+        if isinstance(call.func, cst.Attribute) and not _is_tl(name) and last in _REFUSED:
+            raise _Decline(f"a layout change written as a method (.{last})")
+        positional = sum(1 for a in call.args if a.keyword is None)
+        if _is_tl(name) and last in _REDUCE and positional > (3 if last == "reduce" else 2):
+            raise _Decline("a reduction's options given by position")
     kernel = _Kernel(fn, lanes, block, None)
     dims = _Dims(fn, lanes, helpers)
     kernel.dims = dims.solve()
+    for call in calls:
+        name, last = _call_name(call)
+        if name.split(".")[0] in outside and any(dims.of(a.value) for a in call.args):
+            raise _Decline(f"{name} is not a function the rewrite can read")
+        if _is_tl(name) and last == "full" and any(dims.of(a.value) for a in call.args[1:]):
+            raise _Decline("a tile filled with a row-dependent value")
     _check_control(fn, dims)
     _check_accesses(calls, dims)
     for call in calls:
@@ -294,8 +317,8 @@ def _extent(fn: cst.FunctionDef, kernel: _Kernel, calls: list[cst.Call], dims: _
     uses = [n for n in m.findall(fn.body, m.Name(block))]
     allowed = {id(kernel.lanes.args[1].value)} if kernel.lanes is not None else set()
     for call in calls:
-        _, last = _call_name(call)
-        if last in ("zeros", "full"):
+        name, last = _call_name(call)
+        if _is_tl(name) and last in ("zeros", "full") and call.args:
             allowed |= {id(n) for n in m.findall(call.args[0].value, m.Name(block))}
     for product in m.findall(fn.body, m.BinaryOperation(operator=m.Multiply())):
         assert isinstance(product, cst.BinaryOperation)
@@ -305,19 +328,76 @@ def _extent(fn: cst.FunctionDef, kernel: _Kernel, calls: list[cst.Call], dims: _
                 allowed.add(id(side))
     if any(id(n) not in allowed for n in uses):
         return None
+    if any(_is_tl(name) and last in _REDUCE | _SCAN for name, last in map(_call_name, calls)):
+        return None  # masked lanes may reach a reduction (other=0.0 in a max): the written block is part of the result
+    lanes = _lane_names(fn, kernel)
+    once = _single_top_level(fn)
     extents: set[str] = set()
-    for comparison in m.findall(fn.body, m.Comparison()):
-        assert isinstance(comparison, cst.Comparison)
-        if len(comparison.comparisons) == 1 and isinstance(comparison.comparisons[0].operator, cst.LessThan) \
-                and dims.of(comparison.left) == {LANE} and isinstance(comparison.comparisons[0].comparator, cst.Name) \
-                and comparison.comparisons[0].comparator.value in params:
-            extents.add(comparison.comparisons[0].comparator.value)
     for call in calls:
         name, last = _call_name(call)
-        if _is_tl(name) and last in _ACCESS and call.args and LANE in dims.of(call.args[0].value) \
-                and _mask_index(call) is None:
+        if not (_is_tl(name) and last in _ACCESS and call.args and LANE in dims.of(call.args[0].value)):
+            continue
+        at = _mask_index(call)
+        if at is None:
             return None  # an unmasked lane access relies on the block being the written one
+        bounds = {_lane_bound(term, lanes, params) for term in _conjuncts(call.args[at].value, once)}
+        bounds.discard(None)
+        if not bounds:
+            return None  # a mask that does not bound the lanes themselves (`src = lanes - 1`, `iw = ow // 2`)
+        extents |= bounds  # type: ignore[arg-type]
     return next(iter(extents)) if len(extents) == 1 else None
+
+
+def _lane_names(fn: cst.FunctionDef, kernel: _Kernel) -> set[str]:
+    """Names bound once at the kernel's top to the lanes themselves: `tl.arange(0, BLOCK)` or
+    `tl.program_id(k) * BLOCK + tl.arange(0, BLOCK)` (k > 0)."""
+    out = set()
+    for name, value in _single_top_level(fn).items():
+        if value is kernel.lanes:
+            out.add(name)
+            continue
+        parts = start_plus_arange(value)
+        if parts is None or not (isinstance(value, cst.BinaryOperation)
+                                 and any(side is kernel.lanes for side in (value.left, value.right))):
+            continue
+        start = parts[0]
+        if isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply) and any(
+                m.matches(a, m.Name(kernel.block or "")) and isinstance(b, cst.Call) and (program_axis(b) or 0) > 0
+                for a, b in ((start.left, start.right), (start.right, start.left))):
+            out.add(name)
+    return out
+
+
+def _single_top_level(fn: cst.FunctionDef) -> dict[str, cst.BaseExpression]:
+    """Names the kernel binds exactly once, by a plain assignment at its top level, and their values."""
+    counts: dict[str, int] = {}
+    for name, _ in _bindings(fn.body):
+        counts[name] = counts.get(name, 0) + 1
+    out = {}
+    for stmt in fn.body.body:
+        assign = simple_assign(stmt)
+        if assign is not None and counts.get(assign[0]) == 1:
+            out[assign[0]] = assign[1]
+    return out
+
+
+def _conjuncts(mask: cst.BaseExpression, once: dict[str, cst.BaseExpression], depth: int = 0) -> list[cst.BaseExpression]:
+    """The terms `mask` is the `&` of, through names bound once (`mask = cols < N` then `mask & ok`)."""
+    if isinstance(mask, cst.BinaryOperation) and isinstance(mask.operator, cst.BitAnd):
+        return _conjuncts(mask.left, once, depth) + _conjuncts(mask.right, once, depth)
+    if isinstance(mask, cst.Name) and mask.value in once and depth < 8:
+        return _conjuncts(once[mask.value], once, depth + 1)
+    return [mask]
+
+
+def _lane_bound(term: cst.BaseExpression, lanes: set[str], params: dict[str, cst.Param]) -> str | None:
+    """E of a term `lanes < E`, E a parameter of the kernel."""
+    if isinstance(term, cst.Comparison) and len(term.comparisons) == 1 \
+            and isinstance(term.comparisons[0].operator, cst.LessThan) and isinstance(term.left, cst.Name) \
+            and term.left.value in lanes and isinstance(term.comparisons[0].comparator, cst.Name) \
+            and term.comparisons[0].comparator.value in params:
+        return term.comparisons[0].comparator.value
+    return None
 
 
 def _mask_index(call: cst.Call) -> int | None:
@@ -353,14 +433,25 @@ class _RowsKernel(cst.CSTTransformer):
             shape = cst.parse_expression(f"[{_ROWS}, {self.kernel.block}]")
             return updated.with_changes(args=[updated.args[0].with_changes(value=shape), *updated.args[1:]])
         if last in _REDUCE | _SCAN:
+            # A row's reduction reduces axis 1 of the tile, keeping a [ROWS, 1] column; a value that does not
+            # depend on the row is a [1, BLOCK] tile, reduced whole (axis None) to the scalar it was.
+            whole = last in _REDUCE and ROW not in self.dims.of(original.args[0].value)
+            axis: cst.BaseExpression = cst.Name("None") if whole else cst.Integer("1")
             at, _ = _axis_argument(updated, 1)
+            args = list(updated.args)
             if at is None:
-                new = with_keywords(updated, {"axis": cst.Integer("1")})
+                new = with_keywords(updated, {"axis": axis})
             else:
-                args = list(updated.args)
-                args[at] = args[at].with_changes(value=cst.Integer("1"))
+                args[at] = args[at].with_changes(value=axis)
                 new = updated.with_changes(args=args)
-            return with_keywords(new, {"keep_dims": cst.Name("True")}) if last in _REDUCE else new
+            if last not in _REDUCE or whole:
+                return new
+            keep = next((i for i, a in enumerate(new.args) if a.keyword is not None and a.keyword.value == "keep_dims"), None)
+            if keep is None:
+                return with_keywords(new, {"keep_dims": cst.Name("True")})
+            args = list(new.args)
+            args[keep] = args[keep].with_changes(value=cst.Name("True"))
+            return new.with_changes(args=args)
         if last in _HINTS and len(updated.args) > 1 and self.dims.of(original.args[0].value) == {LANE}:
             args = list(updated.args)
             args[1] = args[1].with_changes(value=cst.parse_expression(f"[1, {code(args[1].value)}]"))
@@ -370,6 +461,9 @@ class _RowsKernel(cst.CSTTransformer):
             if at is None:
                 return with_keywords(updated, {"mask": cst.Name(_ROW_OK)})
             args = list(updated.args)
+            if m.matches(args[at].value, m.Name("None")):
+                args[at] = args[at].with_changes(value=cst.Name(_ROW_OK))
+                return updated.with_changes(args=args)
             old = args[at].value
             old = old if isinstance(old, cst.Name) else old.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             args[at] = args[at].with_changes(value=cst.BinaryOperation(
@@ -444,7 +538,7 @@ class _RowsLaunch(cst.CSTTransformer):
             [cst.Assign([cst.AssignTarget(cst.Name("kb_rows"))], self.axes[0])], leading_lines=updated.leading_lines)]
         if self.fit.block is not None and self.fit.extent is not None:
             head.append(cst.parse_statement(
-                f"kb_row_block = min({code(self.fit.block.value)}, triton.next_power_of_2({code(self.fit.extent)}))"
+                f"kb_row_block = min({code(self.fit.block.value)}, triton.next_power_of_2(max(1, {code(self.fit.extent)})))"
                 "  # the lanes fitted to the row, the lanes freed given to more rows\n"))
         head.append(cst.parse_statement(f"kb_rows_per_program = {self.fit.rows}\n"))
         self.done += 1
@@ -460,12 +554,17 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
     helpers = jit_functions(module)
     fn = helpers[name]
     try:
-        kernel = _analyse(fn, helpers)
+        kernel = _analyse(fn, helpers, _outside_names(module) - set(helpers))
     except _Decline:
         return []
     axes = launch_grid_axes(module, call)
     if not axes or any(a.star for a in call.args):
         return []
+    bound = _grid_tuple_name(module, call)
+    if bound is not None:
+        # A tuple bound before the launch holds the row count of that moment (a reshape may come between):
+        # read it from the tuple, not by evaluating its expression again.
+        axes = [cst.parse_expression(f"{bound}[0]"), *([cst.parse_expression(f"{bound}[{i}]") for i in range(1, len(axes))])]
     arguments = launch_arguments(fn, call)
     block = arguments.get(kernel.block) if kernel.block is not None else None
     extent = arguments.get(kernel.extent) if kernel.extent is not None else None
@@ -478,8 +577,9 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
                   {"lanes": "fitted to the row", "tile": f"{f}x the written tile"}) for f in _TILE_FACTORS]
     else:
         known = block is not None and _repeatable(block.value)
+        counts = _ROW_COUNTS if known or kernel.block is None else _ROW_COUNTS[:2]  # a tuned block may be large
         plans = [(_Fit(None, None, f"max(1, min({r}, {_MAX_TILE} // {code(block.value)}))" if known and block else str(r)),
-                  {"rows_per_program": r}) for r in _ROW_COUNTS]
+                  {"rows_per_program": r}) for r in counts]
     out = []
     for fit, params in plans:
         launch = _RowsLaunch(call, axes, fit)
@@ -490,6 +590,45 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
         out.append(Variant({"rows": "several rows per program", **params, "kernel": name},
                            new.with_changes(body=body).code))
     return out
+
+
+def _outside_names(module: cst.Module) -> set[str]:
+    """Module-level names bound by imports, assignments and function definitions, except Triton's language
+    (`tl`, names imported from triton.language and its modules) and `triton` itself."""
+    names: set[str] = set()
+    for stmt in module.body:
+        for node in m.findall(stmt, m.Import() | m.ImportFrom()):
+            if isinstance(node, cst.ImportFrom):
+                source = dotted(node.module) if node.module is not None else ""
+                if source.startswith("triton.language") or isinstance(node.names, cst.ImportStar):
+                    continue
+                aliases = list(node.names)
+            else:
+                aliases = list(cst.ensure_type(node, cst.Import).names)
+            for alias in aliases:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                text = dotted(bound) if isinstance(bound, (cst.Name, cst.Attribute)) else ""
+                full = dotted(alias.name)
+                if not full.startswith("triton.language") and full != "triton":
+                    names.add(text.split(".")[0])
+        if isinstance(stmt, cst.FunctionDef):
+            names.add(stmt.name.value)
+        assign = simple_assign(stmt)
+        if assign is not None:
+            names.add(assign[0])
+    return names - {"", "tl", "triton"}
+
+
+def _grid_tuple_name(module: cst.Module, call: cst.Call) -> str | None:
+    """The name a launch's grid is, where the launching function binds it to a tuple (not a lambda, whose
+    body Triton evaluates at the launch anyway)."""
+    index = call.func.slice[0].slice if isinstance(call.func, cst.Subscript) else None
+    if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Name)):
+        return None
+    name = index.value.value
+    values = [a.value for a in m.findall(module, m.Assign(targets=[m.AssignTarget(target=m.Name(name))]))
+              if isinstance(a, cst.Assign)]
+    return name if values and all(isinstance(v, cst.Tuple) for v in values) else None
 
 
 register("rows-per-program")(rows_per_program)
