@@ -7,6 +7,7 @@ over is declined."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import candidate_rejection
@@ -17,36 +18,12 @@ from diagnose.request import KernelInput, request_from
 from diagnose.rewriters import rewrite
 
 PATTERN = "rows-per-program"
+ROOT = Path(__file__).resolve().parent.parent
 
-# 2x2 average pooling, one output row per program, the block a literal the grid repeats (so the block
-# cannot simply be fitted: fit-tile-to-extent declines it).
-POOL = textwrap.dedent('''\
-    import torch
-    import triton
-    import triton.language as tl
-
-
-    @triton.jit
-    def pool_kernel(x_ptr, out_ptr, H, W, H_out, W_out, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        plane = row // H_out
-        oh = row % H_out
-        ow = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = ow < W_out
-        top = x_ptr + plane * H * W + (2 * oh) * W + 2 * ow
-        acc = tl.load(top, mask=mask, other=0.0).to(tl.float32)
-        acc += tl.load(top + 1, mask=mask, other=0.0).to(tl.float32)
-        acc += tl.load(top + W, mask=mask, other=0.0).to(tl.float32)
-        acc += tl.load(top + W + 1, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * W_out + ow, (acc * 0.25).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-    def pool(x):
-        n, c, h, w = x.shape
-        out = torch.empty((n, c, h // 2, w // 2), dtype=x.dtype, device=x.device)
-        pool_kernel[(n * c * (h // 2), triton.cdiv(w // 2, 64))](x, out, h, w, h // 2, w // 2, BLOCK=64)
-        return out
-    ''')
+# Our corpus's 2x2 average pooling: one output row per program, its block a literal the grid repeats
+# (so fit-tile-to-extent declines it), 28 of 256 lanes live on 56x56 planes.
+POOL = (ROOT / "corpora" / "operators" / "avg_pool2d" / "avg_pool2d.py").read_text()
+POOL_REFERENCE = "lambda x: torch.nn.functional.avg_pool2d(x, 2)"
 
 # A row reduction on a lambda grid: a max, a sum without an axis, a per-row scalar stored, a weight
 # vector that does not depend on the row.
@@ -81,29 +58,8 @@ SOFTMAX = textwrap.dedent('''\
     ''')
 SOFTMAX_REFERENCE = ("lambda x, w: (torch.softmax(x.float(), 1) * w, torch.logsumexp(x.float(), 1))")
 
-# Scattered rows: an index loaded per row, atomics into the rows it names (duplicates included).
-SCATTER = textwrap.dedent('''\
-    import torch
-    import triton
-    import triton.language as tl
-
-
-    @triton.jit
-    def scatter_kernel(src_ptr, idx_ptr, out_ptr, dim, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < dim
-        dst = tl.load(idx_ptr + row)
-        vec = tl.load(src_ptr + row * dim + cols, mask=mask)
-        tl.atomic_add(out_ptr + dst * dim + cols, vec, mask=mask)
-
-
-    def scatter(src, idx, bins):
-        k, dim = src.shape
-        out = torch.zeros((bins, dim), dtype=src.dtype, device=src.device)
-        scatter_kernel[(k, triton.cdiv(dim, 256))](src, idx, out, dim, BLOCK=256)
-        return out
-    ''')
+# Our corpus's index_add: an index loaded per row, atomics into the rows it names (duplicates included).
+SCATTER = (ROOT / "corpora" / "operators" / "index_add" / "index_add.py").read_text()
 SCATTER_REFERENCE = "lambda src, idx, bins: torch.zeros(bins, src.shape[1]).index_add_(0, idx, src)"
 
 # A loop over column chunks with a tile accumulator: the block steps the loop, so it is not fitted.
@@ -134,18 +90,17 @@ def test_short_rows_take_fitted_lanes_and_several_rows_per_program(tmp_path):
     variants = rewrite(PATTERN, POOL, {})
     assert [v.params["tile"] for v in variants] == ["1x the written tile", "2x the written tile", "4x the written tile"]
     first = variants[0].source
-    assert "kb_row_block = min(64, triton.next_power_of_2(max(1, w // 2)))" in first
-    assert "kb_rows_per_program = max(1, min(1 * 64, max(64, 8192)) // kb_row_block)" in first
-    assert "pool_kernel[(triton.cdiv(kb_rows, kb_rows_per_program), triton.cdiv(w // 2, 64))]" in first
+    assert "kb_row_block = min(256, triton.next_power_of_2(max(1, w_out)))" in first
+    assert "kb_rows_per_program = max(1, min(1 * 256, max(256, 8192)) // kb_row_block)" in first
+    assert "avg_pool2d_kernel[(triton.cdiv(kb_rows, kb_rows_per_program), triton.cdiv(w_out, 256))]" in first
     assert "BLOCK=kb_row_block, _kb_n_rows=kb_rows, _KB_ROWS=kb_rows_per_program)" in first
     assert "mask=mask & _kb_row_ok" in first and "tl.arange(0, BLOCK)[None, :]" in first
-    reference = "lambda x: torch.nn.functional.avg_pool2d(x, 2)"
-    # rows of 3 outputs (21 rows per 64-lane block), of 100 (wider than the block: two programs a row),
-    # and 7 x 5 rows, which no rows-per-program count divides
-    for shape in ("2, 3, 10, 6", "1, 2, 6, 200", "1, 7, 10, 8"):
+    # rows of 3 outputs, of 300 (wider than the block: two programs a row), and 7 x 5 rows, which no
+    # rows-per-program count divides
+    for shape in ("2, 3, 10, 6", "1, 1, 4, 600", "1, 7, 10, 8"):
         for variant in variants:
-            assert candidate_rejection(tmp_path, POOL, variant.source, "pool", f"pool(torch.randn({shape}))",
-                                       reference) == "", (shape, variant.params)
+            assert candidate_rejection(tmp_path, POOL, variant.source, "avg_pool2d", f"avg_pool2d(torch.randn({shape}))",
+                                       POOL_REFERENCE) == "", (shape, variant.params)
 
 
 def test_a_row_reduction_reduces_each_row_of_the_tile_and_keeps_a_weight_vector_one_row(tmp_path):
@@ -167,9 +122,9 @@ def test_a_row_reduction_reduces_each_row_of_the_tile_and_keeps_a_weight_vector_
 def test_rows_scattered_by_a_loaded_index_stay_exact_with_duplicates(tmp_path):
     variants = rewrite(PATTERN, SCATTER, {})
     assert variants and "dst = tl.load(idx_ptr + row, mask=_kb_row_ok)" in variants[0].source
-    call = "scatter(torch.randn(13, 10), torch.tensor([0, 1, 1, 4, 2, 2, 2, 0, 3, 4, 4, 1, 0]), 5)"
+    call = "index_add(torch.randn(13, 10), torch.tensor([0, 1, 1, 4, 2, 2, 2, 0, 3, 4, 4, 1, 0]), 5)"
     for variant in variants:
-        assert candidate_rejection(tmp_path, SCATTER, variant.source, "scatter", call, SCATTER_REFERENCE) == ""
+        assert candidate_rejection(tmp_path, SCATTER, variant.source, "index_add", call, SCATTER_REFERENCE) == ""
 
 
 def test_a_block_that_steps_a_loop_keeps_its_width_and_the_rows_come_in_twos_fours_and_eights(tmp_path):
@@ -201,8 +156,8 @@ def test_a_block_that_steps_a_loop_keeps_its_width_and_the_rows_come_in_twos_fou
     # a row-dependent value stored through a pointer that does not depend on the row
     (SOFTMAX, [("tl.store(lse_ptr + row, top + tl.log(total))", "tl.store(lse_ptr + cols, top + tl.log(total) + cols * 0.0, mask=mask)")]),
     # an atomic once per program: it would count programs, not rows
-    (SCATTER, [("    tl.atomic_add(out_ptr + dst * dim + cols, vec, mask=mask)\n",
-                "    tl.atomic_add(out_ptr + dst * dim + cols, vec, mask=mask)\n    tl.atomic_add(idx_ptr, 0)\n")]),
+    (SCATTER, [("    tl.atomic_add(out_ptr + dst * stride_out + cols, vec, mask=mask)\n",
+                "    tl.atomic_add(out_ptr + dst * stride_out + cols, vec, mask=mask)\n    tl.atomic_add(idx_ptr, 0)\n")]),
     # a hint on a row-dependent value
     (POOL, [("plane = row // H_out", "plane = tl.multiple_of(row // H_out, 4)")]),
 ])
@@ -224,11 +179,11 @@ def test_a_block_the_kernel_reads_elsewhere_is_not_fitted(tmp_path):
 
 
 def test_the_masked_lanes_finding_names_the_rewrite(tmp_path):
-    path = tmp_path / "pool.py"
+    path = tmp_path / "avg_pool2d.py"
     path.write_text(POOL)
-    answer = diagnose(request_from(KernelInput(kernel=str(path), call="pool(torch.randn(4, 8, 56, 56))")), None,
+    answer = diagnose(request_from(KernelInput(kernel=str(path), call="avg_pool2d(torch.randn(4, 8, 56, 56))")), None,
                       level_max="L1")
-    assert "parallelism.masked-lanes" in [f.kind for f in answer.findings]  # 28 of 64 lanes live
+    assert "parallelism.masked-lanes" in [f.kind for f in answer.findings]  # 28 of 256 lanes live
     assert any(r.pattern_id == PATTERN and r.for_finding == "parallelism.masked-lanes" for r in answer.recommendations)
     assert "rows-per-program" in to_markdown(answer)
 
@@ -341,5 +296,5 @@ def test_empty_rows_and_a_grid_bound_before_a_reshape(tmp_path):
     # rows of no columns: the fitted block stays at least 1 (next_power_of_2(0) is 0)
     fitted = rewrite(PATTERN, SCATTER, {})[0]
     assert "triton.next_power_of_2(max(1, dim))" in fitted.source
-    assert candidate_rejection(tmp_path, SCATTER, fitted.source, "scatter", "scatter(torch.randn(3, 0), torch.tensor([0, 1, 1]), 2)",
+    assert candidate_rejection(tmp_path, SCATTER, fitted.source, "index_add", "index_add(torch.randn(3, 0), torch.tensor([0, 1, 1]), 2)",
                                SCATTER_REFERENCE) == ""
