@@ -41,7 +41,7 @@ class RowKernel:
 
 
 class Decline(Exception):
-    pass
+    """A kernel the rewrite cannot carry over to several rows; the message says why."""
 
 
 def call_name(call: cst.Call) -> tuple[str, str]:
@@ -51,6 +51,7 @@ def call_name(call: cst.Call) -> tuple[str, str]:
 
 
 def is_tl(name: str) -> bool:
+    """Whether a dotted call name is Triton's language (`tl.sum`, `triton.language.sum`)."""
     return name.startswith(("tl.", "triton.language."))
 
 
