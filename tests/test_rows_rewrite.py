@@ -288,6 +288,8 @@ def test_empty_rows_and_a_grid_bound_before_a_reshape(tmp_path):
                              "    grid = (x.shape[0],)\n    n = x.shape[1]\n    x = x.reshape(-1)\n"
                              "    row_sum_kernel[grid](x, out, n, BLOCK=32)\n")
     assert "x.reshape(-1)" in source
+    # (another function binding `grid` to a lambda does not change how this launch's tuple is read)
+    source += "\n\ndef other(n):\n    grid = lambda meta: (n,)\n    return grid\n"
     variants = rewrite(PATTERN, source, {})
     assert variants and "kb_rows = grid[0]" in variants[0].source
     for variant in variants:

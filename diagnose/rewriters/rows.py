@@ -52,6 +52,7 @@ from diagnose.rewriters.base import (
     jit_functions,
     launch_arguments,
     launch_grid_axes,
+    only_launch,
     program_axis,
     register,
     simple_assign,
@@ -238,7 +239,7 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
     axes = launch_grid_axes(module, call)
     if not axes or any(a.star for a in call.args):
         return []
-    bound = _grid_tuple_name(module, call)
+    bound = _grid_tuple_name(module, name, call)
     if bound is not None:
         # A tuple bound before the launch holds the row count of that moment (a reshape may come between):
         # read it from the tuple, not by evaluating its expression again.
@@ -297,14 +298,15 @@ def _outside_names(module: cst.Module) -> set[str]:
     return names - {"", "tl", "triton"}
 
 
-def _grid_tuple_name(module: cst.Module, call: cst.Call) -> str | None:
-    """The name a launch's grid is, where the launching function binds it to a tuple (not a lambda, whose
-    body Triton evaluates at the launch anyway)."""
+def _grid_tuple_name(module: cst.Module, kernel: str, call: cst.Call) -> str | None:
+    """The name a launch's grid is, where the function holding the launch binds it to a tuple (not a
+    lambda, whose body Triton evaluates at the launch anyway)."""
     index = call.func.slice[0].slice if isinstance(call.func, cst.Subscript) else None
-    if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Name)):
+    found = only_launch(module, kernel)
+    if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Name)) or found is None:
         return None
     name = index.value.value
-    values = [a.value for a in m.findall(module, m.Assign(targets=[m.AssignTarget(target=m.Name(name))]))
+    values = [a.value for a in m.findall(found[0], m.Assign(targets=[m.AssignTarget(target=m.Name(name))]))
               if isinstance(a, cst.Assign)]
     return name if values and all(isinstance(v, cst.Tuple) for v in values) else None
 
