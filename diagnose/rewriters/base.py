@@ -174,13 +174,15 @@ def dotted(node: cst.BaseExpression) -> str:
 
 
 def mask_argument(call: cst.Call) -> int | None:
-    """Where the mask of a `tl.load` / `tl.store` call sits in `call.args`: its keyword, else the position
-    after the pointer (a load) or the pointer and the value (a store) when an argument is given there;
-    None for an access without a mask. (diagnose.features.access_mask reads the same rule off Python's ast.)"""
+    """Where the mask of a `tl.load` / `tl.store` / `tl.atomic_*` call sits in `call.args`: its keyword,
+    else the position after the pointer (a load) or the pointer and the value (a store, an atomic) when an
+    argument is given there; None for an access without a mask. (diagnose.features.access_mask reads the
+    same rule off Python's ast.)"""
     keyword = next((i for i, a in enumerate(call.args) if a.keyword is not None and a.keyword.value == "mask"), None)
     if keyword is not None:
         return keyword
-    position = 2 if dotted(call.func).rsplit(".", 1)[-1] == "store" else 1
+    last = dotted(call.func).rsplit(".", 1)[-1]
+    position = 2 if last == "store" or last.startswith("atomic") else 1
     given = len(call.args) > position and call.args[position].keyword is None and not call.args[position].star
     return position if given else None
 

@@ -4,16 +4,16 @@ carry over (`Decline`, with why), and whether the lanes' block can be fitted to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted, mask_argument, program_axis, simple_assign, start_plus_arange
-from diagnose.rewriters.blocks import names_in
+from diagnose.rewriters.blocks import assigned_names, names_in
 
 __all__ = ["ACCESS", "HINTS", "LANE", "REDUCE", "REFUSED", "ROW", "SCAN", "Decline", "Dims", "RowKernel", "axis_argument",
-           "call_name", "is_tl", "keyword_axis", "mask_index", "read_row_kernel"]
+           "call_name", "is_tl", "program_id_axis", "read_row_kernel"]
 
 ROW, LANE = "row", "lane"  # what a value varies along once the program holds several rows
 REDUCE = frozenset({"sum", "max", "min", "argmax", "argmin", "reduce", "xor_sum"})
@@ -31,13 +31,13 @@ REFUSED = frozenset({"dot", "dot_scaled", "reshape", "view", "trans", "permute",
 @dataclass
 class RowKernel:
     """A kernel read for the rewrite: the lane arange (None: one element per row), its block, the extent
-    parameter its lane masks bound the lanes by (None: the block cannot be fitted), and each name's
-    dimensions."""
+    parameter its lane masks bound the lanes by (None: the block cannot be fitted), and the dimensions
+    of its values."""
     fn: cst.FunctionDef
     lanes: cst.Call | None
     block: str | None
     extent: str | None
-    dims: dict[str, frozenset[str]] = field(default_factory=dict)
+    dims: Dims
 
 
 class Decline(Exception):
@@ -106,7 +106,7 @@ class Dims:
         args = frozenset().union(*(self.of(a.value) for a in call.args)) if call.args else frozenset()
         if call is self.lanes:
             return frozenset({LANE})
-        if program_axis(call) == 0 or (name == "tl.program_id" and keyword_axis(call) == 0):
+        if program_id_axis(call) == 0:
             return frozenset({ROW})
         if is_tl(name) and last in ("zeros", "full"):
             return frozenset({ROW, LANE})
@@ -119,16 +119,22 @@ class Dims:
         return args
 
 
-def keyword_axis(call: cst.Call) -> int | None:
+def program_id_axis(call: cst.Call) -> int | None:
+    """The axis of `tl.program_id(<literal>)` or `tl.program_id(axis=<literal>)`, else None."""
+    if dotted(call.func) != "tl.program_id":
+        return None
     axis = next((a for a in call.args if a.keyword is not None and a.keyword.value == "axis"), None)
-    return int(axis.value.evaluated_value) if axis is not None and isinstance(axis.value, cst.Integer) else None
+    if axis is None:
+        return program_axis(call)
+    return int(axis.value.evaluated_value) if isinstance(axis.value, cst.Integer) else None
 
 
-def _bindings(node: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
+def _bindings(node: cst.CSTNode, plain: bool = False) -> list[tuple[str, cst.BaseExpression]]:
     """(name, value) of every assignment under `node`; an augmented one binds its value (which joins the
-    name's), a loop target binds its iterable."""
+    name's), a loop target binds its iterable. `plain`: only `name = value` (and annotated) assignments."""
     out: list[tuple[str, cst.BaseExpression]] = []
-    for found in m.findall(node, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()):
+    kinds = m.Assign() | m.AnnAssign() if plain else m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()
+    for found in m.findall(node, kinds):
         if isinstance(found, cst.Assign):
             out += [(n, found.value) for t in found.targets for n in names_in(t.target)]
         elif isinstance(found, (cst.AugAssign, cst.AnnAssign)) and found.value is not None:
@@ -163,9 +169,9 @@ def read_row_kernel(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], ou
     calls = [c for c in m.findall(fn.body, m.Call()) if isinstance(c, cst.Call)]
     aranges = [c for c in calls if dotted(c.func) == "tl.arange"]
     pids = [c for c in calls if dotted(c.func) == "tl.program_id"]
-    if len(aranges) > 1 or not any(program_axis(c) == 0 or keyword_axis(c) == 0 for c in pids):
+    if len(aranges) > 1 or not any(program_id_axis(c) == 0 for c in pids):
         raise Decline("not one row per program with one lane axis")
-    if any(program_axis(c) is None and keyword_axis(c) is None for c in pids):
+    if any(program_id_axis(c) is None for c in pids):
         raise Decline("a program id whose axis is not a literal")
     lanes = aranges[0] if aranges else None
     if lanes is not None and not (len(lanes.args) == 2 and m.matches(lanes.args[0].value, m.Integer("0"))
@@ -187,22 +193,20 @@ def read_row_kernel(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], ou
         positional = sum(1 for a in call.args if a.keyword is None)
         if is_tl(name) and last in REDUCE and positional > (3 if last == "reduce" else 2):
             raise Decline("a reduction's options given by position")
-    kernel = RowKernel(fn, lanes, block, None)
     dims = Dims(fn, lanes, helpers)
-    kernel.dims = dims.solve()
+    dims.solve()
     for call in calls:
         name, last = call_name(call)
         if name.split(".")[0] in outside and any(dims.of(a.value) for a in call.args):
             raise Decline(f"{name} is not a function the rewrite can read")
         if is_tl(name) and last == "full" and any(dims.of(a.value) for a in call.args[1:]):
             raise Decline("a tile filled with a row-dependent value")
-    _check_control(fn, dims)
-    _check_accesses(calls, dims)
-    for call in calls:
-        name, last = call_name(call)
         if is_tl(name) and last in HINTS and call.args and ROW in dims.of(call.args[0].value):
             raise Decline("a hint on a row-dependent value")
-    kernel.extent = _extent(fn, kernel, calls, dims)
+    _check_control(fn, dims)
+    _check_accesses(calls, dims)
+    kernel = RowKernel(fn, lanes, block, None, dims)
+    kernel.extent = _extent(fn, kernel, calls)
     return kernel
 
 
@@ -226,12 +230,8 @@ def _check_control(fn: cst.FunctionDef, dims: Dims) -> None:
     for loop in m.findall(fn.body, m.For()):
         if dims.of(cst.ensure_type(loop, cst.For).iter):
             raise Decline("a loop bound that depends on the row")
-    plain = [(n, v) for node in m.findall(fn.body, m.Assign() | m.AnnAssign())
-             for n, v in _bindings(cst.SimpleStatementLine([cst.ensure_type(node, (cst.Assign, cst.AnnAssign))]))]  # type: ignore[arg-type]
-    counts: dict[str, int] = {}
-    for name, _ in _bindings(fn.body):
-        counts[name] = counts.get(name, 0) + 1
-    for name, value in plain:
+    counts = assigned_names(fn.body)
+    for name, value in _bindings(fn.body, plain=True):
         if counts[name] > 1 and dims.of(value) != dims.names.get(name, frozenset()):
             raise Decline(f"{name} changes dimensions between its assignments")
 
@@ -251,11 +251,11 @@ def _check_accesses(calls: list[cst.Call], dims: Dims) -> None:
             raise Decline("an atomic once per program (a counter) would count programs, not rows")
 
 
-def _extent(fn: cst.FunctionDef, kernel: RowKernel, calls: list[cst.Call], dims: Dims) -> str | None:
-    """The parameter E the lane masks compare with, when the lane block can be fitted to it: BLOCK is a
-    constexpr used only in the arange, a `tl.program_id(k) * BLOCK` start (k > 0) and tile shapes, and
-    every access through the lanes is masked."""
-    block = kernel.block
+def _extent(fn: cst.FunctionDef, kernel: RowKernel, calls: list[cst.Call]) -> str | None:
+    """The parameter E the lanes' masks bound them by, when the lane block can be fitted to it: BLOCK is a
+    constexpr used only in the arange, a `tl.program_id(k) * BLOCK` start (k > 0) and tile shapes; nothing
+    reduces or scans; and every access through the lanes has a mask term `lanes < E`, one E for all."""
+    block, dims = kernel.block, kernel.dims
     params = {p.name.value: p for p in fn.params.params}
     annotation = params[block].annotation if block is not None and block in params else None
     if block is None or annotation is None or not dotted(annotation.annotation).endswith("constexpr"):
@@ -276,14 +276,14 @@ def _extent(fn: cst.FunctionDef, kernel: RowKernel, calls: list[cst.Call], dims:
         return None
     if any(is_tl(name) and last in REDUCE | SCAN for name, last in map(call_name, calls)):
         return None  # masked lanes may reach a reduction (other=0.0 in a max): the written block is part of the result
-    lanes = _lane_names(fn, kernel)
     once = _single_top_level(fn)
+    lanes = _lane_names(once, kernel)
     extents: set[str] = set()
     for call in calls:
         name, last = call_name(call)
         if not (is_tl(name) and last in ACCESS and call.args and LANE in dims.of(call.args[0].value)):
             continue
-        at = mask_index(call)
+        at = mask_argument(call)
         if at is None:
             return None  # an unmasked lane access relies on the block being the written one
         bounds = {_lane_bound(term, lanes, params) for term in _conjuncts(call.args[at].value, once)}
@@ -294,11 +294,11 @@ def _extent(fn: cst.FunctionDef, kernel: RowKernel, calls: list[cst.Call], dims:
     return next(iter(extents)) if len(extents) == 1 else None
 
 
-def _lane_names(fn: cst.FunctionDef, kernel: RowKernel) -> set[str]:
-    """Names bound once at the kernel's top to the lanes themselves: `tl.arange(0, BLOCK)` or
-    `tl.program_id(k) * BLOCK + tl.arange(0, BLOCK)` (k > 0)."""
+def _lane_names(once: dict[str, cst.BaseExpression], kernel: RowKernel) -> set[str]:
+    """Names among `once` (bound once at the kernel's top) bound to the lanes themselves:
+    `tl.arange(0, BLOCK)` or `tl.program_id(k) * BLOCK + tl.arange(0, BLOCK)` (k > 0)."""
     out = set()
-    for name, value in _single_top_level(fn).items():
+    for name, value in once.items():
         if value is kernel.lanes:
             out.add(name)
             continue
@@ -316,9 +316,7 @@ def _lane_names(fn: cst.FunctionDef, kernel: RowKernel) -> set[str]:
 
 def _single_top_level(fn: cst.FunctionDef) -> dict[str, cst.BaseExpression]:
     """Names the kernel binds exactly once, by a plain assignment at its top level, and their values."""
-    counts: dict[str, int] = {}
-    for name, _ in _bindings(fn.body):
-        counts[name] = counts.get(name, 0) + 1
+    counts = assigned_names(fn.body)
     out = {}
     for stmt in fn.body.body:
         assign = simple_assign(stmt)
@@ -344,13 +342,3 @@ def _lane_bound(term: cst.BaseExpression, lanes: set[str], params: dict[str, cst
             and term.comparisons[0].comparator.value in params:
         return term.comparisons[0].comparator.value
     return None
-
-
-def mask_index(call: cst.Call) -> int | None:
-    _, last = call_name(call)
-    if last in ("load", "store"):
-        return mask_argument(call)
-    keyword = next((i for i, a in enumerate(call.args) if a.keyword is not None and a.keyword.value == "mask"), None)
-    if keyword is not None:
-        return keyword
-    return 2 if len(call.args) > 2 and call.args[2].keyword is None else None

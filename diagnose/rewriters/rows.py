@@ -52,8 +52,8 @@ from diagnose.rewriters.base import (
     jit_functions,
     launch_arguments,
     launch_grid_axes,
+    mask_argument,
     only_launch,
-    program_axis,
     register,
     simple_assign,
     target_launch,
@@ -69,13 +69,11 @@ from diagnose.rewriters.rowread import (
     ROW,
     SCAN,
     Decline,
-    Dims,
     RowKernel,
     axis_argument,
     call_name,
     is_tl,
-    keyword_axis,
-    mask_index,
+    program_id_axis,
     read_row_kernel,
 )
 
@@ -96,12 +94,11 @@ class _RowsKernel(cst.CSTTransformer):
 
     def __init__(self, kernel: RowKernel) -> None:
         self.kernel = kernel
-        self.dims = Dims(kernel.fn, kernel.lanes, {})
-        self.dims.names = kernel.dims
+        self.dims = kernel.dims
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, last = call_name(original)
-        if name == "tl.program_id" and (program_axis(original) == 0 or keyword_axis(original) == 0):
+        if program_id_axis(original) == 0:
             return cst.Name(_ROW)
         if original is self.kernel.lanes:
             return cst.Subscript(updated, [cst.SubscriptElement(cst.Index(cst.Name("None"))),
@@ -136,7 +133,7 @@ class _RowsKernel(cst.CSTTransformer):
             args[1] = args[1].with_changes(value=cst.parse_expression(f"[1, {code(args[1].value)}]"))
             return updated.with_changes(args=args)
         if last in ACCESS and original.args and ROW in self.dims.of(original.args[0].value):
-            at = mask_index(updated)
+            at = mask_argument(updated)
             if at is None:
                 return with_keywords(updated, {"mask": cst.Name(_ROW_OK)})
             args = list(updated.args)
