@@ -17,6 +17,8 @@ __all__ = ["FALLBACK", "REPAIR_PATTERNS", "breadth_first", "hypotheses"]
 # Rewrites that change a kernel's values to repair them.
 REPAIR_PATTERNS = frozenset(REPAIRS.values())
 
+_RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
+
 # The launch configuration search: the hypothesis every round can fall back on.
 FALLBACK = ("autotune-configs", "launch configuration search")
 
@@ -50,9 +52,15 @@ def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | No
     by_finding: dict[str, list[str]] = {}
     for rec in answer.recommendations:
         by_finding.setdefault(rec.for_finding, []).append(rec.pattern_id)
-    for f in findings:  # opportunities carry no recommendation: their patterns come from the catalog
-        if f.kind not in by_finding and catalog:
-            by_finding[f.kind] = [p.id for p in catalog if f.kind in p.symptoms and "cuda" in p.backends]
+    # Opportunities carry no recommendation, and a finding's recommendations are its two best patterns:
+    # the catalog's other patterns for it follow them, lowest risk first. The loop skips those whose
+    # rewriter declines the kernel, so a structural rewrite ranked third (cross entropy's spills: the warp
+    # search, the elementwise row split, then the chunked row loop) is still reached.
+    backend = "npu" if options.backend == "npu" else "cuda"
+    for f in findings:
+        listed = by_finding.setdefault(f.kind, [])
+        listed += [p.id for p in sorted(catalog or [], key=lambda p: _RISK_ORDER.get(p.risk, len(_RISK_ORDER)))
+                   if f.kind in p.symptoms and backend in p.backends and p.id not in listed]
     out: list[Hypothesis] = []
     asks = options.llm == "openai"
     for f in findings:
@@ -75,8 +83,6 @@ def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | No
     # An untargeted rewrite never outranks one a finding asked for, whatever its record.
     return sorted(out, key=lambda h: -h.record) + sorted(later, key=lambda h: -h.record)
 
-
-_RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
 
 
 def _untargeted(planned: list[Hypothesis], options: OptimizeOptions, catalog: list[Any], level: str) -> list[Hypothesis]:

@@ -45,7 +45,7 @@ from diagnose.rewriters.base import (
 )
 from diagnose.rewriters.blocks import derived_names
 
-__all__ = ["split_row_tile"]
+__all__ = ["elementwise_call", "split_row_tile", "triton_imports"]
 
 # (columns per program, num_warps): the tutorial's 1024 / 4 and two wider chunks.
 _VARIANTS = ((1024, 4), (2048, 4), (4096, 8))
@@ -58,7 +58,7 @@ _ACROSS = frozenset({"sum", "max", "min", "argmax", "argmin", "reduce", "cumsum"
 _COLS = "_KB_COLS"
 
 
-def _triton_imports(module: cst.Module) -> set[str]:
+def triton_imports(module: cst.Module) -> set[str]:
     """Names the module imports from triton.language's modules (libdevice functions, `tl` itself)."""
     out: set[str] = set()
     for node in m.findall(module, m.ImportFrom()):
@@ -70,28 +70,35 @@ def _triton_imports(module: cst.Module) -> set[str]:
     return out
 
 
+def elementwise_call(call: cst.Call, imported: set[str], helpers: dict[str, cst.FunctionDef], depth: int = 0,
+                     caller: str | None = None) -> bool:
+    """Whether `call` acts on each element alone: a `tl.*` call other than a reduction, scan, dot, layout
+    change or atomic; a tensor's `.to` / `.cast`; a name imported from triton.language (libdevice's `tanh`);
+    or one of the module's @triton.jit `helpers` made of the same (Liger's `silu`)."""
+    name = dotted(call.func)
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cast") and not name.startswith("tl."):
+        return True  # a tensor's cast
+    parts = name.split(".")
+    if parts[0] == "tl":
+        return parts[-1] not in _ACROSS and not parts[-1].startswith("atomic")
+    if name in imported:
+        return True
+    return name in helpers and depth < 3 and name != caller and _elementwise(helpers[name], imported, helpers, depth + 1)
+
+
 def _elementwise(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.FunctionDef], depth: int = 0) -> bool:
-    """Whether every operation in `fn` (a kernel, or at depth > 0 a @triton.jit helper it calls, such as
-    Liger's `silu`) acts on each element alone."""
+    """Whether every operation in `fn` (a kernel, or at depth > 0 a @triton.jit helper it calls) acts on
+    each element alone."""
     if m.findall(fn.body, m.For() | m.While() | m.Subscript()) or (depth == 0 and m.findall(fn.body, m.Return())):
         return False
     for call in m.findall(fn.body, m.Call()):
         assert isinstance(call, cst.Call)
-        name = dotted(call.func)
-        if name == "tl.program_id":
+        if dotted(call.func) == "tl.program_id":
             if not m.matches(call, m.Call(args=[m.Arg(value=m.Integer("0"))])):
                 return False
             continue
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cast") and not name.startswith("tl."):
-            continue  # a tensor's cast
-        parts = name.split(".")
-        if parts[0] == "tl" and parts[-1] not in _ACROSS and not parts[-1].startswith("atomic"):
-            continue
-        if name in imported:
-            continue
-        if name in helpers and depth < 3 and name != fn.name.value and _elementwise(helpers[name], imported, helpers, depth + 1):
-            continue
-        return False
+        if not elementwise_call(call, imported, helpers, depth, fn.name.value):
+            return False
     return True
 
 
@@ -175,7 +182,7 @@ class _ChunkLaunch(cst.CSTTransformer):
 
 def split_row_tile(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
-    imported = _triton_imports(module)
+    imported = triton_imports(module)
     launched = set(context.get("launched") or {})
     tiles: dict[str, tuple[int, str, str]] = {}
     launches: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}

@@ -1,0 +1,316 @@
+"""Loop a whole-row tile in chunks (issue 27, families 1 and 5; pattern chunked-row-loop, for L3's
+`spills.registers`): a row-per-program kernel that loads its whole row as one tile,
+`cols = tl.arange(0, BLOCK)` with BLOCK the row's next power of two, and reduces it. Our cross entropy
+holds 32,768 fp32 columns on 4 warps, 256 values a thread: ptxas spills them, and on the H200 its
+widest rows ran at 0.70 of the copy rate while its 1,024-column rows ran at 0.82. No launch knob helps
+(8 or 16 warps cost its narrow rows 18-45%). The engineer's fix is the one Triton's layer-norm tutorial
+is written in: a loop over chunks of the row, each reduction carried across them.
+
+The kernel's straight-line body is read as three kinds of statements (after every reduction that sits
+inside a tile expression or inside another reduction's operand is first bound to a name of its own):
+
+- *lane* statements compute a tile from the columns (`x = tl.load(...)`, `mask = cols < n`);
+- *scalar* statements compute what does not vary along the row, reductions of tiles included
+  (`m = tl.max(x, axis=0)`, `lse = m + tl.log(tl.sum(tl.exp(x - m), axis=0))`, a scalar load or store);
+- *tile stores* write a tile (`tl.store(out + cols, y, mask=mask)`).
+
+Each reduction (`tl.sum`, `tl.max`, `tl.min` over the 1-D tile) is computed by a loop over chunks of
+_KB_CHUNK columns that recomputes the lane statements its operand needs and accumulates the chunk's
+reduction; reductions whose scalar inputs are all known at the same point share one loop. The first chunk
+is peeled (its names take a `_c0` suffix), so each accumulator starts as the reduction of a chunk, with
+the type the kernel's own expression gives it. The tile stores run last, in one more loop over the chunks.
+The chunks cover [0, BLOCK) exactly (both are powers of two and _KB_CHUNK = min(C, BLOCK) at launch), so
+every lane the whole tile held, masked ones included, is reduced and stored as before; only the order of
+the additions changes. Rows of BLOCK <= C run one chunk: the kernel the launch had, at its own num_warps.
+
+A sum of `exp(x - m)` (or `exp2((x - m) * c)`, any scale that is a scalar) whose `m` is the max of the
+same `x` joins that max's loop as an online sum (Milakov and Gimelshein's online softmax normalizer): when
+a chunk raises the running max, the sum so far is rescaled by `exp(m_old - m_new)`. A log-sum-exp then
+reads the row once instead of twice. A running max that is still -inf (every column so far -inf) takes
+0 as its reference, so a leading run of -inf columns adds 0 rather than NaN.
+
+It declines what it cannot loop soundly: any control flow (`if`, `for`, `while`, `return`), a subscript,
+a second `tl.arange`, BLOCK used anywhere else (a `tl.zeros([BLOCK])`), a reduction other than
+sum / max / min or with options beyond `axis=0` (`return_indices`, `keep_dims`), scans, dots, atomics,
+layout changes, calls it cannot show to be elementwise, a tile statement that is neither an assignment
+nor a store (`tl.device_print(x)`), a tile store before a reduction, a scalar store between two tile
+stores, and a launch that does not pass BLOCK by name or position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import (
+    TRITON_DEFAULT_KNOBS,
+    ReplaceNodes,
+    Variant,
+    docstring_lines,
+    dotted,
+    is_jit,
+    jit_functions,
+    launch_arguments,
+    only_launch,
+    register,
+    with_keywords,
+    with_parameters,
+)
+from diagnose.rewriters.rowloopread import REDUCTIONS, Decline, Group, RowLoop, is_arange, lane_closure, read_kernel
+from diagnose.rewriters.rowsplit import triton_imports
+
+__all__ = ["chunk_row_loop"]
+
+# (columns per chunk, num_warps for a chunked row): chunks of 8-32 fp32 values a thread.
+_VARIANTS = ((2048, 4), (4096, 8), (8192, 8))
+_CHUNK = "_KB_CHUNK"
+
+
+class _BareArguments(cst.CSTTransformer):
+    """A call's arguments without the parentheses a written-out name brought (`tl.exp((a - b))`)."""
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        value = updated.value
+        if getattr(value, "lpar", None):
+            return updated.with_changes(value=value.with_changes(lpar=[], rpar=[]))
+        return updated
+
+
+class _Rename(cst.CSTTransformer):
+    """Names renamed by a map; attribute names and keywords left alone."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        return updated.with_changes(value=self.names.get(updated.value, updated.value))
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        return updated.with_changes(attr=original.attr)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)
+
+
+class _Writer:
+    """The kernel's new body: scalar statements where they were, each loop before the statement of its
+    first reduction, the tile stores' loop where the last tile store was."""
+
+    def __init__(self, plan: RowLoop) -> None:
+        self.plan = plan
+        taken = {cst.ensure_type(n, cst.Name).value for n in m.findall(plan.fn, m.Name())}
+        lane_names = {st.target for st in plan.statements if st.kind == "lane" and st.target}
+        top = {p.name.value for p in plan.fn.params.params} | {
+            st.target for st in plan.statements if st.kind == "scalar" and st.target}
+        self.first = {n: self._fresh(f"{n}_c0", taken) for n in sorted(lane_names)}
+        self.looped = {n: (self._fresh(f"{n}_kb", taken) if n in top else n) for n in sorted(lane_names)}
+        self.fused = {r.online.max for r in plan.reductions if r.online is not None}
+
+    @staticmethod
+    def _fresh(name: str, taken: set[str]) -> str:
+        while name in taken:
+            name += "_kb"
+        taken.add(name)
+        return name
+
+    def _reads(self, at: int, names: dict[str, str], refs: dict[int, str]) -> dict[str, str]:
+        """How statement `at`'s names read in a pass: tiles as `names` has them, values assigned at a
+        statement in `refs` (an online max's m) as the name given there, the rest as written."""
+        out = {}
+        for n, d in self.plan.statements[at].defs.items():
+            if d in refs:
+                out[n] = refs[d]
+            elif d >= 0 and self.plan.statements[d].kind == "lane":
+                out[n] = names[n]
+        return out
+
+    def _lane_line(self, j: int, names: dict[str, str], start: str | None, refs: dict[int, str]
+                   ) -> cst.SimpleStatementLine:
+        """Lane statement `j` with its tile names as `names` has them; the columns start at `start`."""
+        st = self.plan.statements[j]
+        if is_arange(st.value):
+            offset = f"{start} + " if start else ""
+            return _line(f"{names[st.target or '']} = {offset}tl.arange(0, {_CHUNK})")
+        small = st.node.body[0]
+        new = cst.ensure_type(small.visit(_Rename(self._reads(j, names, refs))), type(small))
+        if st.target is not None:
+            target = cst.Name(names[st.target])
+            new = new.with_changes(targets=[cst.AssignTarget(target)]) if isinstance(new, cst.Assign) \
+                else new.with_changes(target=target)
+        return st.node.with_changes(body=[new], leading_lines=[])
+
+    def _accumulate(self, k: int, names: dict[str, str], refs: dict[int, str], first: bool
+                    ) -> list[cst.SimpleStatementLine]:
+        r, code = self.plan.reductions[k], cst.Module([]).code_for_node
+        acc = f"_kb_acc{k}"
+        call = code(_expression(r.call.visit(_Rename(self._reads(r.at, names, refs)))))
+        if r.online is not None:
+            mx, diff = r.online.max, r.online.difference
+            if first:
+                return [_line(f"{acc} = {call}")]
+            moved = cst.parse_expression(f"_kb_acc{mx} - _kb_m{mx}").with_changes(lpar=diff.lpar, rpar=diff.rpar)
+            rescale = code(_expression(_expression(r.online.rescale.visit(ReplaceNodes({id(diff): moved}))).visit(_BareArguments())))
+            return [_line(f"{acc} = {acc} * {rescale} + {call}")]
+        if k in self.fused:
+            value = call if first else f"tl.maximum({acc}, {call})"
+            new = acc if first else f"_kb_new{k}"
+            return [_line(f"{new} = {value}"),
+                    _line(f'_kb_m{k} = tl.where({new} == float("-inf"), 0.0, {new})  # -inf so far: 0 as the reference')]
+        if first:
+            return [_line(f"{acc} = {call}")]
+        combine = REDUCTIONS[r.op]
+        return [_line(f"{acc} = {combine}({acc}, {call})" if combine else f"{acc} = {acc} + {call}")]
+
+    def _pass(self, lanes: set[int], at: dict[int, list[int]], names: dict[str, str], start: str | None,
+              refs: dict[int, str], first: bool) -> list[cst.SimpleStatementLine]:
+        out: list[cst.SimpleStatementLine] = []
+        for j in sorted(lanes | set(at)):
+            if j in lanes:
+                out.append(self._lane_line(j, names, start, refs))
+            for k in at.get(j, []):
+                out += self._accumulate(k, names, refs, first)
+        return out
+
+    def _loop(self, start: str, body: list[cst.SimpleStatementLine]) -> cst.For:
+        return cst.For(target=cst.Name("_kb_start"), iter=cst.parse_expression(f"range({start}, {self.plan.block}, {_CHUNK})"),
+                       body=cst.IndentedBlock(body))
+
+    def group(self, group: Group) -> list[cst.BaseStatement]:
+        members = [self.plan.reductions[k] for k in group.members]
+        lanes = set().union(*(r.lanes for r in members))
+        at: dict[int, list[int]] = {}
+        for k in group.members:
+            at.setdefault(self.plan.reductions[k].at, []).append(k)
+        refs = {self.plan.reductions[k].at: f"_kb_m{k}" for k in group.members if k in self.fused}
+        peel = self._pass(lanes, at, self.first, None, refs, first=True)
+        body = self._pass(lanes, at, self.looped, "_kb_start", refs, first=False)
+        body += [_line(f"_kb_acc{k} = _kb_new{k}") for k in group.members if k in self.fused]
+        peel[0] = peel[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+            f"# the row in chunks of {_CHUNK} columns, each reduction carried across them: the first chunk, then the rest"))])
+        return [*peel, self._loop(_CHUNK, body)]
+
+    def stores(self) -> list[cst.BaseStatement]:
+        stores = self.plan.stores
+        lanes = set().union(*(lane_closure(self.plan.statements, i, self.plan.statements[i].value) for i in stores))
+        body = [self._lane_line(j, self.looped, "_kb_start", {}) if j in lanes else self._store_line(j)
+                for j in sorted(lanes | set(stores))]
+        return [self._loop("0", body).with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+            "# the tiles it stores, chunk by chunk"))])]
+
+    def _store_line(self, j: int) -> cst.SimpleStatementLine:
+        st = self.plan.statements[j]
+        reads = self._reads(j, self.looped, {})
+        small = st.node.body[0].visit(_Rename(reads))
+        assert isinstance(small, cst.BaseSmallStatement)
+        return st.node.with_changes(body=[small], leading_lines=[])
+
+    def body(self) -> list[cst.BaseStatement]:
+        plan = self.plan
+        written = [st for st in plan.fn.body.body if isinstance(st, cst.BaseStatement)]
+        accumulators: dict[int, cst.BaseExpression] = {id(r.call): cst.Name(f"_kb_acc{k}") for k, r in enumerate(plan.reductions)}
+        out: list[cst.BaseStatement] = written[:docstring_lines(written)]
+        for i, st in enumerate(plan.statements):
+            for group in plan.groups:
+                if group.at == i:
+                    out += self.group(group)
+            if plan.stores and i == plan.stores[-1]:
+                out += self.stores()
+            if st.kind == "scalar":
+                out.append(cst.ensure_type(st.node.visit(ReplaceNodes(accumulators)), cst.SimpleStatementLine))
+        return out
+
+
+def _expression(node: cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNode]) -> cst.BaseExpression:
+    assert isinstance(node, cst.BaseExpression)
+    return node
+
+
+def _line(code: str) -> cst.SimpleStatementLine:
+    return cst.ensure_type(cst.parse_statement(code + "\n"), cst.SimpleStatementLine)
+
+
+class _ChunkLaunch(cst.CSTTransformer):
+    """`K[grid](..., BLOCK=B, ...)` -> `kb_block = B`, then `K[grid](..., BLOCK=kb_block, ...,
+    _KB_CHUNK=min(C, kb_block), num_warps=W if kb_block > C else <as it was>)`: a row that fits one chunk
+    launches as before."""
+
+    def __init__(self, launches: dict[int, tuple[int, bool]], columns: int, warps: int) -> None:
+        self.launches, self.columns, self.warps = launches, columns, warps
+        self.done = 0
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        small = original.body[0] if len(original.body) == 1 else None
+        if not isinstance(small, cst.Expr) or id(small.value) not in self.launches:
+            return updated
+        position, autotuned = self.launches[id(small.value)]
+        call = cst.ensure_type(cst.ensure_type(updated.body[0], cst.Expr).value, cst.Call)
+        args = list(call.args)
+        block = args[position].value
+        args[position] = args[position].with_changes(value=cst.Name("kb_block"))
+        chunked = f"{self.warps} if kb_block > {self.columns} else"
+        extra: dict[str, cst.BaseExpression] = {_CHUNK: cst.parse_expression(f"min({self.columns}, kb_block)")}
+        warps = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "num_warps"), None)
+        if warps is not None:
+            kept = cst.Module([]).code_for_node(args[warps].value)
+            args[warps] = args[warps].with_changes(value=cst.parse_expression(f"{chunked} ({kept})"))
+        elif not autotuned and self.warps != TRITON_DEFAULT_KNOBS["num_warps"]:
+            extra["num_warps"] = cst.parse_expression(f"{chunked} {TRITON_DEFAULT_KNOBS['num_warps']}")
+        made = with_keywords(call.with_changes(args=args), extra)
+        self.done += 1
+        head = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("kb_block"))], block)],
+                                       leading_lines=updated.leading_lines)
+        return cst.FlattenSentinel([head, updated.with_changes(body=[cst.Expr(made)], leading_lines=[])])
+
+
+def _autotuned(fn: cst.FunctionDef) -> bool:
+    return any(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator).endswith("autotune")
+               for d in fn.decorators)
+
+
+def chunk_row_loop(source: str, context: dict[str, Any]) -> list[Variant]:
+    module = cst.parse_module(source)
+    imported = triton_imports(module)
+    launched = set(context.get("launched") or {})
+    helpers = jit_functions(module)
+    kernels: dict[str, cst.FunctionDef] = {}
+    launches: dict[int, tuple[int, bool]] = {}
+    online: list[str] = []
+    for name, fn in helpers.items():
+        if launched and name not in launched:
+            continue
+        found = only_launch(module, name)
+        if found is None:
+            continue
+        try:
+            plan = read_kernel(fn, imported, helpers)
+        except Decline:
+            continue
+        call = found[1]
+        bound = launch_arguments(fn, call).get(plan.block)
+        names = {cst.ensure_type(n, cst.Name).value for n in m.findall(found[0], m.Name())}
+        if bound is None or bound.star or "kb_block" in names:
+            continue
+        position = next(i for i, a in enumerate(call.args) if a is bound)
+        launches[id(call)] = (position, _autotuned(fn))
+        body = _Writer(plan).body()
+        kernels[name] = with_parameters(fn, [_CHUNK], {_CHUNK}).with_changes(body=fn.body.with_changes(body=body))
+        online += [f"{name}: {dotted(plan.reductions[r.online.max].call.func)} + {dotted(r.call.func)}"
+                   for r in plan.reductions if r.online is not None]
+    if not kernels:
+        return []
+    rewritten = module.with_changes(body=[kernels.get(n.name.value, n) if isinstance(n, cst.FunctionDef) and is_jit(n)
+                                          else n for n in module.body])
+    out = []
+    for columns, warps in _VARIANTS:
+        launch = _ChunkLaunch(launches, columns, warps)
+        new = rewritten.visit(launch)
+        if launch.done == len(launches):
+            out.append(Variant({"loop": "the row in chunks, reductions carried", "chunk": columns, "num_warps": warps,
+                                "online": online, "kernels": sorted(kernels)}, new.code))
+    return out
+
+
+register("chunked-row-loop")(chunk_row_loop)

@@ -1,0 +1,205 @@
+"""Loop a whole-row tile in chunks (issue 27; pattern chunked-row-loop): a row-per-program kernel whose
+tile is its whole row reduces it chunk by chunk, each reduction carried across the chunks, a sum of
+exp(x - m) beside its max as an online sum. Each variant is judged on the interpreter against the kernel
+as written, on rows wider than a chunk (several chunks, a partly masked last one, chunks wholly past the
+row), rows of exactly one chunk and short rows; the spills it removes are read from ptxas for sm90."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from conftest import candidate_rejection
+
+from diagnose.rewriters import rewrite
+from diagnose.rewriters.base import jit_functions
+from diagnose.rewriters.rowloopread import Decline, read_kernel
+from diagnose.rewriters.rowsplit import triton_imports
+
+PATTERN = "chunked-row-loop"
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "corpora" / "operators"
+
+# Our corpus's cross entropy: a log-sum-exp of the whole row (32,768 columns in its widest case).
+CROSS_ENTROPY = (CORPUS / "cross_entropy" / "cross_entropy.py").read_text()
+CROSS_ENTROPY_REFERENCE = "lambda x, t: torch.nn.functional.cross_entropy(x.float(), t, reduction='none')"
+
+# Our corpus's layer norm: a mean, then a variance around it, then the normalized row stored.
+LAYER_NORM = (CORPUS / "layer_norm" / "layer_norm.py").read_text()
+LAYER_NORM_REFERENCE = ("lambda x, w, b: torch.nn.functional.layer_norm(x.float(), (x.shape[1],), w.float(), b.float(), "
+                        "1e-5).to(x.dtype)")
+
+# A softmax that also stores its row's log-sum-exp (a scalar store after the tile store), its max and
+# sum through names, a weight vector that does not depend on the row, and a launch on a lambda grid.
+SOFTMAX = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def softmax_kernel(x_ptr, w_ptr, out_ptr, lse_ptr, stride, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        top = tl.max(x, axis=0)
+        e = tl.exp2((x - top) * 1.4426950408889634)
+        total = tl.sum(e)
+        tl.store(out_ptr + row * stride + cols, e / total * w, mask=mask)
+        tl.store(lse_ptr + row, top + tl.log(total))
+
+
+    def softmax(x, w):
+        rows, cols = x.shape
+        out = torch.empty_like(x)
+        lse = torch.empty(rows, dtype=torch.float32, device=x.device)
+        grid = lambda meta: (rows,)
+        softmax_kernel[grid](x, w, out, lse, x.stride(0), cols, BLOCK=triton.next_power_of_2(cols), num_warps=16)
+        return out, lse
+    ''')
+SOFTMAX_REFERENCE = "lambda x, w: (torch.softmax(x.float(), 1) * w, torch.logsumexp(x.float(), 1))"
+
+
+def kernel_with(body: str, launch: str = "kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))") -> str:
+    """A row kernel module around `body` (its statements after the columns and the row's load)."""
+    return textwrap.dedent('''\
+        import torch
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+            row = tl.program_id(0)
+            cols = tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+        {body}
+
+        def entry(x):
+            out = torch.empty_like(x)
+            {launch}
+            return out
+        ''').format(body=textwrap.indent(textwrap.dedent(body), "    "), launch=launch)
+
+
+def test_a_log_sum_exp_reads_its_row_once_as_an_online_sum(tmp_path):
+    variants = rewrite(PATTERN, CROSS_ENTROPY, {})
+    assert [(v.params["chunk"], v.params["num_warps"]) for v in variants] == [(2048, 4), (4096, 8), (8192, 8)]
+    assert variants[0].params["online"] == ["cross_entropy_kernel: tl.max + tl.sum"]
+    source = variants[1].source
+    assert source.count("for _kb_start in range(") == 1  # max and sum in one pass over the row
+    assert "_kb_acc1 = _kb_acc1 * tl.exp(_kb_acc0 - _kb_m0) + tl.sum(tl.exp(x - _kb_m0), axis=0)" in source
+    assert "lse = m + tl.log(_kb_acc1)" in source
+    # rows of 5,000 (a last chunk partly masked and, at 2,048, a chunk wholly past the row), of exactly one
+    # chunk, short rows, and rows whose first 4,096 columns are -inf (a running max of -inf)
+    calls = ["cross_entropy(torch.randn(3, 5000) * 4, torch.randint(0, 5000, (3,)))",
+             "cross_entropy(torch.randn(2, 2048), torch.randint(0, 2048, (2,)))",
+             "cross_entropy(torch.randn(4, 7), torch.randint(0, 7, (4,)))",
+             "cross_entropy(torch.cat([torch.full((2, 4096), -float('inf')), torch.randn(2, 900)], 1), "
+             "torch.randint(4096, 4996, (2,)))"]
+    for call in calls:
+        for variant in variants:
+            assert candidate_rejection(tmp_path, CROSS_ENTROPY, variant.source, "cross_entropy", call,
+                                       CROSS_ENTROPY_REFERENCE) == "", (call, variant.params)
+
+
+def test_a_softmax_shares_one_loop_for_max_and_sum_and_stores_in_a_second(tmp_path):
+    variants = rewrite(PATTERN, SOFTMAX, {})
+    source = variants[0].source
+    assert source.count("for _kb_start in range(") == 2
+    # the exp2 form with a scale rescales by the same function of the moved max
+    assert "_kb_acc1 = _kb_acc1 * tl.exp2((_kb_acc0 - _kb_m0) * 1.4426950408889634) + tl.sum(e)" in source
+    assert "tl.store(lse_ptr + row, top + tl.log(total))" in source  # the scalar store stays, after the loop
+    # the launch's own num_warps stays for rows of one chunk
+    assert "num_warps=4 if kb_block > 2048 else (16)" in source
+    for shape in ("3, 5000", "2, 2048", "5, 20"):
+        call = f"softmax(torch.randn({shape}), torch.rand({shape.split(', ')[1]}))"
+        for variant in variants:
+            assert candidate_rejection(tmp_path, SOFTMAX, variant.source, "softmax", call, SOFTMAX_REFERENCE) == ""
+
+
+def test_a_variance_around_the_mean_takes_a_loop_of_its_own(tmp_path):
+    variants = rewrite(PATTERN, LAYER_NORM, {})
+    assert variants and variants[0].params["online"] == []
+    assert variants[0].source.count("for _kb_start in range(") == 3  # the mean, the variance, the stores
+    for shape in ("3, 5000", "4, 100"):
+        call = f"layer_norm(torch.randn({shape}).half(), torch.rand({shape.split(', ')[1]}).half() + 0.5, " \
+               f"torch.randn({shape.split(', ')[1]}).half())"
+        for variant in variants:
+            assert candidate_rejection(tmp_path, LAYER_NORM, variant.source, "layer_norm", call, LAYER_NORM_REFERENCE) == ""
+
+
+def test_a_sum_against_the_max_of_another_tile_is_not_online(tmp_path):
+    source = kernel_with('''\
+        z = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float("inf"))
+        m = tl.max(z * 2.0, axis=0)
+        s = tl.sum(tl.exp(z - m), axis=0)
+        tl.store(out_ptr + row * n_cols + cols, x + s, mask=mask)
+        ''')
+    variants = rewrite(PATTERN, source, {})
+    assert variants and variants[0].params["online"] == []
+    assert variants[0].source.count("for _kb_start in range(") == 3  # the max, the sum, the stores
+    for variant in variants:
+        assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.randn(3, 4500))",
+                                   "lambda x: x + torch.exp(x - (2 * x).max(1, keepdim=True).values).sum(1, keepdim=True)") == ""
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ("tl.store(out_ptr + row, tl.argmax(x, axis=0))\n", "elementwise: tl.argmax"),
+    ("tl.store(out_ptr + row * n_cols + cols, x, mask=mask)\ntl.store(out_ptr + row, tl.sum(x))\n",
+     "a tile store before a reduction"),
+    ("s = tl.sum(x)\nif s > 0:\n    s = 0.0\ntl.store(out_ptr + row, s)\n", "control flow"),
+    ("acc = tl.zeros([BLOCK], dtype=tl.float32)\ntl.store(out_ptr + row, tl.sum(x + acc))\n", "elementwise: tl.zeros"),
+    ("tl.store(out_ptr + row, tl.sum(x, axis=0, keep_dims=True))\n", "options besides its axis"),
+    ("s = tl.sum(x)\ntl.device_print('x', x)\ntl.store(out_ptr + row, s)\n", "neither an assignment nor a store"),
+    ("tl.store(out_ptr + row * n_cols + cols, x * 2.0, mask=mask)\n", "nothing reduces the row"),
+    ("s = tl.sum(x)\ntl.store(out_ptr + row * n_cols + cols, x / s, mask=mask)\ntl.store(out_ptr + row, s)\n"
+     "tl.store(out_ptr + row * n_cols + cols, x, mask=mask)\n", "a scalar store between two tile stores"),
+])
+def test_what_it_cannot_loop_soundly_is_declined_with_its_reason(body, reason):
+    source = kernel_with(body)
+    module = cst.parse_module(source)
+    kernels = jit_functions(module)
+    with pytest.raises(Decline, match=reason):
+        read_kernel(kernels["kernel"], triton_imports(module), kernels)
+    assert rewrite(PATTERN, source, {}) == []
+
+
+def test_a_launch_that_does_not_name_the_block_is_left_alone():
+    source = kernel_with("tl.store(out_ptr + row, tl.sum(x))\n", launch="kernel[(x.shape[0],)](x, out, *meta)")
+    assert rewrite(PATTERN, source, {}) == []
+
+
+def test_the_chunked_cross_entropy_compiles_for_sm90_without_the_spills(tmp_path):
+    from harness.capture import capture_call
+
+    call = "cross_entropy(torch.randn(4, 32768), torch.randint(0, 32768, (4,)))"
+    (tmp_path / "before.py").write_text(CROSS_ENTROPY)
+    (tmp_path / "after.py").write_text(rewrite(PATTERN, CROSS_ENTROPY, {})[0].source)
+    before = capture_call(tmp_path / "before.py", call, target="cuda:90")[0].ptxas
+    after = capture_call(tmp_path / "after.py", call, target="cuda:90")[0].ptxas
+    assert before.spill_stores > 0  # 32,768 fp32 on 4 warps: 256 a thread
+    assert after.spill_stores == 0 and after.spill_loads == 0 and after.registers < before.registers
+
+
+def test_the_loop_reaches_it_for_spills_after_the_findings_two_recommended_patterns(tmp_path):
+    from diagnose.engine import diagnose
+    from diagnose.loop_options import OptimizeOptions
+    from diagnose.planning import hypotheses
+    from diagnose.request import KernelInput, request_from
+    from kb.patterns import catalog_for
+
+    path = tmp_path / "cross_entropy.py"
+    path.write_text(CROSS_ENTROPY)
+    call = "cross_entropy(torch.randn(4, 32768), torch.randint(0, 32768, (4,)))"
+    answer = diagnose(request_from(KernelInput(kernel=str(path), call=call)), None, level_max="L3",
+                      strategy="always-deep")
+    spills = [r.pattern_id for r in answer.recommendations if r.for_finding == "spills.registers"]
+    assert len(spills) == 2 and PATTERN not in spills  # the diagnosis names the two lowest-risk patterns
+    planned = [h.pattern for h in hypotheses(answer, OptimizeOptions(), catalog_for()) if h.finding == "spills.registers"]
+    assert planned[:2] == spills and PATTERN in planned[2:]
