@@ -52,15 +52,20 @@ def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | No
     by_finding: dict[str, list[str]] = {}
     for rec in answer.recommendations:
         by_finding.setdefault(rec.for_finding, []).append(rec.pattern_id)
-    # Opportunities carry no recommendation, and a finding's recommendations are its two best patterns:
-    # the catalog's other patterns for it follow them, lowest risk first. The loop skips those whose
-    # rewriter declines the kernel, so a structural rewrite ranked third (cross entropy's spills: the warp
-    # search, the elementwise row split, then the chunked row loop) is still reached.
+    # Opportunities carry no recommendation: their patterns come from the catalog. A finding's
+    # recommendations are its two best patterns; the catalog's other rewrites for it (not launch knobs,
+    # which the search covers) follow them, lowest risk first. The loop skips those whose rewriter
+    # declines the kernel, so a structural rewrite ranked third (cross entropy's spills: the warp search,
+    # the elementwise row split, then the chunked row loop) is still reached.
     backend = "npu" if options.backend == "npu" else "cuda"
+    ranked = sorted(catalog or [], key=lambda p: _RISK_ORDER.get(p.risk, len(_RISK_ORDER)))
     for f in findings:
-        listed = by_finding.setdefault(f.kind, [])
-        listed += [p.id for p in sorted(catalog or [], key=lambda p: _RISK_ORDER.get(p.risk, len(_RISK_ORDER)))
-                   if f.kind in p.symptoms and backend in p.backends and p.id not in listed]
+        if f.kind not in by_finding:
+            by_finding[f.kind] = [p.id for p in ranked if f.kind in p.symptoms and backend in p.backends]
+            continue
+        listed = by_finding[f.kind]
+        listed += [p.id for p in ranked if f.kind in p.symptoms and backend in p.backends and p.id not in listed
+                   and p.rewrite.kind != "launch-config-search"]
     out: list[Hypothesis] = []
     asks = options.llm == "openai"
     for f in findings:
