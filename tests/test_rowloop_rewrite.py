@@ -159,7 +159,7 @@ def test_a_sum_against_the_max_of_another_tile_is_not_online(tmp_path):
     ("s = tl.sum(x)\ntl.device_print('x', x)\ntl.store(out_ptr + row, s)\n", "neither an assignment nor a store"),
     ("tl.store(out_ptr + row * n_cols + cols, x * 2.0, mask=mask)\n", "nothing reduces the row"),
     ("s = tl.sum(x)\ntl.store(out_ptr + row * n_cols + cols, x / s, mask=mask)\ntl.store(out_ptr + row, s)\n"
-     "tl.store(out_ptr + row * n_cols + cols, x, mask=mask)\n", "a scalar store between two tile stores"),
+     "tl.store(out_ptr + row * n_cols + cols, x, mask=mask)\n", "a scalar load or store between two tile stores"),
 ])
 def test_what_it_cannot_loop_soundly_is_declined_with_its_reason(body, reason):
     source = kernel_with(body)
@@ -168,6 +168,27 @@ def test_what_it_cannot_loop_soundly_is_declined_with_its_reason(body, reason):
     with pytest.raises(Decline, match=reason):
         read_kernel(kernels["kernel"], triton_imports(module), kernels)
     assert rewrite(PATTERN, source, {}) == []
+
+
+def test_a_value_reassigned_after_a_lane_statement_read_it_starts_a_loop_where_it_still_holds(tmp_path):
+    # `scale` is read by the lane statement `y` before it is reassigned: the sum's loop must go where
+    # `y` was computed, before the reassignment, not where the sum is.
+    source = kernel_with('''\
+        scale = n_cols * 1.0
+        y = x * scale
+        scale = 2.0
+        s = tl.sum(y, axis=0)
+        tl.store(out_ptr + row * n_cols + cols, x * scale + s, mask=mask)
+        ''')
+    module = cst.parse_module(source)
+    kernels = jit_functions(module)
+    plan = read_kernel(kernels["kernel"], triton_imports(module), kernels)
+    reassigned = max(i for i, st in enumerate(plan.statements) if st.target == "scale")
+    assert [g.at for g in plan.groups] == [reassigned] and plan.reductions[0].at > reassigned
+    variants = rewrite(PATTERN, source, {})
+    for variant in variants:
+        assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.randn(3, 4500))",
+                                   "lambda x: x * 2.0 + (x * x.shape[1]).sum(1, keepdim=True)") == ""
 
 
 def test_a_launch_that_does_not_name_the_block_is_left_alone():

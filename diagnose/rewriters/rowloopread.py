@@ -34,7 +34,7 @@ def reduction_of(node: cst.CSTNode) -> str | None:
     return name[3:]
 
 
-def _checkreduction_of(call: cst.Call) -> None:
+def _check_reduction(call: cst.Call) -> None:
     extra = call.args[1:]
     if not call.args or call.args[0].keyword is not None or len(extra) > 1:
         raise Decline("a reduction with options besides its axis")
@@ -199,12 +199,12 @@ def lane_closure(statements: list[Statement], at: int, node: cst.CSTNode) -> set
 
 
 def _scalar_reads(statements: list[Statement], at: int, node: cst.CSTNode, lanes: set[int]) -> set[tuple[str, int]]:
-    """The scalar values (name, assigning statement) that `node` at statement `at` and the lane statements
-    `lanes` read; values no statement of the kernel assigns (parameters, `tl`) are left out."""
+    """The scalar values (name, assigning statement; -1 for a parameter's or a global's own value) that
+    `node` at statement `at` and the lane statements `lanes` read."""
     reads = {(n.value, statements[at].defs.get(n.value, -1)) for n in names_read(node)}
     for j in lanes:
         reads |= set(statements[j].defs.items())
-    return {(n, d) for n, d in reads if d >= 0 and statements[d].kind != "lane"}
+    return {(n, d) for n, d in reads if d < 0 or statements[d].kind != "lane"}
 
 
 def _visible(statements: list[Statement], reads: set[tuple[str, int]], at: int) -> bool:
@@ -276,7 +276,7 @@ def _reductions(statements: list[Statement]) -> list[Reduction]:
             continue
         for call in _reductions_in(st.value):
             op = reduction_of(call) or ""
-            _checkreduction_of(call)
+            _check_reduction(call)
             operand = call.args[0].value
             lanes = lane_closure(statements, i, operand)
             if not lanes:
@@ -326,7 +326,12 @@ def _groups(statements: list[Statement], reductions: list[Reduction]) -> list[Gr
                 continue
         group_found = next((g for g in groups if _visible(statements, r.scalars, g.at)), None)
         if group_found is None:
-            group_found = Group(r.at, [])
+            # where what it reads still holds: its own statement, else the latest point before it (a value
+            # its lane statements read was reassigned after they read it)
+            at = next((p for p in range(r.at, -1, -1) if _visible(statements, r.scalars, p)), None)
+            if at is None:
+                raise Decline("no point in the kernel where everything a reduction reads holds at once")
+            group_found = Group(at, [])
             groups.append(group_found)
         group_found.members.append(i)
         home[i] = group_found
@@ -376,8 +381,9 @@ def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.
     stores = [i for i, st in enumerate(statements) if st.kind == "store"]
     if stores and max(r.at for r in reductions) > stores[0]:
         raise Decline("a tile store before a reduction")
-    if stores and any(statements[k].target is None for k in range(stores[0], stores[-1]) if k not in stores):
-        raise Decline("a scalar store between two tile stores")
+    if stores and any(statements[k].target is None or m.findall(statements[k].value, m.Call(func=m.Attribute(attr=m.Name("load"))))
+                      for k in range(stores[0], stores[-1]) if k not in stores):
+        raise Decline("a scalar load or store between two tile stores")
     if stores:
         lanes = set().union(*(lane_closure(statements, i, statements[i].value) for i in stores))
         reads = set().union(*(_scalar_reads(statements, i, statements[i].value, lanes) for i in stores))
