@@ -64,8 +64,10 @@ SOFTMAX = textwrap.dedent('''\
 SOFTMAX_REFERENCE = "lambda x, w: (torch.softmax(x.float(), 1) * w, torch.logsumexp(x.float(), 1))"
 
 
-def kernel_with(body: str, launch: str = "kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))") -> str:
-    """A row kernel module around `body` (its statements after the columns and the row's load)."""
+def kernel_with(body: str, launch: str = "kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))",
+                other: str = "0.0") -> str:
+    """A row kernel module around `body` (its statements after the columns and the row's load, masked
+    lanes `other`)."""
     return textwrap.dedent('''\
         import torch
         import triton
@@ -77,14 +79,14 @@ def kernel_with(body: str, launch: str = "kernel[(x.shape[0],)](x, out, x.shape[
             row = tl.program_id(0)
             cols = tl.arange(0, BLOCK)
             mask = cols < n_cols
-            x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+            x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other={other})
         {body}
 
         def entry(x):
             out = torch.empty_like(x)
             {launch}
             return out
-        ''').format(body=textwrap.indent(textwrap.dedent(body), "    "), launch=launch)
+        ''').format(body=textwrap.indent(textwrap.dedent(body), "    "), launch=launch, other=other)
 
 
 def test_a_log_sum_exp_reads_its_row_once_as_an_online_sum(tmp_path):
@@ -160,6 +162,17 @@ def test_a_sum_against_the_max_of_another_tile_is_not_online(tmp_path):
     ("tl.store(out_ptr + row * n_cols + cols, x * 2.0, mask=mask)\n", "nothing reduces the row"),
     ("s = tl.sum(x)\ntl.store(out_ptr + row * n_cols + cols, x / s, mask=mask)\ntl.store(out_ptr + row, s)\n"
      "tl.store(out_ptr + row * n_cols + cols, x, mask=mask)\n", "a scalar load or store between two tile stores"),
+    # found by a review's probes: loads that a loop would run again after a store into their buffer ...
+    ("tl.store(x_ptr + row * n_cols, -1000.0)\ntl.store(out_ptr + row, tl.sum(x, axis=0))\n",
+     "a scalar store into the buffer the row is loaded from"),
+    ("s = tl.sum(x)\ntl.store(x_ptr + row * n_cols, s)\ntl.store(out_ptr + row * n_cols + cols, x / s, mask=mask)\n",
+     "a scalar store into the buffer the row is loaded from"),
+    # ... a row written back in place through other columns than it was read from ...
+    ("s = tl.sum(x, axis=0)\ntl.store(x_ptr + row * n_cols + (n_cols - 1 - cols), x / s, mask=mask)\n",
+     "do not address the row's columns the same way"),
+    # ... and triton.language calls that look across the tile
+    ("s = tl.sum(x)\ntl.store(out_ptr + row * n_cols + cols, tl.softmax(x) * s, mask=mask)\n", "elementwise: tl.softmax"),
+    ("tl.store(out_ptr + row, tl.reduce_or((x < 0).to(tl.int32), 0))\n", "elementwise: tl.reduce_or"),
 ])
 def test_what_it_cannot_loop_soundly_is_declined_with_its_reason(body, reason):
     source = kernel_with(body)
@@ -224,3 +237,59 @@ def test_the_loop_reaches_it_for_spills_after_the_findings_two_recommended_patte
     assert len(spills) == 2 and PATTERN not in spills  # the diagnosis names the two lowest-risk patterns
     planned = [h.pattern for h in hypotheses(answer, OptimizeOptions(), catalog_for()) if h.finding == "spills.registers"]
     assert planned[:2] == spills and PATTERN in planned[2:]
+
+
+@pytest.mark.parametrize(("body", "other", "reference"), [
+    # a reduction inside an augmented assignment to a tile, and one read after it (a review's probes)
+    ("x -= tl.max(x, axis=0)\ns = tl.sum(tl.exp(x), axis=0)\ntl.store(out_ptr + row * n_cols + cols, tl.exp(x) / s, mask=mask)\n",
+     '-float("inf")', "lambda x: torch.softmax(x, 1)"),
+    ("x += 1.0\nx = tl.where(mask, x, 0.0)\ns = tl.sum(x, axis=0)\ny = x - tl.max(x, axis=0)\n"
+     "tl.store(out_ptr + row * n_cols + cols, y + s, mask=mask)\n",
+     "0.0", "lambda x: x + 1 - (x + 1).max(1, keepdim=True).values + (x + 1).sum(1, keepdim=True)"),
+    # `m += tl.max(x)` is not the max of x: its sum of exp(x - m) is no online sum
+    ("m = 0.5\nm += tl.max(x, axis=0)\ns = tl.sum(tl.exp(x - m), axis=0)\ntl.store(out_ptr + row * n_cols + cols, x * 0.0 + s, mask=mask)\n",
+     '-float("inf")', "lambda x: (x * 0 + torch.exp(x - x.max(1, keepdim=True).values - 0.5).sum(1, keepdim=True))"),
+    # the row's axis written -1, a dtype for the sum
+    ("s = tl.sum(x, axis=-1, dtype=tl.float32)\ntl.store(out_ptr + row * n_cols + cols, x / s, mask=mask)\n",
+     "0.0", "lambda x: x / x.sum(1, keepdim=True)"),
+])
+def test_tiles_reassigned_in_place_and_reductions_written_other_ways_stay_exact(tmp_path, body, other, reference):
+    source = kernel_with(body, other=other)
+    variants = rewrite(PATTERN, source, {})
+    assert variants
+    for variant in variants:
+        for call in ("entry(torch.rand(3, 5000) + 0.5)", "entry(torch.rand(4, 100) + 0.5)"):
+            assert candidate_rejection(tmp_path, source, variant.source, "entry", call, reference) == "", (body, call)
+
+
+def test_columns_offset_by_the_row_a_positional_default_and_a_launch_with_star_star_still_launch(tmp_path):
+    source = textwrap.dedent('''\
+        import torch
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, eps=1e-5):
+            row = tl.program_id(0)
+            offs = row * n_cols + tl.arange(0, BLOCK)
+            mask = offs < row * n_cols + n_cols
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            ms = tl.sum(x * x, axis=0) / n_cols
+            tl.store(out_ptr + offs, x * tl.rsqrt(ms + eps), mask=mask)
+
+
+        def entry(x):
+            out = torch.empty_like(x)
+            meta = {"num_stages": 2}
+            kernel[(x.shape[0],)](x, out, x.shape[1], triton.next_power_of_2(x.shape[1]), 1e-6, **meta)
+            return out
+        ''')
+    variants = rewrite(PATTERN, source, {})
+    assert [v.params["chunk"] for v in variants] == [2048, 4096, 8192]
+    assert "offs = row * n_cols + (_kb_start + tl.arange(0, _KB_CHUNK))" in variants[0].source
+    assert "eps=1e-5, _KB_CHUNK: tl.constexpr = 1)" in variants[0].source  # after the defaulted parameter
+    assert "num_warps" not in variants[1].source  # `**meta` may name it
+    reference = "lambda x: x * torch.rsqrt((x * x).mean(1, keepdim=True) + 1e-6)"
+    for variant in variants:
+        assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.randn(3, 5000))", reference) == ""

@@ -27,14 +27,22 @@ A sum of `exp(x - m)` (or `exp2((x - m) * c)`, any scale that is a scalar) whose
 same `x` joins that max's loop as an online sum (Milakov and Gimelshein's online softmax normalizer): when
 a chunk raises the running max, the sum so far is rescaled by `exp(m_old - m_new)`. A log-sum-exp then
 reads the row once instead of twice. A running max that is still -inf (every column so far -inf) takes
-0 as its reference, so a leading run of -inf columns adds 0 rather than NaN.
+0 as its reference, so a leading run of -inf columns adds 0 rather than NaN; the one difference from the
+whole tile is a row that is -inf throughout, whose normalizer is then 0 (a log-sum-exp of -inf) where the
+whole tile's exp(-inf - (-inf)) gave NaN.
 
 It declines what it cannot loop soundly: any control flow (`if`, `for`, `while`, `return`), a subscript,
 a second `tl.arange`, BLOCK used anywhere else (a `tl.zeros([BLOCK])`), a reduction other than
 sum / max / min or with options beyond `axis=0` (`return_indices`, `keep_dims`), scans, dots, atomics,
-layout changes, calls it cannot show to be elementwise, a tile statement that is neither an assignment
-nor a store (`tl.device_print(x)`), a tile store before a reduction, a scalar store between two tile
-stores, and a launch that does not pass BLOCK by name or position.
+layout changes, calls it cannot show to be elementwise (`tl.softmax`, `tl.reduce_or`), a tile statement
+that is neither an assignment nor a store (`tl.device_print(x)`), a tile store before a reduction, a
+scalar load or store between two tile stores, and a launch that does not pass BLOCK by name or position.
+Since loads run again in later loops, it also declines a scalar store into a buffer the row is loaded
+from before the row is read again, and tile stores that address the row otherwise than its tile loads
+(written back in place in reversed order, each chunk would read columns a previous one wrote). The
+columns may start at a row offset (`offs = row * n + tl.arange(0, BLOCK)`). A review's 36 probe kernels,
+run on the interpreter against the kernels as written, found seven defects in the first version; six are
+fixed (tests beside the others), the seventh is the -inf row above.
 """
 
 from __future__ import annotations
@@ -58,7 +66,15 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.rowloopread import REDUCTIONS, Decline, Group, RowLoop, is_arange, lane_closure, read_kernel
+from diagnose.rewriters.rowloopread import (
+    REDUCTIONS,
+    Decline,
+    Group,
+    RowLoop,
+    columns_arange,
+    lane_closure,
+    read_kernel,
+)
 from diagnose.rewriters.rowsplit import triton_imports
 
 __all__ = ["chunk_row_loop"]
@@ -130,10 +146,11 @@ class _Writer:
                    ) -> cst.SimpleStatementLine:
         """Lane statement `j` with its tile names as `names` has them; the columns start at `start`."""
         st = self.plan.statements[j]
-        if is_arange(st.value):
-            offset = f"{start} + " if start else ""
-            return _line(f"{names[st.target or '']} = {offset}tl.arange(0, {_CHUNK})")
         small = st.node.body[0]
+        arange = columns_arange(st.value)
+        if arange is not None:  # the columns: this chunk's
+            chunk = cst.parse_expression(f"({start} + tl.arange(0, {_CHUNK}))" if start else f"tl.arange(0, {_CHUNK})")
+            small = cst.ensure_type(small.visit(ReplaceNodes({id(arange): chunk})), type(small))
         new = cst.ensure_type(small.visit(_Rename(self._reads(j, names, refs))), type(small))
         if st.target is not None:
             target = cst.Name(names[st.target])
@@ -256,7 +273,7 @@ class _ChunkLaunch(cst.CSTTransformer):
         if warps is not None:
             kept = cst.Module([]).code_for_node(args[warps].value)
             args[warps] = args[warps].with_changes(value=cst.parse_expression(f"{chunked} ({kept})"))
-        elif not autotuned and self.warps != TRITON_DEFAULT_KNOBS["num_warps"]:
+        elif not autotuned and self.warps != TRITON_DEFAULT_KNOBS["num_warps"] and not any(a.star == "**" for a in args):
             extra["num_warps"] = cst.parse_expression(f"{chunked} {TRITON_DEFAULT_KNOBS['num_warps']}")
         made = with_keywords(call.with_changes(args=args), extra)
         self.done += 1
@@ -296,7 +313,8 @@ def chunk_row_loop(source: str, context: dict[str, Any]) -> list[Variant]:
         position = next(i for i, a in enumerate(call.args) if a is bound)
         launches[id(call)] = (position, _autotuned(fn))
         body = _Writer(plan).body()
-        kernels[name] = with_parameters(fn, [_CHUNK], {_CHUNK}).with_changes(body=fn.body.with_changes(body=body))
+        # after every parameter, with a default: a launch passing a defaulted parameter by position still binds it
+        kernels[name] = with_parameters(fn, [_CHUNK], {_CHUNK}, default="1").with_changes(body=fn.body.with_changes(body=body))
         online += [f"{name}: {dotted(plan.reductions[r.online.max].call.func)} + {dotted(r.call.func)}"
                    for r in plan.reductions if r.online is not None]
     if not kernels:

@@ -13,8 +13,8 @@ import libcst.matchers as m
 from diagnose.rewriters.base import ReplaceNodes, docstring_lines, dotted
 from diagnose.rewriters.rowsplit import elementwise_call
 
-__all__ = ["REDUCTIONS", "Decline", "Group", "Online", "Reduction", "RowLoop", "Statement", "is_arange", "lane_closure",
-           "names_read", "read_kernel"]
+__all__ = ["REDUCTIONS", "Decline", "Group", "Online", "Reduction", "RowLoop", "Statement", "code_of", "columns_arange",
+           "is_arange", "lane_closure", "names_read", "read_kernel"]
 
 REDUCTIONS = {"sum": "", "max": "tl.maximum", "min": "tl.minimum"}
 _EXPONENTIALS = frozenset({"tl.exp", "tl.exp2", "tl.math.exp", "tl.math.exp2"})
@@ -35,12 +35,15 @@ def reduction_of(node: cst.CSTNode) -> str | None:
 
 
 def _check_reduction(call: cst.Call) -> None:
-    extra = call.args[1:]
-    if not call.args or call.args[0].keyword is not None or len(extra) > 1:
-        raise Decline("a reduction with options besides its axis")
-    if extra and not (m.matches(extra[0].value, m.Integer("0"))
-                      and (extra[0].keyword is None or extra[0].keyword.value == "axis")):
-        raise Decline("a reduction over an axis other than 0")
+    if not call.args or call.args[0].keyword is not None:
+        raise Decline("a reduction whose operand is not its first argument")
+    for i, arg in enumerate(call.args[1:]):
+        keyword = arg.keyword.value if arg.keyword is not None else ("axis" if i == 0 else "")
+        if keyword == "axis":
+            if code_of(arg.value).replace(" ", "") not in ("0", "-1", "None"):
+                raise Decline("a reduction over an axis other than the row's")
+        elif keyword != "dtype":
+            raise Decline("a reduction with options besides its axis and dtype")
 
 
 class _Uses(cst.CSTVisitor):
@@ -123,6 +126,25 @@ def is_arange(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Call) and dotted(node.func) == "tl.arange"
 
 
+def code_of(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def columns_arange(node: cst.BaseExpression) -> cst.Call | None:
+    """The `tl.arange(0, BLOCK)` of the columns' value `tl.arange(0, BLOCK)`, `S + tl.arange(0, BLOCK)` or
+    `tl.arange(0, BLOCK) + S`."""
+    if is_arange(node):
+        return cst.ensure_type(node, cst.Call)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+        found = [side for side in (node.left, node.right) if is_arange(side)]
+        return cst.ensure_type(found[0], cst.Call) if len(found) == 1 else None
+    return None
+
+
+def _is_columns(node: cst.BaseExpression) -> bool:
+    return columns_arange(node) is not None
+
+
 def _reductions_in(node: cst.CSTNode) -> list[cst.Call]:
     return [cst.ensure_type(c, cst.Call) for c in m.findall(node, m.Call()) if reduction_of(c) is not None]
 
@@ -132,7 +154,10 @@ def _first_to_hoist(statements: list[Statement]) -> tuple[int, cst.Call] | None:
     first, with its statement."""
     lanes: set[str] = set()
     for i, st in enumerate(statements):
-        tile = is_arange(st.value) or any(n.value in lanes for n in names_read(st.value, skip_reductions=True))
+        outside = {n.value for n in names_read(st.value, skip_reductions=True)}
+        if isinstance(st.node.body[0], cst.AugAssign):
+            outside.add(st.target or "")  # `x -= tl.max(x, 0)` reads x too
+        tile = _is_columns(st.value) or bool(outside & lanes)
         calls = _reductions_in(st.value)
         for call in calls:
             if any(c is not call for c in _reductions_in(call)):
@@ -170,8 +195,8 @@ def _classify(statements: list[Statement]) -> None:
         outside = {n.value for n in names_read(st.value, skip_reductions=True)}
         if isinstance(small, cst.AugAssign):
             outside.add(st.target or "")
-        tile = is_arange(st.value) or any(st.defs.get(n, -1) >= 0 and statements[st.defs[n]].kind == "lane"
-                                           for n in outside)
+        tile = _is_columns(st.value) or any(st.defs.get(n, -1) >= 0 and statements[st.defs[n]].kind == "lane"
+                                            for n in outside)
         if st.target is None:
             if tile and dotted(cst.ensure_type(st.value, cst.Call).func) != "tl.store":
                 raise Decline(f"a tile statement that is neither an assignment nor a store ({dotted(st.value.func)})"
@@ -209,7 +234,8 @@ def _scalar_reads(statements: list[Statement], at: int, node: cst.CSTNode, lanes
 
 def _visible(statements: list[Statement], reads: set[tuple[str, int]], at: int) -> bool:
     """Whether each value in `reads` is what its name holds just before statement `at`."""
-    return all(d < at and not any(statements[k].target == n for k in range(d + 1, at)) for n, d in reads)
+    return all(d < at and not any(statements[k].target == n and statements[k].kind != "lane" for k in range(d + 1, at))
+               for n, d in reads)
 
 
 def _lane_free(statements: list[Statement], at: int, node: cst.CSTNode) -> bool:
@@ -293,7 +319,7 @@ def _online_max(statements: list[Statement], reductions: list[Reduction], r: Red
         return None
     rescale, diff, at, where, x = found
     k = next((k for k, q in enumerate(reductions) if q.at == at and q.op == "max" and q.call is statements[at].value), None)
-    if k is None:
+    if k is None or not isinstance(statements[at].node.body[0], cst.Assign):  # `m += tl.max(x)` is not the max
         return None
     reads = [statements[r.at].defs.get(n.value) for n in names_read(r.call.args[0].value)]
     reads += [d for j in r.lanes for n, d in statements[j].defs.items()]
@@ -338,6 +364,64 @@ def _groups(statements: list[Statement], reductions: list[Reduction]) -> list[Gr
     return groups
 
 
+def _accesses(statements: list[Statement], name: str) -> list[tuple[int, cst.Call]]:
+    return [(i, cst.ensure_type(c, cst.Call)) for i, st in enumerate(statements)
+            for c in m.findall(st.value, m.Call()) if dotted(cst.ensure_type(c, cst.Call).func) == f"tl.{name}"]
+
+
+def _written_out(statements: list[Statement], at: int, node: cst.BaseExpression, lanes_only: bool = True,
+                 depth: int = 0) -> cst.BaseExpression:
+    """`node` (read at statement `at`) with the names plain assignments give it replaced by their values
+    (only tile names with `lanes_only`), for comparing addresses."""
+    values: dict[int, cst.BaseExpression] = {}
+    for n in names_read(node) if depth < 8 else []:
+        d = statements[at].defs.get(n.value, -1)
+        if d >= 0 and (statements[d].kind == "lane" or not lanes_only) \
+                and isinstance(statements[d].node.body[0], cst.Assign):
+            values[id(n)] = _written_out(statements, d, statements[d].value, lanes_only, depth + 1).with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    new = node.visit(ReplaceNodes(values)) if values else node
+    assert isinstance(new, cst.BaseExpression)
+    return new
+
+
+def _summands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+        return _summands(node.left) + _summands(node.right)
+    return [node]
+
+
+def _lane_part(statements: list[Statement], at: int, pointer: cst.BaseExpression) -> str:
+    """The summands of a pointer that vary along the row, written out (`tl.arange(0, BLOCK)` of
+    `x_ptr + row * stride + cols`)."""
+    terms = _summands(_written_out(statements, at, pointer))
+    return " + ".join(sorted(code_of(t) for t in terms if any(is_arange(cst.ensure_type(c, cst.Call))
+                                                                for c in m.findall(t, m.Call()))))
+
+
+def _bases(statements: list[Statement], at: int, pointer: cst.BaseExpression) -> set[str]:
+    """The bare names a pointer's sum adds once its assigned names are written out (`x_ptr` of
+    `x_ptr + row * stride + cols`): its base pointer, among offsets that are names."""
+    return {t.value for t in _summands(_written_out(statements, at, pointer, lanes_only=False)) if isinstance(t, cst.Name)}
+
+
+def _check_memory_order(statements: list[Statement], reductions: list[Reduction], stores: list[int]) -> None:
+    """Loads run again in later loops, and the tile stores chunk by chunk after them: decline where that
+    could read what the kernel wrote. A scalar store into a buffer the row is loaded from must come after
+    every loop; tile loads and stores in the last loop must address the row the same way (in place, each
+    chunk then reads its own columns before it writes them)."""
+    loads = [(i, c) for i, c in _accesses(statements, "load") if statements[i].kind == "lane"]
+    bases = set().union(*(_bases(statements, i, c.args[0].value) for i, c in loads))
+    last = max([i for i, _ in loads] + [r.at for r in reductions] + stores)
+    for i, call in _accesses(statements, "store"):
+        if statements[i].kind == "scalar" and i < last and _bases(statements, i, call.args[0].value) & bases:
+            raise Decline("a scalar store into the buffer the row is loaded from, before the row is read again")
+    if stores and len({_lane_part(statements, i, c.args[0].value) for i, c in loads + _accesses(statements, "store")
+                       if statements[i].kind != "scalar"}) != 1:
+        raise Decline("the tile loads and stores do not address the row's columns the same way")
+
+
 @dataclass
 class RowLoop:
     """A kernel's rewrite: its statements (reductions bound), reductions, loops and tile stores."""
@@ -363,18 +447,20 @@ def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.
         if reduction_of(call) is None and not constant and not elementwise_call(call, imported, helpers):
             raise Decline(f"a call it cannot show to be elementwise: {dotted(call.func) or 'an expression'}")
     statements = _hoisted([_statement(line) for line in list(fn.body.body)[docstring_lines(list(fn.body.body)):]])
-    cols = next(st for st in statements if st.value is aranges[0]) if any(st.value is aranges[0] for st in statements) \
-        else None
+    cols = next((st for st in statements if columns_arange(st.value) is aranges[0]), None)
     arange = cst.ensure_type(aranges[0], cst.Call)
     if cols is None or len(arange.args) != 2 or not m.matches(arange.args[0].value, m.Integer("0")) \
             or not isinstance(arange.args[1].value, cst.Name):
-        raise Decline("the columns are not `cols = tl.arange(0, BLOCK)`")
+        raise Decline("the columns are not `cols = tl.arange(0, BLOCK)` (or `S + tl.arange(0, BLOCK)`)")
     block = cst.ensure_type(arange.args[1].value, cst.Name).value
     constexpr = {p.name.value for p in fn.params.params
                  if p.annotation is not None and dotted(p.annotation.annotation).endswith("constexpr")}
     if block not in constexpr or len(m.findall(fn.body, m.Name(block))) != 1:
         raise Decline(f"{block} is not a constexpr used only as the columns' width")
     _classify(statements)
+    start = cols.value.visit(ReplaceNodes({id(arange): cst.Integer("0")}))
+    if not isinstance(start, cst.BaseExpression) or not _lane_free(statements, statements.index(cols), start):
+        raise Decline("the columns' start varies along the row")
     reductions = _reductions(statements)
     if not reductions:
         raise Decline("nothing reduces the row (an elementwise row is split-row-tile's)")
@@ -384,6 +470,7 @@ def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.
     if stores and any(statements[k].target is None or m.findall(statements[k].value, m.Call(func=m.Attribute(attr=m.Name("load"))))
                       for k in range(stores[0], stores[-1]) if k not in stores):
         raise Decline("a scalar load or store between two tile stores")
+    _check_memory_order(statements, reductions, stores)
     if stores:
         lanes = set().union(*(lane_closure(statements, i, statements[i].value) for i in stores))
         reads = set().union(*(_scalar_reads(statements, i, statements[i].value, lanes) for i in stores))

@@ -54,7 +54,9 @@ _VARIANTS = ((1024, 4), (2048, 4), (4096, 8))
 _ACROSS = frozenset({"sum", "max", "min", "argmax", "argmin", "reduce", "cumsum", "cumprod", "associative_scan",
                      "dot", "dot_scaled", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "join",
                      "split", "sort", "flip", "histogram", "gather", "ravel", "interleave", "num_programs",
-                     "zeros", "full", "make_block_ptr", "advance", "make_tensor_descriptor", "xor_sum", "topk"})
+                     "zeros", "full", "make_block_ptr", "advance", "make_tensor_descriptor", "xor_sum", "topk",
+                     "softmax", "reduce_or", "cat", "slice", "squeeze", "unsqueeze", "bitonic_merge", "broadcast",
+                     "zeros_like", "load_tensor_descriptor", "store_tensor_descriptor"})
 _COLS = "_KB_COLS"
 
 
