@@ -155,6 +155,18 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
             break
     for causal in feats.causal_loops:
         loop = Site(causal.line, "for")
+        if causal.window:
+            past = " and past their diagonal" if causal.causal else ""
+            ev = _ev(log, feats, loop, f"the key loop at {name}:{loop.line} starts at key 0 while a sliding-window "
+                                       f"select sets every score before the rows' window (keys below {causal.window} "
+                                       f"for the block's first row){past} to -inf")
+            out.append(Finding("attention.window-full-loop", "attention",
+                               f"the windowed loop at {name}:{loop.line} visits the key blocks before the window{past}",
+                               "Blocks wholly outside every row's window are loaded, multiplied and exponentiated "
+                               "only to be masked out: for a window W over a sequence S, about (S - W) / S of the "
+                               "loop's work at the last rows.",
+                               [ev], [loop.line], "", "L1", 0.9))
+            break
         ev = _ev(log, feats, loop, f"the key loop at {name}:{loop.line} runs over the whole sequence while a causal "
                                    "select sets every score past the rows' diagonal to -inf")
         out.append(Finding("attention.causal-full-loop", "attention",

@@ -123,4 +123,92 @@ def test_the_loop_answers_a_causal_loop_over_every_key_block_with_its_bound(tmp_
     first = only_round(judge, tmp_path / "task.py", tmp_path / "run")
     assert (first.hypothesis.finding, first.hypothesis.pattern) == ("attention.causal-full-loop", PATTERN)
     assert first.outcome == "accepted", first.reason
-    assert first.hypothesis.unblock.startswith("each program's key loop ends at its rows' last visible key")
+    assert first.hypothesis.unblock.startswith("each program's key loop runs from its rows' first visible key to their last")
+
+
+# A sliding window of WINDOW keys on top of the causal mask, the window written as `rows - keys < WINDOW`;
+# the online softmax takes 0 as its reference while a row has seen only -inf (a row's first blocks are
+# wholly outside its window), as a windowed kernel that visits them must.
+WINDOWED = (CAUSAL.replace("def causal_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq, scale,",
+                           "def causal_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq, scale, WINDOW,")
+            .replace("(rm[:, None] >= rn[None, :]) & (rn[None, :] < seq)",
+                     "(rm[:, None] >= rn[None, :]) & (rm[:, None] - rn[None, :] < WINDOW) & (rn[None, :] < seq)")
+            .replace("        p = tl.exp(s - m_new[:, None])\n        alpha = tl.exp(m_i - m_new)\n",
+                     "        m_ref = tl.where(m_new == -float(\"inf\"), 0.0, m_new)\n"
+                     "        p = tl.exp(s - m_ref[:, None])\n        alpha = tl.exp(m_i - m_ref)\n")
+            .replace("(q, k, v, o, q.shape[0], q.shape[1] ** -0.5,", "(q, k, v, o, q.shape[0], q.shape[1] ** -0.5, 20,"))
+WINDOWED_REFERENCE = ("lambda q, k, v: torch.softmax((q @ k.T * q.shape[1] ** -0.5).masked_fill("
+                      "(torch.arange(q.shape[0])[:, None] < torch.arange(q.shape[0])[None, :]) | "
+                      "(torch.arange(q.shape[0])[:, None] - torch.arange(q.shape[0])[None, :] >= 20), float('-inf')), -1) @ v")
+
+
+def _check_windowed(tmp_path, original: str, source: str, seq: int) -> None:
+    (tmp_path / "windowed.py").write_text(original)
+    (tmp_path / "windowed_bounded.py").write_text(source)
+    spec = TaskSpec(kernel=str(tmp_path / "windowed.py"), reference=WINDOWED_REFERENCE,
+                    call=f"causal(torch.randn({seq}, 16), torch.randn({seq}, 16), torch.randn({seq}, 16))")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
+                      candidate=str(tmp_path / "windowed_bounded.py"), candidate_entry="causal")
+    assert report.run("baseline").correct and report.run("candidate").correct, report.to_dict()
+
+
+def test_a_sliding_window_starts_the_key_loop_at_the_windows_first_block(tmp_path):
+    assert "m_ref = tl.where" in WINDOWED and "WINDOW) & (rn" in WINDOWED  # the replacements took
+    (bounded,) = rewrite(PATTERN, WINDOWED, {})  # no split: its blocks below the diagonal keep the window
+    assert bounded.params["window_start"]
+    start = "tl.maximum((tl.program_id(0) * BLOCK_M) - (WINDOW) + 1, 0) // BLOCK_N * BLOCK_N"
+    end = "tl.minimum(seq, (tl.program_id(0) * BLOCK_M) + BLOCK_M)"
+    assert f"for start_n in range({start}, {end}, BLOCK_N):" in bounded.source
+    assert "(rm[:, None] - rn[None, :] < WINDOW)" in bounded.source  # the boundary blocks keep every term
+    for seq in (70, 20, 9):  # rows past the window, a window as long as the sequence, one block
+        _check_windowed(tmp_path, WINDOWED, bounded.source, seq)
+
+
+@pytest.mark.parametrize("window", [
+    "rn[None, :] > rm[:, None] - WINDOW",          # the same window, rearranged
+    "rm[:, None] < rn[None, :] + WINDOW",
+    "rn[None, :] >= rm[:, None] - WINDOW + 1",
+])
+def test_a_window_written_another_way_reads_the_same(tmp_path, window):
+    source = WINDOWED.replace("(rm[:, None] - rn[None, :] < WINDOW)", f"({window})")
+    (bounded,) = rewrite(PATTERN, source, {})
+    assert "range(tl.maximum(" in bounded.source
+    _check_windowed(tmp_path, source, bounded.source, 70)
+
+
+def test_a_window_alone_starts_the_loop_and_leaves_its_end(tmp_path):
+    one_sided = WINDOWED.replace("(rm[:, None] >= rn[None, :]) & ", "")
+    (bounded,) = rewrite(PATTERN, one_sided, {})
+    assert "for start_n in range(tl.maximum(" in bounded.source and ", seq, BLOCK_N):" in bounded.source
+    (tmp_path / "one.py").write_text(one_sided)
+    (tmp_path / "one_bounded.py").write_text(bounded.source)
+    reference = WINDOWED_REFERENCE.replace("(torch.arange(q.shape[0])[:, None] < torch.arange(q.shape[0])[None, :]) | ", "")
+    spec = TaskSpec(kernel=str(tmp_path / "one.py"), reference=reference,
+                    call="causal(torch.randn(70, 16), torch.randn(70, 16), torch.randn(70, 16))")
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
+                      candidate=str(tmp_path / "one_bounded.py"), candidate_entry="causal")
+    assert report.run("baseline").correct and report.run("candidate").correct, report.to_dict()
+
+
+@pytest.mark.parametrize("condition", [
+    "(rm[:, None] >= rn[None, :]) | (rn[None, :] < 4)",   # a term under `|` masks no block whole
+    "(rn[None, :] < seq) & ~(rm[:, None] >= rn[None, :])",
+])
+def test_a_causal_term_that_is_not_a_conjunct_of_the_select_is_left_alone(condition):
+    source = CAUSAL.replace("(rm[:, None] >= rn[None, :]) & (rn[None, :] < seq)", condition)
+    assert condition in source and rewrite(PATTERN, source, {}) == []
+
+
+def test_a_window_whose_width_changes_in_the_loop_or_is_not_a_window_is_left_alone():
+    grows = WINDOWED.replace("        in_seq = rn < seq\n", "        in_seq = rn < seq\n        WINDOW = WINDOW + 1\n")
+    assert all(not v.params["window_start"] for v in rewrite(PATTERN, grows, {}))
+    both_ways = WINDOWED.replace("(rm[:, None] - rn[None, :] < WINDOW)", "(rm[:, None] + rn[None, :] < WINDOW)")
+    assert all(not v.params["window_start"] for v in rewrite(PATTERN, both_ways, {}))
+
+
+def test_l1_reports_a_windowed_loop_and_the_catalog_answers_it(tmp_path):
+    kernel = tmp_path / "windowed.py"
+    kernel.write_text(WINDOWED)
+    (finding,) = [f for f in triage(kernel_features(kernel), EvidenceLog()) if f.kind == "attention.window-full-loop"]
+    assert "before the window and past their diagonal" in finding.title
+    assert [p.id for p in load_catalog() if finding.kind in p.symptoms] == [PATTERN]

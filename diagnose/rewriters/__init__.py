@@ -17,7 +17,7 @@ survive and the result reads like the input.
 | tl-range-pipelining         | pipelining | `for ... in range(...)` over loads without a dot -> `tl.range(..., num_stages=3)` |
 | masked-tail-split           | tail | a 1-D masked block -> `if START + BLOCK <= N:` unmasked, `else:` as written |
 | peel-loop-boundary          | peel | a loop over blocks with boundary masks -> its full iterations unmasked, then the last (partial) iteration as written |
-| causal-loop-bounds          | causal | a causal key loop -> ended at the rows' diagonal (`tl.minimum(seq, S + BLOCK_M)`), optionally split so the blocks below it run without the causal select |
+| causal-loop-bounds          | causal | a causal key loop -> ended at the rows' diagonal (`tl.minimum(seq, S + BLOCK_M)`), optionally split so the blocks below it run without the causal select; a sliding window's (`rows - keys < W`) -> started at the block of the window's first key (`tl.maximum(S - W + 1, 0) // BLOCK_N * BLOCK_N`) |
 | accumulate-then-reduce      | accumulate | `acc += tl.sum(E[, axis])` in a loop -> `lanes += E` in it and one `acc += tl.sum(lanes[, axis])` after it; the 1-D step block also widened to 1024 / 4096 at the launch |
 | vectorize-scalar-loop       | vectorize | a loop that loads one element per iteration and sums it -> chunks of 16, 64 or 256 lanes loaded at once (masked past the end) and summed with `tl.sum` |
 | chunked-linear-scan         | scan | a step-at-a-time recurrence `h = a * h + b` -> chunks of 16 or 64 steps loaded as tiles and combined by `tl.associative_scan`, the state carried between chunks |

@@ -65,6 +65,8 @@ class CausalLoop:
     step: str = ""
     rows_start: str = ""
     rows_width: str = ""
+    window: str = ""  # the first key a sliding window lets the row block's first row see ("" without one)
+    causal: bool = True  # a causal term bounds the loop's end
 
 
 @dataclass
@@ -72,9 +74,11 @@ class _Causal:
     loop: BlockLoop
     in_loop: set[str]  # the loop's variable and the names its body assigns: no row start may read them
     rows: dict[str, tuple[str, str]]  # names bound to a row block -> (its start S, its width BLOCK_M)
-    names: set[str]  # names the loop body binds to a causal term
-    start: str = ""  # S and BLOCK_M of the row block the causal terms compare with
+    names: set[str]  # names the loop body binds to a causal or window term
+    start: str = ""  # S and BLOCK_M of the row block the terms compare with
     width: str = ""
+    causal: bool = False  # a causal term was seen: the loop ends at the diagonal
+    low: str = ""  # a window term was seen: the first key the block's first row sees, as an expression
 
     def _row_block(self, node: cst.BaseExpression) -> tuple[str, str] | None:
         node = bare(node)
@@ -82,8 +86,15 @@ class _Causal:
             return self.rows.get(node.value)
         return _row_block(node, self.in_loop)
 
+    def _same_rows(self, row: tuple[str, str]) -> bool:
+        if not self.start:
+            self.start, self.width = row
+        return row == (self.start, self.width)
+
     def is_causal_term(self, node: cst.BaseExpression) -> bool:
-        """`rows >= keys`, `rows > keys` (or mirrored) for the row block this loop's terms all use."""
+        """`rows >= keys`, `rows > keys` (or mirrored), or a sliding window's `rows - keys < W` (`<=`, or any
+        arrangement of the same: `keys > rows - W`, `rows < keys + W`), for the row block this loop's terms
+        all use."""
         node = bare(node)
         if isinstance(node, cst.Name):
             return node.value in self.names
@@ -92,11 +103,47 @@ class _Causal:
             return False
         keys, rows, _ = sides  # keys <= rows, or keys < rows
         row = self._row_block(rows)
-        if row is None or not self.loop.is_block(keys):
+        if row is not None and self.loop.is_block(keys):
+            self.causal = self._same_rows(row)
+            return self.causal
+        return self._is_window_term(*sides)
+
+    def _is_window_term(self, lesser: cst.BaseExpression, greater: cst.BaseExpression, strict: bool) -> bool:
+        """`lesser < greater` (or `<=`) reads `keys > rows - W` (`>=`) once both sides are moved to one:
+        the keys a row r sees start at r - W + 1 (r - W)."""
+        big, small = self._linear(greater), self._linear(lesser)
+        if big is None or small is None:
             return False
-        if not self.start:
-            self.start, self.width = row
-        return row == (self.start, self.width)
+        rows, keys, terms = big[0] - small[0], big[1] - small[1], big[2] + [(-s, t) for s, t in small[2]]
+        if (rows, keys) != (-1, 1) or not terms or not self.start:
+            return False
+        window = " ".join(f"{'-' if s < 0 else '+'} {t}" for s, t in terms).removeprefix("+ ")
+        start = self.start if _atomic(self.start) else f"({self.start})"
+        low = f"{start} - ({window})" + (" + 1" if strict else "")
+        if self.low and self.low != low:
+            return False
+        self.low = low
+        return True
+
+    def _linear(self, node: cst.BaseExpression) -> tuple[int, int, list[tuple[int, str]]] | None:
+        """`node` as (coefficient of the rows, of the keys, signed terms that do neither): sums and
+        differences of the row block, the loop's key block and values fixed for the loop."""
+        node = bare(node)
+        if self.loop.is_block(node):
+            return 0, 1, []
+        row = self._row_block(node)
+        if row is not None:
+            return (1, 0, []) if self._same_rows(row) else None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+            left, right = self._linear(node.left), self._linear(node.right)
+            if left is None or right is None:
+                return None
+            sign = 1 if isinstance(node.operator, cst.Add) else -1
+            return left[0] + sign * right[0], left[1] + sign * right[1], left[2] + [(sign * s, t) for s, t in right[2]]
+        fixed = not m.findall(node, m.Call() | m.Subscript()) and not (names_in(node) & (
+            self.in_loop | self.loop.aranges | self.loop.blocks | set(self.rows)))
+        return (0, 0, [(1, code(node))]) if fixed and isinstance(node, (cst.Name, cst.Integer, cst.BinaryOperation)) \
+            else None
 
 
 def _row_block(value: cst.BaseExpression, in_loop: set[str]) -> tuple[str, str] | None:
@@ -136,6 +183,8 @@ def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> boo
         assert isinstance(where, cst.Call)
         if len(where.args) != 3 or infinity_sign(where.args[2].value) != -1:
             return False
+        if sum(1 for leaf in _conjuncts(where.args[0].value) if causal.is_causal_term(leaf)) != uses:
+            return False  # a term under `|` or `~` does not mask its blocks whole
         terms_seen += uses
         later = cst.IndentedBlock(body=statements[i + 1:])
         total = len(m.findall(later, m.Name(target)))
@@ -146,6 +195,14 @@ def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> boo
         if total != maxes + exps:
             return False
     return terms_seen > 0
+
+
+def _conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The terms a condition joins with `&`."""
+    node = bare(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd):
+        return _conjuncts(node.left) + _conjuncts(node.right)
+    return [node]
 
 
 def _causal_uses(node: cst.CSTNode, causal: _Causal) -> int:
@@ -227,13 +284,22 @@ class _Bound(KernelLoops):
         step = [a.value for a in call.args if a.keyword is None][2]
         bound = code(causal.loop.bound)
         start = causal.start if _atomic(causal.start) else f"({causal.start})"
-        end = cst.parse_expression(f"tl.minimum({bound}, {start} + {causal.width})")
+        end = cst.parse_expression(f"tl.minimum({bound}, {start} + {causal.width})") if causal.causal \
+            else causal.loop.bound
+        first: cst.BaseExpression = cst.Integer("0")
+        if causal.low:
+            width = causal.loop.width
+            first = cst.parse_expression(f"tl.maximum({causal.low}, 0) // {width} * {width}")
         dropper = DropTrueTerms(causal.is_causal_term, causal.loop.masks | causal.names)
         below_body = original.body.visit(dropper)
-        self.bounded.append(CausalLoop(self.line(original), dropper.dropped, bound, causal.loop.width, causal.start, causal.width))
+        self.bounded.append(CausalLoop(self.line(original), dropper.dropped, bound, causal.loop.width, causal.start,
+                                       causal.width, causal.low, causal.causal))
+        if causal.low and self.split:
+            return updated  # the split drops causal terms only; a window's blocks stay as written
         if not self.split:
-            return with_range(original, cst.Integer("0"), end, step,
-                              "# key blocks past the rows' diagonal are all -inf: they add nothing, so they are skipped")
+            said = ("key blocks before the rows' window" + (" and past their diagonal" if causal.causal else "")
+                    if causal.low else "key blocks past the rows' diagonal")
+            return with_range(original, first, end, step, f"# {said} are all -inf: they add nothing, so they are skipped")
         assert isinstance(below_body, cst.BaseSuite)
         diagonal = cst.parse_expression(f"{start} // {causal.loop.width} * {causal.loop.width}")
         below = with_range(original.with_changes(body=below_body), cst.Integer("0"), diagonal, step,
@@ -266,8 +332,9 @@ def causal_loop_bounds(source: str, context: dict[str, Any]) -> list[Variant]:
     variants = []
     for split in (False, True):
         new, bounded = _bounded(source, split)
-        if bounded:
-            variants.append(Variant({"causal_loops": len(bounded), "below_diagonal_unmasked": split}, new))
+        if bounded and new != source:
+            variants.append(Variant({"causal_loops": len(bounded), "below_diagonal_unmasked": split,
+                                     "window_start": any(b.window for b in bounded)}, new))
     return variants
 
 
