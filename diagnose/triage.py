@@ -153,28 +153,24 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
                                "Whether it does depends on the trip count and tile sizes.",
                                [ev], [loop.line], "hivm-plan-memory", "L1", 0.5))
             break
-    for causal in feats.causal_loops:
+    for causal in feats.causal_loops[:1]:  # the source decides it: the blocks are visited
         loop = Site(causal.line, "for")
         if causal.window:
             past = " and past their diagonal" if causal.causal else ""
-            ev = _ev(log, feats, loop, f"the key loop at {name}:{loop.line} starts at key 0 while a sliding-window "
-                                       f"select sets every score before the rows' window (keys below {causal.window} "
-                                       f"for the block's first row){past} to -inf")
-            out.append(Finding("attention.window-full-loop", "attention",
-                               f"the windowed loop at {name}:{loop.line} visits the key blocks before the window{past}",
-                               "Blocks wholly outside every row's window are loaded, multiplied and exponentiated "
-                               "only to be masked out: for a window W over a sequence S, about (S - W) / S of the "
-                               "loop's work at the last rows.",
-                               [ev], [loop.line], "", "L1", 0.9))
-            break
-        ev = _ev(log, feats, loop, f"the key loop at {name}:{loop.line} runs over the whole sequence while a causal "
-                                   "select sets every score past the rows' diagonal to -inf")
-        out.append(Finding("attention.causal-full-loop", "attention",
-                           f"the causal loop at {name}:{loop.line} visits the key blocks past the diagonal",
-                           "Blocks wholly past the diagonal are loaded, multiplied and exponentiated only to be "
-                           "masked out: for a square causal problem about half of the loop's work.",
-                           [ev], [loop.line], "", "L1", 0.9))  # the source decides it: the blocks are visited
-        break
+            kind, title = "attention.window-full-loop", f"the windowed loop at {name}:{loop.line} visits the key blocks " \
+                f"before the window{past}"
+            claim = (f"the key loop at {name}:{loop.line} starts at key 0 while a sliding-window select sets every score "
+                     f"before the rows' window (keys below {causal.window} for the block's first row){past} to -inf")
+            why = ("Blocks wholly outside every row's window are loaded, multiplied and exponentiated only to be masked "
+                   "out: for a window W over a sequence S, about (S - W) / S of the loop's work at the last rows.")
+        else:
+            kind, title = "attention.causal-full-loop", f"the causal loop at {name}:{loop.line} visits the key blocks " \
+                "past the diagonal"
+            claim = (f"the key loop at {name}:{loop.line} runs over the whole sequence while a causal select sets every "
+                     "score past the rows' diagonal to -inf")
+            why = ("Blocks wholly past the diagonal are loaded, multiplied and exponentiated only to be masked out: for a "
+                   "square causal problem about half of the loop's work.")
+        out.append(Finding(kind, "attention", title, why, [_ev(log, feats, loop, claim)], [loop.line], "", "L1", 0.9))
     if feats.unfolded_exps:
         first = feats.unfolded_exps[0]
         lines = ", ".join(str(x.line) for x in feats.unfolded_exps)

@@ -12,6 +12,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 from conftest import candidate_rejection
+from test_rows_rewrite import SOFTMAX as ROWS_SOFTMAX
+from test_rows_rewrite import SOFTMAX_REFERENCE
 
 from diagnose.rewriters import rewrite
 from diagnose.rewriters.base import jit_functions
@@ -31,37 +33,11 @@ LAYER_NORM = (CORPUS / "layer_norm" / "layer_norm.py").read_text()
 LAYER_NORM_REFERENCE = ("lambda x, w, b: torch.nn.functional.layer_norm(x.float(), (x.shape[1],), w.float(), b.float(), "
                         "1e-5).to(x.dtype)")
 
-# A softmax that also stores its row's log-sum-exp (a scalar store after the tile store), its max and
-# sum through names, a weight vector that does not depend on the row, and a launch on a lambda grid.
-SOFTMAX = textwrap.dedent('''\
-    import torch
-    import triton
-    import triton.language as tl
-
-
-    @triton.jit
-    def softmax_kernel(x_ptr, w_ptr, out_ptr, lse_ptr, stride, n_cols, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        top = tl.max(x, axis=0)
-        e = tl.exp2((x - top) * 1.4426950408889634)
-        total = tl.sum(e)
-        tl.store(out_ptr + row * stride + cols, e / total * w, mask=mask)
-        tl.store(lse_ptr + row, top + tl.log(total))
-
-
-    def softmax(x, w):
-        rows, cols = x.shape
-        out = torch.empty_like(x)
-        lse = torch.empty(rows, dtype=torch.float32, device=x.device)
-        grid = lambda meta: (rows,)
-        softmax_kernel[grid](x, w, out, lse, x.stride(0), cols, BLOCK=triton.next_power_of_2(cols), num_warps=16)
-        return out, lse
-    ''')
-SOFTMAX_REFERENCE = "lambda x, w: (torch.softmax(x.float(), 1) * w, torch.logsumexp(x.float(), 1))"
+# rows-per-program's softmax (it also stores its row's log-sum-exp, a scalar store after the tile store,
+# reads a weight vector that does not depend on the row, launches on a lambda grid), in base 2 and on
+# 16 warps.
+SOFTMAX = (ROWS_SOFTMAX.replace("e = tl.exp(x - top)", "e = tl.exp2((x - top) * 1.4426950408889634)")
+           .replace("BLOCK=BLOCK)", "BLOCK=BLOCK, num_warps=16)"))
 
 
 def kernel_with(body: str, launch: str = "kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))",
@@ -111,6 +87,7 @@ def test_a_log_sum_exp_reads_its_row_once_as_an_online_sum(tmp_path):
 
 
 def test_a_softmax_shares_one_loop_for_max_and_sum_and_stores_in_a_second(tmp_path):
+    assert "tl.exp2(" in SOFTMAX and "num_warps=16" in SOFTMAX  # the replacements took
     variants = rewrite(PATTERN, SOFTMAX, {})
     source = variants[0].source
     assert source.count("for _kb_start in range(") == 2
