@@ -21,7 +21,9 @@ is peeled (its names take a `_c0` suffix), so each accumulator starts as the red
 the type the kernel's own expression gives it. The tile stores run last, in one more loop over the chunks.
 The chunks cover [0, BLOCK) exactly (both are powers of two and _KB_CHUNK = min(C, BLOCK) at launch), so
 every lane the whole tile held, masked ones included, is reduced and stored as before; only the order of
-the additions changes. Rows of BLOCK <= C run one chunk: the kernel the launch had, at its own num_warps.
+the additions changes. Rows of BLOCK <= C compile the kernel as written (`if BLOCK <= _KB_CHUNK:` on two
+constexprs keeps one branch) and launch at its own num_warps: a narrow row neither re-reads its tile for
+the stores nor pays for a loop.
 
 A sum of `exp(x - m)` (or `exp2((x - m) * c)`, any scale that is a scalar) whose `m` is the max of the
 same `x` joins that max's loop as an online sum (Milakov and Gimelshein's online softmax normalizer): when
@@ -149,7 +151,9 @@ class _Writer:
         small = st.node.body[0]
         arange = columns_arange(st.value)
         if arange is not None:  # the columns: this chunk's
-            chunk = cst.parse_expression(f"({start} + tl.arange(0, {_CHUNK}))" if start else f"tl.arange(0, {_CHUNK})")
+            chunk = cst.parse_expression(f"{start} + tl.arange(0, {_CHUNK})" if start else f"tl.arange(0, {_CHUNK})")
+            if start and arange is not st.value:  # `S + (start + tl.arange(...))`
+                chunk = chunk.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             small = cst.ensure_type(small.visit(ReplaceNodes({id(arange): chunk})), type(small))
         new = cst.ensure_type(small.visit(_Rename(self._reads(j, names, refs))), type(small))
         if st.target is not None:
@@ -224,19 +228,25 @@ class _Writer:
         return st.node.with_changes(body=[small], leading_lines=[])
 
     def body(self) -> list[cst.BaseStatement]:
+        """`if BLOCK <= _KB_CHUNK:` the body as written (a row of one chunk compiles the kernel it had; both
+        are constexprs, so Triton keeps one branch), `else:` the loops."""
         plan = self.plan
         written = [st for st in plan.fn.body.body if isinstance(st, cst.BaseStatement)]
+        doc = docstring_lines(written)
         accumulators: dict[int, cst.BaseExpression] = {id(r.call): cst.Name(f"_kb_acc{k}") for k, r in enumerate(plan.reductions)}
-        out: list[cst.BaseStatement] = written[:docstring_lines(written)]
+        chunked: list[cst.BaseStatement] = []
         for i, st in enumerate(plan.statements):
             for group in plan.groups:
                 if group.at == i:
-                    out += self.group(group)
+                    chunked += self.group(group)
             if plan.stores and i == plan.stores[-1]:
-                out += self.stores()
+                chunked += self.stores()
             if st.kind == "scalar":
-                out.append(cst.ensure_type(st.node.visit(ReplaceNodes(accumulators)), cst.SimpleStatementLine))
-        return out
+                chunked.append(cst.ensure_type(st.node.visit(ReplaceNodes(accumulators)), cst.SimpleStatementLine))
+        branch = cst.If(test=cst.parse_expression(f"{plan.block} <= {_CHUNK}"), body=cst.IndentedBlock(written[doc:]),
+                        orelse=cst.Else(cst.IndentedBlock(chunked)), leading_lines=[cst.EmptyLine(comment=cst.Comment(
+                            "# a row of one chunk: the kernel as written; a wider one in chunks (chunked-row-loop)"))])
+        return [*written[:doc], branch]
 
 
 def _expression(node: cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNode]) -> cst.BaseExpression:
