@@ -142,10 +142,10 @@ WINDOWED_REFERENCE = ("lambda q, k, v: torch.softmax((q @ k.T * q.shape[1] ** -0
                       "(torch.arange(q.shape[0])[:, None] - torch.arange(q.shape[0])[None, :] >= 20), float('-inf')), -1) @ v")
 
 
-def _check_windowed(tmp_path, original: str, source: str, seq: int) -> None:
+def _check_windowed(tmp_path, original: str, source: str, seq: int, window: int = 20) -> None:
     (tmp_path / "windowed.py").write_text(original)
     (tmp_path / "windowed_bounded.py").write_text(source)
-    spec = TaskSpec(kernel=str(tmp_path / "windowed.py"), reference=WINDOWED_REFERENCE,
+    spec = TaskSpec(kernel=str(tmp_path / "windowed.py"), reference=WINDOWED_REFERENCE.replace(">= 20)", f">= {window})"),
                     call=f"causal(torch.randn({seq}, 16), torch.randn({seq}, 16), torch.randn({seq}, 16))")
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
                       candidate=str(tmp_path / "windowed_bounded.py"), candidate_entry="causal")
@@ -154,14 +154,23 @@ def _check_windowed(tmp_path, original: str, source: str, seq: int) -> None:
 
 def test_a_sliding_window_starts_the_key_loop_at_the_windows_first_block(tmp_path):
     assert "m_ref = tl.where" in WINDOWED and "WINDOW) & (rn" in WINDOWED  # the replacements took
-    (bounded,) = rewrite(PATTERN, WINDOWED, {})  # no split: its blocks below the diagonal keep the window
-    assert bounded.params["window_start"]
+    bounded, split = rewrite(PATTERN, WINDOWED, {})
+    assert bounded.params["window_start"] and split.params["below_diagonal_unmasked"]
     start = "tl.maximum((tl.program_id(0) * BLOCK_M) - (WINDOW) + 1, 0) // BLOCK_N * BLOCK_N"
     end = "tl.minimum(seq, (tl.program_id(0) * BLOCK_M) + BLOCK_M)"
     assert f"for start_n in range({start}, {end}, BLOCK_N):" in bounded.source
     assert "(rm[:, None] - rn[None, :] < WINDOW)" in bounded.source  # the boundary blocks keep every term
+    # split: the window's edge as written, the blocks every row sees whole without either term, the diagonal
+    assert split.source.count("for start_n in range(") == 3
+    assert 's = tl.where((rn[None, :] < seq), s, -float("inf"))' in split.source
     for seq in (70, 20, 9):  # rows past the window, a window as long as the sequence, one block
-        _check_windowed(tmp_path, WINDOWED, bounded.source, seq)
+        for variant in (bounded, split):
+            _check_windowed(tmp_path, WINDOWED, variant.source, seq)
+    # a window of 50 over blocks of 16 leaves whole blocks inside every row's window: the unmasked loop runs
+    wide = WINDOWED.replace("q.shape[1] ** -0.5, 20,", "q.shape[1] ** -0.5, 50,")
+    assert wide != WINDOWED
+    for variant in rewrite(PATTERN, wide, {}):
+        _check_windowed(tmp_path, wide, variant.source, 130, window=50)
 
 
 @pytest.mark.parametrize("window", [
@@ -171,23 +180,26 @@ def test_a_sliding_window_starts_the_key_loop_at_the_windows_first_block(tmp_pat
 ])
 def test_a_window_written_another_way_reads_the_same(tmp_path, window):
     source = WINDOWED.replace("(rm[:, None] - rn[None, :] < WINDOW)", f"({window})")
-    (bounded,) = rewrite(PATTERN, source, {})
-    assert "range(tl.maximum(" in bounded.source
-    _check_windowed(tmp_path, source, bounded.source, 70)
+    variants = rewrite(PATTERN, source, {})
+    assert len(variants) == 2 and all("range(tl.maximum(" in v.source for v in variants)
+    for variant in variants:
+        _check_windowed(tmp_path, source, variant.source, 70)
 
 
 def test_a_window_alone_starts_the_loop_and_leaves_its_end(tmp_path):
     one_sided = WINDOWED.replace("(rm[:, None] >= rn[None, :]) & ", "")
-    (bounded,) = rewrite(PATTERN, one_sided, {})
+    bounded, split = rewrite(PATTERN, one_sided, {})
     assert "for start_n in range(tl.maximum(" in bounded.source and ", seq, BLOCK_N):" in bounded.source
+    assert split.source.count("for start_n in range(") == 2  # the window's edge, then every key inside it
     (tmp_path / "one.py").write_text(one_sided)
-    (tmp_path / "one_bounded.py").write_text(bounded.source)
     reference = WINDOWED_REFERENCE.replace("(torch.arange(q.shape[0])[:, None] < torch.arange(q.shape[0])[None, :]) | ", "")
-    spec = TaskSpec(kernel=str(tmp_path / "one.py"), reference=reference,
-                    call="causal(torch.randn(70, 16), torch.randn(70, 16), torch.randn(70, 16))")
-    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
-                      candidate=str(tmp_path / "one_bounded.py"), candidate_entry="causal")
-    assert report.run("baseline").correct and report.run("candidate").correct, report.to_dict()
+    for variant in (bounded, split):
+        (tmp_path / "one_bounded.py").write_text(variant.source)
+        spec = TaskSpec(kernel=str(tmp_path / "one.py"), reference=reference,
+                        call="causal(torch.randn(70, 16), torch.randn(70, 16), torch.randn(70, 16))")
+        report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
+                          candidate=str(tmp_path / "one_bounded.py"), candidate_entry="causal")
+        assert report.run("baseline").correct and report.run("candidate").correct, report.to_dict()
 
 
 @pytest.mark.parametrize("condition", [

@@ -13,10 +13,18 @@ bit. The blocks wholly below the diagonal (every key before every row) need no c
     for start_n in range(start_m // BLOCK_N * BLOCK_N, tl.minimum(seq, start_m + BLOCK_M), BLOCK_N):
         ...                                                                           # the diagonal, as written
 
+A sliding window (`rows - keys < W`, or the same rearranged: `keys > rows - W`, `rows < keys + W`, `<=`)
+masks every key block before the window of the block's first row: the loop starts at the block of its
+first key, `tl.maximum(S - W + 1, 0) // BLOCK_N * BLOCK_N`. Split, the blocks on the window's edge run as
+written, those every row of the block sees whole (from the last row's first key, rounded up to a block,
+to the diagonal) without the window and causal terms, and the diagonal blocks as written. Skipping leading
+blocks assumes what a windowed kernel that visits them must already do: a row whose keys so far are all
+-inf leaves the running state as it found it (a 0 reference for the exponentials while the max is -inf).
+
 Preconditions, checked on the syntax tree: the loop walks its dimension in blocks from 0 (blocks.py);
 a causal term compares the loop's block with the program's row block `S + tl.arange(0, BLOCK_M)` (S
-built from program ids and constants), `rows >= keys` or `rows > keys`; the term appears only in the
-condition of `tl.where(cond, x, -inf)`, inline or through a name; the masked scores are used only by
+built from program ids and constants), `rows >= keys` or `rows > keys`; the terms appear only as
+conjuncts (`&`) of the condition of `tl.where(cond, x, -inf)`, inline or through a name; the masked scores are used only by
 `tl.max(s, ...)` and by `tl.exp(s - m)` / `tl.exp2(s - m)` (so an all -inf block adds exp(-inf) = 0),
 and are not carried out of the loop. The judge checks the rest.
 """
@@ -294,19 +302,31 @@ class _Bound(KernelLoops):
         below_body = original.body.visit(dropper)
         self.bounded.append(CausalLoop(self.line(original), dropper.dropped, bound, causal.loop.width, causal.start,
                                        causal.width, causal.low, causal.causal))
-        if causal.low and self.split:
-            return updated  # the split drops causal terms only; a window's blocks stay as written
         if not self.split:
             said = ("key blocks before the rows' window" + (" and past their diagonal" if causal.causal else "")
                     if causal.low else "key blocks past the rows' diagonal")
             return with_range(original, first, end, step, f"# {said} are all -inf: they add nothing, so they are skipped")
         assert isinstance(below_body, cst.BaseSuite)
-        diagonal = cst.parse_expression(f"{start} // {causal.loop.width} * {causal.loop.width}")
-        below = with_range(original.with_changes(body=below_body), cst.Integer("0"), diagonal, step,
-                           "# key blocks wholly below the diagonal: every key precedes every row, no causal mask")
-        on = with_range(original.with_changes(leading_lines=[]), diagonal, end, step,
-                        "# the blocks on the diagonal, as written; those past it add nothing and are skipped")
-        return cst.FlattenSentinel([below, on])
+        width = causal.loop.width
+        # Every row of the block sees every key of a block from `inside` on (a window's first key for the
+        # block's last row, rounded up to a block) and up to `diagonal` (the first row's own block).
+        diagonal = cst.parse_expression(f"{start} // {width} * {width}") if causal.causal else end
+        loops = []
+        if causal.low:
+            inside = f"tl.cdiv(tl.maximum({causal.low} + {causal.width} - 1, 0), {width}) * {width}"
+            inside = f"tl.minimum({inside}, {code(diagonal)})" if causal.causal else inside
+            loops.append(with_range(original, first, cst.parse_expression(inside), step,
+                                    "# key blocks on the window's edge, as written; those before it are all -inf and skipped"))
+            interior: cst.BaseExpression = cst.parse_expression(inside)
+        else:
+            interior = cst.Integer("0")
+        said = "every key inside every row's window" if causal.low else "every key precedes every row"
+        loops.append(with_range(original.with_changes(body=below_body, leading_lines=[] if loops else original.leading_lines),
+                                interior, diagonal, step, f"# key blocks wholly visible: {said}, no mask for it"))
+        if causal.causal:
+            loops.append(with_range(original.with_changes(leading_lines=[]), diagonal, end, step,
+                                    "# the blocks on the diagonal, as written; those past it add nothing and are skipped"))
+        return cst.FlattenSentinel(loops)
 
 
 def _atomic(text: str) -> bool:
