@@ -136,7 +136,7 @@ def test_a_sum_against_the_max_of_another_tile_is_not_online(tmp_path):
     ("acc = tl.zeros([BLOCK], dtype=tl.float32)\ntl.store(out_ptr + row, tl.sum(x + acc))\n", "elementwise: tl.zeros"),
     ("tl.store(out_ptr + row, tl.sum(x, axis=0, keep_dims=True))\n", "options besides its axis"),
     ("s = tl.sum(x)\ntl.device_print('x', x)\ntl.store(out_ptr + row, s)\n", "neither an assignment nor a store"),
-    ("tl.store(out_ptr + row * n_cols + cols, x * 2.0, mask=mask)\n", "nothing reduces the row"),
+    ("tl.store(out_ptr + row * n_cols + cols, x * 2.0, mask=mask)\n", "nothing reduces or scans the row"),
     ("s = tl.sum(x)\ntl.store(out_ptr + row * n_cols + cols, x / s, mask=mask)\ntl.store(out_ptr + row, s)\n"
      "tl.store(out_ptr + row * n_cols + cols, x, mask=mask)\n", "a scalar load or store between two tile stores"),
     # found by a review's probes: loads that a loop would run again after a store into their buffer ...
@@ -275,3 +275,45 @@ def test_columns_offset_by_the_row_a_positional_default_and_a_launch_with_star_s
     reference = "lambda x: x * torch.rsqrt((x * x).mean(1, keepdim=True) + 1e-6)"
     for variant in variants:
         assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.randn(3, 5000))", reference) == ""
+
+
+CUMSUM = (CORPUS / "cumsum" / "cumsum.py").read_text()
+
+
+def test_a_scan_carries_its_prefix_from_chunk_to_chunk(tmp_path):
+    variants = rewrite(PATTERN, CUMSUM, {})
+    source = variants[0].source
+    assert "_kb_scan0 = tl.cumsum(x, axis=0) + _kb_carry0" in source
+    assert "_kb_carry0 = tl.sum(tl.where(tl.arange(0, _KB_CHUNK) == _KB_CHUNK - 1, _kb_scan0, 0), axis=0)" in source
+    for call in ("cumsum(torch.rand(3, 5000))", "cumsum(torch.rand(2, 2048))", "cumsum(torch.rand(4, 7))"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, CUMSUM, variant.source, "cumsum", call,
+                                       "lambda x: torch.cumsum(x, 1)") == "", (call, variant.params)
+
+
+def test_a_product_scan_a_scan_feeding_a_reduction_and_its_stores_each_carry_their_own(tmp_path):
+    source = kernel_with('''\
+        p = tl.cumprod(tl.where(mask, 1.0 + x * 0.001, 1.0), axis=0)
+        y = tl.cumsum(x, 0) * 0.5
+        s = tl.sum(y, axis=0)
+        tl.store(out_ptr + row * n_cols + cols, p + y / s, mask=mask)
+        ''')
+    variants = rewrite(PATTERN, source, {})
+    assert variants and "* _kb_carry0" in variants[0].source and "+ _kb_carry1" in variants[0].source
+    reference = ("lambda x: torch.cumprod(1.0 + x * 0.001, 1) + "
+                 "(torch.cumsum(x, 1) * 0.5) / (torch.cumsum(x, 1) * 0.5).sum(1, keepdim=True)")
+    for variant in variants:
+        assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.rand(3, 5000))",
+                                   reference) == ""
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ("tl.store(out_ptr + row, tl.sum(tl.cumsum(x, 0)))\n", "a scan outside a tile's plain assignment"),
+    ("y = tl.cumsum(x, 0, reverse=True)\ntl.store(out_ptr + row * n_cols + cols, y, mask=mask)\n", "`reverse`"),
+    ("y = tl.cumsum(tl.cumsum(x, 0), 0)\ntl.store(out_ptr + row * n_cols + cols, y, mask=mask)\n", "a scan of a scan"),
+])
+def test_scans_it_cannot_carry_are_declined(body, reason):
+    module = cst.parse_module(kernel_with(body))
+    kernels = jit_functions(module)
+    with pytest.raises(Decline, match=reason):
+        read_kernel(kernels["kernel"], triton_imports(module), kernels)

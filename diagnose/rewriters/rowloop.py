@@ -25,6 +25,11 @@ the additions changes. Rows of BLOCK <= C compile the kernel as written (`if BLO
 constexprs keeps one branch) and launch at its own num_warps: a narrow row neither re-reads its tile for
 the stores nor pays for a loop.
 
+A scan in a tile statement (`y = tl.cumsum(x, 0)`, `tl.cumprod`) is computed chunk by chunk in whatever
+loop needs it, joined to the prefix the earlier chunks carried (`tl.cumsum(x, 0) + carry`, `* carry`
+for a product), the carry then read off the chunk's last lane: the "cumulative ops with block carry" of
+the issue, and a kernel that only scans (our cumsum) is taken as one that reduces.
+
 A sum of `exp(x - m)` (or `exp2((x - m) * c)`, any scale that is a scalar) whose `m` is the max of the
 same `x` joins that max's loop as an online sum (Milakov and Gimelshein's online softmax normalizer): when
 a chunk raises the running max, the sum so far is rescaled by `exp(m_old - m_new)`. A log-sum-exp then
@@ -35,7 +40,8 @@ whole tile's exp(-inf - (-inf)) gave NaN.
 
 It declines what it cannot loop soundly: any control flow (`if`, `for`, `while`, `return`), a subscript,
 a second `tl.arange`, BLOCK used anywhere else (a `tl.zeros([BLOCK])`), a reduction other than
-sum / max / min or with options beyond `axis=0` (`return_indices`, `keep_dims`), scans, dots, atomics,
+sum / max / min or with options beyond its axis and dtype (`return_indices`, `keep_dims`), a scan
+outside a tile's plain assignment, reversed, or of a scan, dots, atomics,
 layout changes, calls it cannot show to be elementwise (`tl.softmax`, `tl.reduce_or`), a tile statement
 that is neither an assignment nor a store (`tl.device_print(x)`), a tile store before a reduction, a
 scalar load or store between two tile stores, and a launch that does not pass BLOCK by name or position.
@@ -70,12 +76,14 @@ from diagnose.rewriters.base import (
 )
 from diagnose.rewriters.rowloopread import (
     REDUCTIONS,
+    SCANS,
     Decline,
     Group,
     RowLoop,
     columns_arange,
     lane_closure,
     read_kernel,
+    scan_of,
 )
 from diagnose.rewriters.rowsplit import triton_imports
 
@@ -125,6 +133,7 @@ class _Writer:
         self.first = {n: self._fresh(f"{n}_c0", taken) for n in sorted(lane_names)}
         self.looped = {n: (self._fresh(f"{n}_kb", taken) if n in top else n) for n in sorted(lane_names)}
         self.fused = {r.online.max for r in plan.reductions if r.online is not None}
+        self.scan_index = {id(c): k for k, c in enumerate(c for j in sorted(plan.scans) for c in plan.scans[j])}
 
     @staticmethod
     def _fresh(name: str, taken: set[str]) -> str:
@@ -144,23 +153,38 @@ class _Writer:
                 out[n] = names[n]
         return out
 
-    def _lane_line(self, j: int, names: dict[str, str], start: str | None, refs: dict[int, str]
-                   ) -> cst.SimpleStatementLine:
-        """Lane statement `j` with its tile names as `names` has them; the columns start at `start`."""
+    def _lane_lines(self, j: int, names: dict[str, str], start: str | None, refs: dict[int, str], first: bool
+                    ) -> list[cst.SimpleStatementLine]:
+        """Lane statement `j` with its tile names as `names` has them; the columns start at `start`. Each scan
+        in it is computed first, joined to the prefix the earlier chunks carried (none in the `first`
+        chunk), and the prefix then taken from its last lane."""
         st = self.plan.statements[j]
         small = st.node.body[0]
+        replace: dict[int, cst.BaseExpression] = {}
         arange = columns_arange(st.value)
         if arange is not None:  # the columns: this chunk's
             chunk = cst.parse_expression(f"{start} + tl.arange(0, {_CHUNK})" if start else f"tl.arange(0, {_CHUNK})")
             if start and arange is not st.value:  # `S + (start + tl.arange(...))`
                 chunk = chunk.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            small = cst.ensure_type(small.visit(ReplaceNodes({id(arange): chunk})), type(small))
-        new = cst.ensure_type(small.visit(_Rename(self._reads(j, names, refs))), type(small))
+            replace[id(arange)] = chunk
+        reads = _Rename(self._reads(j, names, refs))
+        before, after = [], []
+        for call in self.plan.scans.get(j, []):
+            k = self.scan_index[id(call)]
+            scan, carry = f"_kb_scan{k}", f"_kb_carry{k}"
+            value = cst.Module([]).code_for_node(_expression(call.visit(reads)))
+            before.append(_line(f"{scan} = {value}" + ("" if first else f" {SCANS[scan_of(call) or '']} {carry}")))
+            after.append(_line(f"{carry} = tl.sum(tl.where(tl.arange(0, {_CHUNK}) == {_CHUNK} - 1, {scan}, 0), axis=0)"
+                               "  # the prefix so far: the last lane's"))
+            replace[id(call)] = cst.Name(scan)
+        if replace:
+            small = cst.ensure_type(small.visit(ReplaceNodes(replace)), type(small))
+        new = cst.ensure_type(small.visit(reads), type(small))
         if st.target is not None:
             target = cst.Name(names[st.target])
             new = new.with_changes(targets=[cst.AssignTarget(target)]) if isinstance(new, cst.Assign) \
                 else new.with_changes(target=target)
-        return st.node.with_changes(body=[new], leading_lines=[])
+        return [*before, st.node.with_changes(body=[new], leading_lines=[]), *after]
 
     def _accumulate(self, k: int, names: dict[str, str], refs: dict[int, str], first: bool
                     ) -> list[cst.SimpleStatementLine]:
@@ -189,7 +213,7 @@ class _Writer:
         out: list[cst.SimpleStatementLine] = []
         for j in sorted(lanes | set(at)):
             if j in lanes:
-                out.append(self._lane_line(j, names, start, refs))
+                out += self._lane_lines(j, names, start, refs, first)
             for k in at.get(j, []):
                 out += self._accumulate(k, names, refs, first)
         return out
@@ -213,16 +237,27 @@ class _Writer:
         return [*peel, self._loop(_CHUNK, body)]
 
     def stores(self) -> list[cst.BaseStatement]:
+        """The tile stores' loop; with a scan among what they store, its first chunk peeled (the carry starts
+        there)."""
         stores = self.plan.stores
         lanes = set().union(*(lane_closure(self.plan.statements, i, self.plan.statements[i].value) for i in stores))
-        body = [self._lane_line(j, self.looped, "_kb_start", {}) if j in lanes else self._store_line(j)
-                for j in sorted(lanes | set(stores))]
-        return [self._loop("0", body).with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-            "# the tiles it stores, chunk by chunk"))])]
 
-    def _store_line(self, j: int) -> cst.SimpleStatementLine:
+        def chunk(names: dict[str, str], start: str | None, first: bool) -> list[cst.SimpleStatementLine]:
+            out: list[cst.SimpleStatementLine] = []
+            for j in sorted(lanes | set(stores)):
+                out += self._lane_lines(j, names, start, {}, first) if j in lanes else [self._store_line(j, names)]
+            return out
+
+        said = cst.EmptyLine(comment=cst.Comment("# the tiles it stores, chunk by chunk"))
+        if not any(j in self.plan.scans for j in lanes):
+            return [self._loop("0", chunk(self.looped, "_kb_start", False)).with_changes(leading_lines=[said])]
+        peel = chunk(self.first, None, True)
+        peel[0] = peel[0].with_changes(leading_lines=[said])
+        return [*peel, self._loop(_CHUNK, chunk(self.looped, "_kb_start", False))]
+
+    def _store_line(self, j: int, names: dict[str, str]) -> cst.SimpleStatementLine:
         st = self.plan.statements[j]
-        reads = self._reads(j, self.looped, {})
+        reads = self._reads(j, names, {})
         small = st.node.body[0].visit(_Rename(reads))
         assert isinstance(small, cst.BaseSmallStatement)
         return st.node.with_changes(body=[small], leading_lines=[])
@@ -336,7 +371,7 @@ def chunk_row_loop(source: str, context: dict[str, Any]) -> list[Variant]:
         launch = _ChunkLaunch(launches, columns, warps)
         new = rewritten.visit(launch)
         if launch.done == len(launches):
-            out.append(Variant({"loop": "the row in chunks, reductions carried", "chunk": columns, "num_warps": warps,
+            out.append(Variant({"loop": "the row in chunks, reductions and scans carried", "chunk": columns, "num_warps": warps,
                                 "online": online, "kernels": sorted(kernels)}, new.code))
     return out
 

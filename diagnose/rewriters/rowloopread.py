@@ -13,8 +13,8 @@ import libcst.matchers as m
 from diagnose.rewriters.base import ReplaceNodes, docstring_lines, dotted
 from diagnose.rewriters.rowsplit import elementwise_call
 
-__all__ = ["REDUCTIONS", "Decline", "Group", "Online", "Reduction", "RowLoop", "Statement", "code_of", "columns_arange",
-           "is_arange", "lane_closure", "names_read", "read_kernel"]
+__all__ = ["REDUCTIONS", "SCANS", "Decline", "Group", "Online", "Reduction", "RowLoop", "Statement", "code_of", "columns_arange",
+           "is_arange", "lane_closure", "names_read", "read_kernel", "scan_of"]
 
 REDUCTIONS = {"sum": "", "max": "tl.maximum", "min": "tl.minimum"}
 _EXPONENTIALS = frozenset({"tl.exp", "tl.exp2", "tl.math.exp", "tl.math.exp2"})
@@ -32,6 +32,26 @@ def reduction_of(node: cst.CSTNode) -> str | None:
     if not name.startswith("tl.") or name[3:] not in REDUCTIONS:
         return None
     return name[3:]
+
+
+SCANS = {"cumsum": "+", "cumprod": "*"}  # how a scan's carry joins the next chunk's scan
+
+
+def scan_of(node: cst.CSTNode) -> str | None:
+    """'cumsum' / 'cumprod' for `tl.cumsum(t, 0)`, `tl.cumprod(t, axis=0)`; None for other nodes."""
+    if not isinstance(node, cst.Call):
+        return None
+    name = dotted(node.func)
+    return name[3:] if name.startswith("tl.") and name[3:] in SCANS else None
+
+
+def _check_scan(call: cst.Call) -> None:
+    if not call.args or call.args[0].keyword is not None:
+        raise Decline("a scan whose operand is not its first argument")
+    for i, arg in enumerate(call.args[1:]):
+        keyword = arg.keyword.value if arg.keyword is not None else ("axis" if i == 0 else "")
+        if keyword != "axis" or code_of(arg.value).replace(" ", "") not in ("0", "-1"):
+            raise Decline("a scan with options besides the row's axis (`reverse`)")
 
 
 def _check_reduction(call: cst.Call) -> None:
@@ -432,6 +452,7 @@ class RowLoop:
     reductions: list[Reduction]
     groups: list[Group]
     stores: list[int]
+    scans: dict[int, list[cst.Call]] = field(default_factory=dict)  # by lane statement
 
 
 def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.FunctionDef]) -> RowLoop:
@@ -444,7 +465,8 @@ def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.
     for call in m.findall(fn.body, m.Call()):
         call = cst.ensure_type(call, cst.Call)
         constant = dotted(call.func) in ("float", "int") and all(isinstance(a.value, cst.SimpleString) for a in call.args)
-        if reduction_of(call) is None and not constant and not elementwise_call(call, imported, helpers):
+        if reduction_of(call) is None and scan_of(call) is None and not constant \
+                and not elementwise_call(call, imported, helpers):
             raise Decline(f"a call it cannot show to be elementwise: {dotted(call.func) or 'an expression'}")
     statements = _hoisted([_statement(line) for line in list(fn.body.body)[docstring_lines(list(fn.body.body)):]])
     cols = next((st for st in statements if columns_arange(st.value) is aranges[0]), None)
@@ -462,10 +484,11 @@ def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.
     if not isinstance(start, cst.BaseExpression) or not _lane_free(statements, statements.index(cols), start):
         raise Decline("the columns' start varies along the row")
     reductions = _reductions(statements)
-    if not reductions:
-        raise Decline("nothing reduces the row (an elementwise row is split-row-tile's)")
+    scans = _scans(statements)
+    if not reductions and not scans:
+        raise Decline("nothing reduces or scans the row (an elementwise row is split-row-tile's)")
     stores = [i for i, st in enumerate(statements) if st.kind == "store"]
-    if stores and max(r.at for r in reductions) > stores[0]:
+    if stores and reductions and max(r.at for r in reductions) > stores[0]:
         raise Decline("a tile store before a reduction")
     if stores and any(statements[k].target is None or m.findall(statements[k].value, m.Call(func=m.Attribute(attr=m.Name("load"))))
                       for k in range(stores[0], stores[-1]) if k not in stores):
@@ -476,4 +499,22 @@ def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.
         reads = set().union(*(_scalar_reads(statements, i, statements[i].value, lanes) for i in stores))
         if not _visible(statements, reads, stores[-1]):
             raise Decline("a value the tile stores read changes between them")
-    return RowLoop(fn, block, statements, reductions, _groups(statements, reductions), stores)
+    return RowLoop(fn, block, statements, reductions, _groups(statements, reductions), stores, scans)
+
+
+def _scans(statements: list[Statement]) -> dict[int, list[cst.Call]]:
+    """The scans of each lane statement, which must hold them all: a scan carries its prefix from chunk
+    to chunk, which the loops do for the tiles they compute, not inside a reduction's operand or a store."""
+    out: dict[int, list[cst.Call]] = {}
+    for i, st in enumerate(statements):
+        calls = [cst.ensure_type(c, cst.Call) for c in m.findall(st.value, m.Call()) if scan_of(c) is not None]
+        if not calls:
+            continue
+        if st.kind != "lane" or not isinstance(st.node.body[0], cst.Assign):
+            raise Decline("a scan outside a tile's plain assignment")
+        for call in calls:
+            _check_scan(call)
+            if any(scan_of(c) is not None or reduction_of(c) is not None for c in m.findall(call.args[0].value, m.Call())):
+                raise Decline("a scan of a scan or of a reduction")
+        out[i] = calls
+    return out
