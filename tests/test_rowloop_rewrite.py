@@ -317,3 +317,16 @@ def test_scans_it_cannot_carry_are_declined(body, reason):
     kernels = jit_functions(module)
     with pytest.raises(Decline, match=reason):
         read_kernel(kernels["kernel"], triton_imports(module), kernels)
+
+
+def test_columns_addressed_through_different_strides_are_the_same_columns(tmp_path):
+    # which column a lane addresses is what matters for a row written back in place, not the strides
+    source = kernel_with("s = tl.sum(x, axis=0)\ntl.store(out_ptr + row * n_cols + cols * stride_o, x / s, mask=mask)\n",
+                         launch="kernel[(x.shape[0],)](x, out, x.shape[1], out.stride(1), "
+                                "BLOCK=triton.next_power_of_2(x.shape[1]))").replace(
+        "def kernel(x_ptr, out_ptr, n_cols, BLOCK", "def kernel(x_ptr, out_ptr, n_cols, stride_o, BLOCK")
+    variants = rewrite(PATTERN, source, {})
+    assert variants
+    for variant in variants:
+        assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.rand(3, 5000))",
+                                   "lambda x: x / x.sum(1, keepdim=True)") == ""

@@ -413,11 +413,27 @@ def _summands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
 
 
 def _lane_part(statements: list[Statement], at: int, pointer: cst.BaseExpression) -> str:
-    """The summands of a pointer that vary along the row, written out (`tl.arange(0, BLOCK)` of
-    `x_ptr + row * stride + cols`)."""
+    """The summands of a pointer that vary along the row, written out with what does not vary as `_` and
+    strides dropped (`tl.arange(0, BLOCK)` of `x_ptr + row * stride + cols * stride_col`): which column
+    each lane addresses, whatever the buffer's strides."""
     terms = _summands(_written_out(statements, at, pointer))
-    return " + ".join(sorted(code_of(t) for t in terms if any(is_arange(cst.ensure_type(c, cst.Call))
-                                                                for c in m.findall(t, m.Call()))))
+    return " + ".join(sorted(_skeleton(t) for t in terms if _has_arange(t)))
+
+
+def _has_arange(node: cst.CSTNode) -> bool:
+    return any(is_arange(cst.ensure_type(c, cst.Call)) for c in m.findall(node, m.Call()))
+
+
+def _skeleton(node: cst.BaseExpression) -> str:
+    node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+    if not _has_arange(node):
+        return "_"
+    if isinstance(node, cst.BinaryOperation):
+        left, right = _skeleton(node.left), _skeleton(node.right)
+        if isinstance(node.operator, cst.Multiply) and "_" in (left, right):
+            return right if left == "_" else left  # times a stride: the same column
+        return f"({left} {code_of(node.operator).strip()} {right})"
+    return code_of(node)
 
 
 def _bases(statements: list[Statement], at: int, pointer: cst.BaseExpression) -> set[str]:
