@@ -89,7 +89,6 @@ def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | No
     return sorted(out, key=lambda h: -h.record) + sorted(later, key=lambda h: -h.record)
 
 
-
 def _untargeted(planned: list[Hypothesis], options: OptimizeOptions, catalog: list[Any], level: str) -> list[Hypothesis]:
     """The catalog's rewrites that no finding asked for and the launch search does not cover, lowest
     risk first (catalog order within a risk): what the loop tries when the diagnosis has nothing

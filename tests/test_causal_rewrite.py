@@ -224,3 +224,54 @@ def test_l1_reports_a_windowed_loop_and_the_catalog_answers_it(tmp_path):
     (finding,) = [f for f in triage(kernel_features(kernel), EvidenceLog()) if f.kind == "attention.window-full-loop"]
     assert "before the window and past their diagonal" in finding.title
     assert [p.id for p in load_catalog() if finding.kind in p.symptoms] == [PATTERN]
+
+
+def test_a_window_alone_on_wide_row_blocks_stops_its_edge_loop_at_the_sequence(tmp_path):
+    # no key-range term in the select: the loop's bound alone keeps keys past seq out (a review's probe)
+    source = (WINDOWED.replace("(rm[:, None] >= rn[None, :]) & ", "").replace(" & (rn[None, :] < seq)", "")
+              .replace("triton.cdiv(q.shape[0], 16)", "triton.cdiv(q.shape[0], 32)").replace("BLOCK_M=16", "BLOCK_M=32"))
+    assert "BLOCK_M=32" in source and "< seq), s" not in source
+    reference = WINDOWED_REFERENCE.replace("(torch.arange(q.shape[0])[:, None] < torch.arange(q.shape[0])[None, :]) | ", "")
+    (tmp_path / "one.py").write_text(source)
+    for variant in rewrite(PATTERN, source, {}):
+        (tmp_path / "one_bounded.py").write_text(variant.source)
+        spec = TaskSpec(kernel=str(tmp_path / "one.py"), reference=reference,
+                        call="causal(torch.randn(48, 16), torch.randn(48, 16), torch.randn(48, 16))")
+        report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=2),
+                          candidate=str(tmp_path / "one_bounded.py"), candidate_entry="causal")
+        assert report.run("candidate").correct, (variant.params, report.to_dict())
+
+
+def test_an_unused_window_shaped_binding_does_not_start_the_loop(tmp_path):
+    source = WINDOWED.replace("        in_seq = rn < seq\n",
+                              "        in_seq = rn < seq\n        near = rm[:, None] - rn[None, :] < 2\n")
+    variants = rewrite(PATTERN, source, {})
+    assert variants and all("- (2)" not in v.source and "- (WINDOW) + 1" in v.source for v in variants)
+    for variant in variants:
+        _check_windowed(tmp_path, source, variant.source, 70)
+
+
+@pytest.mark.parametrize(("change", "declined"), [
+    # a window per row (a tile) or a fractional one cannot bound a loop: the causal bound alone stays
+    (("        in_seq = rn < seq\n", "        in_seq = rn < seq\n"), None),
+    (("(rm[:, None] - rn[None, :] < WINDOW)", "(rm[:, None] - rn[None, :] < WINDOW + (rm[:, None] % 3))"), "window"),
+    (("(rm[:, None] - rn[None, :] < WINDOW)", "(rm[:, None] - rn[None, :] < WINDOW * 0.5)"), "window"),
+    # the row start read again after it was reassigned; what a skipped block would store, or add up
+    (("    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n",
+      "    start = tl.program_id(0) * BLOCK_M\n    rm = start + tl.arange(0, BLOCK_M)\n    start = 0\n"), "all"),
+    (("        m_i = m_new\n", "        m_i = m_new\n        tl.store(o_ptr + rm, m_new)\n"), "all"),
+    (("        m_i = m_new\n", "        m_i = m_new\n        l_extra = l_extra + tl.sum(v, axis=0)\n"), "all"),
+])
+def test_what_a_window_or_a_skipped_block_cannot_justify_is_left_alone(change, declined):
+    source = WINDOWED.replace(*change)
+    if "l_extra" in source:
+        source = source.replace("    acc = tl.zeros((BLOCK_M, HEAD), dtype=tl.float32)\n",
+                                "    acc = tl.zeros((BLOCK_M, HEAD), dtype=tl.float32)\n    l_extra = tl.zeros((HEAD,), dtype=tl.float32)\n")
+    assert source != WINDOWED or declined is None
+    variants = rewrite(PATTERN, source, {})
+    if declined is None:
+        assert variants and all(v.params["window_start"] for v in variants)
+    elif declined == "window":
+        assert variants and not any(v.params["window_start"] for v in variants)
+    else:
+        assert variants == []

@@ -330,3 +330,12 @@ def test_columns_addressed_through_different_strides_are_the_same_columns(tmp_pa
     for variant in variants:
         assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.rand(3, 5000))",
                                    "lambda x: x / x.sum(1, keepdim=True)") == ""
+
+
+def test_a_scan_imported_by_name_is_not_taken_for_elementwise():
+    source = kernel_with("t = tl.sum(x, 0)\ny = cumsum(x, 0) / t\ntl.store(out_ptr + row * n_cols + cols, y, mask=mask)\n")
+    source = source.replace("import triton.language as tl\n", "import triton.language as tl\nfrom triton.language import cumsum\n")
+    module = cst.parse_module(source)
+    kernels = jit_functions(module)
+    with pytest.raises(Decline, match="elementwise: cumsum"):
+        read_kernel(kernels["kernel"], triton_imports(module), kernels)

@@ -31,7 +31,7 @@ and are not carried out of the loop. The judge checks the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
@@ -80,9 +80,13 @@ class CausalLoop:
 @dataclass
 class _Causal:
     loop: BlockLoop
-    in_loop: set[str]  # the loop's variable and the names its body assigns: no row start may read them
+    in_loop: set[str]  # the loop's variable, the names its body assigns and those the kernel assigns twice:
+    #                    no row start or window may read them
     rows: dict[str, tuple[str, str]]  # names bound to a row block -> (its start S, its width BLOCK_M)
     names: set[str]  # names the loop body binds to a causal or window term
+    scalars: dict[str, cst.BaseExpression] = field(default_factory=dict)  # names bound once before the loop
+    params: set[str] = field(default_factory=set)  # the kernel's parameters
+    named: dict[str, tuple[bool, str, str, str]] = field(default_factory=dict)  # name -> (causal, low, S, BLOCK_M)
     start: str = ""  # S and BLOCK_M of the row block the terms compare with
     width: str = ""
     causal: bool = False  # a causal term was seen: the loop ends at the diagonal
@@ -105,16 +109,54 @@ class _Causal:
         all use."""
         node = bare(node)
         if isinstance(node, cst.Name):
-            return node.value in self.names
+            return node.value in self.names and self._use_named(node.value)
         sides = ordered(node)
         if sides is None:
             return False
         keys, rows, _ = sides  # keys <= rows, or keys < rows
         row = self._row_block(rows)
         if row is not None and self.loop.is_block(keys):
-            self.causal = self._same_rows(row)
-            return self.causal
+            same = self._same_rows(row)
+            self.causal = self.causal or same
+            return same
         return self._is_window_term(*sides)
+
+    def read_named(self, name: str, value: cst.BaseExpression) -> bool:
+        """Whether the loop's binding `name = value` is a causal or window term, read without taking its
+        bounds: only a term the select uses bounds the loop (an unused `near = rows - keys < 2` must not)."""
+        kept = (self.causal, self.low, self.start, self.width)
+        self.causal, self.low = False, ""
+        found = self.is_causal_term(value)
+        if found:
+            self.named[name] = (self.causal, self.low, self.start, self.width)
+        self.causal, self.low, self.start, self.width = kept
+        return found
+
+    def _use_named(self, name: str) -> bool:
+        causal, low, start, width = self.named.get(name, (False, "", "", ""))
+        if not self._same_rows((start, width)) or (low and self.low and low != self.low):
+            return False
+        self.causal, self.low = self.causal or causal, low or self.low
+        return True
+
+    def _fixed(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """Whether `node` is one integer for the whole loop: literals, parameters and names bound once before
+        the loop to such values, program ids; no tile (a per-row window) and no float (a loop bound)."""
+        node = bare(node) if depth == 0 else node
+        if isinstance(node, cst.Integer):
+            return True
+        if isinstance(node, cst.Name):
+            if node.value in self.in_loop:
+                return False
+            if node.value in self.scalars:
+                return depth < 8 and self._fixed(self.scalars[node.value], depth + 1)
+            return node.value in self.params
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply,
+                                                                                   cst.FloorDivide)):
+            return self._fixed(node.left, depth + 1) and self._fixed(node.right, depth + 1)
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            return self._fixed(node.expression, depth + 1)
+        return isinstance(node, cst.Call) and dotted(node.func) in _INDEX_CALLS and not node.lpar
 
     def _is_window_term(self, lesser: cst.BaseExpression, greater: cst.BaseExpression, strict: bool) -> bool:
         """`lesser < greater` (or `<=`) reads `keys > rows - W` (`>=`) once both sides are moved to one:
@@ -148,10 +190,7 @@ class _Causal:
                 return None
             sign = 1 if isinstance(node.operator, cst.Add) else -1
             return left[0] + sign * right[0], left[1] + sign * right[1], left[2] + [(sign * s, t) for s, t in right[2]]
-        fixed = not m.findall(node, m.Call() | m.Subscript()) and not (names_in(node) & (
-            self.in_loop | self.loop.aranges | self.loop.blocks | set(self.rows)))
-        return (0, 0, [(1, code(node))]) if fixed and isinstance(node, (cst.Name, cst.Integer, cst.BinaryOperation)) \
-            else None
+        return (0, 0, [(1, code(node))]) if self._fixed(node) else None
 
 
 def _row_block(value: cst.BaseExpression, in_loop: set[str]) -> tuple[str, str] | None:
@@ -242,11 +281,15 @@ def _causal_of(loop_node: cst.For, kernel: cst.FunctionDef, aranges: dict[str, s
     loop = block_loop(loop_node, kernel, aranges)
     if loop is None or loop.counter:
         return None
-    in_loop = set(assigned_names(loop_node.body)) | {loop.var}
-    causal = _Causal(loop, in_loop, _row_blocks(kernel, in_loop), set())
     counts = assigned_names(kernel.body)
+    in_loop = set(assigned_names(loop_node.body)) | {loop.var} | {n for n, c in counts.items() if c > 1}
+    if any(dotted(c.func).rsplit(".", 1)[-1] == "store" or "atomic" in dotted(c.func) for c in calls_in(loop_node.body)):
+        return None  # what a skipped block would have written
+    scalars = {n: v for n, v in single_assigns(kernel.body).items() if n not in in_loop}
+    causal = _Causal(loop, in_loop, _row_blocks(kernel, in_loop), set(), scalars,
+                     {p.name.value for p in kernel.params.params})
     for name, value in single_assigns(loop_node.body).items():
-        if counts.get(name) == 1 and causal.is_causal_term(value):
+        if counts.get(name) == 1 and causal.read_named(name, value):
             causal.names.add(name)
     # a named causal mask is used in the tl.where only; the binding itself is no use
     body = loop_node.body.visit(_Unbind(causal.names))
@@ -254,9 +297,30 @@ def _causal_of(loop_node: cst.For, kernel: cst.FunctionDef, aranges: dict[str, s
     if not _masked_scores_are_softmax_only(body, causal) or not causal.start:
         return None
     scores = {_where_target(s) for s in (body.body if isinstance(body, cst.IndentedBlock) else [])} - {None}
-    if any(counts.get(t, 0) > assigned_names(loop_node.body).get(t, 0) for t in scores if t):
+    in_body = assigned_names(loop_node.body)
+    if any(counts.get(t, 0) > in_body.get(t, 0) for t in scores if t):
         return None  # the masked scores are carried in from before the loop
+    carried = {n for n, c in in_body.items() if counts.get(n, 0) > c}
+    if not carried <= _derived({t for t in scores if t}, loop_node.body):
+        return None  # a value carried across blocks that the skipped blocks would change without their scores
     return causal
+
+
+def _derived(roots: set[str], body: cst.BaseSuite) -> set[str]:
+    """The names the body computes from `roots` (the masked scores), through its plain and augmented
+    assignments: an online softmax's max, exponentials, sums and accumulator."""
+    out = set(roots)
+    statements = [s for s in (body.body if isinstance(body, cst.IndentedBlock) else [])
+                  if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1]
+    while True:
+        grown = {t.value for s in statements for small in s.body
+                 if isinstance(small, (cst.Assign, cst.AugAssign))
+                 for t in ([small.targets[0].target] if isinstance(small, cst.Assign) and len(small.targets) == 1
+                           else [small.target] if isinstance(small, cst.AugAssign) else [])
+                 if isinstance(t, cst.Name) and names_in(small.value) & out}
+        if grown <= out:
+            return out
+        out |= grown
 
 
 class _Unbind(cst.CSTTransformer):
@@ -314,7 +378,7 @@ class _Bound(KernelLoops):
         loops = []
         if causal.low:
             inside = f"tl.cdiv(tl.maximum({causal.low} + {causal.width} - 1, 0), {width}) * {width}"
-            inside = f"tl.minimum({inside}, {code(diagonal)})" if causal.causal else inside
+            inside = f"tl.minimum({inside}, {code(diagonal)})"  # the diagonal, or the loop's own bound
             loops.append(with_range(original, first, cst.parse_expression(inside), step,
                                     "# key blocks on the window's edge, as written; those before it are all -inf and skipped"))
             interior: cst.BaseExpression = cst.parse_expression(inside)

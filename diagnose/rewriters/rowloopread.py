@@ -5,6 +5,7 @@ the loops they share, and the sums that can ride along their max as online sums.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -471,7 +472,7 @@ class RowLoop:
     scans: dict[int, list[cst.Call]] = field(default_factory=dict)  # by lane statement
 
 
-def read_kernel(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.FunctionDef]) -> RowLoop:
+def read_kernel(fn: cst.FunctionDef, imported: Mapping[str, str], helpers: dict[str, cst.FunctionDef]) -> RowLoop:
     """How `fn` loops over its row in chunks; raises Decline with the reason it cannot."""
     aranges = [c for c in m.findall(fn.body, m.Call()) if is_arange(cst.ensure_type(c, cst.Call))]
     if len(aranges) != 1:

@@ -25,6 +25,7 @@ and the chunks cover [0, BLOCK) exactly since both are powers of two.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import libcst as cst
@@ -60,19 +61,20 @@ _ACROSS = frozenset({"sum", "max", "min", "argmax", "argmin", "reduce", "cumsum"
 _COLS = "_KB_COLS"
 
 
-def triton_imports(module: cst.Module) -> set[str]:
-    """Names the module imports from triton.language's modules (libdevice functions, `tl` itself)."""
-    out: set[str] = set()
+def triton_imports(module: cst.Module) -> dict[str, str]:
+    """Names the module imports from triton.language's modules (libdevice functions, `tl` itself), each
+    with the name it has there (`cs` of `from triton.language import cumsum as cs` is `cumsum`)."""
+    out: dict[str, str] = {}
     for node in m.findall(module, m.ImportFrom()):
         assert isinstance(node, cst.ImportFrom)
         source = dotted(node.module) if node.module is not None else ""
         if source.startswith("triton.language") and not isinstance(node.names, cst.ImportStar):
-            out |= {(a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else dotted(a.name))
-                    for a in node.names}
+            out |= {(a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else dotted(a.name)):
+                    dotted(a.name) for a in node.names}
     return out
 
 
-def elementwise_call(call: cst.Call, imported: set[str], helpers: dict[str, cst.FunctionDef], depth: int = 0,
+def elementwise_call(call: cst.Call, imported: Mapping[str, str], helpers: dict[str, cst.FunctionDef], depth: int = 0,
                      caller: str | None = None) -> bool:
     """Whether `call` acts on each element alone: a `tl.*` call other than a reduction, scan, dot, layout
     change or atomic; a tensor's `.to` / `.cast`; a name imported from triton.language (libdevice's `tanh`);
@@ -83,12 +85,13 @@ def elementwise_call(call: cst.Call, imported: set[str], helpers: dict[str, cst.
     parts = name.split(".")
     if parts[0] == "tl":
         return parts[-1] not in _ACROSS and not parts[-1].startswith("atomic")
-    if name in imported:
-        return True
+    if name in imported:  # `from triton.language import cumsum` looks across the tile like tl.cumsum
+        original = imported[name].rsplit(".", 1)[-1]
+        return original not in _ACROSS and not original.startswith("atomic")
     return name in helpers and depth < 3 and name != caller and _elementwise(helpers[name], imported, helpers, depth + 1)
 
 
-def _elementwise(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.FunctionDef], depth: int = 0) -> bool:
+def _elementwise(fn: cst.FunctionDef, imported: Mapping[str, str], helpers: dict[str, cst.FunctionDef], depth: int = 0) -> bool:
     """Whether every operation in `fn` (a kernel, or at depth > 0 a @triton.jit helper it calls) acts on
     each element alone."""
     if m.findall(fn.body, m.For() | m.While() | m.Subscript()) or (depth == 0 and m.findall(fn.body, m.Return())):
@@ -104,7 +107,7 @@ def _elementwise(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst
     return True
 
 
-def _row_tile(fn: cst.FunctionDef, imported: set[str], helpers: dict[str, cst.FunctionDef]) -> tuple[int, str, str] | None:
+def _row_tile(fn: cst.FunctionDef, imported: Mapping[str, str], helpers: dict[str, cst.FunctionDef]) -> tuple[int, str, str] | None:
     """(statement index, columns name, BLOCK parameter) of `cols = tl.arange(0, BLOCK)`, when the kernel
     qualifies."""
     aranges = m.findall(fn.body, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("arange"))))
