@@ -18,7 +18,7 @@ from libcst.metadata import PositionProvider
 
 from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign
 
-__all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "derived_names",
+__all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
            "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "mask_like", "names_in", "number", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
@@ -350,6 +350,18 @@ def kernel_aranges(kernel: cst.FunctionDef) -> dict[str, str]:
         if width is not None:
             out[name] = width
     return out
+
+
+def conjuncts(node: cst.BaseExpression, once: Mapping[str, cst.BaseExpression] | None = None,
+              depth: int = 0) -> list[cst.BaseExpression]:
+    """The terms a condition joins with `&`, parentheses aside, and through the names `once` binds
+    (`mask = cols < N` then `mask & ok`)."""
+    inner = bare(node)
+    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.BitAnd):
+        return conjuncts(inner.left, once, depth) + conjuncts(inner.right, once, depth)
+    if once is not None and isinstance(inner, cst.Name) and inner.value in once and depth < 8:
+        return conjuncts(once[inner.value], once, depth + 1)
+    return [node]
 
 
 def reduced(mask: cst.BaseExpression, is_true: Callable[[cst.BaseExpression], bool]) -> cst.BaseExpression | None:

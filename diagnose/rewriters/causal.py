@@ -48,6 +48,7 @@ from diagnose.rewriters.blocks import (
     block_loop,
     calls_in,
     code,
+    conjuncts,
     infinity_sign,
     names_in,
     ordered,
@@ -230,7 +231,7 @@ def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> boo
         assert isinstance(where, cst.Call)
         if len(where.args) != 3 or infinity_sign(where.args[2].value) != -1:
             return False
-        if sum(1 for leaf in _conjuncts(where.args[0].value) if causal.is_causal_term(leaf)) != uses:
+        if sum(1 for leaf in conjuncts(where.args[0].value) if causal.is_causal_term(leaf)) != uses:
             return False  # a term under `|` or `~` does not mask its blocks whole
         terms_seen += uses
         later = cst.IndentedBlock(body=statements[i + 1:])
@@ -242,14 +243,6 @@ def _masked_scores_are_softmax_only(body: cst.BaseSuite, causal: _Causal) -> boo
         if total != maxes + exps:
             return False
     return terms_seen > 0
-
-
-def _conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The terms a condition joins with `&`."""
-    node = bare(node)
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitAnd):
-        return _conjuncts(node.left) + _conjuncts(node.right)
-    return [node]
 
 
 def _causal_uses(node: cst.CSTNode, causal: _Causal) -> int:

@@ -10,7 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted, mask_argument, program_axis, simple_assign, start_plus_arange
-from diagnose.rewriters.blocks import assigned_names, names_in
+from diagnose.rewriters.blocks import assigned_names, conjuncts, names_in
 
 __all__ = ["ACCESS", "HINTS", "LANE", "REDUCE", "REFUSED", "ROW", "SCAN", "Decline", "Dims", "RowKernel", "axis_argument",
            "call_name", "is_tl", "program_id_axis", "read_row_kernel"]
@@ -286,7 +286,7 @@ def _extent(fn: cst.FunctionDef, kernel: RowKernel, calls: list[cst.Call]) -> st
         at = mask_argument(call)
         if at is None:
             return None  # an unmasked lane access relies on the block being the written one
-        bounds = {_lane_bound(term, lanes, params) for term in _conjuncts(call.args[at].value, once)}
+        bounds = {_lane_bound(term, lanes, params) for term in conjuncts(call.args[at].value, once)}
         bounds.discard(None)
         if not bounds:
             return None  # a mask that does not bound the lanes themselves (`src = lanes - 1`, `iw = ow // 2`)
@@ -323,15 +323,6 @@ def _single_top_level(fn: cst.FunctionDef) -> dict[str, cst.BaseExpression]:
         if assign is not None and counts.get(assign[0]) == 1:
             out[assign[0]] = assign[1]
     return out
-
-
-def _conjuncts(mask: cst.BaseExpression, once: dict[str, cst.BaseExpression], depth: int = 0) -> list[cst.BaseExpression]:
-    """The terms `mask` is the `&` of, through names bound once (`mask = cols < N` then `mask & ok`)."""
-    if isinstance(mask, cst.BinaryOperation) and isinstance(mask.operator, cst.BitAnd):
-        return _conjuncts(mask.left, once, depth) + _conjuncts(mask.right, once, depth)
-    if isinstance(mask, cst.Name) and mask.value in once and depth < 8:
-        return _conjuncts(once[mask.value], once, depth + 1)
-    return [mask]
 
 
 def _lane_bound(term: cst.BaseExpression, lanes: set[str], params: dict[str, cst.Param]) -> str | None:
