@@ -74,6 +74,7 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
+from diagnose.rewriters.blocks import bare, code
 from diagnose.rewriters.rowloopread import (
     REDUCTIONS,
     SCANS,
@@ -98,10 +99,7 @@ class _BareArguments(cst.CSTTransformer):
     """A call's arguments without the parentheses a written-out name brought (`tl.exp((a - b))`)."""
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-        value = updated.value
-        if getattr(value, "lpar", None):
-            return updated.with_changes(value=value.with_changes(lpar=[], rpar=[]))
-        return updated
+        return updated.with_changes(value=bare(updated.value))
 
 
 class _Rename(cst.CSTTransformer):
@@ -172,7 +170,7 @@ class _Writer:
         for call in self.plan.scans.get(j, []):
             k = self.scan_index[id(call)]
             scan, carry = f"_kb_scan{k}", f"_kb_carry{k}"
-            value = cst.Module([]).code_for_node(_expression(call.visit(reads)))
+            value = code(_expression(call.visit(reads)))
             before.append(_line(f"{scan} = {value}" + ("" if first else f" {SCANS[scan_of(call) or '']} {carry}")))
             after.append(_line(f"{carry} = tl.sum(tl.where(tl.arange(0, {_CHUNK}) == {_CHUNK} - 1, {scan}, 0), axis=0)"
                                "  # the prefix so far: the last lane's"))
@@ -188,7 +186,7 @@ class _Writer:
 
     def _accumulate(self, k: int, names: dict[str, str], refs: dict[int, str], first: bool
                     ) -> list[cst.SimpleStatementLine]:
-        r, code = self.plan.reductions[k], cst.Module([]).code_for_node
+        r = self.plan.reductions[k]
         acc = f"_kb_acc{k}"
         call = code(_expression(r.call.visit(_Rename(self._reads(r.at, names, refs)))))
         if r.online is not None:
@@ -316,7 +314,7 @@ class _ChunkLaunch(cst.CSTTransformer):
         extra: dict[str, cst.BaseExpression] = {_CHUNK: cst.parse_expression(f"min({self.columns}, kb_block)")}
         warps = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "num_warps"), None)
         if warps is not None:
-            kept = cst.Module([]).code_for_node(args[warps].value)
+            kept = code(args[warps].value)
             args[warps] = args[warps].with_changes(value=cst.parse_expression(f"{chunked} ({kept})"))
         elif not autotuned and self.warps != TRITON_DEFAULT_KNOBS["num_warps"] and not any(a.star == "**" for a in args):
             extra["num_warps"] = cst.parse_expression(f"{chunked} {TRITON_DEFAULT_KNOBS['num_warps']}")

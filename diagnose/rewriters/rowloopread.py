@@ -12,17 +12,15 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import ReplaceNodes, docstring_lines, dotted
+from diagnose.rewriters.blocks import bare, code
+from diagnose.rewriters.rowread import Decline
 from diagnose.rewriters.rowsplit import elementwise_call
 
-__all__ = ["REDUCTIONS", "SCANS", "Decline", "Group", "Online", "Reduction", "RowLoop", "Statement", "code_of", "columns_arange",
+__all__ = ["REDUCTIONS", "SCANS", "Decline", "Group", "Online", "Reduction", "RowLoop", "Statement", "columns_arange",
            "is_arange", "lane_closure", "names_read", "read_kernel", "scan_of"]
 
 REDUCTIONS = {"sum": "", "max": "tl.maximum", "min": "tl.minimum"}
 _EXPONENTIALS = frozenset({"tl.exp", "tl.exp2", "tl.math.exp", "tl.math.exp2"})
-
-
-class Decline(Exception):
-    """The kernel is outside what the loop rewrite reads soundly; the message says why."""
 
 
 def reduction_of(node: cst.CSTNode) -> str | None:
@@ -51,7 +49,7 @@ def _check_scan(call: cst.Call) -> None:
         raise Decline("a scan whose operand is not its first argument")
     for i, arg in enumerate(call.args[1:]):
         keyword = arg.keyword.value if arg.keyword is not None else ("axis" if i == 0 else "")
-        if keyword != "axis" or code_of(arg.value).replace(" ", "") not in ("0", "-1"):
+        if keyword != "axis" or code(arg.value).replace(" ", "") not in ("0", "-1"):
             raise Decline("a scan with options besides the row's axis (`reverse`)")
 
 
@@ -61,7 +59,7 @@ def _check_reduction(call: cst.Call) -> None:
     for i, arg in enumerate(call.args[1:]):
         keyword = arg.keyword.value if arg.keyword is not None else ("axis" if i == 0 else "")
         if keyword == "axis":
-            if code_of(arg.value).replace(" ", "") not in ("0", "-1", "None"):
+            if code(arg.value).replace(" ", "") not in ("0", "-1", "None"):
                 raise Decline("a reduction over an axis other than the row's")
         elif keyword != "dtype":
             raise Decline("a reduction with options besides its axis and dtype")
@@ -145,10 +143,6 @@ def _statement(line: cst.CSTNode) -> Statement:
 
 def is_arange(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Call) and dotted(node.func) == "tl.arange"
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
 
 
 def columns_arange(node: cst.BaseExpression) -> cst.Call | None:
@@ -407,7 +401,7 @@ def _written_out(statements: list[Statement], at: int, node: cst.BaseExpression,
 
 
 def _summands(node: cst.BaseExpression) -> list[cst.BaseExpression]:
-    node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+    node = bare(node)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
         return _summands(node.left) + _summands(node.right)
     return [node]
@@ -426,15 +420,15 @@ def _has_arange(node: cst.CSTNode) -> bool:
 
 
 def _skeleton(node: cst.BaseExpression) -> str:
-    node = node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+    node = bare(node)
     if not _has_arange(node):
         return "_"
     if isinstance(node, cst.BinaryOperation):
         left, right = _skeleton(node.left), _skeleton(node.right)
         if isinstance(node.operator, cst.Multiply) and "_" in (left, right):
             return right if left == "_" else left  # times a stride: the same column
-        return f"({left} {code_of(node.operator).strip()} {right})"
-    return code_of(node)
+        return f"({left} {code(node.operator).strip()} {right})"
+    return code(node)
 
 
 def _bases(statements: list[Statement], at: int, pointer: cst.BaseExpression) -> set[str]:

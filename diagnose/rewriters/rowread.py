@@ -41,7 +41,8 @@ class RowKernel:
 
 
 class Decline(Exception):
-    """A kernel the rewrite cannot carry over to several rows; the message says why."""
+    """A kernel a row rewrite (several rows per program, a row in chunks) cannot carry over soundly; the
+    message says why."""
 
 
 def call_name(call: cst.Call) -> tuple[str, str]:
