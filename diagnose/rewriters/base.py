@@ -14,7 +14,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
            "docstring_lines", "program_axis", "with_keywords", "with_parameters"]
 
@@ -56,6 +56,13 @@ def is_jit(fn: cst.FunctionDef) -> bool:
     """Whether `fn` is a Triton kernel: the harness's rule (harness.guards.KERNEL_DECORATORS) on libcst's tree."""
     return any(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator).rsplit(".", 1)[-1]
                in KERNEL_DECORATORS for d in fn.decorators)
+
+
+def autotune_decorated(fn: cst.FunctionDef) -> bool:
+    """Whether a kernel sits under an autotuner (`@triton.autotune(...)`, or a decorator named so): its
+    launch options come from the configs, so a rewrite must not pass num_warps at the launch."""
+    return any(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator).endswith("autotune")
+               for d in fn.decorators)
 
 
 def jit_functions(module: cst.Module) -> dict[str, cst.FunctionDef]:

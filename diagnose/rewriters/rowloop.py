@@ -64,6 +64,7 @@ from diagnose.rewriters.base import (
     TRITON_DEFAULT_KNOBS,
     ReplaceNodes,
     Variant,
+    autotune_decorated,
     docstring_lines,
     dotted,
     is_jit,
@@ -325,11 +326,6 @@ class _ChunkLaunch(cst.CSTTransformer):
         return cst.FlattenSentinel([head, updated.with_changes(body=[cst.Expr(made)], leading_lines=[])])
 
 
-def _autotuned(fn: cst.FunctionDef) -> bool:
-    return any(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator).endswith("autotune")
-               for d in fn.decorators)
-
-
 def chunk_row_loop(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
     imported = triton_imports(module)
@@ -354,7 +350,7 @@ def chunk_row_loop(source: str, context: dict[str, Any]) -> list[Variant]:
         if bound is None or bound.star or "kb_block" in names:
             continue
         position = next(i for i, a in enumerate(call.args) if a is bound)
-        launches[id(call)] = (position, _autotuned(fn))
+        launches[id(call)] = (position, autotune_decorated(fn))
         body = _Writer(plan).body()
         # after every parameter, with a default: a launch passing a defaulted parameter by position still binds it
         kernels[name] = with_parameters(fn, [_CHUNK], {_CHUNK}, default="1").with_changes(body=fn.body.with_changes(body=body))

@@ -33,6 +33,7 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import (
     Variant,
+    autotune_decorated,
     dotted,
     is_jit,
     jit_functions,
@@ -207,8 +208,7 @@ def split_row_tile(source: str, context: dict[str, Any]) -> list[Variant]:
             continue
         tiles[name] = tile
         launches[id(call)] = (grid, block.value)
-        if any(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator).endswith("autotune")
-               for d in fn.decorators):
+        if autotune_decorated(fn):
             autotuned.add(id(call))
     if not tiles:
         return []
