@@ -29,6 +29,7 @@ survive and the result reads like the input.
 | split-work-over-programs    | split | a reduction loop on a grid too small for the SMs -> a second grid axis taking every n-th step, partials `tl.atomic_add`ed into a zeroed output, split sized at launch |
 | rows-per-program            | rows | one row per program (`row = tl.program_id(0)`, a 1-D lane tile) -> a [ROWS, BLOCK] tile of consecutive rows: reductions over axis 1 with keep_dims, accesses masked by the row count, grid axis 0 divided by ROWS; the lanes fitted to the row at launch where they can be (ROWS = 1, 2, 4 x the written block over the fitted one), else 2, 4, 8 rows |
 | chunked-row-loop            | rowloop | a whole-row tile that reduces (`cols = tl.arange(0, BLOCK)`, BLOCK the row's power of two) -> each reduction a loop over chunks of 2048-8192 columns carrying it (the first chunk peeled, reductions known at the same point sharing a loop, a sum of exp(x - m) beside the max m of the same x an online sum, a cumsum / cumprod joined to the prefix the earlier chunks carried), the tile stores in a last loop; rows of one chunk compile the kernel as written |
+| contiguous-innermost-axis   | coalesce | lanes stepping by a stride while the program index is the unit-stride one (`tl.load(X + rows * stride + col)`, `col = tl.program_id(0)`) -> the rows-per-program tile with 8, 16 or 32 consecutive program indices across it, so the coalescer runs threads along them |
 | split-row-tile              | rowsplit | an elementwise kernel whose tile is the whole row (`tl.arange(0, BLOCK)`, BLOCK used nowhere else) -> chunks of 1024-4096 columns on a second grid axis, num_warps for the chunk; bit-identical |
 | split-kv-online-softmax     | splitkv | an online-softmax key loop (running max, sums rescaled to it) on a grid too small for the SMs -> a second grid axis of partial programs writing (m, sums) to an fp32 workspace, and a merge launch rescaling them to the largest m (log-sum-exp) before the kernel's own code after the loop; split sized at launch |
 | tensor-descriptors-tma      | tma | dot-loop tile loads -> `tl.make_tensor_descriptor(...).load`, dispatched where TMA's rules hold |
@@ -46,6 +47,7 @@ from typing import Any
 from diagnose.rewriters import (  # noqa: F401 - register
     accumulate,
     causal,
+    coalesce,
     exp2,
     fit,
     fold,

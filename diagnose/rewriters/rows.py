@@ -77,7 +77,7 @@ from diagnose.rewriters.rowread import (
     read_row_kernel,
 )
 
-__all__ = ["rows_per_program"]
+__all__ = ["row_kernel", "rows_per_program", "several_rows"]
 
 _TILE_FACTORS = (1, 2, 4)  # a fitted variant's tile: the written one, twice, four times
 _ROW_COUNTS = (2, 4, 8)  # rows per program where the lane block stays as written
@@ -222,17 +222,32 @@ class _RowsLaunch(cst.CSTTransformer):
 
 
 def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
-    module = cst.parse_module(source)
+    return several_rows(source, context)
+
+
+def row_kernel(module: cst.Module, context: dict[str, Any]) -> RowKernel | None:
+    """The launched kernel read as one row per program (`rowread`), None where it cannot be."""
     target = target_launch(module, context)
     if target is None:
+        return None
+    helpers = jit_functions(module)
+    try:
+        return read_row_kernel(helpers[target[0]], helpers, _outside_names(module) - set(helpers))
+    except Decline:
+        return None
+
+
+def several_rows(source: str, context: dict[str, Any], counts: tuple[int, ...] | None = None) -> list[Variant]:
+    """The rows-per-program variants (module docstring). `counts`: take exactly these rows per program, the
+    lanes as written (each capped so the tile stays within _MAX_TILE elements where the block is known,
+    the first only where it is tuned), instead of choosing by whether the lanes can be fitted."""
+    module = cst.parse_module(source)
+    target = target_launch(module, context)
+    kernel = row_kernel(module, context)
+    if target is None or kernel is None:
         return []
     name, call = target
-    helpers = jit_functions(module)
-    fn = helpers[name]
-    try:
-        kernel = read_row_kernel(fn, helpers, _outside_names(module) - set(helpers))
-    except Decline:
-        return []
+    fn = kernel.fn
     axes = launch_grid_axes(module, call)
     if not axes or any(a.star for a in call.args):
         return []
@@ -244,7 +259,8 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
     arguments = launch_arguments(fn, call)
     block = arguments.get(kernel.block) if kernel.block is not None else None
     extent = arguments.get(kernel.extent) if kernel.extent is not None else None
-    fitted = block is not None and extent is not None and _repeatable(block.value) and _repeatable(extent.value)
+    fitted = counts is None and block is not None and extent is not None and _repeatable(block.value) \
+        and _repeatable(extent.value)
     rewritten = _RowsKernel(kernel).rewrite()
     plans: list[tuple[_Fit, dict[str, Any]]]
     if fitted and block is not None and extent is not None:
@@ -253,7 +269,8 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
                   {"lanes": "fitted to the row", "tile": f"{f}x the written tile"}) for f in _TILE_FACTORS]
     else:
         known = block is not None and _repeatable(block.value)
-        counts = _ROW_COUNTS if known or kernel.block is None else _ROW_COUNTS[:2]  # a tuned block may be large
+        choice = counts or _ROW_COUNTS
+        counts = choice if known or kernel.block is None else choice[:1 if counts else 2]  # a tuned block may be large
         plans = [(_Fit(None, None, f"max(1, min({r}, {_MAX_TILE} // {code(block.value)}))" if known and block else str(r)),
                   {"rows_per_program": r}) for r in counts]
     out = []

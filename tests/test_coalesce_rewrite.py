@@ -1,0 +1,159 @@
+"""Coalesced accesses for lanes that walk a strided axis (issue 27, family 5; pattern
+contiguous-innermost-axis): a kernel whose program index is the unit-stride axis while its lanes step a
+row apart takes 8, 16 or 32 consecutive program indices as a second tile axis. Each variant is judged on
+the interpreter against the kernel as written, on column counts no variant's width divides; the column
+sum is compiled for sm90 to show the load it was after."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import candidate_rejection
+
+from diagnose.engine import diagnose
+from diagnose.request import KernelInput, request_from
+from diagnose.rewriters import rewrite
+
+PATTERN = "contiguous-innermost-axis"
+ROOT = Path(__file__).resolve().parent.parent
+
+# A first draft of x.sum(0): one program per column, its lanes down the rows, a loop over row blocks.
+COLUMN_SUM = (ROOT / "corpora" / "examples" / "column_sum.py").read_text()
+
+# Softmax over dim 0 with the whole column in one tile, read and written through the strides, the
+# address built in named steps.
+COLUMN_SOFTMAX = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def column_softmax_kernel(x_ptr, y_ptr, M, stride_row, stride_col, BLOCK: tl.constexpr):
+        col = tl.program_id(0)
+        rows = tl.arange(0, BLOCK)
+        offsets = rows * stride_row + col * stride_col
+        mask = rows < M
+        x = tl.load(x_ptr + offsets, mask=mask, other=-float("inf"))
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(y_ptr + offsets, e / tl.sum(e, axis=0), mask=mask)
+
+
+    def column_softmax(x):
+        y = torch.empty_like(x)
+        column_softmax_kernel[(x.shape[1],)](x, y, x.shape[0], x.stride(0), x.stride(1),
+                                             BLOCK=triton.next_power_of_2(x.shape[0]))
+        return y
+    ''')
+
+# A transpose written output-row first: the load strided, the store contiguous.
+TRANSPOSE = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def transpose_kernel(x_ptr, out_ptr, M, N, BLOCK: tl.constexpr):
+        j = tl.program_id(0)
+        for start in range(0, M, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            v = tl.load(x_ptr + i * N + j, mask=i < M)
+            tl.store(out_ptr + j * M + i, v, mask=i < M)
+
+
+    def transpose(x):
+        m, n = x.shape
+        out = torch.empty(n, m, dtype=x.dtype, device=x.device)
+        transpose_kernel[(n,)](x, out, m, n, BLOCK=32)
+        return out
+    ''')
+
+
+def test_a_column_per_program_takes_8_16_and_32_columns_across_the_lanes(tmp_path):
+    variants = rewrite(PATTERN, COLUMN_SUM, {})
+    assert [v.params["rows_per_program"] for v in variants] == [8, 16, 32]
+    assert all(v.params["coalesce"] for v in variants)
+    text = variants[0].source
+    assert "_kb_row = tl.program_id(0) * _KB_ROWS + tl.arange(0, _KB_ROWS)[:, None]" in text
+    assert "col = _kb_row" in text and "acc = tl.zeros([_KB_ROWS, BLOCK], dtype=tl.float32)" in text
+    assert "tl.store(out_ptr + col, tl.sum(acc, axis=1, keep_dims=True), mask=_kb_row_ok)" in text
+    assert "column_sum_kernel[(triton.cdiv(kb_rows, kb_rows_per_program),)]" in text
+    # 37 columns: no width divides them, the last program's columns run past the grid; 130 rows: a partial
+    # row block
+    for shape in ("130, 37", "1, 5", "64, 8"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, COLUMN_SUM, variant.source, "column_sum",
+                                       f"column_sum(torch.randn({shape}))", "lambda x: x.sum(0)") == "", shape
+
+
+def test_columns_reduced_and_written_back_through_named_strides(tmp_path):
+    variants = rewrite(PATTERN, COLUMN_SOFTMAX, {})
+    assert len(variants) == 3
+    assert "tl.max(x, axis=1, keep_dims=True)" in variants[0].source
+    for shape in ("20, 13", "3, 40"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, COLUMN_SOFTMAX, variant.source, "column_softmax",
+                                       f"column_softmax(torch.randn({shape}))", "lambda x: torch.softmax(x, 0)") == ""
+
+
+def test_a_transpose_reads_its_columns_together(tmp_path):
+    variants = rewrite(PATTERN, TRANSPOSE, {})
+    assert len(variants) == 3
+    for shape in ("70, 19", "5, 33"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, TRANSPOSE, variant.source, "transpose",
+                                       f"transpose(torch.randn({shape}))", "lambda x: x.t().contiguous()") == ""
+
+
+def test_the_strided_load_becomes_a_vector_load_for_sm90(tmp_path):
+    from harness.capture import capture_call
+
+    def loads(source: str, name: str) -> set[str]:
+        path = tmp_path / name / "column_sum.py"
+        path.parent.mkdir()
+        path.write_text(source)
+        ptx = capture_call(path, "column_sum(torch.randn(4096, 4096))", target="cuda:90")[0].stages["ptx"]
+        return set(re.findall(r"ld\.global(?:\.\w+)*", ptx))
+
+    # As written each lane loads one 4-byte element of its own sector; with 8 columns a program, each
+    # thread loads 4 consecutive columns at once (the coalescer orders the tile along them).
+    assert loads(COLUMN_SUM, "written") == {"ld.global.b32"}
+    assert loads(rewrite(PATTERN, COLUMN_SUM, {})[0].source, "eight") == {"ld.global.v4.b32"}
+
+
+@pytest.mark.parametrize("old, new", [
+    # lanes at unit stride (an ordinary row kernel): nothing to coalesce
+    ("x_ptr + rows * stride_m + col", "x_ptr + col * stride_m + rows"),
+    # lanes scaled by the literal 1
+    ("x_ptr + rows * stride_m + col", "x_ptr + rows * 1 + col * stride_m"),
+    # strided lanes, but the program index only inside the lanes' term: more programs a tile would not help
+    ("x_ptr + rows * stride_m + col", "x_ptr + (rows + col * M) * stride_m"),
+    # a branch on the program index: the rows rewrite declines it
+    ("        acc += tl.load(", "        if col % 2 == 0:\n            acc += 0.0\n        acc += tl.load("),
+])
+def test_what_is_not_the_class_or_cannot_be_carried_over_is_declined(old, new):
+    assert old in COLUMN_SUM
+    assert rewrite(PATTERN, COLUMN_SUM.replace(old, new), {}) == []
+
+
+def test_a_round_no_finding_asked_for_gets_no_variants():
+    # Stride-generic kernels (`cols * stride_col`) are unit-stride at most launches: only the launch's
+    # finding says the lanes are strided.
+    assert rewrite(PATTERN, COLUMN_SUM, {"finding": ""}) == []
+    assert len(rewrite(PATTERN, COLUMN_SUM, {"finding": "memory.uncoalesced"})) == 3
+
+
+def test_the_uncoalesced_finding_names_the_rewrite_and_the_rewrite_retires_it(tmp_path):
+    path = tmp_path / "column_sum.py"
+    path.write_text(COLUMN_SUM)
+    call = "column_sum(torch.randn(256, 512))"
+    answer = diagnose(request_from(KernelInput(kernel=str(path), call=call)), None, level_max="L1")
+    assert "memory.uncoalesced" in [f.kind for f in answer.findings]
+    assert any(r.pattern_id == PATTERN and r.for_finding == "memory.uncoalesced" for r in answer.recommendations)
+    path.write_text(rewrite(PATTERN, COLUMN_SUM, {})[0].source)
+    answer = diagnose(request_from(KernelInput(kernel=str(path), call=call)), None, level_max="L1")
+    assert "memory.uncoalesced" not in [f.kind for f in answer.findings]
