@@ -3,8 +3,8 @@ machine (no GPU needed: Triton compiles and ptxas runs at compile time): the ker
 and each variant of a pattern's rewrite, at one call.
 
     PYTHONPATH=. python scripts/rewrite_loads.py PATTERN MODULE CALL
-    PYTHONPATH=. python scripts/rewrite_loads.py contiguous-innermost-axis corpora/examples/column_sum.py \\
-        "column_sum(torch.randn(4096, 4096))"
+    PYTHONPATH=. python scripts/rewrite_loads.py contiguous-innermost-axis tests/fixtures/wild/column_gather.py \\
+        "col_sum(torch.randn(4096, 4096))"
 
 Prints a Markdown table: registers, spill stores (bytes), and the PTX global loads and stores counted by
 instruction (`ld.global.v4.b32` x 4: four 16-byte vector loads in the program's code).
@@ -35,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pattern", help="a catalog pattern id with a rewriter")
     parser.add_argument("module", type=Path, help="the kernel module (kernel and launch wrapper)")
-    parser.add_argument("call", help="an expression that launches it, e.g. \"column_sum(torch.randn(4096, 4096))\"")
+    parser.add_argument("call", help="an expression that launches it, e.g. \"col_sum(torch.randn(4096, 4096))\"")
     args = parser.parse_args()
     variants = rewrite(args.pattern, args.module.read_text(), {})
     if not variants:

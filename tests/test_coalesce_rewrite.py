@@ -20,8 +20,9 @@ from diagnose.rewriters import rewrite
 PATTERN = "contiguous-innermost-axis"
 ROOT = Path(__file__).resolve().parent.parent
 
-# A first draft of x.sum(0): one program per column, its lanes down the rows, a loop over row blocks.
-COLUMN_SUM = (ROOT / "corpora" / "examples" / "column_sum.py").read_text()
+# A first draft of x.sum(0): one program per column, its lanes down the rows, a loop over row blocks (the
+# launch triage's fixture for an uncoalesced load).
+COLUMN_SUM = (ROOT / "tests" / "fixtures" / "wild" / "column_gather.py").read_text()
 
 # Softmax over dim 0 with the whole column in one tile, read and written through the strides, the
 # address built in named steps.
@@ -80,14 +81,14 @@ def test_a_column_per_program_takes_8_16_and_32_columns_across_the_lanes(tmp_pat
     text = variants[0].source
     assert "_kb_row = tl.program_id(0) * _KB_ROWS + tl.arange(0, _KB_ROWS)[:, None]" in text
     assert "col = _kb_row" in text and "acc = tl.zeros([_KB_ROWS, BLOCK], dtype=tl.float32)" in text
-    assert "tl.store(out_ptr + col, tl.sum(acc, axis=1, keep_dims=True), mask=_kb_row_ok)" in text
-    assert "column_sum_kernel[(triton.cdiv(kb_rows, kb_rows_per_program),)]" in text
+    assert "tl.store(OUT + col, tl.sum(acc, axis=1, keep_dims=True), mask=_kb_row_ok)" in text
+    assert "_col_sum[(triton.cdiv(kb_rows, kb_rows_per_program),)]" in text
     # 37 columns: no width divides them, the last program's columns run past the grid; 130 rows: a partial
     # row block
     for shape in ("130, 37", "1, 5", "64, 8"):
         for variant in variants:
-            assert candidate_rejection(tmp_path, COLUMN_SUM, variant.source, "column_sum",
-                                       f"column_sum(torch.randn({shape}))", "lambda x: x.sum(0)") == "", shape
+            assert candidate_rejection(tmp_path, COLUMN_SUM, variant.source, "col_sum",
+                                       f"col_sum(torch.randn({shape}))", "lambda x: x.sum(0)") == "", shape
 
 
 def test_columns_reduced_and_written_back_through_named_strides(tmp_path):
@@ -113,10 +114,10 @@ def test_the_strided_load_becomes_a_vector_load_for_sm90(tmp_path):
     from harness.capture import capture_call
 
     def loads(source: str, name: str) -> set[str]:
-        path = tmp_path / name / "column_sum.py"
+        path = tmp_path / name / "column_gather.py"
         path.parent.mkdir()
         path.write_text(source)
-        ptx = capture_call(path, "column_sum(torch.randn(4096, 4096))", target="cuda:90")[0].stages["ptx"]
+        ptx = capture_call(path, "col_sum(torch.randn(4096, 4096))", target="cuda:90")[0].stages["ptx"]
         return set(re.findall(r"ld\.global(?:\.\w+)*", ptx))
 
     # As written each lane loads one 4-byte element of its own sector; with 8 columns a program, each
@@ -127,11 +128,11 @@ def test_the_strided_load_becomes_a_vector_load_for_sm90(tmp_path):
 
 @pytest.mark.parametrize("old, new", [
     # lanes at unit stride (an ordinary row kernel): nothing to coalesce
-    ("x_ptr + rows * stride_m + col", "x_ptr + col * stride_m + rows"),
+    ("X + r * stride + col", "X + col * stride + r"),
     # lanes scaled by the literal 1
-    ("x_ptr + rows * stride_m + col", "x_ptr + rows * 1 + col * stride_m"),
+    ("X + r * stride + col", "X + r * 1 + col * stride"),
     # strided lanes, but the program index only inside the lanes' term: more programs a tile would not help
-    ("x_ptr + rows * stride_m + col", "x_ptr + (rows + col * M) * stride_m"),
+    ("X + r * stride + col", "X + (r + col * rows) * stride"),
     # a branch on the program index: the rows rewrite declines it
     ("        acc += tl.load(", "        if col % 2 == 0:\n            acc += 0.0\n        acc += tl.load("),
 ])
@@ -148,9 +149,9 @@ def test_a_round_no_finding_asked_for_gets_no_variants():
 
 
 def test_the_uncoalesced_finding_names_the_rewrite_and_the_rewrite_retires_it(tmp_path):
-    path = tmp_path / "column_sum.py"
+    path = tmp_path / "column_gather.py"
     path.write_text(COLUMN_SUM)
-    call = "column_sum(torch.randn(256, 512))"
+    call = "col_sum(torch.randn(256, 512))"
     answer = diagnose(request_from(KernelInput(kernel=str(path), call=call)), None, level_max="L1")
     assert "memory.uncoalesced" in [f.kind for f in answer.findings]
     assert any(r.pattern_id == PATTERN and r.for_finding == "memory.uncoalesced" for r in answer.recommendations)
