@@ -52,7 +52,10 @@ def find_repair(answer: Answer, source: str) -> Repair | None:
         pattern = REPAIRS.get(f.kind)
         if pattern is None:
             continue
-        variants = rewrite(pattern, source, {"lines": list(f.kernel_lines)})
+        try:
+            variants = rewrite(pattern, source, {"lines": list(f.kernel_lines)})
+        except Exception:  # noqa: BLE001 - a repair whose rewriter fails on this kernel is no repair
+            continue
         if variants:
             return Repair(f.kind, f.title, pattern, list(f.kernel_lines), f.level, variants[0].source)
     return None

@@ -374,7 +374,13 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
             continue
         hyp.launched = launched
         if hyp.rewriter == "pattern":
-            fresh = [v for v in rewrite(hyp.pattern, source, _context(task, hyp, parent)) if _sha(v.source) not in seen]
+            try:
+                variants = rewrite(hyp.pattern, source, _context(task, hyp, parent))
+            except Exception as exc:  # noqa: BLE001 - a rewriter's bug on a kernel it never met skips its pattern, not the run
+                say(f"round {idx}: {hyp.pattern}'s rewriter failed on this kernel, skipped "
+                    f"({type(exc).__name__}: {first_line(exc)})")
+                continue
+            fresh = [v for v in variants if _sha(v.source) not in seen]
             if not fresh:
                 continue  # no rewrite, or every variant was measured already in this run
         key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"

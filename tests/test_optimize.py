@@ -116,6 +116,28 @@ def test_rounds_accept_then_reject_with_reasons(tmp_path):
     store.close()
 
 
+def test_a_rewriter_that_raises_on_the_kernel_skips_its_pattern_not_the_run(tmp_path, monkeypatch):
+    from diagnose.rewriters import REWRITERS
+
+    def broken(source: str, context: dict) -> list:
+        raise AssertionError("a shape this rewriter never met")
+
+    monkeypatch.setitem(REWRITERS, "tl-range-pipelining", broken)  # round 1's pattern in the run above
+    said: list[str] = []
+    judge = TimedJudge()
+    try:
+        store = optimize(SPEC, OptimizeOptions(rounds=1, backend="interpreter", seeds=1), tmp_path / "run",
+                         judge=judge, log=said.append)
+    finally:
+        judge.close()
+    (first,) = store.rounds()
+    assert first.hypothesis.pattern != "tl-range-pipelining" and first.outcome == "accepted"
+    assert any("tl-range-pipelining's rewriter failed on this kernel, skipped (AssertionError: a shape" in line
+               for line in said)
+    assert store.run().status == RunStatus.FINISHED
+    store.close()
+
+
 def test_a_layer_files_entry_gets_rounds_on_the_kernels_file_it_launches(tmp_path):
     """attorch's layout: the run starts from the kernels file, each round rewrites it, and the layer's
     entry (left as it is) launches the rewrite when the judge checks it."""
