@@ -158,3 +158,71 @@ def test_the_uncoalesced_finding_names_the_rewrite_and_the_rewrite_retires_it(tm
     path.write_text(rewrite(PATTERN, COLUMN_SUM, {})[0].source)
     answer = diagnose(request_from(KernelInput(kernel=str(path), call=call)), None, level_max="L1")
     assert "memory.uncoalesced" not in [f.kind for f in answer.findings]
+
+
+# A first draft that sums into a float argument: the loop would grow it into a column of the tile.
+PARAMETER_SUM = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def column_sum_kernel(x_ptr, out_ptr, M, stride_m, total, BLOCK: tl.constexpr):
+        col = tl.program_id(0)
+        for start in range(0, M, BLOCK):
+            rows = start + tl.arange(0, BLOCK)
+            total += tl.sum(tl.load(x_ptr + rows * stride_m + col, mask=rows < M, other=0.0), axis=0)
+        tl.store(out_ptr + col, total)
+
+
+    def column_sum(x):
+        m, n = x.shape
+        out = torch.empty(n, dtype=torch.float32, device=x.device)
+        column_sum_kernel[(n,)](x, out, m, x.stride(0), 0.0, BLOCK=32)
+        return out
+    ''')
+
+
+def test_a_parameter_a_loop_grows_into_a_tile_is_declined_but_one_moved_before_the_loop_is_not(tmp_path):
+    # Triton refuses a loop-carried value whose type changes (the interpreter does not): both row rewrites
+    # decline the first; `x_ptr += col` in straight-line code makes the pointer a column once, before any loop.
+    assert rewrite(PATTERN, PARAMETER_SUM, {}) == [] and rewrite("rows-per-program", PARAMETER_SUM, {}) == []
+    moved = textwrap.dedent('''\
+        import torch
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def column_sum_kernel(x_ptr, out_ptr, M, stride_m, BLOCK: tl.constexpr):
+            col = tl.program_id(0)
+            x_ptr += col
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for start in range(0, M, BLOCK):
+                rows = start + tl.arange(0, BLOCK)
+                acc += tl.load(x_ptr + rows * stride_m, mask=rows < M, other=0.0)
+            tl.store(out_ptr + col, tl.sum(acc, axis=0))
+
+
+        def column_sum(x):
+            m, n = x.shape
+            out = torch.empty(n, dtype=torch.float32, device=x.device)
+            column_sum_kernel[(n,)](x, out, m, x.stride(0), BLOCK=32)
+            return out
+        ''')
+    variants = rewrite(PATTERN, moved, {})
+    assert len(variants) == 3, moved
+    for variant in variants:
+        assert candidate_rejection(tmp_path, moved, variant.source, "column_sum", "column_sum(torch.randn(70, 19))",
+                                   "lambda x: x.sum(0)") == ""
+
+
+def test_the_columns_are_capped_by_the_block_and_a_block_the_launch_does_not_fix_is_declined():
+    # 8,192 elements a tile at most: a 2048-row block takes 4 columns, one of 8192 none (as written)
+    assert [v.params["rows_per_program"] for v in rewrite(PATTERN, COLUMN_SUM.replace("BLOCK=256", "BLOCK=2048"), {})] == [4]
+    assert rewrite(PATTERN, COLUMN_SUM.replace("BLOCK=256", "BLOCK=8192"), {}) == []
+    # a block a heuristic picks at the launch (next_power_of_2 of the rows: up to 2**20) has no cap to read
+    tuned = COLUMN_SUM.replace("@triton.jit\n", '@triton.heuristics({"BLOCK": lambda a: triton.next_power_of_2(a["rows"])})\n'
+                               "@triton.jit\n").replace(", BLOCK=256)", ")")
+    assert "triton.heuristics" in tuned and rewrite(PATTERN, tuned, {}) == []

@@ -235,6 +235,23 @@ def _check_control(fn: cst.FunctionDef, dims: Dims) -> None:
     for name, value in _bindings(fn.body, plain=True):
         if counts[name] > 1 and dims.of(value) != dims.names.get(name, frozenset()):
             raise Decline(f"{name} changes dimensions between its assignments")
+    # A parameter has no plain assignment to compare with: one that a loop or a branch grows into a
+    # tile (`total += tl.sum(x)`, total a float argument) would change type there (Triton refuses a
+    # loop-carried or branch value whose type changes; the interpreter does not), unless straight-line
+    # code made it that shape before (`x_ptr += col`).
+    params = {p.name.value for p in fn.params.params}
+    straight = [st for st in fn.body.body if isinstance(st, cst.SimpleStatementLine)]
+    shaped: dict[str, frozenset[str]] = {}
+    for st in straight:
+        for aug in m.findall(st, m.AugAssign(target=m.Name())):
+            assert isinstance(aug, cst.AugAssign) and isinstance(aug.target, cst.Name)
+            shaped[aug.target.value] = shaped.get(aug.target.value, frozenset()) | dims.of(aug.value)
+    for block in m.findall(fn.body, m.For() | m.While() | m.If()):
+        for aug in m.findall(cst.ensure_type(block, (cst.For, cst.While, cst.If)).body, m.AugAssign(target=m.Name())):
+            assert isinstance(aug, cst.AugAssign) and isinstance(aug.target, cst.Name)
+            name = aug.target.value
+            if name in params and not dims.of(aug.value) <= shaped.get(name, frozenset()):
+                raise Decline(f"parameter {name} becomes a tile inside a loop or branch")
 
 
 def _check_accesses(calls: list[cst.Call], dims: Dims) -> None:

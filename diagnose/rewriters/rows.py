@@ -60,7 +60,7 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.blocks import code
+from diagnose.rewriters.blocks import code, number
 from diagnose.rewriters.rowread import (
     ACCESS,
     HINTS,
@@ -269,8 +269,18 @@ def several_rows(source: str, context: dict[str, Any], counts: tuple[int, ...] |
                   {"lanes": "fitted to the row", "tile": f"{f}x the written tile"}) for f in _TILE_FACTORS]
     else:
         known = block is not None and _repeatable(block.value)
+        if counts is not None and kernel.block is not None:
+            # Asked-for counts are wide: without the block at the launch to cap the tile by (a tuned or
+            # defaulted block), 8 x a block of 2**17 would pass Triton's element limit.
+            if not known or block is None:
+                return []
+            written = number(block.value)
+            if written is not None:  # capped here: counts the cap would make equal are one variant
+                counts = tuple(dict.fromkeys(c for r in counts if (c := min(r, _MAX_TILE // max(1, int(written)))) > 1))
+                if not counts:
+                    return []  # a block that fills the tile alone: one column a program, as written
         choice = counts or _ROW_COUNTS
-        counts = choice if known or kernel.block is None else choice[:1 if counts else 2]  # a tuned block may be large
+        counts = choice if known or kernel.block is None else choice[:2]  # a tuned block may be large
         plans = [(_Fit(None, None, f"max(1, min({r}, {_MAX_TILE} // {code(block.value)}))" if known and block else str(r)),
                   {"rows_per_program": r}) for r in counts]
     out = []
