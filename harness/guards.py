@@ -189,6 +189,29 @@ def tensors_in(value: Any) -> list[Any]:
     return []
 
 
+def foreign_output(value: Any) -> str | None:
+    """Why a call's return value is not plain data, or None. The harness reads outputs after the call
+    (iterates containers, hands tensors over with detach and copies): a container class with its own
+    iteration, or a tensor subclass whose handlers run on those reads, would be the kernel's code
+    computing after the call, where no guard or timer looks."""
+    import torch
+
+    from harness.tripwires import plain_tensor
+
+    if isinstance(value, torch.Tensor):
+        return None if plain_tensor(value) else f"the entry returned a {type(value).__name__}, a tensor subclass"
+    if isinstance(value, (tuple, list)):
+        own = tuple.__iter__ if isinstance(value, tuple) else list.__iter__
+        if type(value).__iter__ is not own:
+            return f"the entry returned a {type(value).__name__}, a {type(value).__mro__[1].__name__} with its own iteration"
+        return next((r for r in map(foreign_output, value) if r), None)
+    if isinstance(value, dict):
+        if type(value).values is not dict.values:
+            return f"the entry returned a {type(value).__name__}, a dict with its own values()"
+        return next((r for r in map(foreign_output, dict.values(value)) if r), None)
+    return None
+
+
 # --- escapes ---------------------------------------------------------------------------------
 
 _ESCAPE_MODULES = {
@@ -207,7 +230,9 @@ _ESCAPE_CALLS = {
     "os.kill": ("signals", "a kernel signals no process"), "os.remove": ("file writes", "a kernel edits no file"),
     "os.unlink": ("file writes", "a kernel edits no file"), "os.rename": ("file writes", "a kernel edits no file"),
     "os.replace": ("file writes", "a kernel edits no file"), "os.write": ("file writes", "a kernel writes no file"),
+    "os.truncate": ("file writes", "a kernel edits no file"), "os.ftruncate": ("file writes", "a kernel edits no file"),
     "os.putenv": ("module patching", "it changes the process's environment"),
+    "__import__": ("module patching", "it can reach any module, the harness's included"),
     "setattr": ("module patching", "it can replace another module's functions"),
 }
 _PATCHABLE_ROOTS = {"torch", "triton", "tl", "harness", "os", "sys", "time", "threading", "builtins", "math", "np",
@@ -233,6 +258,7 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
         return []
     found: list[tuple[str, str, str, int]] = []
     imported: set[str] = set()  # module names bound by `import` in this module
+    bound = _bindings(tree)  # names that stand for a module's object: `_T = torch.Tensor`, `from harness import x`
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -242,6 +268,12 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
                 if root in _ESCAPE_MODULES:
                     kind, why = _ESCAPE_MODULES[root]
                     found.append((kind, f"imports {root}", why, node.lineno))
+                elif name.startswith("torch.library"):
+                    found.append(("module patching", f"imports {name}", "it can register kernels under torch's own "
+                                  "op names", node.lineno))
+                elif root == "harness":
+                    found.append(("module patching", "imports harness", "a kernel has no use for the harness that "
+                                  "judges it", node.lineno))
         elif isinstance(node, ast.Call):
             dotted = _dotted(node.func) or ""
             if dotted in _ESCAPE_CALLS or dotted.startswith(("os.exec", "os.spawn", "shutil.")):
@@ -254,6 +286,9 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
                                                                                "rename", "replace", "rmdir"):
                 if _dotted(node.func.value) not in ("str",):
                     found.append(("file writes", f"calls .{node.func.attr}()", "a kernel edits no file", node.lineno))
+        elif isinstance(node, ast.Attribute) and (_dotted(node) or "").startswith("torch.library."):
+            found.append(("module patching", f"uses {_dotted(node)}", "it can register kernels under torch's own "
+                          "op names", node.lineno))
         elif isinstance(node, ast.Attribute) and _dotted(node) == "sys.modules":
             found.append(("module patching", "reaches into sys.modules", "it can replace the harness's modules",
                           node.lineno))
@@ -261,10 +296,34 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 assigned = _dotted(target) if isinstance(target, ast.Attribute) else None
+                if assigned:
+                    root, _, rest = assigned.partition(".")
+                    assigned = f"{bound[root]}.{rest}" if root in bound else assigned
                 if assigned and assigned.split(".")[0] in _PATCHABLE_ROOTS and assigned.split(".")[0] in imported | {"torch"}:
                     found.append(("module patching", f"assigns to {assigned}", "it changes another module for every "
                                   "caller, the harness included", node.lineno))
     return sorted(found, key=lambda f: f[3])
+
+
+def _bindings(tree: ast.Module) -> dict[str, str]:
+    """Names bound to another module's objects, by what they stand for: `from harness import tripwires as
+    _tw` -> harness.tripwires, `_T = torch.Tensor` -> torch.Tensor (through earlier such names)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    out[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _dotted(node.value)
+            if value:
+                root, _, rest = value.partition(".")
+                out[node.targets[0].id] = f"{out[root]}.{rest}".rstrip(".") if root in out else value
+    return out
 
 
 def _writes(call: ast.Call) -> bool:

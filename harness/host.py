@@ -31,6 +31,7 @@ from typing import Any
 from harness import exchange
 from harness.compile_errors import one_line
 from harness.errors import UserFacingError, first_line
+from harness.guards import foreign_output
 from harness.tripwires import CallLog, Watch, global_state
 
 __all__ = ["KernelHost", "POISON_A", "POISON_B", "WorkerPoisoned", "autotuners", "fill_poison", "pinned"]
@@ -153,8 +154,12 @@ class KernelHost:
         assert self.watch is not None
         record: dict[str, Any] = {"error": None, "fatal": False}
         try:
-            with self.watch.call() as log, _poisoned_allocations(poison):
-                value = entry(*args, **kwargs)
+            with self.watch.call() as log:
+                with _poisoned_allocations(poison):
+                    value = entry(*args, **kwargs)
+                # Read while watched: iterating what the call returned may run code of the kernel's.
+                foreign = foreign_output(value)
+                outputs = [] if foreign else outputs_of(value, args, exempt)
             _sync()
         except UserFacingError:
             raise
@@ -163,7 +168,11 @@ class KernelHost:
             record["fatal"] = any(marker in str(exc) for marker in _FATAL)
             record["log"] = asdict(log) if "log" in locals() else asdict(CallLog())
             return record
-        outputs = outputs_of(value, args, exempt)
+        if foreign:
+            self.held += [value, args, kwargs]
+            record.update(foreign_output=foreign, log=asdict(log), outputs=[], state=self.watch.state_changes(),
+                          tampered=self.watch.tampering())
+            return record
         share = exchange.sender_for(self.device, self.directory)
         self.held += [value, args, kwargs]
 
@@ -214,7 +223,8 @@ class KernelHost:
         probe_args, probe_kwargs = self.staged[probe["key"]]
         expected = set(expect_kernels)
         merged = CallLog()
-        counts = {"calls": 0, "no_launch": 0, "other_kernels": 0, "torch_outputs": 0, "host_outputs": 0}
+        counts = {"calls": 0, "no_launch": 0, "other_kernels": 0, "torch_outputs": 0, "host_outputs": 0,
+                  "foreign_outputs": 0}
         pending: list[Any] = []
         kept: list[Any] = []
         saved: list[Any] = []
@@ -232,10 +242,12 @@ class KernelHost:
                 start()  # the device events around the entry alone, as do_bench times its fn
                 value = entry(*args, **kwargs)
                 stop()
+                foreign = foreign_output(value)  # read while watched, outside the timed window
+                outs = [] if foreign else outputs_of(value, args, exempt)
             counts["calls"] += 1
+            counts["foreign_outputs"] += bool(foreign)
             counts["no_launch"] += log.launches == 0
             counts["other_kernels"] += bool(expected and log.launches and not expected & set(log.kernels))
-            outs = outputs_of(value, args, exempt)
             counts["host_outputs"] += on_host(outs, self.device)
             if log.copied:
                 made = [log.copied.get(o.untyped_storage().data_ptr()) for o in outs]

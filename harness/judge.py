@@ -217,6 +217,8 @@ class Judge(Session):
         done = [c for c in calls if not c.get("error")]
         answer = self._ref("compare", keys=keys[:len(done)], case=case, dir=str(hosted.worker.directory),
                            calls=[{"outputs": c["outputs"], "inputs_after": c["inputs_after"]} for c in done])
+        if answer.get("unreadable"):
+            return answer["unreadable"]
         for i, one in enumerate(answer["calls"]):
             if one["mutated"]:
                 where = f" {verdicts.CALLS[i]}" if verdicts.CALLS[i] else ""

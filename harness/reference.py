@@ -225,13 +225,18 @@ class ReferenceHost:
         meta = self.meta.get(case, [])
         results = []
         loaded: list[list[Any]] = []
-        for key, call in zip(keys, calls):
-            outs = exchange.load_all(call.get("outputs", []), Path(directory), self.device)
+        for number, (key, call) in enumerate(zip(keys, calls), start=1):
+            try:
+                outs = exchange.load_all(call.get("outputs", []), Path(directory), self.device)
+                mutated = self._mutated(key, call.get("inputs_after", {}), Path(directory))
+            except exchange.ExchangeError as exc:
+                # What the kernel's worker handed over no longer reads as what it said (a file cut or
+                # rewritten after its answer): the kernel's doing, not the reference's.
+                return {"unreadable": f"call {number}'s hand-over could not be read back: {exc}"}
             loaded.append(outs)
             expected = self.expected.get(key)
             checks = [_compare(o, expected[i], meta[i]) if expected is not None and i < len(expected) else None
                       for i, o in enumerate(outs)]
-            mutated = self._mutated(key, call.get("inputs_after", {}), Path(directory))
             results.append({"checks": checks, "mutated": mutated})
         unwritten = []
         if len(loaded) >= 2:

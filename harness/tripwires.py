@@ -65,6 +65,50 @@ def op_base(func: Any) -> str:
     return text.split(".")[1] if "." in text else text
 
 
+# Packages whose own calls to a guard switch are not the kernel's (torch's compiler, Triton's launch).
+_LIBRARIES = ("torch", "triton", "harness")
+# Op namespaces whose ops are torch's own: a custom op (`torch.library`) runs whatever its author wrote.
+_NAMESPACES = frozenset({"aten", "prims", "profiler"})
+
+
+def plain_tensor(value: Any) -> bool:
+    """A tensor of torch's own classes: no subclass whose handlers (`__torch_dispatch__`,
+    `__torch_function__`, overridden methods) run code of the kernel's when the harness touches it."""
+    import torch
+
+    return type(value) is torch.Tensor or type(value) is torch.nn.Parameter
+
+
+def _subclass_in(args: Any, kwargs: dict[str, Any], out: Any) -> str | None:
+    """The class name of a tensor subclass among an op's arguments (one level into lists) and results."""
+    import torch
+
+    values = [*args, *kwargs.values(), *(out if isinstance(out, (tuple, list)) else (out,))]
+    for value in values:
+        for one in (value if type(value) in (tuple, list) else (value,)):
+            if isinstance(one, torch.Tensor) and not plain_tensor(one):
+                return type(one).__name__
+    return None
+
+
+def _launch_escape(kernel: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """What a launch would run below the guard: Triton calls a kernel's pre-run hooks and reads its pointer
+    arguments' `data_ptr()` inside its launch code, where the guard stands aside (the interpreter's
+    copies are torch ops)."""
+    from triton.runtime.jit import TensorWrapper
+
+    if getattr(kernel, "pre_run_hooks", None):
+        return f"a pre-run hook on {name}, which Triton runs inside the launch"
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    for value in [*args, *kwargs.values()]:
+        # triton.reinterpret's view of a tensor and a TMA descriptor: Triton reads the tensor they hold
+        inner = value.base if type(value) in (TensorWrapper, TensorDescriptor) else value
+        if hasattr(type(inner), "data_ptr") and not plain_tensor(inner):
+            return f"an argument of {name} that is a {type(inner).__name__}, not a tensor: its data_ptr() runs in the launch"
+    return None
+
+
 def allowed_op(name: str, allow_torch: frozenset[str]) -> bool:
     if name in ALLOWED_OPS:
         return True
@@ -115,6 +159,7 @@ class Watch:
         self._install_tuning_zone()
         self._install_escape_tripwires()
         self._install_thread_and_fork_watch()
+        _install_registration_watch()
         self.state = global_state()
         self.integrity = integrity_snapshot()
 
@@ -188,6 +233,18 @@ class Watch:
         if log is None or self.in_zone("tuning") or self.in_zone("launching"):
             return  # the autotuner's benchmarking and Triton's own launch (the interpreter copies back)
         name = op_base(func)
+        namespace = getattr(func, "namespace", "aten")
+        if namespace not in _NAMESPACES:  # a custom op (torch.library) named like an allowed one runs code of its own
+            label = f"{namespace}::{name}"
+            if label not in log.torch_ops:
+                log.torch_ops.append(label)
+            return
+        odd = _subclass_in(args, kwargs, out)
+        if odd is not None:
+            # Below this handler the mode is off: a subclass's own __torch_dispatch__ runs its code unwatched.
+            escape = f"a tensor subclass, {odd}, through aten::{name}"
+            if escape not in log.escapes:
+                log.escapes.append(escape)
         if not allowed_op(name, self.allow):
             label = f"aten::{name}"
             if label not in log.torch_ops:
@@ -223,6 +280,9 @@ class Watch:
                 log = watch.log
                 if log is not None and not kwargs.get("warmup", False):
                     name = getattr(getattr(self, "fn", None), "__name__", "kernel")
+                    odd = _launch_escape(self, name, args, kwargs)
+                    if odd is not None and odd not in log.escapes:
+                        log.escapes.append(odd)
                     log.launches += 1
                     if name not in log.kernels:
                         log.kernels.append(name)
@@ -234,7 +294,6 @@ class Watch:
                 with watch.zone("launching"):
                     return _original(self, *args, **kwargs)
 
-            run.__wrapped__ = original  # type: ignore[attr-defined]
             cls.run = run
 
     def _install_tuning_zone(self) -> None:
@@ -252,7 +311,6 @@ class Watch:
             with watch.zone("tuning"):
                 return original(self, *args, **kwargs)
 
-        bench.__wrapped__ = original  # type: ignore[attr-defined]
         Autotuner._bench = bench
 
     def _install_escape_tripwires(self) -> None:
@@ -262,19 +320,22 @@ class Watch:
 
         watch = self
 
-        def tripwire(owner: Any, name: str) -> None:
+        def tripwire(owner: Any, name: str, label: str | None = None, library_uses: bool = False) -> None:
+            """`library_uses`: torch's own code calls it too (its compiler, its subclasses): only a call from
+            elsewhere is the kernel's."""
             original = getattr(owner, name, None)
             if original is None:
                 return
+            said = label or name
 
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 log = watch.log
-                if log is not None and not watch.in_zone("ours") and name not in log.escapes:
-                    log.escapes.append(name)
+                if log is not None and not watch.in_zone("ours") and said not in log.escapes and not (
+                        library_uses and sys._getframe(1).f_globals.get("__name__", "").startswith(_LIBRARIES)):
+                    log.escapes.append(said)
                 return original(*args, **kwargs)
 
-            wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-            setattr(owner, name, wrapper)
+            setattr(owner, name, wrapper)  # no __wrapped__: the original would be one attribute away
 
         for name in ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode"):
             tripwire(python_dispatch, name)
@@ -282,6 +343,16 @@ class Watch:
                      "_set_dispatch_mode", "DisableTorchFunction", "DisableTorchFunctionSubclass",
                      "_pop_torch_function_stack"):
             tripwire(torch._C, name)
+        # Switches below the mode stack: the Python dispatch key excluded, a mode pushed back after a pop.
+        for name in ("_ExcludeDispatchKeyGuard", "_ForceDispatchKeyGuard", "_dispatch_tls_set_dispatch_key_excluded",
+                     "_dispatch_tls_set_dispatch_key_included", "_push_on_torch_dispatch_stack"):
+            tripwire(torch._C, name, library_uses=True)
+        # Asking whether a mode is on: a kernel honest only while judged.
+        for owner, names in ((python_dispatch, ("_get_current_dispatch_mode", "_get_current_dispatch_mode_stack",
+                                                "is_in_torch_dispatch_mode", "any_torch_dispatch_mode_on")),
+                             (torch._C, ("_get_dispatch_mode", "_len_torch_dispatch_stack", "_get_dispatch_stack_at"))):
+            for name in names:
+                tripwire(owner, name, f"asked whether a dispatch mode is on ({name})", library_uses=True)
 
     def _install_thread_and_fork_watch(self) -> None:
         """A thread the kernel starts runs under the same fallback guard; a fork is counted."""
@@ -308,7 +379,6 @@ class Watch:
 
                 return _original(guarded, *args, **kwargs)
 
-            start.__wrapped__ = original  # type: ignore[attr-defined]
             setattr(threading, name, start)
 
         def forked() -> None:
@@ -317,6 +387,30 @@ class Watch:
                 log.forks += 1
 
         os.register_at_fork(before=forked)
+
+
+# --- op registrations ------------------------------------------------------------------------
+
+# Operator libraries the kernel's own code opened (torch.library): a kernel registered for an aten op
+# (`Library("aten", "IMPL").impl("view", f, "CPU")`) runs f under an allowed op's name, below the guard.
+_KERNEL_REGISTRATIONS: list[str] = []
+
+
+def _install_registration_watch() -> None:
+    import torch
+
+    original = torch._C._dispatch_library
+
+    def dispatch_library(*args: Any, **kwargs: Any) -> Any:
+        frame: Any = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith(("torch.library", "torch._library")):
+            frame = frame.f_back  # torch.library's helpers (impl, define, custom_op) open libraries for their caller
+        caller = frame.f_globals.get("__name__", "") if frame is not None else ""
+        if not caller.startswith(_LIBRARIES):
+            _KERNEL_REGISTRATIONS.append(f"{caller}: {args[:2]}")
+        return original(*args, **kwargs)
+
+    torch._C._dispatch_library = dispatch_library
 
 
 # --- snapshots -------------------------------------------------------------------------------
@@ -336,6 +430,7 @@ def global_state() -> dict[str, str]:
         "torch deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
         "torch grad mode": torch.is_grad_enabled(),
         "torch cpu random state": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:12],
+        "torch operator libraries opened by the kernel (torch.library)": len(_KERNEL_REGISTRATIONS),
     }
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         state[f"torch.backends.cuda.matmul.{flag}"] = getattr(torch.backends.cuda.matmul, flag, None)
@@ -400,6 +495,8 @@ def _critical() -> list[tuple[str, Any, str]]:
     for module_name, module in list(sys.modules.items()):
         if module_name == "harness" or module_name.startswith("harness."):
             for attr, value in list(vars(module).items()):
+                if attr.lstrip("_")[:1].isupper() and attr.isupper() and isinstance(value, _CONSTANTS):
+                    spots.append((f"{module_name}.{attr}", module, attr))  # ALLOWED_OPS, HOST_COPY_LIMIT, ...
                 if callable(value) and getattr(value, "__module__", "") == module_name:
                     spots.append((f"{module_name}.{attr}", module, attr))
                     for inner, member in list(vars(value).items()) if isinstance(value, type) else []:
@@ -409,9 +506,23 @@ def _critical() -> list[tuple[str, Any, str]]:
     return spots
 
 
+# Module constants rebinding replaces (the guard's lists and limits); mutable ones may be caches.
+_CONSTANTS = (frozenset, tuple, int, float, str, bytes)
+
+
+def _class_digest(cls: type) -> str:
+    """Which attributes a class holds, by identity: a method added or replaced on torch.Tensor (`detach`,
+    which the hand-over calls on every output) changes it."""
+    return hashlib.sha1(repr(sorted((k, id(v)) for k, v in vars(cls).items())).encode()).hexdigest()[:16]
+
+
 def integrity_snapshot() -> dict[str, str]:
-    """Identity (and code object, for Python functions) of every critical function."""
-    out: dict[str, str] = {}
+    """Identity (and code object, for Python functions) of every critical function and constant, and the
+    attributes of torch's tensor classes."""
+    import torch
+
+    out: dict[str, str] = {"torch.Tensor": _class_digest(torch.Tensor),
+                           "torch._C.TensorBase": _class_digest(torch._C.TensorBase)}
     for label, owner, attr in _critical():
         value = owner.get(attr) if isinstance(owner, dict) else getattr(owner, attr, None)
         code = getattr(value, "__code__", None)

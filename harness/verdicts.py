@@ -21,7 +21,10 @@ def _log_reason(log: dict[str, Any], state: list[str], tampered: list[str]) -> s
     if tampered:
         return f"the kernel replaced {', '.join(tampered[:3])}: the harness's timer, launch counter or guards"
     if log.get("escapes"):
-        return f"the kernel switched the runtime torch guard off ({log['escapes'][0]})"
+        escape = log["escapes"][0]
+        if escape.startswith("asked "):
+            return f"the kernel {escape}: a kernel that can tell it is judged cannot be trusted outside the judge"
+        return f"the kernel switched the runtime torch guard off ({escape})"
     if log.get("torch_ops"):
         return f"torch fallback at runtime: {', '.join(log['torch_ops'][:3])}"
     if log.get("host_copies"):
@@ -37,6 +40,9 @@ def call_reason(record: dict[str, Any], index: int, allow_copies: set[str] = fro
     log = record.get("log") or {}
     where = f" {CALLS[index]}" if index < len(CALLS) and CALLS[index] else ""
     reason = _log_reason(log, record.get("state", []), record.get("tampered", []))
+    if not reason and record.get("foreign_output"):
+        reason = (f"{record['foreign_output']}: outputs are plain tensors, or tuples, lists and dicts of them "
+                  "(what the harness reads after the call must not run the kernel's code)")
     if reason:
         return reason + where
     made = [t for t in record.get("torch_outputs", []) if t["op"] not in allow_copies]
@@ -112,6 +118,9 @@ def timed_reason(answer: dict[str, Any], wall_s: float) -> str | None:
     reason = _log_reason(log, answer.get("state", []), answer.get("tampered", []))
     if reason:
         return reason + " while being timed"
+    if answer.get("foreign_outputs"):
+        return (f"{answer['foreign_outputs']} of {answer['calls']} timed calls returned a container or tensor "
+                "subclass: outputs are plain tensors, or tuples, lists and dicts of them")
     if answer.get("no_launch"):
         return (f"{answer['no_launch']} of {answer['calls']} timed calls launched no Triton kernel "
                 "(a cached result, or work done elsewhere)")

@@ -146,7 +146,16 @@ def test_a_kernel_that_stops_computing_once_timed_is_caught_by_the_timing_probe(
 @pytest.mark.parametrize("name, static, runtime", [
     ("patch_timer.py", "assigns to triton.testing.do_bench",
      "importing the kernel replaced torch.cuda.synchronize, triton.testing.do_bench"),
-    ("patch_harness.py", "assigns to harness.host.outputs_of", "importing the kernel replaced harness.host.outputs_of"),
+    ("patch_harness.py", "the kernel imports harness (patch_harness.py:4)",
+     "importing the kernel replaced harness.host.outputs_of"),
+    # through names that stand for another module's objects (`from harness import tripwires as _tw`, `_T = torch.Tensor`)
+    ("patch_allowed_ops.py", "the kernel imports harness (patch_allowed_ops.py:6)",
+     "importing the kernel replaced harness.tripwires.ALLOWED_OPS"),
+    ("patch_tensor_method.py", "assigns to torch.Tensor.detach (patch_tensor_method.py:",
+     "importing the kernel replaced torch.Tensor"),
+    # an operator library of the kernel's: a softmax under aten::view's name, or a custom op named view
+    ("aten_override.py", "uses torch.library.Library (aten_override.py:7)",
+     "torch operator libraries opened by the kernel (torch.library): 0 -> 1"),
     ("fork_survivor.py", "the kernel calls os.fork (fork_survivor.py:", "outlived the kernel's import"),
     ("tf32_in_call.py", "assigns to torch.backends.cuda.matmul.allow_tf32",
      "torch.backends.cuda.matmul.allow_tf32: False -> True"),
@@ -157,6 +166,29 @@ def test_tampering_is_named_by_the_source_and_caught_at_runtime(judge, suite, na
 
     monkeypatch.setattr(guards, "escape_guards", lambda *args, **kwargs: [])
     assert runtime in judged(judge, suite, name).rejected
+
+
+@pytest.mark.parametrize("name, reason", [
+    # the harness reads outputs after the call: what it reads must not run the kernel's code
+    ("lazy_list_output.py", "the entry returned a _Lazy, a list with its own iteration: outputs are plain tensors"),
+    ("lazy_tensor_output.py", "the entry returned a _Lazy, a tensor subclass"),
+    # code below the guard: a subclass's own dispatch, Triton's launch (hooks, pointer arguments' data_ptr())
+    ("dispatch_subclass.py", "switched the runtime torch guard off (a tensor subclass, _W, through aten::view)"),
+    ("pre_run_hook.py", "switched the runtime torch guard off (a pre-run hook on noop_kernel, which Triton runs"),
+    ("duck_pointer.py", "switched the runtime torch guard off (an argument of noop_kernel that is a _Ptr, not a tensor"),
+    # switches below the mode stack, and a tripwire's original reached through the wrapper
+    ("exclude_python_key.py", "switched the runtime torch guard off (_ExcludeDispatchKeyGuard)"),
+    ("unwrapped_tripwire.py", "has no attribute '__wrapped__'"),
+    # honest only while a dispatch mode is on
+    ("judge_aware.py", "the kernel asked whether a dispatch mode is on (_get_current_dispatch_mode)"),
+])
+def test_code_the_harness_would_run_unwatched_is_refused(judge, suite, name, reason, runtime_only):
+    run = judged(judge, suite, name)
+    assert not run.correct and reason in run.rejected, run.rejected
+
+
+def test_a_custom_op_is_named_by_its_namespace_not_its_bare_name(judge, suite, runtime_only):
+    assert "torch fallback at runtime: kbcheat::view" in judged(judge, suite, "custom_op.py").rejected
 
 
 def test_a_process_left_behind_is_killed(judge, suite, runtime_only):
