@@ -653,3 +653,22 @@ def test_checks_side_by_side_are_as_many_as_the_devices_free_memory_holds():
     assert checks_that_fit(139 * gib, [4e6], seeds=2) > 4  # small cases: the worker count decides
     assert checks_that_fit(10 * gib, [4 * gib], seeds=3) == 1  # never below one
     assert checks_that_fit(None, [4 * gib], seeds=2) is None and checks_that_fit(139 * gib, [None], seeds=2) is None
+
+
+def test_a_hand_over_cut_after_the_answer_rejects_the_kernel_not_the_run(tmp_path):
+    """A kernel's thread truncated its own output's file once its call had answered: the reference used to
+    fail reading it, and the judge aborted the run blaming the task's reference."""
+    import os
+
+    import torch
+
+    from harness import exchange
+    from harness.reference import ReferenceHost
+
+    host = ReferenceHost("cpu", tmp_path)
+    x = torch.randn(8, 4)
+    host.sets["s0"] = ((x,), {})
+    out = exchange.write_file(torch.softmax(x, -1), tmp_path)
+    os.truncate(tmp_path / out["file"], 0)
+    answer = host.compare(["s0"], [{"outputs": [out], "inputs_after": {}}], str(tmp_path), 0)
+    assert answer["unreadable"].startswith("call 1's hand-over could not be read back: ")
