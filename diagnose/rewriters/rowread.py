@@ -247,7 +247,7 @@ def _check_control(fn: cst.FunctionDef, dims: Dims) -> None:
             assert isinstance(aug, cst.AugAssign) and isinstance(aug.target, cst.Name)
             shaped[aug.target.value] = shaped.get(aug.target.value, frozenset()) | dims.of(aug.value)
     for block in m.findall(fn.body, m.For() | m.While() | m.If()):
-        for aug in m.findall(cst.ensure_type(block, (cst.For, cst.While, cst.If)).body, m.AugAssign(target=m.Name())):
+        for aug in m.findall(block, m.AugAssign(target=m.Name())):  # bodies and else branches alike
             assert isinstance(aug, cst.AugAssign) and isinstance(aug.target, cst.Name)
             name = aug.target.value
             if name in params and not dims.of(aug.value) <= shaped.get(name, frozenset()):

@@ -274,9 +274,9 @@ def several_rows(source: str, context: dict[str, Any], counts: tuple[int, ...] |
             # defaulted block), 8 x a block of 2**17 would pass Triton's element limit.
             if not known or block is None:
                 return []
-            written = number(block.value)
-            if written is not None:  # capped here: counts the cap would make equal are one variant
-                counts = tuple(dict.fromkeys(c for r in counts if (c := min(r, _MAX_TILE // max(1, int(written)))) > 1))
+            literal = number(block.value)
+            if literal is not None:  # capped here: counts the cap would make equal are one variant
+                counts = tuple(dict.fromkeys(c for r in counts if (c := min(r, _MAX_TILE // max(1, int(literal)))) > 1))
                 if not counts:
                     return []  # a block that fills the tile alone: one column a program, as written
         choice = counts or _ROW_COUNTS
