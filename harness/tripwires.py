@@ -91,19 +91,29 @@ def _subclass_in(args: Any, kwargs: dict[str, Any], out: Any) -> str | None:
     return None
 
 
+def _holders() -> tuple[type, ...]:
+    """Triton's own argument types that hold a tensor, read in the launch: triton.reinterpret's view, a TMA
+    descriptor (where this Triton has one)."""
+    from triton.runtime.jit import TensorWrapper
+
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return (TensorWrapper,)
+    return (TensorWrapper, TensorDescriptor)
+
+
+_HOLDERS: tuple[type, ...] = ()  # set when the launch counter is installed (triton imported then)
+
+
 def _launch_escape(kernel: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """What a launch would run below the guard: Triton calls a kernel's pre-run hooks and reads its pointer
     arguments' `data_ptr()` inside its launch code, where the guard stands aside (the interpreter's
     copies are torch ops)."""
-    from triton.runtime.jit import TensorWrapper
-
     if getattr(kernel, "pre_run_hooks", None):
         return f"a pre-run hook on {name}, which Triton runs inside the launch"
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     for value in [*args, *kwargs.values()]:
-        # triton.reinterpret's view of a tensor and a TMA descriptor: Triton reads the tensor they hold
-        inner = value.base if type(value) in (TensorWrapper, TensorDescriptor) else value
+        inner = value.base if type(value) in _HOLDERS else value
         if hasattr(type(inner), "data_ptr") and not plain_tensor(inner):
             return f"an argument of {name} that is a {type(inner).__name__}, not a tensor: its data_ptr() runs in the launch"
     return None
@@ -159,7 +169,7 @@ class Watch:
         self._install_tuning_zone()
         self._install_escape_tripwires()
         self._install_thread_and_fork_watch()
-        _install_registration_watch()
+        _install_registration_watch({op.split("::")[0] for op in self.allow if "::" in op})
         self.state = global_state()
         self.integrity = integrity_snapshot()
 
@@ -234,9 +244,11 @@ class Watch:
             return  # the autotuner's benchmarking and Triton's own launch (the interpreter copies back)
         name = op_base(func)
         namespace = getattr(func, "namespace", "aten")
-        if namespace not in _NAMESPACES:  # a custom op (torch.library) named like an allowed one runs code of its own
+        if namespace not in _NAMESPACES:
+            # A custom op (torch.library) runs whatever its body is, below the guard, whatever its name:
+            # allowed only where the task names it (a kernel the task itself wraps as a custom op).
             label = f"{namespace}::{name}"
-            if label not in log.torch_ops:
+            if label not in self.allow and f"{namespace}::*" not in self.allow and label not in log.torch_ops:
                 log.torch_ops.append(label)
             return
         odd = _subclass_in(args, kwargs, out)
@@ -272,6 +284,8 @@ class Watch:
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
+        global _HOLDERS
+        _HOLDERS = _holders()
         watch = self
         for cls in (JITFunction, InterpretedFunction):
             original = cls.run
@@ -396,12 +410,15 @@ class Watch:
 _KERNEL_REGISTRATIONS: list[str] = []
 
 
-def _install_registration_watch() -> None:
+def _install_registration_watch(allowed: set[str]) -> None:
+    """`allowed`: the namespaces of the custom ops the task names in allow_torch (its own kernel's)."""
     import torch
 
     original = torch._C._dispatch_library
 
     def dispatch_library(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 1 and args[1] in allowed:
+            return original(*args, **kwargs)
         frame: Any = sys._getframe(1)
         while frame is not None and frame.f_globals.get("__name__", "").startswith(("torch.library", "torch._library")):
             frame = frame.f_back  # torch.library's helpers (impl, define, custom_op) open libraries for their caller

@@ -26,7 +26,10 @@ def _log_reason(log: dict[str, Any], state: list[str], tampered: list[str]) -> s
             return f"the kernel {escape}: a kernel that can tell it is judged cannot be trusted outside the judge"
         return f"the kernel switched the runtime torch guard off ({escape})"
     if log.get("torch_ops"):
-        return f"torch fallback at runtime: {', '.join(log['torch_ops'][:3])}"
+        custom = next((op for op in log["torch_ops"] if not op.startswith("aten::")), None)
+        fix = (f" (a custom op: if the task's own kernel is one, name it in the task's allow_torch, `{custom}`)"
+               if custom else "")
+        return f"torch fallback at runtime: {', '.join(log['torch_ops'][:3])}{fix}"
     if log.get("host_copies"):
         return f"torch fallback at runtime: {log['host_copies'][0]}, work done outside the kernel"
     if state:

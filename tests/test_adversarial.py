@@ -368,3 +368,12 @@ def test_the_reference_worker_reports_free_memory_on_cuda_only(judge):
         assert judge.device_memory() == {}
     finally:
         judge.end()
+
+
+def test_a_custom_op_the_task_names_is_allowed(suite, runtime_only):
+    """A task whose own kernel is wrapped as a custom op says so in allow_torch; the same op then passes."""
+    task = suite / "task_softmax_custom_op.py"
+    task.write_text((suite / "task_softmax.py").read_text() + '\nallow_torch = ["kbcheat::*"]\n')
+    with Judge(TaskSpec(path=str(task)), BACKEND, timeout_s=60) as session:
+        report = run_task(session.spec, OPTIONS, candidate=str(suite / "custom_op.py"), judge=session)
+    assert report.run("candidate").correct, report.run("candidate").rejected
