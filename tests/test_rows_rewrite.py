@@ -147,7 +147,8 @@ def test_a_block_that_steps_a_loop_keeps_its_width_and_the_rows_come_in_twos_fou
                ("tl.sum(acc, axis=0)", "acc")]),
     # a branch on the row (it would test a tensor), and an early return
     (POOL, [("    mask = ow < W_out\n", "    mask = ow < W_out\n    if row % 2 == 0:\n        mask = mask & (ow > 0)\n")]),
-    (POOL, [("    plane = row // H_out\n", "    if row >= H_out * 1000:\n        return\n    plane = row // H_out\n")]),
+    (POOL, [("    plane = row // H_out\n",
+             "    for _ in range(1):\n        if row >= H_out * 1000:\n            return\n    plane = row // H_out\n")]),
     # a loop whose bound depends on the row
     (ROW_SUM, [("range(0, n_cols, BLOCK)", "range(0, n_cols - row, BLOCK)")]),
     # already a 2-D tile, or a grid-stride loop
@@ -300,3 +301,50 @@ def test_empty_rows_and_a_grid_bound_before_a_reshape(tmp_path):
     assert "triton.next_power_of_2(max(1, dim))" in fitted.source
     assert candidate_rejection(tmp_path, SCATTER, fitted.source, "index_add", "index_add(torch.randn(3, 0), torch.tensor([0, 1, 1]), 2)",
                                SCATTER_REFERENCE) == ""
+
+
+# A first draft's early exit for the programs past the last row (the grid rounded up).
+GUARDED = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def row_max_kernel(x_ptr, out_ptr, n_rows, n_cols, stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        if n_cols == 0:
+            return
+        if row >= n_rows:
+            return
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=-float("inf"))
+        tl.store(out_ptr + row, tl.max(x, axis=0))
+
+
+    def row_max(x):
+        out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+        grid = (triton.cdiv(x.shape[0], 4) * 4,)
+        row_max_kernel[grid](x, out, x.shape[0], x.shape[1], x.stride(0), BLOCK=triton.next_power_of_2(x.shape[1]))
+        return out
+    ''')
+
+
+def test_an_early_exit_of_a_row_becomes_a_mask_on_what_follows_it(tmp_path):
+    variants = rewrite(PATTERN, GUARDED, {})
+    assert len(variants) == 3
+    text = variants[0].source
+    assert "    if n_cols == 0:\n        return\n" in text  # the whole program's exit stays a branch
+    assert "_kb_row_ok = _kb_row_ok & ((row >= n_rows) == 0)" in text
+    # 7 rows on a grid of 8 programs: the eighth row's exit is all that keeps it from writing past the output
+    for shape in ("7, 20", "5, 3"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, GUARDED, variant.source, "row_max", f"row_max(torch.randn({shape}))",
+                                       "lambda x: x.max(1).values") == "", (shape, variant.params)
+
+
+def test_a_store_of_the_whole_program_after_a_rows_exit_is_declined():
+    # it ran for the rows the exit let through; with several rows a program it would run for all of them
+    source = GUARDED.replace("    tl.store(out_ptr + row, tl.max(x, axis=0))\n",
+                             "    tl.store(out_ptr + row, tl.max(x, axis=0))\n    tl.store(out_ptr, 0.0)\n")
+    assert "tl.store(out_ptr, 0.0)" in source and rewrite(PATTERN, source, {}) == []

@@ -5,6 +5,7 @@ carry over (`Decline`, with why), and whether the lanes' block can be fitted to 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import libcst as cst
 import libcst.matchers as m
@@ -38,6 +39,9 @@ class RowKernel:
     block: str | None
     extent: str | None
     dims: Dims
+    # Early exits for rows past the end (`if row >= n_rows: return`, at the top level): with several rows a
+    # program they become a mask on every access after them (`rows.py`).
+    guards: tuple[cst.If, ...] = ()
 
 
 class Decline(Exception):
@@ -165,7 +169,10 @@ def read_row_kernel(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], ou
     """The kernel read for the rewrite; raises Decline with why not. `outside`: the module-level names
     that are neither Triton's language nor a @triton.jit helper seen here (imports, `f = triton.jit(g)`):
     what they do to a tile is unknown."""
-    if m.findall(fn.body, m.Subscript() | m.Return() | m.Lambda() | m.GeneratorExp() | m.ListComp()):
+    guards = [st for st in fn.body.body if _is_guard(st)]
+    exits = {id(cst.ensure_type(g.body.body[0], cst.SimpleStatementLine).body[0]) for g in guards}
+    if m.findall(fn.body, m.Subscript() | m.Lambda() | m.GeneratorExp() | m.ListComp()) or any(
+            id(r) not in exits for r in m.findall(fn.body, m.Return())):
         raise Decline("subscript, return or comprehension")
     calls = [c for c in m.findall(fn.body, m.Call()) if isinstance(c, cst.Call)]
     aranges = [c for c in calls if dotted(c.func) == "tl.arange"]
@@ -204,9 +211,10 @@ def read_row_kernel(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], ou
             raise Decline("a tile filled with a row-dependent value")
         if is_tl(name) and last in HINTS and call.args and ROW in dims.of(call.args[0].value):
             raise Decline("a hint on a row-dependent value")
-    _check_control(fn, dims)
+    row_guards = _row_guards(fn, guards, dims)
+    _check_control(fn, dims, row_guards)
     _check_accesses(calls, dims)
-    kernel = RowKernel(fn, lanes, block, None, dims)
+    kernel = RowKernel(fn, lanes, block, None, dims, tuple(row_guards))
     kernel.extent = _extent(fn, kernel, calls)
     return kernel
 
@@ -219,13 +227,39 @@ def _lane_shape(call: cst.Call, block: str | None) -> bool:
     return m.matches(shape.elements[0].value, m.Name(block))
 
 
-def _check_control(fn: cst.FunctionDef, dims: Dims) -> None:
+def _is_guard(statement: cst.CSTNode) -> TypeGuard[cst.If]:
+    """`if C: return` alone, no else."""
+    return isinstance(statement, cst.If) and statement.orelse is None and len(statement.body.body) == 1 and \
+        m.matches(statement.body.body[0], m.SimpleStatementLine(body=[m.Return(value=None)]))
+
+
+def _row_guards(fn: cst.FunctionDef, guards: list[cst.If], dims: Dims) -> list[cst.If]:
+    """The early exits whose test depends on the row (a scalar test stays a branch of the whole program).
+    After the first, every store and atomic must depend on the row too: a store of the program's that the
+    exit skipped for one row would run for the others."""
+    row = [g for g in guards if dims.of(g.test)]
+    if any(LANE in dims.of(g.test) for g in row):
+        raise Decline("an early return on lane values")
+    if row:
+        after = fn.body.body[fn.body.body.index(row[0]) + 1:]
+        for call in (c for st in after for c in m.findall(st, m.Call()) if isinstance(c, cst.Call)):
+            name, last = call_name(call)
+            if is_tl(name) and last in ACCESS and last != "load" and call.args \
+                    and ROW not in dims.of(call.args[0].value):
+                raise Decline(f"tl.{last} of the whole program after an early return of a row")
+    return row
+
+
+def _check_control(fn: cst.FunctionDef, dims: Dims, guards: list[cst.If]) -> None:
     """Branches, loop bounds and conditional expressions must not read row-dependent values (they would
-    become tensors), and every plain assignment of a name assigned more than once must give it the same
-    dimensions: a loop-carried `acc = 0.0` that the loop makes a row's column (`acc += tl.sum(x)`) would
-    change type between iterations. (An augmented assignment keeps its target's dimensions.)"""
+    become tensors; early exits of a row, `guards`, become masks), and every plain assignment of a name
+    assigned more than once must give it the same dimensions: a loop-carried `acc = 0.0` that the loop
+    makes a row's column (`acc += tl.sum(x)`) would change type between iterations. (An augmented
+    assignment keeps its target's dimensions.)"""
     for node in m.findall(fn.body, m.If() | m.While() | m.IfExp()):
         assert isinstance(node, (cst.If, cst.While, cst.IfExp))
+        if any(node is g for g in guards):
+            continue
         if dims.of(node.test):
             raise Decline("a branch on a row-dependent value")
     for loop in m.findall(fn.body, m.For()):

@@ -148,6 +148,18 @@ class _RowsKernel(cst.CSTTransformer):
             return updated.with_changes(args=args)
         return updated
 
+    def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:
+        if not any(original is g for g in self.kernel.guards):
+            return updated
+        # The rows this early exit would have ended are masked from here on.
+        test = updated.test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        live = cst.Comparison(test, [cst.ComparisonTarget(cst.Equal(), cst.Integer("0"))])
+        return cst.SimpleStatementLine(
+            [cst.Assign([cst.AssignTarget(cst.Name(_ROW_OK))],
+                        cst.BinaryOperation(cst.Name(_ROW_OK), cst.BitAnd(), live.with_changes(
+                            lpar=[cst.LeftParen()], rpar=[cst.RightParen()])))],
+            leading_lines=updated.leading_lines)
+
     def rewrite(self) -> cst.FunctionDef:
         fn = cst.ensure_type(self.kernel.fn.visit(self), cst.FunctionDef)
         body = list(fn.body.body)
