@@ -26,10 +26,10 @@ import base64
 import ctypes
 import math
 import os
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from uuid import uuid4  # bound at the harness's import, before any kernel's
 
 __all__ = ["Arena", "ExchangeError", "TensorRef", "decode", "encode", "exchange_root", "handover_bytes", "load_tensor", "release_arenas"]
 
@@ -207,7 +207,7 @@ def write_file(t: Any, directory: Path) -> dict[str, Any]:
     """`t`'s span into a new file of `directory`; returns the reference."""
     ref = _ref_of(t, "file")
     if ref.kind == "file":
-        ref.file = f"t-{uuid.uuid4().hex}.bin"
+        ref.file = f"t-{uuid4().hex}.bin"
         _flat_bytes(t.detach()).cpu().numpy().tofile(directory / ref.file)
     return asdict(ref)
 

@@ -233,8 +233,19 @@ _ESCAPE_CALLS = {
     "os.truncate": ("file writes", "a kernel edits no file"), "os.ftruncate": ("file writes", "a kernel edits no file"),
     "os.putenv": ("module patching", "it changes the process's environment"),
     "__import__": ("module patching", "it can reach any module, the harness's included"),
+    "vars": ("module patching", "it reaches a module's or object's namespace"),
+    "globals": ("module patching", "it reaches this module's namespace (its name, its spec)"),
+    "exec": ("dynamic code", "code the guards cannot read"), "eval": ("dynamic code", "code the guards cannot read"),
+    "compile": ("dynamic code", "code the guards cannot read"),
+    "operator.setitem": ("module patching", "it can write into a module's namespace"),
     "setattr": ("module patching", "it can replace another module's functions"),
 }
+# Attributes that reach another function's or module's internals: its closure cells (a tripwire's
+# original), its globals, its namespace, its setter.
+_INTERNALS = frozenset({"__closure__", "cell_contents", "__globals__", "__code__", "__dict__", "__builtins__",
+                        "__setattr__", "__delattr__", "__setitem__"})
+# Module attributes whose value tells the guards where code comes from.
+_IDENTITY = frozenset({"__name__", "__spec__", "__file__", "__loader__", "__package__", "__module__"})
 _PATCHABLE_ROOTS = {"torch", "triton", "tl", "harness", "os", "sys", "time", "threading", "builtins", "math", "np",
                     "numpy"}
 
@@ -286,6 +297,9 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
                                                                                "rename", "replace", "rmdir"):
                 if _dotted(node.func.value) not in ("str",):
                     found.append(("file writes", f"calls .{node.func.attr}()", "a kernel edits no file", node.lineno))
+        elif isinstance(node, ast.Attribute) and node.attr in _INTERNALS:
+            found.append(("module patching", f"reads .{node.attr}", "it reaches into another function's or "
+                          "module's internals (a guard's original, a namespace)", node.lineno))
         elif isinstance(node, ast.Attribute) and (_dotted(node) or "").startswith("torch.library."):
             found.append(("module patching", f"uses {_dotted(node)}", "it can register kernels under torch's own "
                           "op names", node.lineno))
@@ -295,13 +309,19 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
+                if isinstance(target, ast.Name) and target.id in _IDENTITY:
+                    found.append(("module patching", f"assigns to {target.id}", "it changes where the guards "
+                                  "see its code come from", node.lineno))
                 assigned = _dotted(target) if isinstance(target, ast.Attribute) else None
                 if assigned:
                     root, _, rest = assigned.partition(".")
                     assigned = f"{bound[root]}.{rest}" if root in bound else assigned
-                if assigned and assigned.split(".")[0] in _PATCHABLE_ROOTS and assigned.split(".")[0] in imported | {"torch"}:
-                    found.append(("module patching", f"assigns to {assigned}", "it changes another module for every "
-                                  "caller, the harness included", node.lineno))
+                    root = assigned.split(".")[0]
+                    # Any module's attribute: the worker's own machinery (json, uuid, torch's dispatch) is
+                    # only as safe as every module it calls.
+                    if root in _PATCHABLE_ROOTS or root in imported | set(bound) | {"torch"}:
+                        found.append(("module patching", f"assigns to {assigned}", "it changes another module for "
+                                      "every caller, the harness included", node.lineno))
     return sorted(found, key=lambda f: f[3])
 
 

@@ -184,15 +184,30 @@ class KernelHost:
                 self.held.append(t)
             return share(t)
 
-        inputs_after = {f"args[{i}]": send(a) for i, a in enumerate(args)
-                        if isinstance(a, torch.Tensor) and i not in exempt}
-        inputs_after.update({f"kwargs[{k!r}]": send(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
+        try:
+            # Watched too: the hand-over is the harness's code, and any torch work that happens during it
+            # (a module the kernel patched at import running when the harness calls it) is the kernel's.
+            with self.watch.call() as handover:
+                inputs_after = {f"args[{i}]": send(a) for i, a in enumerate(args)
+                                if isinstance(a, torch.Tensor) and i not in exempt}
+                inputs_after.update({f"kwargs[{k!r}]": send(v) for k, v in kwargs.items()
+                                     if isinstance(v, torch.Tensor)})
+                sent = [send(o) for o in outputs]
+        except Exception as exc:  # noqa: BLE001 - an output no hand-over can carry (meta, sparse) is the kernel's
+            record.update(foreign_output=f"an output could not be handed over ({type(exc).__name__}: {first_line(exc)})",
+                          log=asdict(log), outputs=[], state=self.watch.state_changes(), tampered=self.watch.tampering())
+            return record
+        if handover.torch_ops or handover.escapes or handover.launches:
+            seen = [*handover.torch_ops, *handover.escapes] or [f"{handover.launches} launch(es)"]
+            record.update(foreign_output=f"the kernel's code ran while its outputs were handed over ({seen[0]})",
+                          log=asdict(log), outputs=[], state=self.watch.state_changes(), tampered=self.watch.tampering())
+            return record
         spans = [_span(o) for o in outputs]
         record.update(
             torch_outputs=[{"output": i, "op": log.copied[span[0]]} for i, span in enumerate(spans)
                            if span[0] in log.copied],
             log=asdict(log), returned=type(value).__name__,
-            outputs=[send(o) for o in outputs],
+            outputs=sent,
             output_spans=spans,
             input_spans=[_span(a) if isinstance(a, torch.Tensor) and i not in exempt else None
                          for i, a in enumerate(args)],

@@ -65,8 +65,21 @@ def op_base(func: Any) -> str:
     return text.split(".")[1] if "." in text else text
 
 
-# Packages whose own calls to a guard switch are not the kernel's (torch's compiler, Triton's launch).
-_LIBRARIES = ("torch", "triton", "harness")
+def _package_dir(name: str) -> str:
+    module = sys.modules.get(name) or __import__(name)
+    return os.path.dirname(os.path.abspath(module.__file__ or "")) + os.sep
+
+
+def _from_library(frame: Any) -> bool:
+    """Whether a frame runs code of torch, Triton or the harness, by the file its code was compiled
+    from (a module's `__name__` is the module's to set)."""
+    if not _LIBRARY_DIRS:
+        _LIBRARY_DIRS.extend(_package_dir(name) for name in ("torch", "triton", "harness"))
+    return frame is not None and frame.f_code.co_filename.startswith(tuple(_LIBRARY_DIRS))
+
+
+# The install directories of the packages whose own calls to a guard switch are not the kernel's.
+_LIBRARY_DIRS: list[str] = []
 # Op namespaces whose ops are torch's own: a custom op (`torch.library`) runs whatever its author wrote.
 _NAMESPACES = frozenset({"aten", "prims", "profiler"})
 
@@ -116,6 +129,10 @@ def _launch_escape(kernel: Any, name: str, args: tuple[Any, ...], kwargs: dict[s
         inner = value.base if type(value) in _HOLDERS else value
         if hasattr(type(inner), "data_ptr") and not plain_tensor(inner):
             return f"an argument of {name} that is a {type(inner).__name__}, not a tensor: its data_ptr() runs in the launch"
+        if isinstance(value, (int, float)) and type(value) not in (int, float, bool) \
+                and type(value).__module__ != "numpy":
+            return (f"an argument of {name} that is a {type(value).__name__}, a number with methods of its own: "
+                    "Triton compares and hashes it in the launch")
     return None
 
 
@@ -204,6 +221,21 @@ class Watch:
 
     def in_zone(self, name: str) -> int:
         return getattr(self._zones, name, 0)
+
+    def outside_launch(self, function: Any) -> Any:
+        """`function` (a launch's grid callable: the kernel's code) watched although Triton calls it
+        from inside its launch."""
+        watch = self
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            depth = watch.in_zone("launching")
+            watch._zones.launching = 0
+            try:
+                return function(*args, **kwargs)
+            finally:
+                watch._zones.launching = depth
+
+        return watched
 
     def ours(self) -> Any:
         """The block is this module switching its own modes: no tripwire fires for it."""
@@ -305,6 +337,9 @@ class Watch:
 
                         if torch.cuda.current_stream() != watch.stream and name not in log.foreign_streams:
                             log.foreign_streams.append(name)
+                grid = kwargs.get("grid")
+                if callable(grid):
+                    kwargs["grid"] = watch.outside_launch(grid)  # Triton calls it inside its launch code
                 with watch.zone("launching"):
                     return _original(self, *args, **kwargs)
 
@@ -321,11 +356,20 @@ class Watch:
             return
         watch = self
 
+        run = Autotuner.run
+
         def bench(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not watch.in_zone("autotuner"):  # the kernel calling _bench itself: nothing to stand aside for
+                return original(self, *args, **kwargs)
             with watch.zone("tuning"):
                 return original(self, *args, **kwargs)
 
+        def tuned_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with watch.zone("autotuner"):
+                return run(self, *args, **kwargs)
+
         Autotuner._bench = bench
+        Autotuner.run = tuned_run
 
     def _install_escape_tripwires(self) -> None:
         """The Python switches that turn a dispatch mode off record their use during a call."""
@@ -342,15 +386,22 @@ class Watch:
                 return
             said = label or name
 
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                log = watch.log
-                if log is not None and not watch.in_zone("ours") and said not in log.escapes and not (
-                        library_uses and sys._getframe(1).f_globals.get("__name__", "").startswith(_LIBRARIES)):
-                    log.escapes.append(said)
-                return original(*args, **kwargs)
+            def wrap(skip_library: bool) -> Any:
+                def wrapper(*args: Any, **kwargs: Any) -> Any:
+                    log = watch.log
+                    if log is not None and not watch.in_zone("ours") and said not in log.escapes and not (
+                            skip_library and _from_library(sys._getframe(1))):
+                        log.escapes.append(said)
+                    return original(*args, **kwargs)
 
-            setattr(owner, name, wrapper)  # no __wrapped__: the original would be one attribute away
+                return wrapper
 
+            setattr(owner, name, wrap(library_uses))  # no __wrapped__: the original would be one attribute away
+            # Other names torch bound to the same switch get a tripwire that lets torch's own calls through.
+            installed.append((original, wrap(True)))
+            _TRIPWIRED.append((f"{getattr(owner, '__name__', owner)}.{name}", owner, name))
+
+        installed: list[tuple[Any, Any]] = []
         for name in ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode"):
             tripwire(python_dispatch, name)
         for name in ("_DisableTorchDispatch", "_pop_torch_dispatch_stack", "_unset_dispatch_mode",
@@ -367,6 +418,7 @@ class Watch:
                              (torch._C, ("_get_dispatch_mode", "_len_torch_dispatch_stack", "_get_dispatch_stack_at"))):
             for name in names:
                 tripwire(owner, name, f"asked whether a dispatch mode is on ({name})", library_uses=True)
+        _rebind_aliases(installed)
 
     def _install_thread_and_fork_watch(self) -> None:
         """A thread the kernel starts runs under the same fallback guard; a fork is counted."""
@@ -403,6 +455,24 @@ class Watch:
         os.register_at_fork(before=forked)
 
 
+# What the tripwires replaced, by label, owner and attribute: the integrity snapshot holds them too.
+_TRIPWIRED: list[tuple[str, Any, str]] = []
+
+
+def _rebind_aliases(installed: list[tuple[Any, Any]]) -> None:
+    """Names torch's modules bound to a switch before its tripwire went in (`torch.utils._mode_utils.
+    no_dispatch` is `torch._C._DisableTorchDispatch` itself) now name the tripwire too."""
+    originals = {id(original): wrapper for original, wrapper in installed}
+    owners = {id(owner) for _, owner, _ in _TRIPWIRED}
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("torch") or module is None or id(module) in owners:
+            continue
+        for attr, value in list(vars(module).items()):
+            wrapper = originals.get(id(value))
+            if wrapper is not None:
+                setattr(module, attr, wrapper)
+
+
 # --- op registrations ------------------------------------------------------------------------
 
 # Operator libraries the kernel's own code opened (torch.library): a kernel registered for an aten op
@@ -420,11 +490,11 @@ def _install_registration_watch(allowed: set[str]) -> None:
         if len(args) > 1 and args[1] in allowed:
             return original(*args, **kwargs)
         frame: Any = sys._getframe(1)
-        while frame is not None and frame.f_globals.get("__name__", "").startswith(("torch.library", "torch._library")):
+        library = [os.path.join(d, sub) for d in (_package_dir("torch"),) for sub in ("library.py", "_library")]
+        while frame is not None and frame.f_code.co_filename.startswith(tuple(library)):
             frame = frame.f_back  # torch.library's helpers (impl, define, custom_op) open libraries for their caller
-        caller = frame.f_globals.get("__name__", "") if frame is not None else ""
-        if not caller.startswith(_LIBRARIES):
-            _KERNEL_REGISTRATIONS.append(f"{caller}: {args[:2]}")
+        if not _from_library(frame):
+            _KERNEL_REGISTRATIONS.append(f"{frame.f_code.co_filename if frame else '?'}: {args[:2]}")
         return original(*args, **kwargs)
 
     torch._C._dispatch_library = dispatch_library
@@ -527,10 +597,12 @@ def _critical() -> list[tuple[str, Any, str]]:
 _CONSTANTS = (frozenset, tuple, int, float, str, bytes)
 
 
-def _class_digest(cls: type) -> str:
-    """Which attributes a class holds, by identity: a method added or replaced on torch.Tensor (`detach`,
-    which the hand-over calls on every output) changes it."""
-    return hashlib.sha1(repr(sorted((k, id(v)) for k, v in vars(cls).items())).encode()).hexdigest()[:16]
+def _class_digest(namespace: Any, callables: bool = False) -> str:
+    """Which attributes a class or module holds, by identity: a method added or replaced on torch.Tensor
+    (`detach`, which the hand-over calls on every output) changes it. `callables`: functions and classes
+    only (a module's flags change as it runs: the dispatch module's is-in-a-mode flag)."""
+    items = [(k, id(v)) for k, v in vars(namespace).items() if not callables or callable(v)]
+    return hashlib.sha1(repr(sorted(items)).encode()).hexdigest()[:16]
 
 
 def integrity_snapshot() -> dict[str, str]:
@@ -540,6 +612,14 @@ def integrity_snapshot() -> dict[str, str]:
 
     out: dict[str, str] = {"torch.Tensor": _class_digest(torch.Tensor),
                            "torch._C.TensorBase": _class_digest(torch._C.TensorBase)}
+    # The modules the worker's own machinery calls into: its answers (json), its hand-overs (uuid), its
+    # guard's mode stack (torch.utils._python_dispatch).
+    for name in ("json", "json.encoder", "uuid", "torch.utils._python_dispatch", "torch.utils._mode_utils"):
+        module = sys.modules.get(name)
+        if module is not None:
+            out[name] = _class_digest(module, callables=True)
+    for label, owner, attr in _TRIPWIRED:
+        out[label] = f"{id(getattr(owner, attr, None)):x}"
     for label, owner, attr in _critical():
         value = owner.get(attr) if isinstance(owner, dict) else getattr(owner, attr, None)
         code = getattr(value, "__code__", None)

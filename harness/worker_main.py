@@ -39,8 +39,12 @@ def main() -> None:
 
     become_subreaper()  # before any kernel is imported: whatever it forks stays in our tree
 
+    # Bound before any kernel is imported: a kernel that patches json.dumps does not write our answers.
+    encode = json.JSONEncoder().encode
+    decode = json.JSONDecoder().decode
+
     def send(message: dict[str, Any]) -> None:
-        channel.write(MARK + secret + " " + json.dumps(message) + "\n")
+        channel.write(MARK + secret + " " + encode(message) + "\n")
         channel.flush()
 
     import torch  # noqa: F401 - import before answering ready, so job time limits exclude it
@@ -54,7 +58,7 @@ def main() -> None:
         if not line.strip():
             continue
         try:
-            answer = service.handle(json.loads(line))
+            answer = service.handle(decode(line))
             send({"ok": True, "answer": answer})
             if answer.get("fatal"):
                 return  # a device fault: this context is unusable

@@ -156,6 +156,10 @@ def test_a_kernel_that_stops_computing_once_timed_is_caught_by_the_timing_probe(
     # an operator library of the kernel's: a softmax under aten::view's name, or a custom op named view
     ("aten_override.py", "uses torch.library.Library (aten_override.py:7)",
      "torch operator libraries opened by the kernel (torch.library): 0 -> 1"),
+    # any module the worker's machinery calls: its answers go out through json
+    ("json_scrub.py", "assigns to json.dumps", "importing the kernel replaced json"),
+    # the tripwires let torch's own calls through, told by the file a frame's code comes from
+    ("name_spoof.py", "assigns to __name__", "switched the runtime torch guard off (_ExcludeDispatchKeyGuard)"),
     ("fork_survivor.py", "the kernel calls os.fork (fork_survivor.py:", "outlived the kernel's import"),
     ("tf32_in_call.py", "assigns to torch.backends.cuda.matmul.allow_tf32",
      "torch.backends.cuda.matmul.allow_tf32: False -> True"),
@@ -181,6 +185,14 @@ def test_tampering_is_named_by_the_source_and_caught_at_runtime(judge, suite, na
     ("unwrapped_tripwire.py", "has no attribute '__wrapped__'"),
     # honest only while a dispatch mode is on
     ("judge_aware.py", "the kernel asked whether a dispatch mode is on (_get_current_dispatch_mode)"),
+    # a name torch bound to a switch before its tripwire went in
+    ("no_dispatch_alias.py", "switched the runtime torch guard off (_DisableTorchDispatch)"),
+    # the zones the guard stands aside in, entered by the kernel: an autotuner's benchmark, a grid callable
+    ("bench_zone.py", "torch fallback at runtime: aten::_softmax"),
+    ("grid_callable.py", "torch fallback at runtime: aten::_softmax"),
+    ("number_subclass.py", "a number with methods of its own: Triton compares and hashes it in the launch"),
+    # an output no hand-over carries is the kernel's rejection, not a worker failure
+    ("meta_output.py", "an output could not be handed over (NotImplementedError"),
 ])
 def test_code_the_harness_would_run_unwatched_is_refused(judge, suite, name, reason, runtime_only):
     run = judged(judge, suite, name)
