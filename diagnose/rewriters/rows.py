@@ -25,10 +25,14 @@ all of E in its first program along that axis, as the written block did, and eve
 nothing. Elsewhere the variants take 2, 4 or 8 rows with the tile as written (2 or 4 where the block is
 tuned and unknown at the launch).
 
+A top-level early exit of a row (`if row >= n_rows: return`, the first draft's guard for the programs a
+rounded-up grid adds) narrows `_kb_row_ok` from where it stood: `_kb_row_ok = _kb_row_ok & ((C) == 0)`.
+
 It declines what it cannot rewrite soundly: a kernel with a subscript (already 2-D), more than one
-`tl.arange`, `tl.num_programs`, a dot, a layout change, an early `return`, a branch, loop bound or
-conditional expression that reads a row-dependent value (it would become a tensor), a name whose
-assignments give it different dimensions (a loop-carried `acc = 0.0` that becomes a column), a hint
+`tl.arange`, `tl.num_programs`, a dot, a layout change, any other `return` (and a store or atomic of the
+whole program after a row's exit), a branch, loop bound or conditional expression that reads a
+row-dependent value (it would become a tensor), a name whose assignments give it different dimensions
+(a loop-carried `acc = 0.0` that becomes a column, a float argument a loop sums into), a hint
 (`tl.multiple_of`) or a `tl.full` fill on a row-dependent value, a reduction's options by position, a
 helper @triton.jit function that reduces, loads or stores, a module-level function it cannot read (an
 import, `f = triton.jit(g)`) handed a tile, an access whose value or mask depends on the row while its
@@ -251,8 +255,8 @@ def row_kernel(module: cst.Module, context: dict[str, Any]) -> RowKernel | None:
 
 def several_rows(source: str, context: dict[str, Any], counts: tuple[int, ...] | None = None) -> list[Variant]:
     """The rows-per-program variants (module docstring). `counts`: take exactly these rows per program, the
-    lanes as written (each capped so the tile stays within _MAX_TILE elements where the block is known,
-    the first only where it is tuned), instead of choosing by whether the lanes can be fitted."""
+    lanes as written, each capped so the tile stays within _MAX_TILE elements (declined where the launch
+    does not fix the block), instead of choosing by whether the lanes can be fitted."""
     module = cst.parse_module(source)
     target = target_launch(module, context)
     kernel = row_kernel(module, context)
