@@ -140,8 +140,10 @@ def test_a_block_that_steps_a_loop_keeps_its_width_and_the_rows_come_in_twos_fou
 
 
 @pytest.mark.parametrize("source, replacements", [
-    # a scalar carried by a loop that the loop would make a column of the rows
-    (ROW_SUM, [("acc = tl.zeros([BLOCK], dtype=tl.float32)", "acc = 0.0"),
+    # a scalar a loop makes a tile of the lanes (not a column of the rows): no number starts that
+    (ROW_SUM, [("acc = tl.zeros([BLOCK], dtype=tl.float32)", "acc = 0.0"), ("tl.sum(acc, axis=0)", "tl.sum(acc)")]),
+    # a scalar carried by a loop whose first value is not a number
+    (ROW_SUM, [("acc = tl.zeros([BLOCK], dtype=tl.float32)", "acc = n_cols * 0.0"),
                ("acc += tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)",
                 "acc += tl.sum(tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0))"),
                ("tl.sum(acc, axis=0)", "acc")]),
@@ -348,3 +350,22 @@ def test_a_store_of_the_whole_program_after_a_rows_exit_is_declined():
     source = GUARDED.replace("    tl.store(out_ptr + row, tl.max(x, axis=0))\n",
                              "    tl.store(out_ptr + row, tl.max(x, axis=0))\n    tl.store(out_ptr, 0.0)\n")
     assert "tl.store(out_ptr, 0.0)" in source and rewrite(PATTERN, source, {}) == []
+
+
+def test_a_scalar_accumulator_starts_as_a_column_of_the_rows(tmp_path):
+    # The first draft's `total = 0.0; total += tl.sum(...)` and a running max from float("-inf").
+    source = ROW_SUM.replace("    acc = tl.zeros([BLOCK], dtype=tl.float32)\n",
+                             "    acc = 0.0\n    top = -float(\"inf\")\n").replace(
+        "        acc += tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)\n",
+        "        x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)\n"
+        "        acc += tl.sum(x)\n        top = tl.maximum(top, tl.max(tl.where(cols < n_cols, x, -float(\"inf\"))))\n").replace(
+        "tl.store(out_ptr + row, tl.sum(acc, axis=0))", "tl.store(out_ptr + row, acc + top)")
+    assert "acc = 0.0" in source and "acc + top" in source
+    variants = rewrite(PATTERN, source, {})
+    assert [v.params["rows_per_program"] for v in variants] == [2, 4, 8]
+    text = variants[0].source
+    assert "acc = tl.full([_KB_ROWS, 1], 0.0, tl.float32)" in text and 'top = tl.full([_KB_ROWS, 1], -float("inf"), tl.float32)' in text
+    for shape in ("11, 70", "2, 5"):
+        for variant in variants:
+            assert candidate_rejection(tmp_path, source, variant.source, "row_sum", f"row_sum(torch.randn({shape}))",
+                                       "lambda x: x.sum(1) + x.max(1).values") == ""

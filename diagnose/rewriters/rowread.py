@@ -14,7 +14,7 @@ from diagnose.rewriters.base import dotted, mask_argument, program_axis, simple_
 from diagnose.rewriters.blocks import assigned_names, conjuncts, names_in
 
 __all__ = ["ACCESS", "HINTS", "LANE", "REDUCE", "REFUSED", "ROW", "SCAN", "Decline", "Dims", "RowKernel", "axis_argument",
-           "call_name", "is_tl", "program_id_axis", "read_row_kernel"]
+           "call_name", "is_tl", "literal_kind", "program_id_axis", "read_row_kernel"]
 
 ROW, LANE = "row", "lane"  # what a value varies along once the program holds several rows
 REDUCE = frozenset({"sum", "max", "min", "argmax", "argmin", "reduce", "xor_sum"})
@@ -42,6 +42,9 @@ class RowKernel:
     # Early exits for rows past the end (`if row >= n_rows: return`, at the top level): with several rows a
     # program they become a mask on every access after them (`rows.py`).
     guards: tuple[cst.If, ...] = ()
+    # Scalar accumulators a row's reduction adds to (`total = 0.0` ... `total += tl.sum(x)`): their first
+    # value becomes a [ROWS, 1] column of it (`rows.py`).
+    widened: tuple[cst.Assign, ...] = ()
 
 
 class Decline(Exception):
@@ -212,9 +215,9 @@ def read_row_kernel(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], ou
         if is_tl(name) and last in HINTS and call.args and ROW in dims.of(call.args[0].value):
             raise Decline("a hint on a row-dependent value")
     row_guards = _row_guards(fn, guards, dims)
-    _check_control(fn, dims, row_guards)
+    widened = _check_control(fn, dims, row_guards)
     _check_accesses(calls, dims)
-    kernel = RowKernel(fn, lanes, block, None, dims, tuple(row_guards))
+    kernel = RowKernel(fn, lanes, block, None, dims, tuple(row_guards), tuple(widened))
     kernel.extent = _extent(fn, kernel, calls)
     return kernel
 
@@ -250,7 +253,17 @@ def _row_guards(fn: cst.FunctionDef, guards: list[cst.If], dims: Dims) -> list[c
     return row
 
 
-def _check_control(fn: cst.FunctionDef, dims: Dims, guards: list[cst.If]) -> None:
+def literal_kind(value: cst.BaseExpression) -> str | None:
+    """"float" or "int" for a number literal (signed, or `float("-inf")`), else None."""
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, (cst.Minus, cst.Plus)):
+        value = value.expression
+    if isinstance(value, cst.Float) or (isinstance(value, cst.Call) and m.matches(value.func, m.Name("float"))
+                                        and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString)):
+        return "float"
+    return "int" if isinstance(value, cst.Integer) else None
+
+
+def _check_control(fn: cst.FunctionDef, dims: Dims, guards: list[cst.If]) -> list[cst.Assign]:
     """Branches, loop bounds and conditional expressions must not read row-dependent values (they would
     become tensors; early exits of a row, `guards`, become masks), and every plain assignment of a name
     assigned more than once must give it the same dimensions: a loop-carried `acc = 0.0` that the loop
@@ -266,9 +279,17 @@ def _check_control(fn: cst.FunctionDef, dims: Dims, guards: list[cst.If]) -> Non
         if dims.of(cst.ensure_type(loop, cst.For).iter):
             raise Decline("a loop bound that depends on the row")
     counts = assigned_names(fn.body)
+    # A scalar accumulator's first value, a number at the top level, can start the column it becomes.
+    firsts = {id(a): a for st in fn.body.body if isinstance(st, cst.SimpleStatementLine)
+              for a in st.body if isinstance(a, cst.Assign) and len(a.targets) == 1
+              and isinstance(a.targets[0].target, cst.Name) and literal_kind(a.value) is not None}
+    widened = []
     for name, value in _bindings(fn.body, plain=True):
         if counts[name] > 1 and dims.of(value) != dims.names.get(name, frozenset()):
-            raise Decline(f"{name} changes dimensions between its assignments")
+            first = next((a for a in firsts.values() if a.value is value), None)
+            if first is None or dims.names.get(name) != frozenset({ROW}):
+                raise Decline(f"{name} changes dimensions between its assignments")
+            widened.append(first)
     # A parameter has no plain assignment to compare with: one that a loop or a branch grows into a
     # tile (`total += tl.sum(x)`, total a float argument) would change type there (Triton refuses a
     # loop-carried or branch value whose type changes; the interpreter does not), unless straight-line
@@ -286,6 +307,7 @@ def _check_control(fn: cst.FunctionDef, dims: Dims, guards: list[cst.If]) -> Non
             name = aug.target.value
             if name in params and not dims.of(aug.value) <= shaped.get(name, frozenset()):
                 raise Decline(f"parameter {name} becomes a tile inside a loop or branch")
+    return widened
 
 
 def _check_accesses(calls: list[cst.Call], dims: Dims) -> None:

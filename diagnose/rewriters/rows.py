@@ -27,12 +27,14 @@ tuned and unknown at the launch).
 
 A top-level early exit of a row (`if row >= n_rows: return`, the first draft's guard for the programs a
 rounded-up grid adds) narrows `_kb_row_ok` from where it stood: `_kb_row_ok = _kb_row_ok & ((C) == 0)`.
+A scalar accumulator a row's reduction adds to, started from a number at the top level (`total = 0.0`,
+`top = -float("inf")`), starts as the column it becomes: `tl.full([_KB_ROWS, 1], 0.0, tl.float32)`.
 
 It declines what it cannot rewrite soundly: a kernel with a subscript (already 2-D), more than one
 `tl.arange`, `tl.num_programs`, a dot, a layout change, any other `return` (and a store or atomic of the
 whole program after a row's exit), a branch, loop bound or conditional expression that reads a
 row-dependent value (it would become a tensor), a name whose assignments give it different dimensions
-(a loop-carried `acc = 0.0` that becomes a column, a float argument a loop sums into), a hint
+(a loop-carried accumulator started from anything but a number, a float argument a loop sums into), a hint
 (`tl.multiple_of`) or a `tl.full` fill on a row-dependent value, a reduction's options by position, a
 helper @triton.jit function that reduces, loads or stores, a module-level function it cannot read (an
 import, `f = triton.jit(g)`) handed a tile, an access whose value or mask depends on the row while its
@@ -77,6 +79,7 @@ from diagnose.rewriters.rowread import (
     axis_argument,
     call_name,
     is_tl,
+    literal_kind,
     program_id_axis,
     read_row_kernel,
 )
@@ -151,6 +154,13 @@ class _RowsKernel(cst.CSTTransformer):
                 cst.Name(_ROW_OK)))
             return updated.with_changes(args=args)
         return updated
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if not any(original is a for a in self.kernel.widened):
+            return updated
+        dtype = "tl.float32" if literal_kind(original.value) == "float" else "tl.int32"
+        return updated.with_changes(value=cst.parse_expression(
+            f"tl.full([{_ROWS}, 1], {code(updated.value)}, {dtype})"))  # a column of the rows' accumulators
 
     def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:
         if not any(original is g for g in self.kernel.guards):
