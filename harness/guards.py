@@ -189,6 +189,10 @@ def tensors_in(value: Any) -> list[Any]:
     return []
 
 
+# What the harness takes back from a call, said wherever an output is refused for its type.
+PLAIN_OUTPUTS = "outputs are plain tensors, or tuples, lists and dicts of them"
+
+
 def foreign_output(value: Any) -> str | None:
     """Why a call's return value is not plain data, or None. The harness reads outputs after the call
     (iterates containers, hands tensors over with detach and copies): a container class with its own
@@ -198,16 +202,20 @@ def foreign_output(value: Any) -> str | None:
 
     from harness.tripwires import plain_tensor
 
+    def refused(what: str) -> str:
+        return (f"the entry returned a {type(value).__name__}, {what}: {PLAIN_OUTPUTS} (what the harness reads "
+                "after the call must not run the kernel's code)")
+
     if isinstance(value, torch.Tensor):
-        return None if plain_tensor(value) else f"the entry returned a {type(value).__name__}, a tensor subclass"
+        return None if plain_tensor(value) else refused("a tensor subclass")
     if isinstance(value, (tuple, list)):
         own = tuple.__iter__ if isinstance(value, tuple) else list.__iter__
         if type(value).__iter__ is not own:
-            return f"the entry returned a {type(value).__name__}, a {type(value).__mro__[1].__name__} with its own iteration"
+            return refused(f"a {type(value).__mro__[1].__name__} with its own iteration")
         return next((r for r in map(foreign_output, value) if r), None)
     if isinstance(value, dict):
         if type(value).values is not dict.values:
-            return f"the entry returned a {type(value).__name__}, a dict with its own values()"
+            return refused("a dict with its own values()")
         return next((r for r in map(foreign_output, dict.values(value)) if r), None)
     return None
 

@@ -168,13 +168,18 @@ class KernelHost:
             record["fatal"] = any(marker in str(exc) for marker in _FATAL)
             record["log"] = asdict(log) if "log" in locals() else asdict(CallLog())
             return record
-        if foreign:
-            self.held += [value, args, kwargs]
-            record.update(foreign_output=foreign, log=asdict(log), outputs=[], state=self.watch.state_changes(),
+        self.held += [value, args, kwargs]
+
+        def refused(why: str) -> dict[str, Any]:
+            """The call's record, its outputs refused for `why` (nothing of them handed over)."""
+            assert self.watch is not None
+            record.update(foreign_output=why, log=asdict(log), outputs=[], state=self.watch.state_changes(),
                           tampered=self.watch.tampering())
             return record
+
+        if foreign:
+            return refused(foreign)
         share = exchange.sender_for(self.device, self.directory)
-        self.held += [value, args, kwargs]
 
         def send(t: Any) -> dict[str, Any]:
             # As the call left it: the next call may write into these very buffers (call 3 does) before
@@ -194,14 +199,10 @@ class KernelHost:
                                      if isinstance(v, torch.Tensor)})
                 sent = [send(o) for o in outputs]
         except Exception as exc:  # noqa: BLE001 - an output no hand-over can carry (meta, sparse) is the kernel's
-            record.update(foreign_output=f"an output could not be handed over ({type(exc).__name__}: {first_line(exc)})",
-                          log=asdict(log), outputs=[], state=self.watch.state_changes(), tampered=self.watch.tampering())
-            return record
+            return refused(f"an output could not be handed over ({type(exc).__name__}: {first_line(exc)})")
         if handover.torch_ops or handover.escapes or handover.launches:
             seen = [*handover.torch_ops, *handover.escapes] or [f"{handover.launches} launch(es)"]
-            record.update(foreign_output=f"the kernel's code ran while its outputs were handed over ({seen[0]})",
-                          log=asdict(log), outputs=[], state=self.watch.state_changes(), tampered=self.watch.tampering())
-            return record
+            return refused(f"the kernel's code ran while its outputs were handed over ({seen[0]})")
         spans = [_span(o) for o in outputs]
         record.update(
             torch_outputs=[{"output": i, "op": log.copied[span[0]]} for i, span in enumerate(spans)

@@ -486,12 +486,13 @@ def _install_registration_watch(allowed: set[str]) -> None:
 
     original = torch._C._dispatch_library
 
+    library = tuple(os.path.join(_package_dir("torch"), sub) for sub in ("library.py", "_library"))
+
     def dispatch_library(*args: Any, **kwargs: Any) -> Any:
         if len(args) > 1 and args[1] in allowed:
             return original(*args, **kwargs)
         frame: Any = sys._getframe(1)
-        library = [os.path.join(d, sub) for d in (_package_dir("torch"),) for sub in ("library.py", "_library")]
-        while frame is not None and frame.f_code.co_filename.startswith(tuple(library)):
+        while frame is not None and frame.f_code.co_filename.startswith(library):
             frame = frame.f_back  # torch.library's helpers (impl, define, custom_op) open libraries for their caller
         if not _from_library(frame):
             _KERNEL_REGISTRATIONS.append(f"{frame.f_code.co_filename if frame else '?'}: {args[:2]}")
@@ -590,14 +591,14 @@ def _critical() -> list[tuple[str, Any, str]]:
                         if callable(member):
                             spots.append((f"{module_name}.{attr}.{inner}", value, inner))
             spots.append((f"sys.modules[{module_name!r}]", sys.modules, module_name))
-    return spots
+    return spots + _TRIPWIRED
 
 
 # Module constants rebinding replaces (the guard's lists and limits); mutable ones may be caches.
 _CONSTANTS = (frozenset, tuple, int, float, str, bytes)
 
 
-def _class_digest(namespace: Any, callables: bool = False) -> str:
+def _namespace_digest(namespace: Any, callables: bool = False) -> str:
     """Which attributes a class or module holds, by identity: a method added or replaced on torch.Tensor
     (`detach`, which the hand-over calls on every output) changes it. `callables`: functions and classes
     only (a module's flags change as it runs: the dispatch module's is-in-a-mode flag)."""
@@ -610,16 +611,14 @@ def integrity_snapshot() -> dict[str, str]:
     attributes of torch's tensor classes."""
     import torch
 
-    out: dict[str, str] = {"torch.Tensor": _class_digest(torch.Tensor),
-                           "torch._C.TensorBase": _class_digest(torch._C.TensorBase)}
+    out: dict[str, str] = {"torch.Tensor": _namespace_digest(torch.Tensor),
+                           "torch._C.TensorBase": _namespace_digest(torch._C.TensorBase)}
     # The modules the worker's own machinery calls into: its answers (json), its hand-overs (uuid), its
     # guard's mode stack (torch.utils._python_dispatch).
     for name in ("json", "json.encoder", "uuid", "torch.utils._python_dispatch", "torch.utils._mode_utils"):
         module = sys.modules.get(name)
         if module is not None:
-            out[name] = _class_digest(module, callables=True)
-    for label, owner, attr in _TRIPWIRED:
-        out[label] = f"{id(getattr(owner, attr, None)):x}"
+            out[name] = _namespace_digest(module, callables=True)
     for label, owner, attr in _critical():
         value = owner.get(attr) if isinstance(owner, dict) else getattr(owner, attr, None)
         code = getattr(value, "__code__", None)

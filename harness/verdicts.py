@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.exchange import device_kind
+from harness.guards import PLAIN_OUTPUTS
 
 __all__ = ["call_reason", "import_reason", "output_reason", "overlap_reason", "timed_reason", "CALLS"]
 
@@ -44,8 +45,7 @@ def call_reason(record: dict[str, Any], index: int, allow_copies: set[str] = fro
     where = f" {CALLS[index]}" if index < len(CALLS) and CALLS[index] else ""
     reason = _log_reason(log, record.get("state", []), record.get("tampered", []))
     if not reason and record.get("foreign_output"):
-        reason = (f"{record['foreign_output']}: outputs are plain tensors, or tuples, lists and dicts of them "
-                  "(what the harness reads after the call must not run the kernel's code)")
+        reason = record["foreign_output"]
     if reason:
         return reason + where
     made = [t for t in record.get("torch_outputs", []) if t["op"] not in allow_copies]
@@ -123,7 +123,7 @@ def timed_reason(answer: dict[str, Any], wall_s: float) -> str | None:
         return reason + " while being timed"
     if answer.get("foreign_outputs"):
         return (f"{answer['foreign_outputs']} of {answer['calls']} timed calls returned a container or tensor "
-                "subclass: outputs are plain tensors, or tuples, lists and dicts of them")
+                f"subclass: {PLAIN_OUTPUTS}")
     if answer.get("no_launch"):
         return (f"{answer['no_launch']} of {answer['calls']} timed calls launched no Triton kernel "
                 "(a cached result, or work done elsewhere)")

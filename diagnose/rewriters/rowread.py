@@ -11,7 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted, mask_argument, program_axis, simple_assign, start_plus_arange
-from diagnose.rewriters.blocks import assigned_names, conjuncts, names_in
+from diagnose.rewriters.blocks import assigned_names, conjuncts, infinity_sign, names_in, number
 
 __all__ = ["ACCESS", "HINTS", "LANE", "REDUCE", "REFUSED", "ROW", "SCAN", "Decline", "Dims", "RowKernel", "axis_argument",
            "call_name", "is_tl", "literal_kind", "program_id_axis", "read_row_kernel"]
@@ -254,13 +254,13 @@ def _row_guards(fn: cst.FunctionDef, guards: list[cst.If], dims: Dims) -> list[c
 
 
 def literal_kind(value: cst.BaseExpression) -> str | None:
-    """"float" or "int" for a number literal (signed, or `float("-inf")`), else None."""
-    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, (cst.Minus, cst.Plus)):
-        value = value.expression
-    if isinstance(value, cst.Float) or (isinstance(value, cst.Call) and m.matches(value.func, m.Name("float"))
-                                        and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString)):
+    """"float" or "int" for a number literal (signed, or an infinity as kernels spell it), else None."""
+    if infinity_sign(value) is not None:
         return "float"
-    return "int" if isinstance(value, cst.Integer) else None
+    if number(value) is None:
+        return None
+    unsigned = value.expression if isinstance(value, cst.UnaryOperation) else value
+    return "int" if isinstance(unsigned, cst.Integer) else "float"
 
 
 def _check_control(fn: cst.FunctionDef, dims: Dims, guards: list[cst.If]) -> list[cst.Assign]:

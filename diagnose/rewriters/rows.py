@@ -253,12 +253,18 @@ def rows_per_program(source: str, context: dict[str, Any]) -> list[Variant]:
 
 def row_kernel(module: cst.Module, context: dict[str, Any]) -> RowKernel | None:
     """The launched kernel read as one row per program (`rowread`), None where it cannot be."""
+    read = _launched_row_kernel(module, context)
+    return read[2] if read is not None else None
+
+
+def _launched_row_kernel(module: cst.Module, context: dict[str, Any]) -> tuple[str, cst.Call, RowKernel] | None:
+    """The launched kernel's name, its launch, and the kernel read as one row per program."""
     target = target_launch(module, context)
     if target is None:
         return None
     helpers = jit_functions(module)
     try:
-        return read_row_kernel(helpers[target[0]], helpers, _outside_names(module) - set(helpers))
+        return (*target, read_row_kernel(helpers[target[0]], helpers, _outside_names(module) - set(helpers)))
     except Decline:
         return None
 
@@ -268,11 +274,10 @@ def several_rows(source: str, context: dict[str, Any], counts: tuple[int, ...] |
     lanes as written, each capped so the tile stays within _MAX_TILE elements (declined where the launch
     does not fix the block), instead of choosing by whether the lanes can be fitted."""
     module = cst.parse_module(source)
-    target = target_launch(module, context)
-    kernel = row_kernel(module, context)
-    if target is None or kernel is None:
+    read = _launched_row_kernel(module, context)
+    if read is None:
         return []
-    name, call = target
+    name, call, kernel = read
     fn = kernel.fn
     axes = launch_grid_axes(module, call)
     if not axes or any(a.star for a in call.args):
