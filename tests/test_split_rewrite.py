@@ -10,6 +10,7 @@ from conftest import FIXTURES, REPO
 from marker_judge import MarkerJudge, only_round
 
 from diagnose.rewriters import rewrite
+from diagnose.rewriters.split import split_reduction
 from harness.run import RunOptions, run_task
 from harness.task import TaskSpec
 
@@ -51,7 +52,7 @@ def _check(tmp_path, source: str, name: str, call: str, reference: str) -> None:
 
 
 def test_a_column_sum_on_few_programs_is_split_and_stays_correct(tmp_path):
-    variants = rewrite(PATTERN, COL_SUM.read_text(), {})
+    variants = split_reduction(COL_SUM.read_text(), {})
     assert [(v.params["per_sm"], v.params["max_split"]) for v in variants] == [(2, 16), (2, 64), (4, 64), (4, 256)]
     source = variants[1].source
     assert "for start in range(0 + tl.program_id(1) * BLOCK_M, n_rows, BLOCK_M * tl.num_programs(1)):" in source
@@ -95,7 +96,7 @@ ROW_SUM_DRAFT = HEADER + textwrap.dedent('''\
 
 
 def test_a_draft_with_a_lambda_grid_and_named_sums_is_split(tmp_path):
-    variants = rewrite(PATTERN, ROW_SUM_DRAFT, {})
+    variants = split_reduction(ROW_SUM_DRAFT, {})
     assert [v.params["max_split"] for v in variants] == [16, 64, 64, 256]
     source = variants[-1].source
     assert "    n_blocks = triton.cdiv(M, 32)\n" in source  # META["BLOCK_M"]: the launch's own BLOCK_M
@@ -106,12 +107,12 @@ def test_a_draft_with_a_lambda_grid_and_named_sums_is_split(tmp_path):
     _check(tmp_path, source, "row_sum", "row_sum(torch.randn(3, 700).half())", reference)
     # a grid whose lambda reads META other than META["KEY"], or a KEY the launch computes, is not resolved
     for grid in ('lambda META: (triton.cdiv(M, META.get("BLOCK_M")),)', "lambda META: (triton.cdiv(M, META['BLOCK_M']), 2)"):
-        assert rewrite(PATTERN, ROW_SUM_DRAFT.replace('lambda META: (triton.cdiv(M, META["BLOCK_M"]),)', grid), {}) == []
-    assert rewrite(PATTERN, ROW_SUM_DRAFT.replace("BLOCK_M=32, BLOCK_N", "BLOCK_M=min(32, M), BLOCK_N"), {}) == []
+        assert split_reduction(ROW_SUM_DRAFT.replace('lambda META: (triton.cdiv(M, META["BLOCK_M"]),)', grid), {}) == []
+    assert split_reduction(ROW_SUM_DRAFT.replace("BLOCK_M=32, BLOCK_N", "BLOCK_M=min(32, M), BLOCK_N"), {}) == []
 
 
 def test_a_mean_after_the_loop_is_linear_and_tl_range_keeps_its_stages(tmp_path):
-    (variant, *_) = rewrite(PATTERN, COL_MEAN, {})
+    (variant, *_) = split_reduction(COL_MEAN, {})
     assert "tl.range(0 + tl.program_id(1) * BLOCK_M, n_rows, BLOCK_M * tl.num_programs(1), num_stages=2)" in variant.source
     assert "out.zero_()" in variant.source and "out = torch.empty_like(x[0])" in variant.source
     _check(tmp_path, variant.source, "col_mean", "col_mean(torch.randn(77, 130))", "lambda x: x.mean(0)")
@@ -121,7 +122,7 @@ def test_a_sum_cast_to_fp16_is_split_through_an_fp32_workspace(tmp_path):
     # fp16 atomics would round the running sum at every add (a 1000-term gemv split 16 ways was 2.5% off):
     # the partials go to fp32, and a second kernel casts them into the output once
     gemv = REPO / "corpora" / "operators" / "gemv" / "gemv.py"
-    (variant, *_) = rewrite(PATTERN, gemv.read_text(), {})
+    (variant, *_) = split_reduction(gemv.read_text(), {})
     assert 'tl.atomic_add(y_ptr + rm, acc, mask=rm < M, sem="relaxed")' in variant.source
     assert "gemv_kernel_split[(n_blocks, n_split)](a, x, partial, m, k," in variant.source
     assert "_kb_cast_kernel[(triton.cdiv(partial.numel(), 1024),)](partial, y, partial.numel(), BLOCK=1024)" \
@@ -145,11 +146,11 @@ def test_it_declines_where_splitting_could_change_the_result(change, why):
     old, new = change
     source = COL_MEAN.replace(old, new)
     assert source != COL_MEAN
-    assert rewrite(PATTERN, source, {}) == [], why
+    assert split_reduction(source, {}) == [], why
 
 
 def test_later_knob_rounds_leave_the_second_kernel_its_own_parameters():
-    split = rewrite(PATTERN, (REPO / "corpora" / "operators" / "gemv" / "gemv.py").read_text(), {})[0].source
+    split = split_reduction((REPO / "corpora" / "operators" / "gemv" / "gemv.py").read_text(), {})[0].source
     blocks = next(v for v in rewrite("block-size-num-warps", split, {}) if v.params.get("BLOCK_M") == 128)
     cast = next(line for line in blocks.source.splitlines() if "_kb_cast_kernel[" in line)
     assert "BLOCK_M" not in cast and "BLOCK=1024" in cast  # the cast kernel takes no BLOCK_M
@@ -182,7 +183,7 @@ def test_beside_other_kernels_the_one_the_call_launches_is_split():
         def fill(x):
             fill_kernel[(triton.cdiv(x.numel(), 256),)](x, x.numel(), BLOCK=256)
         ''')
-    assert rewrite(PATTERN, source, {}) == []
-    (variant, *_) = rewrite(PATTERN, source, {"launched": {"col_mean_kernel": {"num_warps": 4}}})
+    assert split_reduction(source, {}) == []
+    (variant, *_) = split_reduction(source, {"launched": {"col_mean_kernel": {"num_warps": 4}}})
     assert "col_mean_kernel_split[(n_blocks, n_split)]" in variant.source
     assert "fill_kernel[(triton.cdiv(x.numel(), 256),)]" in variant.source

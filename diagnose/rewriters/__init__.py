@@ -26,7 +26,7 @@ survive and the result reads like the input.
 | fold-wrapper-work           | fold | `T = X * S` / `X / S` / `X.clone()` in the wrapper, T reaching one read-only kernel argument through layout steps -> the kernel scales the tiles it loads (`T = X.to(result dtype)`), the clone dropped |
 | divisibility-hints          | hints | the strides and mask bounds among a kernel's runtime ints -> `P = P // d * d` under a constexpr flag each launch sets to the multiple of 8 or 4 its value really is (Triton specializes only 16); and `pid * BLOCK + tl.arange(0, BLOCK)` wrapped in tl.multiple_of / tl.max_contiguous |
 | persistent-kernel           | persistent, persistent_dot | a 1-D grid `(G,)` -> a loop over the G tiles on at most 1, 2 or 4 programs per SM; a dot kernel on a 2-D grid of output tiles -> one program per SM walking the tiles (counted from its row and column masks) in launch order, the tile loop flattened into the K loop, operand tiles through TMA descriptors made once per program (dispatched on TMA's rules), with and without warp_specialize |
-| split-work-over-programs    | split | a reduction loop on a grid too small for the SMs -> a second grid axis taking every n-th step, partials `tl.atomic_add`ed into a zeroed output, split sized at launch |
+| split-work-over-programs    | split, fill | a reduction loop on a grid too small for the SMs -> a second grid axis taking every n-th step, partials `tl.atomic_add`ed into a zeroed output, split sized at launch; a masked program axis `pid * BLOCK + tl.arange(0, BLOCK)` whose grid follows BLOCK -> BLOCK halved at launch (not below a floor of 32 / 16 / 8) while the grid runs fewer than 2 programs per SM, num_warps scaled with it |
 | rows-per-program            | rows | one row per program (`row = tl.program_id(0)`, a 1-D lane tile) -> a [ROWS, BLOCK] tile of consecutive rows: reductions over axis 1 with keep_dims, accesses masked by the row count, grid axis 0 divided by ROWS; the lanes fitted to the row at launch where they can be (ROWS = 1, 2, 4 x the written block over the fitted one), else 2, 4, 8 rows |
 | chunked-row-loop            | rowloop | a whole-row tile that reduces (`cols = tl.arange(0, BLOCK)`, BLOCK the row's power of two) -> each reduction a loop over chunks of 2048-8192 columns carrying it (the first chunk peeled, reductions known at the same point sharing a loop, a sum of exp(x - m) beside the max m of the same x an online sum, a cumsum / cumprod joined to the prefix the earlier chunks carried), the tile stores in a last loop; rows of one chunk compile the kernel as written |
 | contiguous-innermost-axis   | coalesce | lanes stepping by a stride while the program index is the unit-stride one (`tl.load(X + rows * stride + col)`, `col = tl.program_id(0)`) -> the rows-per-program tile with 8, 16 or 32 consecutive program indices across it, so the coalescer runs threads along them |
@@ -49,6 +49,7 @@ from diagnose.rewriters import (  # noqa: F401 - register
     causal,
     coalesce,
     exp2,
+    fill,
     fit,
     fold,
     hints,

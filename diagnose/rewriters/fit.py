@@ -43,17 +43,17 @@ from diagnose.rewriters.base import (
 )
 from diagnose.rewriters.blocks import names_in
 
-__all__ = ["fit_tile_to_extent"]
+__all__ = ["MaskedAxis", "fit_tile_to_extent", "masked_axes"]
 
 
 @dataclass(frozen=True)
-class _Axis:
+class MaskedAxis:
     block: str  # the constexpr parameter the axis's arange spans
     extent: str  # the parameter its mask compares it with
     split: bool  # whether programs split the axis (its start comes from tl.program_id); else one tile spans it
 
 
-def _axes(kernel: cst.FunctionDef) -> list[_Axis]:
+def masked_axes(kernel: cst.FunctionDef) -> list[MaskedAxis]:
     """The kernel's program axes whose mask bounds them by a parameter."""
     params = {p.name.value for p in kernel.params.params}
     constexpr = {p.name.value for p in kernel.params.params
@@ -93,7 +93,7 @@ def _axes(kernel: cst.FunctionDef) -> list[_Axis]:
             left = left.value
         if isinstance(left, cst.Name) and left.value in offsets and isinstance(right, cst.Name) \
                 and right.value in params - constexpr:
-            axis = _Axis(*offsets[left.value][:1], right.value, offsets[left.value][1])
+            axis = MaskedAxis(*offsets[left.value][:1], right.value, offsets[left.value][1])
             if axis not in axes:
                 axes.append(axis)
     return axes
@@ -124,7 +124,7 @@ def _defined_before(fn: cst.FunctionDef, line: cst.SimpleStatementLine, names: s
     return False
 
 
-def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: _Axis, compensate: bool) -> tuple[str, dict[str, Any]] | None:
+def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compensate: bool) -> tuple[str, dict[str, Any]] | None:
     launch = only_launch(module, kernel.name.value)
     if launch is None:
         return None
@@ -226,7 +226,7 @@ def fit_tile_to_extent(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
     variants = []
     for kernel in jit_functions(module).values():
-        for axis in _axes(kernel):
+        for axis in masked_axes(kernel):
             for compensate in (False, True):
                 fitted = _fitted(module, kernel, axis, compensate)
                 if fitted is not None:

@@ -39,7 +39,6 @@ from diagnose.rewriters.base import (
     jit_functions,
     launch_arguments,
     launch_grid,
-    register,
     simple_assign,
     sm_count_statement,
     target_launch,
@@ -332,5 +331,3 @@ def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
             out.append(Variant({"split": "loop over programs, atomics", **params}, new.code))
     return out
 
-
-register("split-work-over-programs")(split_reduction)

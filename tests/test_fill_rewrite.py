@@ -1,0 +1,120 @@
+"""More programs for a short grid (issue 27, family 1; pattern split-work-over-programs): the block of a
+masked program axis halved at launch while the grid is short of the SMs, alone and with the kernel's
+loop pipelined. Variants are judged on the interpreter against the kernel as written, at widths no block
+divides; the sizing itself is checked on the helper the variants carry."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import candidate_rejection
+
+from diagnose.rewriters import rewrite
+from diagnose.rewriters.fill import FILL_HELPER, smaller_blocks
+
+PATTERN = "split-work-over-programs"
+TARGETED = {"finding": "parallelism.grid-underfilled"}
+ROOT = Path(__file__).resolve().parent.parent
+
+# h[t] = a * h[t-1] + x[t], one program per 128 columns: 8 programs for 1,024 columns.
+SCAN = (ROOT / "tests" / "fixtures" / "wild" / "column_scan.py").read_text()
+
+# A first draft's elementwise kernel: the block a number at the launch, read back by a meta lambda.
+SCALE = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def scale_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+        pid = tl.program_id(axis=0)
+        offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offsets < n_elements
+        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 3.0, mask=mask)
+
+
+    def scale(x):
+        y = torch.empty_like(x)
+        n_elements = x.numel()
+        grid = lambda meta: (triton.cdiv(n_elements, meta['BLOCK_SIZE']),)
+        scale_kernel[grid](x, y, n_elements, BLOCK_SIZE=1024, num_warps=8)
+        return y
+    ''')
+
+
+def test_the_scan_gets_smaller_blocks_alone_and_pipelined(tmp_path):
+    variants = rewrite(PATTERN, SCAN, TARGETED)
+    assert [(v.params["floor"], "composed" in v.params) for v in variants] == [
+        (32, False), (16, False), (8, False), (16, True), (8, True)]
+    for i, variant in enumerate(variants):
+        assert "_kb_fill_block(_kb_written, lambda _kb_b: triton.cdiv(D, _kb_b)" in variant.source
+        assert "_scan[(triton.cdiv(D, _kb_block),)]" in variant.source  # the grid follows the block
+        assert ("tl.range(0, T, num_stages=3)" in variant.source) == ("composed" in variant.params)
+        for shape in ("9, 1000", "3, 77"):
+            (where := tmp_path / f"{i}-{shape[0]}").mkdir()
+            assert candidate_rejection(where, SCAN, variant.source, "scan",
+                                       f"scan(torch.randn({shape}))", "") == "", (variant.params, shape)
+
+
+def test_a_meta_lambda_grid_follows_a_block_written_as_a_number(tmp_path):
+    variants = rewrite(PATTERN, SCALE, TARGETED)
+    assert len(variants) == 3  # a loop-free kernel: nothing to pipeline
+    launch = "scale_kernel[(triton.cdiv(n_elements, _kb_block),)](x, y, n_elements, BLOCK_SIZE=_kb_block"
+    assert all(launch in v.source and "num_warps=max(1, 8 * _kb_block // _kb_written)" in v.source for v in variants)
+    for variant in variants:
+        (where := tmp_path / str(variant.params["floor"])).mkdir()
+        assert candidate_rejection(where, SCALE, variant.source, "scale",
+                                   "scale(torch.randn(5000))", "lambda x: x * 3.0") == ""
+
+
+def test_the_block_halves_only_while_the_grid_is_short():
+    ns: dict = {}
+    exec(FILL_HELPER, ns)  # noqa: S102 - our own helper's text, as the variants carry it
+    fill = ns["_kb_fill_block"]
+
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    assert fill(128, lambda b: cdiv(1024, b), 8, 264) == 8  # 8 programs: halved to the floor
+    assert fill(128, lambda b: cdiv(1024, b), 32, 264) == 32
+    assert fill(128, lambda b: cdiv(1024, b) * 4, 8, 264) == 8  # another axis's programs count too
+    assert fill(128, lambda b: cdiv(20000, b), 8, 264) == 64  # 313 programs at 64: enough
+    assert fill(128, lambda b: cdiv(40000, b), 8, 264) == 128  # a full grid keeps its block
+    assert fill(16, lambda b: cdiv(100, b), 32, 264) == 16  # never grown
+
+
+@pytest.mark.parametrize("old, new", [
+    # the block also sizes an allocation the kernel's blocks must match
+    ("    h = torch.empty_like(x)\n", "    h = torch.empty_like(x)\n    parts = torch.empty(triton.cdiv(D, block))\n"),
+    # a grid that does not read the block would leave columns unwritten
+    ("_scan[(triton.cdiv(D, block),)]", "_scan[(8,)]"),
+    # the block a literal that a literal grid repeats: which number is the block's is a guess
+    ("_scan[(triton.cdiv(D, block),)](x, h, T, D, a, BLOCK=block)",
+     "_scan[(triton.cdiv(D, 128),)](x, h, T, D, a, BLOCK=128)"),
+    # the program axis is not the block's: cols from a loop, the program a column block of its own
+    ("    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "    cols = tl.program_id(0) + tl.arange(0, BLOCK) * 0"),
+])
+def test_what_cannot_keep_every_column_covered_is_declined(old, new):
+    assert old in SCAN
+    assert smaller_blocks(SCAN.replace(old, new), TARGETED) == []
+
+
+def test_an_autotuned_kernel_and_an_untargeted_round_get_no_variants():
+    autotuned = SCAN.replace("@triton.jit", "@triton.autotune(configs=[triton.Config({'BLOCK': 128})], key=['D'])\n"
+                                            "@triton.jit").replace(", BLOCK=block)", ")")
+    assert smaller_blocks(autotuned, TARGETED) == []
+    assert smaller_blocks(SCAN, {"finding": ""}) == []
+    assert len(smaller_blocks(SCAN, TARGETED)) == 5
+
+
+def test_the_smallest_pipelined_variant_compiles_for_sm90(tmp_path):
+    from harness.capture import capture_call
+
+    path = tmp_path / "column_scan.py"
+    path.write_text(rewrite(PATTERN, SCAN, TARGETED)[-1].source)
+    compiled = capture_call(path, "scan(torch.randn(4096, 1024))", target="cuda:90")[0]
+    assert compiled.metadata["num_warps"] == 1  # 8 columns a program: one warp, not four
+    assert "cp.async" in compiled.stages["ptx"]  # the pipelined loop prefetches its loads
