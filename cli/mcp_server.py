@@ -79,9 +79,10 @@ def build_server(home: str | None = None) -> MCPServer:
                              "only mean something there, not times).")
     async def run(ctx: Context, task: str | None = None, kernel: str | None = None, call: str | None = None,
                   reference: str | None = None, candidate: str | None = None, candidate_source: str | None = None,
-                  backend: str = "auto", time: bool = True, seeds: int = 2) -> dict[str, Any]:
+                  backend: str = "auto", time: bool = True, seeds: int = 2, atol: float | None = None,
+                  rtol: float | None = None) -> dict[str, Any]:
         return await _in_thread(ctx, lambda say: _run(home, task, kernel, call, reference, candidate,
-                                                      candidate_source, backend, time, seeds, say))
+                                                      candidate_source, backend, time, seeds, say, atol, rtol))
 
     @server.tool(description="One step of an optimize run driven by you. Without candidate: the run's current best "
                              "kernel, its findings and the rewrite prompt (evidence, history, cases, rules); the "
@@ -196,12 +197,12 @@ def _backend(name: str) -> Any:
 
 def _run(home: str | None, task: str | None, kernel: str | None, call: str | None, reference: str | None,
          candidate: str | None, candidate_source: str | None, backend: str, time: bool, seeds: int,
-         say: Progress) -> dict[str, Any]:
+         say: Progress, atol: float | None = None, rtol: float | None = None) -> dict[str, Any]:
     from cli.options import task_spec
     from diagnose.judging import why_rejected
     from harness.run import RunOptions, run_task
 
-    spec = task_spec(task, kernel, call, reference)
+    spec = task_spec(task, kernel, call, reference, atol, rtol)
     if candidate and candidate_source:
         raise UserFacingError("give candidate (a path) or candidate_source (its text), not both", "pass one of them")
     if candidate_source is not None:

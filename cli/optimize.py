@@ -97,7 +97,7 @@ def find_run(home: str | None, run: str, fix: str = "see `kb rounds list`") -> P
 @click.pass_context
 @user_errors
 def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None, call: str | None,
-             reference: str | None, rounds: int, time_budget: float | None, llm: str, llm_settings: dict[str, Any],
+             reference: str | None, atol: float | None, rtol: float | None, rounds: int, time_budget: float | None, llm: str, llm_settings: dict[str, Any],
              strategy: str, untargeted: bool, repair_baseline: bool, backend: BackendName, run_dir: Path | None, resume_run: str | None,
              release: str | None, stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
              check_workers: int | None, as_json: bool) -> None:
@@ -113,7 +113,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
     if starting == (resume_run is not None):
         raise UserFacingError("give a TASK file (or --kernel FILE --call EXPR) to start a run, or --resume RUN to "
                               "continue one", "e.g. kb optimize corpora/operators/softmax/task.py --rounds 5")
-    spec = task_spec(task_file, kernel_file, call, reference) if starting else None
+    spec = task_spec(task_file, kernel_file, call, reference, atol, rtol) if starting else None
     if llm == "openai":
         from diagnose.llm import LLMConfig
 

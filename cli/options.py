@@ -103,6 +103,13 @@ def kernel_input(fn: F) -> F:
 def task_input(fn: F) -> F:
     """--kernel, --call, --reference: a kernel from the wild judged without a task file (`kb run`,
     `kb optimize`); `task_spec` makes them, or the TASK argument, into the run's TaskSpec."""
+    tolerance = click.FloatRange(min=0.0)
+    fn = click.option("--rtol", type=tolerance, default=None,
+                      help="With --kernel: the relative tolerance of floating-point outputs (default per dtype: "
+                           "fp32 1e-4, fp16 1e-2, bf16 2e-2); a sum's order moves it, so loosen it for reductions.")(fn)
+    fn = click.option("--atol", type=tolerance, default=None,
+                      help="With --kernel: the absolute tolerance of floating-point outputs (default per dtype: "
+                           "fp32 1e-5, fp16 1e-3, bf16 1e-2).")(fn)
     fn = click.option("--reference", default=None,
                       help="With --kernel: a PyTorch callable its outputs must equal, e.g. torch.add "
                            "(default: the kernel's own outputs at the start).")(fn)
@@ -113,9 +120,12 @@ def task_input(fn: F) -> F:
                         help="A kernel file from the wild (instead of a task file).")(fn)
 
 
-def task_spec(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None) -> TaskSpec:
-    """The TaskSpec of a TASK argument or of --kernel/--call/--reference; one line when neither or both."""
-    from harness.task import TaskSpec
+def task_spec(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
+              atol: float | None = None, rtol: float | None = None) -> TaskSpec:
+    """The TaskSpec of a TASK argument or of --kernel/--call/--reference/--atol/--rtol; one line when neither
+    or both. A tolerance given replaces that figure for every floating-point dtype, the other keeps its
+    dtype's default; integer outputs stay exact."""
+    from harness.task import DEFAULT_TOLERANCES, TaskSpec
 
     if (task_file is None) == (kernel_file is None):
         raise UserFacingError("give a TASK file, or --kernel FILE with --call EXPR",
@@ -126,11 +136,19 @@ def task_spec(task_file: str | None, kernel_file: str | None, call: str | None, 
     if task_file is not None and (call or reference):
         raise UserFacingError("--call and --reference go with --kernel, not with a TASK file",
                               "put the cases and the reference in the task file, or pass --kernel FILE")
+    if task_file is not None and (atol is not None or rtol is not None):
+        raise UserFacingError("--atol and --rtol go with --kernel, not with a TASK file",
+                              'set `tolerances = {"atol": ..., "rtol": ...}` in the task file')
     for path in (task_file, kernel_file):
         if path is not None and not Path(path).is_file():
             raise UserFacingError(f"{path} does not exist", "pass the path of a task or kernel .py file")
+    given = {k: v for k, v in (("atol", atol), ("rtol", rtol)) if v is not None}
+    if any(v < 0 for v in given.values()):
+        raise UserFacingError(f"a tolerance is negative ({given})", "pass --atol / --rtol of 0 or more")
+    tolerances = {dtype: {**default, **given} for dtype, default in DEFAULT_TOLERANCES.items()} if given else None
     return (TaskSpec.of_file(str(task_file)) if task_file else
-            TaskSpec(kernel=str(Path(str(kernel_file)).resolve()), call=call, reference=reference))
+            TaskSpec(kernel=str(Path(str(kernel_file)).resolve()), call=call, reference=reference,
+                     tolerances=tolerances))
 
 
 def timing_window_options(fn: F) -> F:

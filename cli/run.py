@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 @json_option("Print the report as JSON.")
 @user_errors
 def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, reference: str | None,
-            candidate: str | None, candidate_entry: str | None, backend: BackendName, cases: str | None, seeds: int,
+            atol: float | None, rtol: float | None, candidate: str | None, candidate_entry: str | None, backend: BackendName, cases: str | None, seeds: int,
             timeout_s: float, no_time: bool, profile: bool, versus: tuple[str, ...], seed: int | None,
             as_json: bool) -> None:
     """Check a task's kernel (and a candidate) for correctness, then time it: sandboxed, guarded.
@@ -46,7 +46,7 @@ def run_cmd(task_file: str | None, kernel_file: str | None, call: str | None, re
     Exit status 0 when every kernel judged passed, 1 when one was rejected (the baseline included)."""
     from harness.run import RunOptions, run_task
 
-    spec = task_spec(task_file, kernel_file, call, reference)
+    spec = task_spec(task_file, kernel_file, call, reference, atol, rtol)
     try:
         indices = [int(c) for c in cases.split(",")] if cases else None
     except ValueError as exc:

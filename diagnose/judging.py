@@ -6,6 +6,7 @@ was not (`why_rejected`); a round's variants judged within the device's memory (
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,7 +15,7 @@ from typing import Any
 
 from diagnose.loop_options import OptimizeOptions
 from harness.errors import UserFacingError, first_line
-from harness.measurement import RunReport, geomean
+from harness.measurement import CaseResult, RunReport, geomean
 from harness.task import TaskSpec
 from harness.timing import merge_pair
 
@@ -259,8 +260,20 @@ def why_rejected(report: RunReport, role: str) -> str:
         return run.rejected
     bad = next((c for c in run.cases if not c.correct), None)
     if bad is not None:
-        return f"case {bad.label}: " + (bad.error or "outputs differ from the reference")
+        return f"case {bad.label}: " + (bad.error or "outputs differ from the reference" + _mismatch(bad))
     return "not correct"
+
+
+def _mismatch(case: CaseResult) -> str:
+    """How far the first mismatched output is off, in the tolerance's terms: what a user needs to tell a
+    wrong kernel from a sum taken in another order (whose error `--atol` / `--rtol` admit)."""
+    check = next((c for c in case.checks if c.mismatched), None)
+    if check is None:
+        return ""
+    total = math.prod(check.shape) if check.shape else 1
+    return (f" (output {check.output}, {check.dtype}: {check.mismatched:,} of {total:,} elements beyond atol "
+            f"{check.atol:g} + rtol {check.rtol:g} x |ref|; max abs err {check.max_abs_err:.3g}, "
+            f"max rel err {check.max_rel_err:.3g})")
 
 
 def validate_variants(judge: Judge, spec: TaskSpec, parent: Path, variants: list[Path], entry: str,

@@ -209,7 +209,7 @@ class TaskSpec:
     kernel: str | None = None
     call: str | None = None
     reference: str | None = None
-    tolerances: dict[str, float] | None = None
+    tolerances: dict[str, Any] | None = None  # Task.tolerances' forms: atol/rtol, or per dtype name
     family: str | None = None
 
     def __post_init__(self) -> None:

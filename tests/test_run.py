@@ -117,6 +117,33 @@ def test_kernel_from_the_wild_runs_from_the_cli_with_an_example_call():
     assert json.loads(wrong.stdout)["runs"][0]["cases"][0]["checks"][0]["mismatched"] > 0
 
 
+def test_tolerances_of_a_kernel_from_the_wild_come_from_the_cli():
+    # A reference 3e-4 off in relative terms: beyond fp32's default rtol (1e-4), within 1e-3.
+    args = ["run", "--kernel", str(HARNESS / "add.py"), "--call", "add(torch.randn(3000), torch.randn(3000))",
+            "--reference", "lambda x, y: (x + y) * (1 + 3e-4)", "--backend", "interpreter", "--seeds", "1",
+            "--no-time", "--json"]
+    strict = CliRunner().invoke(main, args)
+    assert strict.exit_code == 1
+    check = json.loads(strict.stdout)["runs"][0]["cases"][0]["checks"][0]
+    assert check["mismatched"] > 0 and check["rtol"] == 1e-4
+    loose = CliRunner().invoke(main, [*args, "--rtol", "1e-3"])
+    assert loose.exit_code == 0, loose.output
+    check = json.loads(loose.stdout)["runs"][0]["cases"][0]["checks"][0]
+    assert (check["atol"], check["rtol"]) == (1e-5, 1e-3)  # the figure not given keeps its dtype's default
+
+
+def test_a_rejection_says_how_far_the_outputs_are_off():
+    from diagnose.judging import why_rejected
+    from harness.run import RunOptions, run_task
+    from harness.task import TaskSpec
+
+    spec = TaskSpec(kernel=str(HARNESS / "add.py"), call="add(torch.randn(3000), torch.randn(3000))",
+                    reference="lambda x, y: (x + y) * (1 + 3e-4)")
+    why = why_rejected(run_task(spec, RunOptions(backend="interpreter", seeds=1, time=False)), "baseline")
+    assert why.startswith("case default: outputs differ from the reference (output 0, float32: ")
+    assert "of 3,000 elements beyond atol 1e-05 + rtol 0.0001 x |ref|; max abs err" in why
+
+
 def test_without_a_reference_the_cli_says_only_the_guards_ran_and_a_rejected_baseline_fails():
     args = ["run", "--kernel", str(HARNESS / "add.py"), "--call", "add(torch.randn(3000), torch.randn(3000))",
             "--backend", "interpreter", "--seeds", "1"]
@@ -148,6 +175,7 @@ def test_a_report_replays_from_its_seed():
     ([str(HARNESS / "task_add.py"), "--backend", "npu"], "torch_npu is not installed"),
     ([str(HARNESS / "task_add.py"), "--cases", "x"], "--cases 'x' is not a list of indices"),
     ([str(HARNESS / "add.py"), "--backend", "interpreter"], "lacks entry, inputs, cases"),
+    ([str(HARNESS / "task_add.py"), "--atol", "1e-3"], "--atol and --rtol go with --kernel"),
 ])
 def test_cli_errors_are_one_line_with_a_fix(args, message):
     result = CliRunner().invoke(main, ["run", *args])
