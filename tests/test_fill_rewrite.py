@@ -118,3 +118,25 @@ def test_the_smallest_pipelined_variant_compiles_for_sm90(tmp_path):
     compiled = capture_call(path, "scan(torch.randn(4096, 1024))", target="cuda:90")[0]
     assert compiled.metadata["num_warps"] == 1  # 8 columns a program: one warp, not four
     assert "cp.async" in compiled.stages["ptx"]  # the pipelined loop prefetches its loads
+
+
+
+def test_the_short_grid_is_answered_first_and_by_the_fill(tmp_path):
+    """What the loop plans for the scan at the H200 run's size: the first finding is the short grid, and the
+    first of its hypotheses with variants (as `optimize._plan` takes them) is this rewrite. It used to be
+    none of them: the split declines a loop without a reduction, so the round went to a knob."""
+    from diagnose.engine import diagnose
+    from diagnose.loop_options import OptimizeOptions
+    from diagnose.planning import hypotheses
+    from diagnose.request import KernelInput, request_from
+
+    path = tmp_path / "column_scan.py"
+    path.write_text(SCAN)
+    answer = diagnose(request_from(KernelInput(kernel=str(path), call="scan(torch.randn(4096, 1024))")), None,
+                      level_max="L1")
+    assert answer.ranked()[0].kind == "parallelism.grid-underfilled"
+    from kb.patterns import catalog_for
+
+    planned = hypotheses(answer, OptimizeOptions(), catalog_for(None))
+    first = next(h for h in planned if h.rewriter == "pattern" and rewrite(h.pattern, SCAN, {"finding": h.finding}))
+    assert (first.finding, first.pattern) == ("parallelism.grid-underfilled", PATTERN)
