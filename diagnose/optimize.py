@@ -418,7 +418,8 @@ def _measured_sources(store: RoundsStore) -> set[str]:
 
 def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions,
               home: KBHome | None) -> tuple[Answer, dict[str, dict[str, int]]]:
-    """The parent's diagnosis, and the launch options it intercepted, by kernel."""
+    """The parent's diagnosis, and what it intercepted of each kernel's launch: its options, its programs,
+    and the SMs of the device it was diagnosed for (0 where not a GPU's)."""
     from diagnose.engine import diagnose
     from diagnose.request import KernelInput, request_from
 
@@ -430,9 +431,13 @@ def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options:
              KernelInput(kernel=spec.kernel, call=spec.call, rewrite=str(parent), entry=entry))
     request = request_from(given, target, store.dir / "compile-cache", _last_report(store))
     answer = diagnose(request, home, options.release, options.strategy)
+    from harness.cuda_shim import device_model_for
+
     launched: dict[str, dict[str, int]] = {}
     for facts in request.launches():  # intercepted for L1 already (cached): no second launch
-        launched.setdefault(facts.kernel, {"num_warps": facts.num_warps, "num_stages": facts.num_stages})
+        sms = device_model_for(facts.target).sm_count if facts.target.startswith("cuda") else 0
+        launched.setdefault(facts.kernel, {"num_warps": facts.num_warps, "num_stages": facts.num_stages,
+                                           "programs": facts.programs or 0, "sms": sms})
     return answer, launched
 
 

@@ -369,3 +369,31 @@ def test_a_scalar_accumulator_starts_as_a_column_of_the_rows(tmp_path):
         for variant in variants:
             assert candidate_rejection(tmp_path, source, variant.source, "row_sum", f"row_sum(torch.randn({shape}))",
                                        "lambda x: x.sum(1) + x.max(1).values") == ""
+
+
+def test_a_grid_already_short_of_the_sms_gets_no_fewer_programs():
+    launched = {"avg_pool2d_kernel": {"num_warps": 4, "num_stages": 3, "programs": 200, "sms": 132}}
+    assert rewrite(PATTERN, POOL, {"launched": launched}) == []  # 100 programs at 2 rows: below 132
+    launched["avg_pool2d_kernel"]["programs"] = 264
+    assert len(rewrite(PATTERN, POOL, {"launched": launched})) == 3
+    launched["avg_pool2d_kernel"] |= {"programs": 8, "sms": 0}  # not diagnosed for a GPU: no SM count
+    assert len(rewrite(PATTERN, POOL, {"launched": launched})) == 3
+
+
+def test_the_loop_hands_the_rewrites_the_launchs_programs_and_sms(tmp_path):
+    from dataclasses import asdict
+
+    from diagnose.loop_options import OptimizeOptions
+    from diagnose.optimize import _diagnose
+    from diagnose.rounds import RoundsStore
+    from harness.task import TaskSpec, task_from_call
+
+    kernel = ROOT / "tests" / "fixtures" / "wild" / "column_scan.py"
+    spec = TaskSpec(kernel=str(kernel), call="scan(torch.randn(4096, 1024))")
+    store = RoundsStore(tmp_path / "run", create=True)
+    try:
+        store.create_run("run", "column_scan", spec, asdict(OptimizeOptions()))
+        _, launched = _diagnose(store, task_from_call(kernel, spec.call), kernel, "scan", OptimizeOptions(), None)
+    finally:
+        store.close()
+    assert launched["_scan"] == {"num_warps": 4, "num_stages": 3, "programs": 8, "sms": 132}
