@@ -1089,7 +1089,7 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
         judge.close()
     (first,) = store.rounds()
     assert first.state == "done" and first.outcome in ("accepted", "rejected"), (first.reason, first.outcome)
-    assert first.hypothesis.launched == {"_row_sum_kernel": {"num_warps": 1, "num_stages": 3}}  # kept for a resume
+    assert first.hypothesis.launched == {"_row_sum_kernel": {"num_warps": 1, "num_stages": 3, "programs": 6, "sms": 132}}  # kept for a resume
     # its variants, written in the run's folder, imported as if they sat in the package (on the H200 every
     # rewrite of a Liger kernel failed with "No module named 'liger_kernel'")
     assert "cannot be loaded" not in (first.reason or ""), first.reason
@@ -1098,7 +1098,7 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
     task = load_job_task(spec)
     answer, launched = _diagnose(store, task, store.dir / "round-000.py", entry_name(task.entry),
                                  OptimizeOptions(backend="interpreter", strategy="always-deep"), None)
-    assert launched == {"_row_sum_kernel": {"num_warps": 1, "num_stages": 3}}  # WARPS from the package
+    assert launched == {"_row_sum_kernel": {"num_warps": 1, "num_stages": 3, "programs": 6, "sms": 132}}  # WARPS from the package
     assert "the IR confirms it" in " ".join(answer.notes), answer.notes
     from diagnose.request import KernelInput, request_from
 
