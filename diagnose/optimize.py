@@ -361,15 +361,11 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
     answer, launched = _diagnose(store, task, parent, entry, options, home)
     rounds = store.rounds()
     lineage = _lineage(rounds, parent_idx)
-    rejected_on = {(r.hypothesis.finding, r.hypothesis.pattern, r.rewriter): r.parent or 0
-                   for r in rounds if r.outcome in ("rejected", "failed")}
     seen = _measured_sources(store)
     from kb.patterns import catalog_for
 
+    # rejected on this kernel: dropped; on an ancestor: once more, after the untried (breadth_first)
     for hyp in breadth_first(hypotheses(answer, options, catalog_for(home)), rounds, lineage):
-        what = (hyp.finding, hyp.pattern, hyp.rewriter)
-        if rejected_on.get(what, -1) in lineage:
-            continue  # rejected on this kernel or an ancestor: not retried blindly
         if hyp.rewriter == "llm" and not budget_left(store.rounds(), options.max_tokens_per_run):
             continue
         hyp.launched = launched

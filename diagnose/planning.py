@@ -1,6 +1,7 @@
 """What the optimize loop tries next, in order: each finding's patterns as the diagnosis ranked them and
 their records re-rank them, the launch search, the rewrites no finding asked for; and, per round, the
-pairs its kernel's lineage already accepted moved behind the rest (`breadth_first`)."""
+pairs its kernel's lineage rejected or accepted before moved behind the rest, those rejected on the
+kernel itself dropped (`breadth_first`)."""
 
 from __future__ import annotations
 
@@ -24,20 +25,38 @@ FALLBACK = ("autotune-configs", "launch configuration search")
 
 
 def breadth_first(planned: list[Hypothesis], rounds: list[Round], lineage: set[int]) -> list[Hypothesis]:
-    """`planned` with the finding-and-pattern pairs this kernel's lineage already accepted moved behind
-    the other targeted ones and the launch search (ahead of the untargeted): a finding that outlives its
-    accepted rewrite asks for the same pattern again, which then only widens what it just wrote. On the
-    H200 both matmul and attention spent their second round so, dot.tile-underused -> autotune-configs
-    widening the tile search's own configs (attention: 1.002x, rejected; matmul: 28 more configs,
-    unfinished in the call), while attention's exp2 fold (1.148x) waited for round 3 and its key-loop peel
-    got none; with this order all three of attention's rounds were accepted (1.219x). The launch search
-    (no finding) keeps climbing from its last point as before."""
+    """What the loop may try on the lineage's newest kernel (`max(lineage)`, the round's parent), in order.
+
+    A finding-and-pattern pair the lineage already accepted moves behind the other targeted ones and the
+    launch search (ahead of the untargeted): a finding that outlives its accepted rewrite asks for the
+    same pattern again, which then only widens what it just wrote. On the H200 both matmul and attention
+    spent their second round so, dot.tile-underused -> autotune-configs widening the tile search's own
+    configs (attention: 1.002x, rejected; matmul: 28 more configs, unfinished in the call), while
+    attention's exp2 fold (1.148x) waited for round 3 and its key-loop peel got none; with this order all
+    three of attention's rounds were accepted (1.219x). The launch search (no finding) keeps climbing from
+    its last point as before.
+
+    A pair rejected (or failed) on this very kernel is not tried again. One rejected on an ancestor is
+    tried once more, after the untried targeted pairs: an accepted round has changed the kernel since,
+    and what did not pay before may pay now. Attention's tiles measured 0.683x of SDPA with `tl.exp` and
+    0.853x once exp2 and the key-loop split were in (docs/device/2026-12-03-h200-attention): the bench's
+    run rejected the tile search in round 1, accepted exp2 in round 3, and never asked for tiles again. A
+    pair rejected twice in the lineage stays out."""
+    parent = max(lineage)
+    key = lambda h: (h.finding, h.pattern, h.rewriter)  # noqa: E731
+    rejected: dict[tuple[str, str, str | None], list[int]] = {}
+    for r in rounds:
+        if r.outcome in ("rejected", "failed") and (r.parent or 0) in lineage:
+            rejected.setdefault((r.hypothesis.finding, r.hypothesis.pattern, r.rewriter), []).append(r.parent or 0)
+    blocked = {k for k, parents in rejected.items() if parent in parents or len(parents) > 1}
     accepted = {(r.hypothesis.finding, r.hypothesis.pattern, r.rewriter) for r in rounds
                 if r.outcome == "accepted" and r.idx in lineage and r.hypothesis.finding}
-    again = [h for h in planned if (h.finding, h.pattern, h.rewriter) in accepted]
-    fresh = [h for h in planned if h not in again]
+    open_ = [h for h in planned if key(h) not in blocked]
+    retry = [h for h in open_ if key(h) in rejected]
+    again = [h for h in open_ if key(h) in accepted and h not in retry]
+    fresh = [h for h in open_ if h not in again and h not in retry]
     first = [h for h in fresh if not h.untargeted]
-    return first + again + [h for h in fresh if h.untargeted]
+    return first + retry + again + [h for h in fresh if h.untargeted]
 
 
 def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:

@@ -188,9 +188,35 @@ def test_a_pattern_a_finding_already_got_on_this_lineage_waits_behind_the_untrie
     assert breadth_first(planned, [accepted(1, 0, tiles)], {0, 1}) == [fold, peel, search, tiles, spare]
     # on another branch (round 2 rewrote the task's own kernel) the win does not count
     assert breadth_first(planned, [accepted(1, 0, tiles)], {0, 2}) == planned
-    # nor does a rejected round (that one is not retried at all: _plan), nor the launch search's own climbing
+    # nor does the launch search's own climbing; a pair rejected on an ancestor comes back once, after the
+    # untried targeted ones (round 2 changed the kernel since)
     rejected = Round(1, 0, "done", tiles, "k1", rewriter="pattern", outcome="rejected")
-    assert breadth_first(planned, [rejected, accepted(2, 0, search)], {0, 2}) == planned
+    assert breadth_first(planned, [rejected, accepted(2, 0, search)], {0, 2}) == [fold, peel, search, tiles, spare]
+
+
+def test_a_pair_rejected_before_an_accepted_round_is_tried_once_more_on_the_new_kernel():
+    from diagnose.planning import breadth_first
+    from diagnose.rounds import Round
+
+    def hyp(finding: str, pattern: str) -> Hypothesis:
+        return Hypothesis(finding, finding, pattern, "pattern", "L1")
+
+    tiles, fold, peel = (hyp("dot.tile-underused", "autotune-configs"), hyp("math.exp-unfolded-scale", "exp2-fast-math"),
+                         hyp("loop.boundary-mask", "peel-loop-boundary"))
+
+    def done(idx: int, parent: int, h: Hypothesis, outcome: str) -> Round:
+        return Round(idx, parent, "done", h, f"k{idx}", rewriter="pattern", outcome=outcome)
+
+    # attention's bench run: tiles rejected on the task's kernel, exp2 accepted in round 2
+    history = [done(1, 0, tiles, "rejected"), done(2, 0, fold, "accepted")]
+    assert breadth_first([tiles, fold, peel], history[:1], {0}) == [fold, peel]  # not on the kernel it lost on
+    assert breadth_first([tiles, fold, peel], history, {0, 2}) == [peel, tiles, fold]
+    # rejected on the new kernel too: out for good, here and on its descendants
+    history += [done(3, 2, tiles, "rejected"), done(4, 2, peel, "accepted")]
+    assert breadth_first([tiles, fold, peel], history, {0, 2}) == [peel, fold]
+    assert breadth_first([tiles, fold, peel], history, {0, 2, 4}) == [fold, peel]
+    # a failed round counts as a rejection
+    assert breadth_first([tiles, peel], [done(1, 0, tiles, "failed")], {0}) == [peel]
 
 
 def test_once_the_findings_are_spent_the_loop_tries_the_rewrites_that_apply_untargeted(tmp_path):
