@@ -96,6 +96,28 @@ def test_the_block_halves_only_while_the_grid_is_short():
      "_scan[(triton.cdiv(D, 128),)](x, h, T, D, a, BLOCK=128)"),
     # the program axis is not the block's: cols from a loop, the program a column block of its own
     ("    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "    cols = tl.program_id(0) + tl.arange(0, BLOCK) * 0"),
+    # (the cases below from a review's probes: each gave wrong, out-of-bounds or broken variants)
+    # the block also spans a second, unsplit axis
+    ("        x = tl.load(X + t * D + cols, mask=mask, other=0.0)",
+     "        x = tl.load(X + t * D + cols, mask=mask, other=0.0) + tl.arange(0, BLOCK) * 0.0"),
+    # the program index read beside the axis: something stored per block
+    ("    h = tl.zeros((BLOCK,), dtype=tl.float32)\n",
+     "    h = tl.zeros((BLOCK,), dtype=tl.float32)\n    tl.store(H + tl.program_id(0), 0.0)\n"),
+    # lanes combined across the tile: a chunk's own cumsum
+    ("        tl.store(H + t * D + cols, h, mask=mask)", "        tl.store(H + t * D + cols, tl.cumsum(h, 0), mask=mask)"),
+    # the grid's name sizes an allocation
+    ("    _scan[(triton.cdiv(D, block),)](x, h, T, D, a, BLOCK=block)",
+     "    grid = (triton.cdiv(D, block),)\n    parts = torch.empty(grid[0])\n    _scan[grid](x, h, T, D, a, BLOCK=block)"),
+    # the block count passed beside the block
+    ("_scan[(triton.cdiv(D, block),)](x, h, T, D, a, BLOCK=block)",
+     "_scan[(triton.cdiv(D, block),)](x, h, T, triton.cdiv(D, block) * 0 + D, a, BLOCK=block)"),
+    # launch options the rewrite cannot see (num_warps may be among them)
+    ("BLOCK=block)", "BLOCK=block, **{})"),
+    # a starred grid: its axes are not a product of numbers
+    ("_scan[(triton.cdiv(D, block),)]", "_scan[(triton.cdiv(D, block), *x.shape[2:])]"),
+    # a launch inside a lambda: its names are not the wrapper's
+    ("    _scan[(triton.cdiv(D, block),)](x, h, T, D, a, BLOCK=block)",
+     "    (lambda n: _scan[(triton.cdiv(n, block),)](x, h, T, n, a, BLOCK=block))(D)"),
 ])
 def test_what_cannot_keep_every_column_covered_is_declined(old, new):
     assert old in SCAN
@@ -140,3 +162,22 @@ def test_the_short_grid_is_answered_first_and_by_the_fill(tmp_path):
     planned = hypotheses(answer, OptimizeOptions(), catalog_for(None))
     first = next(h for h in planned if h.rewriter == "pattern" and rewrite(h.pattern, SCAN, {"finding": h.finding}))
     assert (first.finding, first.pattern) == ("parallelism.grid-underfilled", PATTERN)
+
+
+def test_the_wrapper_keeps_its_own_names_and_the_helper_sits_beside_the_kernel():
+    source = SCAN.replace("block=128", "size=128").replace("triton.cdiv(D, block)", "triton.cdiv(x.size(1), size)") \
+        .replace("BLOCK=block", "BLOCK=size") + '\nsm_count = 7\n\nif __name__ == "__main__":\n    scan(torch.randn(4, 4))\n'
+    (variant, *_) = smaller_blocks(source, TARGETED)
+    assert "lambda _kb_b: triton.cdiv(x.size(1), _kb_b)" in variant.source  # the attribute `size` kept
+    assert "_kb_sm_count = " in variant.source and "\n    sm_count = " not in variant.source  # the global stays global
+    assert variant.source.index("def _kb_fill_block") < variant.source.index('if __name__ == "__main__":')
+
+
+def test_pipelining_leaves_a_loop_that_reads_what_it_stores():
+    """A recurrence through memory: prefetching row t - 1 before iteration t - 1 stores it reads stale data on
+    sm90 (the review compiled it: cp.async of H's row issued ahead of the tt.store); the interpreter ignores
+    num_stages and cannot show it."""
+    through_memory = SCAN.replace("        h = a * h + x\n", "        h = a * tl.load(H + (t - 1) * D + cols, mask=mask & (t > 0), other=0.0) + x\n")
+    assert rewrite("tl-range-pipelining", through_memory, {}) == []
+    assert [v.params["composed"] for v in smaller_blocks(through_memory, TARGETED) if "composed" in v.params] == []
+    assert len(rewrite("tl-range-pipelining", SCAN, {})) == 3

@@ -36,7 +36,6 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import (
     ReplaceNodes,
-    SubstituteNames,
     Variant,
     autotune_decorated,
     jit_functions,
@@ -44,7 +43,8 @@ from diagnose.rewriters.base import (
     launch_grid_axes,
     only_launch,
     register,
-    sm_count_statement,
+    simple_assign,
+    start_plus_arange,
     target_launch,
     with_keywords,
 )
@@ -69,21 +69,130 @@ def _kb_fill_block(block, programs, floor, target):
 '''
 
 
-def _block_uses_ok(fn: cst.FunctionDef, block: str, grid_nodes: list[cst.BaseExpression], call: cst.Call) -> bool:
-    """Whether the wrapper reads the name `block` only in the grid and the launch (and binds it)."""
-    allowed = {id(n) for node in [*grid_nodes, call] for n in m.findall(node, m.Name(block))}
-    bindings = {id(t.target) for t in m.findall(fn, m.AssignTarget()) if isinstance(t, cst.AssignTarget)}
-    params = {id(p.name) for p in [*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params]}
-    return all(id(n) in allowed | bindings | params for n in m.findall(fn.body, m.Name(block)))
+def _only_the_axis_reads(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
+    """Whether the block and the program index reach nothing but the axis: BLOCK only in the statement
+    that defines the axis (`offs = pid * BLOCK + tl.arange(0, BLOCK)`) and in tile shapes (`tl.zeros((BLOCK,),
+    ...)`), the program index behind that start nowhere else. Anything more (a second arange over BLOCK, a
+    reshape or static_assert on it, a scale or partial stored at `pid`) gives the block a meaning a
+    smaller one would change."""
+    across = {"sum", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "reduce", "associative_scan", "sort",
+              "xor_sum", "histogram", "flip", "reshape", "view", "permute", "trans", "split", "join", "interleave"}
+    every_call = [cst.ensure_type(c, cst.Call) for c in m.findall(kernel.body, m.Call())]
+    if any(isinstance(c.func, cst.Attribute) and c.func.attr.value in across for c in every_call):
+        return False  # lanes combined across the tile (a chunk's cumsum): a smaller block changes the result
+    defining = [s for s in kernel.body.body if (a := simple_assign(s)) is not None and a[0] == axis.offsets
+                and (parts := start_plus_arange(a[1])) is not None and axis.block in names_in(parts[0])]
+    if len(defining) != 1:
+        return False
+    start = start_plus_arange(simple_assign(defining[0])[1])[0]  # type: ignore[index]
+    shapes = {id(n) for call in m.findall(kernel.body, m.Call(func=m.Attribute(value=m.Name("tl"),
+                                                                   attr=m.Name("zeros") | m.Name("full"))))
+              for n in m.findall(cst.ensure_type(call, cst.Call).args[0], m.Name(axis.block))}
+    inside = {id(n) for n in m.findall(defining[0], m.Name())}
+    if not all(id(n) in inside | shapes for n in m.findall(kernel.body, m.Name(axis.block))):
+        return False
+    program_id = m.Call(func=m.Attribute(attr=m.Name("program_id")))
+    assigned = [a for stmt in kernel.body.body if (a := simple_assign(stmt)) is not None]
+    local = {name for name, _ in assigned}
+    program_names = names_in(start) & local  # the start's names the kernel binds: each from tl.program_id
+    if any(name in program_names and not m.findall(value, program_id) for name, value in assigned):
+        return False
+    calls = [*m.findall(start, program_id), *[c for name, value in assigned if name in program_names
+                                              for c in m.findall(value, program_id)]]
+    ours = {_program_axis(cst.ensure_type(c, cst.Call)) for c in calls}
+    others = [c for c in m.findall(kernel.body, program_id) if _program_axis(cst.ensure_type(c, cst.Call)) in ours]
+    if not calls or None in ours or len(others) > len(calls):
+        return False  # the axis's program index read elsewhere too (a partial or a scale stored at `pid`)
+    return all(id(n) in inside for name in program_names for n in m.findall(kernel.body, m.Name(name))
+               if not _binds(kernel, n))
+
+
+def _program_axis(call: cst.Call) -> str | None:
+    """The axis a `tl.program_id(k)` / `tl.program_id(axis=k)` reads, as written (None when not a literal)."""
+    if len(call.args) != 1 or not isinstance(call.args[0].value, cst.Integer):
+        return None
+    return call.args[0].value.value
+
+
+def _binds(kernel: cst.FunctionDef, name: cst.CSTNode) -> bool:
+    return any(t.target is name for t in m.findall(kernel, m.AssignTarget()) if isinstance(t, cst.AssignTarget))
+
+
+def _block_uses_ok(fn: cst.FunctionDef, block: cst.Arg, grid: _Grid, call: cst.Call) -> bool:
+    """Whether the wrapper reads the block's name only in the grid and as the block argument, the name a
+    parameter of the launching function or bound in it to something other than another name (an alias's
+    original would go on sizing what it sized)."""
+    name = cst.ensure_type(block.value, cst.Name).value
+    params = {p.name.value: p.name for p in [*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params]}
+    bound = [t for t in m.findall(fn.body, m.Assign()) if isinstance(t, cst.Assign)
+             and any(m.matches(x.target, m.Name(name)) for x in t.targets)]
+    if name not in params and not bound or any(isinstance(a.value, (cst.Name, cst.Attribute)) for a in bound):
+        return False
+    allowed = {id(n) for node in [*grid.nodes, block.value] for n in m.findall(node, m.Name(name))}
+    targets = {id(x.target) for a in bound for x in a.targets}
+    spelled = {id(a.keyword) for a in m.findall(fn.body, m.Arg()) if isinstance(a, cst.Arg) and a.keyword} | {
+        id(a.attr) for a in m.findall(fn.body, m.Attribute()) if isinstance(a, cst.Attribute)}  # not the variable
+    return all(id(n) in allowed | targets | spelled for n in m.findall(fn.body, m.Name(name)))
+
+
+class _Grid:
+    """The launch's grid as written: the nodes the block may appear in, and whether the fill may inline it."""
+
+    def __init__(self, fn: cst.FunctionDef, call: cst.Call) -> None:
+        self.nodes: list[cst.CSTNode] = []
+        self.ok = False
+        if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
+            return
+        index = call.func.slice[0].slice
+        if not isinstance(index, cst.Index):
+            return
+        self.nodes.append(index.value)
+        if isinstance(index.value, cst.Name):
+            grid = index.value.value
+            bound = [a for a in m.findall(fn.body, m.Assign()) if isinstance(a, cst.Assign)
+                     and any(m.matches(t.target, m.Name(grid)) for t in a.targets)]
+            if len(bound) != 1:
+                return
+            self.nodes.append(bound[0].value)
+            # the grid's name read elsewhere (`torch.empty(grid[0])`) would keep the count as written
+            uses = [n for n in m.findall(fn.body, m.Name(grid))]
+            if len(uses) != 2:
+                return
+            # a name the grid reads, bound twice (perhaps between the grid and the launch), may be read anew
+            # at the launch with another value
+            read = names_in(bound[0].value)
+            targets = [n for t in m.findall(fn.body, m.AssignTarget()) if isinstance(t, cst.AssignTarget)
+                       for n in names_in(t.target) & read]
+            if len(targets) != len(set(targets)):
+                return
+        if any(m.findall(node, m.StarredElement()) for node in self.nodes):
+            return  # `(cdiv(N, BLOCK), *x.shape[:-1])`: the axes read as a product would be wrong
+        self.ok = True
 
 
 def _grid_with(axes: list[cst.BaseExpression], block: cst.BaseExpression, value: cst.BaseExpression) -> list[cst.BaseExpression]:
     """The grid's axes with the launch's block argument (a name, or the number a meta lambda read) replaced."""
-    swap: cst.CSTTransformer = SubstituteNames({block.value: value}) if isinstance(block, cst.Name) \
+    swap: cst.CSTTransformer = _Rename(block.value, value) if isinstance(block, cst.Name) \
         else ReplaceNodes({id(block): value})
     out = [a.visit(swap) for a in axes]
     assert all(isinstance(a, cst.BaseExpression) for a in out)  # an expression's node replaced by expressions
     return out  # type: ignore[return-value]
+
+
+class _Rename(cst.CSTTransformer):
+    """A variable renamed, not an attribute spelled alike (`x.size(0)` keeps `size` when the block is `size`)."""
+
+    def __init__(self, name: str, value: cst.BaseExpression) -> None:
+        self.name, self.value = name, value
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # its value is renamed in leave_Attribute, its attribute never
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        return updated.with_changes(value=original.value.visit(self))
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self.value if updated.value == self.name else updated
 
 
 def _reads_block(axes: list[cst.BaseExpression], block: cst.BaseExpression) -> bool:
@@ -125,18 +234,21 @@ class _FillLaunch(cst.CSTTransformer):
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
                                   ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
-        if not any(c is self.call for c in m.findall(original, m.Call())):
-            return updated
+        if len(original.body) != 1 or not any(c is self.call for c in m.findall(original, m.Call())):
+            return updated  # `n = ...; launch` on one line: the sizing would run before `n` is bound
         self.done += 1
         written = cst.Module([]).code_for_node(self.block.value)
         programs = " * ".join(_parenthesized(a) for a in _grid_with(self.axes, self.block.value, cst.Name("_kb_b")))
         sizing = [
-            sm_count_statement("132").with_changes(leading_lines=[*updated.leading_lines, cst.EmptyLine(
-                comment=cst.Comment(f"# fill the grid: the block halved (not below {self.floor}) until "
-                                    f"{self.per_sm} programs per SM; a full grid keeps it"))]),
+            cst.parse_statement(  # a name of its own: a module-level `sm_count` the wrapper reads stays global
+                "_kb_sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
+                "                if torch.cuda.is_available() else 132)\n").with_changes(
+                leading_lines=[*updated.leading_lines, cst.EmptyLine(comment=cst.Comment(
+                    f"# fill the grid: the block halved (not below {self.floor}) until "
+                    f"{self.per_sm} programs per SM; a full grid keeps it"))]),
             cst.parse_statement(f"_kb_written = {written}\n"),
             cst.parse_statement(f"_kb_block = _kb_fill_block(_kb_written, lambda _kb_b: {programs}, "
-                                f"{self.floor}, {self.per_sm} * sm_count)\n"),
+                                f"{self.floor}, {self.per_sm} * _kb_sm_count)\n"),
         ]
         return cst.FlattenSentinel([*sizing, updated.with_changes(leading_lines=[])])
 
@@ -148,17 +260,27 @@ def _fill(module: cst.Module, kernel: cst.FunctionDef, call: cst.Call, axis: Mas
     block = launch_arguments(kernel, call).get(axis.block)
     if launch is None or axes is None or block is None or not isinstance(block.value, (cst.Name, cst.Integer)):
         return None
-    if not _reads_block(axes, block.value):
-        return None  # the grid would not follow a smaller block
-    if isinstance(block.value, cst.Name) and not _block_uses_ok(launch[0], block.value.value, axes, call):
+    if any(a.star for a in call.args) or _in_expression_scope(launch[0], call):
+        return None  # `**opts` may hold num_warps; a lambda's or comprehension's names are not the wrapper's
+    grid = _Grid(launch[0], call)
+    if not grid.ok or not _reads_block(axes, block.value):
+        return None  # the grid would not follow a smaller block, or could not be evaluated again at the launch
+    if isinstance(block.value, cst.Name) and not _block_uses_ok(launch[0], block, grid, call):
         return None
     transform = _FillLaunch(call, block, axes, floor, per_sm, warps)
     new = module.visit(transform)
     if transform.done != 1:
         return None
+    # Beside the kernel, so that the module's own code after it (an `if __name__ == "__main__":`) sees it.
     helper = [s.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
               for s in cst.parse_module(FILL_HELPER).body if isinstance(s, cst.FunctionDef)]
-    return new.with_changes(body=[*new.body, *helper]).code
+    at = next(i for i, s in enumerate(new.body) if isinstance(s, cst.FunctionDef) and s.name.value == kernel.name.value)
+    return new.with_changes(body=[*new.body[:at + 1], *helper, *new.body[at + 1:]]).code
+
+
+def _in_expression_scope(fn: cst.FunctionDef, call: cst.Call) -> bool:
+    scopes = m.Lambda() | m.ListComp() | m.SetComp() | m.DictComp() | m.GeneratorExp()
+    return any(any(c is call for c in m.findall(s, m.Call())) for s in m.findall(fn.body, scopes))
 
 
 def smaller_blocks(source: str, context: dict[str, Any]) -> list[Variant]:
@@ -173,7 +295,7 @@ def smaller_blocks(source: str, context: dict[str, Any]) -> list[Variant]:
         return []
     dot = bool(m.findall(kernel, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))))
     filled: list[Variant] = []
-    for axis in (a for a in masked_axes(kernel) if a.split):
+    for axis in (a for a in masked_axes(kernel) if a.split and _only_the_axis_reads(kernel, a)):
         for floor, per_sm in (_DOT_VARIANTS if dot else _VARIANTS):
             new = _fill(module, kernel, launch[1], axis, floor, per_sm, warps=not dot)
             if new is not None:
@@ -188,7 +310,8 @@ def smaller_blocks(source: str, context: dict[str, Any]) -> list[Variant]:
         if pipelined:
             composed.append(Variant({**variant.params, **pipelined[0].params, "composed": "tl-range-pipelining"},
                                     pipelined[0].source))
-    return [*filled[:4], *composed][:6]
+    unique = list({v.source: v for v in [*filled[:4], *composed]}.values())  # an axis with two masks: once
+    return unique[:6]
 
 
 def split_work(source: str, context: dict[str, Any]) -> list[Variant]:

@@ -51,6 +51,7 @@ class MaskedAxis:
     block: str  # the constexpr parameter the axis's arange spans
     extent: str  # the parameter its mask compares it with
     split: bool  # whether programs split the axis (its start comes from tl.program_id); else one tile spans it
+    offsets: str = ""  # the name the axis is bound to (`offs` of `offs = start + tl.arange(0, BLOCK)`)
 
 
 def masked_axes(kernel: cst.FunctionDef) -> list[MaskedAxis]:
@@ -93,7 +94,7 @@ def masked_axes(kernel: cst.FunctionDef) -> list[MaskedAxis]:
             left = left.value
         if isinstance(left, cst.Name) and left.value in offsets and isinstance(right, cst.Name) \
                 and right.value in params - constexpr:
-            axis = MaskedAxis(*offsets[left.value][:1], right.value, offsets[left.value][1])
+            axis = MaskedAxis(*offsets[left.value][:1], right.value, offsets[left.value][1], left.value)
             if axis not in axes:
                 axes.append(axis)
     return axes

@@ -1,4 +1,10 @@
-"""Loop pipelining: a loop over loads without a dot becomes `tl.range(..., num_stages=3)`."""
+"""Loop pipelining: a loop over loads without a dot becomes `tl.range(..., num_stages=3)`.
+
+A loop that stores through a pointer it also loads from is left as written: the pipeliner issues the
+loads of later iterations before this iteration's stores (a recurrence through memory, `prev =
+tl.load(H + (t - 1) * D)` after `tl.store(H + t * D, ...)`, read stale rows on sm90), and the interpreter,
+which ignores num_stages, cannot show it. Pointers are told apart by the base of their address
+(`H` of `H + t * D + cols`)."""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ class _Pipeline(InJit):
             return updated
         name = dotted(updated.iter.func)
         calls = {dotted(c.func).split(".")[-1] for c in m.findall(original.body, m.Call())}  # type: ignore[attr-defined]
-        if "load" not in calls or "dot" in calls or name not in ("range", "tl.range"):
+        if "load" not in calls or "dot" in calls or name not in ("range", "tl.range") or _stores_what_it_loads(original):
             return updated
         args = list(updated.iter.args)
         if any(a.keyword is not None and a.keyword.value == "num_stages" for a in args):
@@ -32,6 +38,24 @@ class _Pipeline(InJit):
         self.changed += 1
         func = cst.Attribute(value=cst.Name("tl"), attr=cst.Name("range"))
         return updated.with_changes(iter=updated.iter.with_changes(func=func, args=args))
+
+
+def _base(address: cst.BaseExpression) -> str:
+    """The base of a pointer sum: the leftmost term of `H + (t - 1) * D + cols`, as written."""
+    while isinstance(address, cst.BinaryOperation) and isinstance(address.operator, (cst.Add, cst.Subtract)):
+        address = address.left
+    return cst.Module([]).code_for_node(address)
+
+
+def _stores_what_it_loads(loop: cst.For) -> bool:
+    bases: dict[str, set[str]] = {"load": set(), "store": set()}
+    for call in m.findall(loop.body, m.Call()):
+        assert isinstance(call, cst.Call)
+        kind = dotted(call.func).split(".")[-1]
+        kind = "store" if kind.startswith("atomic_") else kind  # an atomic writes what it reads
+        if kind in bases and call.args:
+            bases[kind].add(_base(call.args[0].value))
+    return bool(bases["load"] & bases["store"])
 
 
 def tl_range_pipelining(source: str, context: dict[str, Any]) -> list[Variant]:
