@@ -14,13 +14,17 @@ It applies where the smaller block cannot leave an element uncovered or read pas
 
 - the kernel is the one the call runs (`base.target_launch`), not under `@triton.autotune` (its configs
   own the block and the warps), launched at one site;
-- the kernel has a program axis `offs = start + tl.arange(0, BLOCK)`, `start` computed from
-  `tl.program_id`, BLOCK a constexpr parameter, and a mask comparing the axis with a parameter
-  (`fit.masked_axes`): its tail is masked whatever the block;
+- the kernel has a program axis `offs = pid * BLOCK + tl.arange(0, BLOCK)`, `pid` from `tl.program_id`,
+  BLOCK a constexpr parameter, and a mask comparing the axis with a parameter (`fit.masked_axes`);
+- each program's lanes are independent of the block: BLOCK appears only there and in tile shapes, that
+  program index nowhere else (no partial or scale stored per program), and nothing combines lanes across
+  the tile (no sum, scan, reshape: a chunk's own cumsum would change); other grid axes are free;
 - the launch passes BLOCK as a name or a number, and its grid (a tuple, or a name bound once to a tuple
-  or to `lambda meta: (...)`, `base.launch_grid_axes`) reads it, so the grid follows the block;
-- a name passed as BLOCK is read by the launching function only where it is bound, in the grid and at
-  the launch (an allocation sized by it would no longer match the kernel's blocks);
+  or to `lambda meta: (...)`, `base.launch_grid_axes`; not starred) reads it, so the grid follows the block;
+- the wrapper reads a name passed as BLOCK only where it binds it (not to another name: an alias's
+  original would go on sizing what it sized), in the grid and as that argument; a grid bound to a name is
+  read only at the launch, and the names it reads are bound once; no `**kwargs` at the launch, and the
+  launch is a statement of its own in the function (not in a lambda or comprehension);
 - a kernel with `tl.dot` keeps blocks of at least 16.
 
 Rounds no finding asked for get no variants: the sizing only acts on a launch whose grid is short, which
@@ -72,9 +76,9 @@ def _kb_fill_block(block, programs, floor, target):
 def _only_the_axis_reads(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
     """Whether the block and the program index reach nothing but the axis: BLOCK only in the statement
     that defines the axis (`offs = pid * BLOCK + tl.arange(0, BLOCK)`) and in tile shapes (`tl.zeros((BLOCK,),
-    ...)`), the program index behind that start nowhere else. Anything more (a second arange over BLOCK, a
-    reshape or static_assert on it, a scale or partial stored at `pid`) gives the block a meaning a
-    smaller one would change."""
+    ...)`), the program index behind that start nowhere else, no lanes combined across the tile. Anything
+    more (a second arange over BLOCK, a reshape or static_assert on it, a scale or partial stored at `pid`,
+    a sum or scan over the tile) gives the block a meaning a smaller one would change."""
     across = {"sum", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "reduce", "associative_scan", "sort",
               "xor_sum", "histogram", "flip", "reshape", "view", "permute", "trans", "split", "join", "interleave"}
     every_call = [cst.ensure_type(c, cst.Call) for c in m.findall(kernel.body, m.Call())]
