@@ -56,7 +56,8 @@ def breadth_first(planned: list[Hypothesis], rounds: list[Round], lineage: set[i
     again = [h for h in open_ if key(h) in accepted and h not in retry]
     fresh = [h for h in open_ if h not in again and h not in retry]
     first = [h for h in fresh if not h.untargeted]
-    return first + retry + again + [h for h in fresh if h.untargeted]
+    later = [h for h in fresh if h.untargeted] + [h for h in retry if h.untargeted]  # never before a finding's
+    return first + [h for h in retry if not h.untargeted] + again + later
 
 
 def hypotheses(answer: Answer, options: OptimizeOptions, catalog: list[Any] | None = None) -> list[Hypothesis]:

@@ -217,6 +217,11 @@ def test_a_pair_rejected_before_an_accepted_round_is_tried_once_more_on_the_new_
     assert breadth_first([tiles, fold, peel], history, {0, 2, 4}) == [fold, peel]
     # a failed round counts as a rejection
     assert breadth_first([tiles, peel], [done(1, 0, tiles, "failed")], {0}) == [peel]
+    # a rewrite no finding asked for comes back behind the untargeted ones that were never tried
+    spare, other = (Hypothesis("", "s", "tl-range-pipelining", "pattern", "L1", untargeted=True),
+                    Hypothesis("", "o", "int32-offsets", "pattern", "L1", untargeted=True))
+    history = [done(1, 0, spare, "rejected"), done(2, 0, fold, "accepted")]
+    assert breadth_first([spare, other, peel], history, {0, 2}) == [peel, other, spare]
 
 
 def test_once_the_findings_are_spent_the_loop_tries_the_rewrites_that_apply_untargeted(tmp_path):
