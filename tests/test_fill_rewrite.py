@@ -124,6 +124,11 @@ def test_what_cannot_keep_every_column_covered_is_declined(old, new):
     assert smaller_blocks(SCAN.replace(old, new), TARGETED) == []
 
 
+def test_a_block_written_at_or_below_a_floor_gets_no_variant_of_that_floor():
+    assert [v.params["floor"] for v in smaller_blocks(SCALE.replace("BLOCK_SIZE=1024", "BLOCK_SIZE=16"), TARGETED)] == [8]
+    assert smaller_blocks(SCALE.replace("BLOCK_SIZE=1024", "BLOCK_SIZE=8"), TARGETED) == []
+
+
 def test_an_autotuned_kernel_and_an_untargeted_round_get_no_variants():
     autotuned = SCAN.replace("@triton.jit", "@triton.autotune(configs=[triton.Config({'BLOCK': 128})], key=['D'])\n"
                                             "@triton.jit").replace(", BLOCK=block)", ")")

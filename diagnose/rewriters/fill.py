@@ -300,7 +300,10 @@ def smaller_blocks(source: str, context: dict[str, Any]) -> list[Variant]:
     dot = bool(m.findall(kernel, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))))
     filled: list[Variant] = []
     for axis in (a for a in masked_axes(kernel) if a.split and _only_the_axis_reads(kernel, a)):
+        written = launch_arguments(kernel, launch[1]).get(axis.block)
         for floor, per_sm in (_DOT_VARIANTS if dot else _VARIANTS):
+            if written is not None and isinstance(written.value, cst.Integer) and int(written.value.value) <= floor:
+                continue  # a block written at or below the floor never halves: the variant would be the kernel
             new = _fill(module, kernel, launch[1], axis, floor, per_sm, warps=not dot)
             if new is not None:
                 filled.append(Variant({"fill": f"{axis.block} halved at launch", "floor": floor, "per_sm": per_sm,
