@@ -212,13 +212,28 @@ class InJit(cst.CSTTransformer):
 
 
 class SubstituteNames(cst.CSTTransformer):
-    """Every `Name` in `names` replaced by its expression (a template's placeholders, a renamed state)."""
+    """Every variable in `names` replaced by its expression (a template's placeholders, a renamed state); an
+    attribute or a keyword spelled alike is not a variable (`x.size(0)` keeps `size` when `size` is renamed,
+    `f(h=h)` keeps its keyword)."""
 
     def __init__(self, names: dict[str, cst.BaseExpression]) -> None:
         self.names = names
+        self.spelled = 0  # inside an attribute's name or an argument's keyword
+
+    def visit_Attribute_attr(self, node: cst.Attribute) -> None:
+        self.spelled += 1
+
+    def leave_Attribute_attr(self, node: cst.Attribute) -> None:
+        self.spelled -= 1
+
+    def visit_Arg_keyword(self, node: cst.Arg) -> None:
+        self.spelled += 1
+
+    def leave_Arg_keyword(self, node: cst.Arg) -> None:
+        self.spelled -= 1
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        return self.names.get(updated.value, updated)
+        return updated if self.spelled else self.names.get(updated.value, updated)
 
 
 class ReplaceNodes(cst.CSTTransformer):
@@ -318,12 +333,13 @@ class _MetaKeys(cst.CSTTransformer):
         return updated
 
 
-def sm_count_statement(fallback: str) -> cst.BaseStatement:
-    """`sm_count = <the current device's SM count>`, `fallback` (an expression) without a GPU: launch
-    rewrites that size a grid by the device put this in the wrapper."""
+def sm_count_statement(fallback: str, name: str = "sm_count") -> cst.BaseStatement:
+    """`<name> = <the current device's SM count>`, `fallback` (an expression) without a GPU: launch
+    rewrites that size a grid by the device put this in the wrapper (a `name` of the rewrite's own keeps a
+    module-level `sm_count` the wrapper reads global)."""
     return cst.parse_statement(
-        "sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
-        f"            if torch.cuda.is_available() else {fallback})\n")
+        f"{name} = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
+        f"{' ' * (len(name) + 4)}if torch.cuda.is_available() else {fallback})\n")
 
 
 def start_plus_arange(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:

@@ -40,6 +40,7 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import (
     ReplaceNodes,
+    SubstituteNames,
     Variant,
     autotune_decorated,
     jit_functions,
@@ -48,6 +49,7 @@ from diagnose.rewriters.base import (
     only_launch,
     register,
     simple_assign,
+    sm_count_statement,
     start_plus_arange,
     target_launch,
     with_keywords,
@@ -55,6 +57,7 @@ from diagnose.rewriters.base import (
 from diagnose.rewriters.blocks import names_in
 from diagnose.rewriters.fit import MaskedAxis, masked_axes
 from diagnose.rewriters.pipelining import tl_range_pipelining
+from diagnose.rewriters.rowread import program_id_axis
 from diagnose.rewriters.split import split_reduction
 
 __all__ = ["FILL_HELPER", "smaller_blocks", "split_work"]
@@ -103,19 +106,12 @@ def _only_the_axis_reads(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
         return False
     calls = [*m.findall(start, program_id), *[c for name, value in assigned if name in program_names
                                               for c in m.findall(value, program_id)]]
-    ours = {_program_axis(cst.ensure_type(c, cst.Call)) for c in calls}
-    others = [c for c in m.findall(kernel.body, program_id) if _program_axis(cst.ensure_type(c, cst.Call)) in ours]
+    ours = {program_id_axis(cst.ensure_type(c, cst.Call)) for c in calls}
+    others = [c for c in m.findall(kernel.body, program_id) if program_id_axis(cst.ensure_type(c, cst.Call)) in ours]
     if not calls or None in ours or len(others) > len(calls):
         return False  # the axis's program index read elsewhere too (a partial or a scale stored at `pid`)
     return all(id(n) in inside for name in program_names for n in m.findall(kernel.body, m.Name(name))
                if not _binds(kernel, n))
-
-
-def _program_axis(call: cst.Call) -> str | None:
-    """The axis a `tl.program_id(k)` / `tl.program_id(axis=k)` reads, as written (None when not a literal)."""
-    if len(call.args) != 1 or not isinstance(call.args[0].value, cst.Integer):
-        return None
-    return call.args[0].value.value
 
 
 def _binds(kernel: cst.FunctionDef, name: cst.CSTNode) -> bool:
@@ -127,7 +123,7 @@ def _block_uses_ok(fn: cst.FunctionDef, block: cst.Arg, grid: _Grid, call: cst.C
     parameter of the launching function or bound in it to something other than another name (an alias's
     original would go on sizing what it sized)."""
     name = cst.ensure_type(block.value, cst.Name).value
-    params = {p.name.value: p.name for p in [*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params]}
+    params = {p.name.value for p in [*fn.params.params, *fn.params.kwonly_params, *fn.params.posonly_params]}
     bound = [t for t in m.findall(fn.body, m.Assign()) if isinstance(t, cst.Assign)
              and any(m.matches(x.target, m.Name(name)) for x in t.targets)]
     if name not in params and not bound or any(isinstance(a.value, (cst.Name, cst.Attribute)) for a in bound):
@@ -176,27 +172,11 @@ class _Grid:
 
 def _grid_with(axes: list[cst.BaseExpression], block: cst.BaseExpression, value: cst.BaseExpression) -> list[cst.BaseExpression]:
     """The grid's axes with the launch's block argument (a name, or the number a meta lambda read) replaced."""
-    swap: cst.CSTTransformer = _Rename(block.value, value) if isinstance(block, cst.Name) \
+    swap: cst.CSTTransformer = SubstituteNames({block.value: value}) if isinstance(block, cst.Name) \
         else ReplaceNodes({id(block): value})
     out = [a.visit(swap) for a in axes]
     assert all(isinstance(a, cst.BaseExpression) for a in out)  # an expression's node replaced by expressions
     return out  # type: ignore[return-value]
-
-
-class _Rename(cst.CSTTransformer):
-    """A variable renamed, not an attribute spelled alike (`x.size(0)` keeps `size` when the block is `size`)."""
-
-    def __init__(self, name: str, value: cst.BaseExpression) -> None:
-        self.name, self.value = name, value
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        return False  # its value is renamed in leave_Attribute, its attribute never
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
-        return updated.with_changes(value=original.value.visit(self))
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        return self.value if updated.value == self.name else updated
 
 
 def _reads_block(axes: list[cst.BaseExpression], block: cst.BaseExpression) -> bool:
@@ -244,9 +224,8 @@ class _FillLaunch(cst.CSTTransformer):
         written = cst.Module([]).code_for_node(self.block.value)
         programs = " * ".join(_parenthesized(a) for a in _grid_with(self.axes, self.block.value, cst.Name("_kb_b")))
         sizing = [
-            cst.parse_statement(  # a name of its own: a module-level `sm_count` the wrapper reads stays global
-                "_kb_sm_count = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count\n"
-                "                if torch.cuda.is_available() else 132)\n").with_changes(
+            # a name of its own: a module-level `sm_count` the wrapper reads stays global
+            sm_count_statement("132", "_kb_sm_count").with_changes(
                 leading_lines=[*updated.leading_lines, cst.EmptyLine(comment=cst.Comment(
                     f"# fill the grid: the block halved (not below {self.floor}) until "
                     f"{self.per_sm} programs per SM; a full grid keeps it"))]),
