@@ -186,3 +186,12 @@ def test_pipelining_leaves_a_loop_that_reads_what_it_stores():
     assert rewrite("tl-range-pipelining", through_memory, {}) == []
     assert [v.params["composed"] for v in smaller_blocks(through_memory, TARGETED) if "composed" in v.params] == []
     assert len(rewrite("tl-range-pipelining", SCAN, {})) == 3
+
+
+def test_substituting_a_variable_leaves_attributes_and_keywords_spelled_alike():
+    import libcst as cst
+
+    from diagnose.rewriters.base import SubstituteNames
+
+    expr = cst.parse_expression("x.size(0) + size + f(size=size)")
+    assert cst.Module([]).code_for_node(expr.visit(SubstituteNames({"size": cst.Name("b")}))) == "x.size(0) + b + f(size=b)"
