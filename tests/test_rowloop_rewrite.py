@@ -176,8 +176,13 @@ def test_a_value_reassigned_after_a_lane_statement_read_it_starts_a_loop_where_i
     reassigned = max(i for i, st in enumerate(plan.statements) if st.target == "scale")
     assert [g.at for g in plan.groups] == [reassigned] and plan.reductions[0].at > reassigned
     variants = rewrite(PATTERN, source, {})
+    assert variants
+    # Entries of -1, 0, 1 keep every partial sum of x * 4500 an integer well below 2**24, exact in fp32
+    # in any order: random normals made the sum's rounding fail the default tolerance on rows whose sum
+    # lands near zero, and this test is about where the loop goes, not about fp32 summation.
     for variant in variants:
-        assert candidate_rejection(tmp_path, source, variant.source, "entry", "entry(torch.randn(3, 4500))",
+        assert candidate_rejection(tmp_path, source, variant.source, "entry",
+                                   "entry(torch.randint(-1, 2, (3, 4500)).float())",
                                    "lambda x: x * 2.0 + (x * x.shape[1]).sum(1, keepdim=True)") == ""
 
 
