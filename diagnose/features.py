@@ -49,6 +49,8 @@ class KernelFeatures:
     loop_ends: dict[int, int] = field(default_factory=dict)  # loop line -> the last line of its body
     reductions: list[Site] = field(default_factory=list)
     atomics: list[Site] = field(default_factory=list)  # detail: sem ("default" = acq_rel)
+    # accumulating atomics left at acq_rel whose ordering orders nothing (diagnose.rewriters.atomics)
+    ordered_atomics: list[Site] = field(default_factory=list)
     int64_casts: list[Site] = field(default_factory=list)
     divmod: list[Site] = field(default_factory=list)  # detail: the runtime divisor
     libdevice: list[Site] = field(default_factory=list)
@@ -203,6 +205,7 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     feats.scalar_loops, feats.loop_reductions = list(sites.scalar), list(sites.reductions)
     feats.host_waits = list(_host_wait_sites(source))
     feats.unfolded_exps = list(_unfolded_exp_sites(source))
+    feats.ordered_atomics = list(_ordered_atomic_sites(source))
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
@@ -248,6 +251,14 @@ def _unfolded_exp_sites(source: str) -> tuple[Site, ...]:
     from diagnose.rewriters.exp2 import score_domains
 
     return tuple(Site(line, "tl.exp", "; ".join(d.entries)) for d in score_domains(source) for line in d.exp_lines)
+
+
+@functools.lru_cache(maxsize=32)
+def _ordered_atomic_sites(source: str) -> tuple[Site, ...]:
+    """The atomics relaxed-atomics relaxes (cached as the loop sites are)."""
+    from diagnose.rewriters.atomics import ordered_atomics
+
+    return tuple(Site(a.line, a.op, "acq_rel") for a in ordered_atomics(source))
 
 
 @functools.lru_cache(maxsize=32)

@@ -52,7 +52,7 @@ def to_markdown(answer: Answer) -> str:
     for e in answer.evidence:
         claim = e.claim.replace("|", "\\|")
         out.append(f"| {e.id} | {e.level} | {e.kind} | `{e.source}` | {claim} |")
-    excerpts = [e for e in answer.evidence if e.excerpt and e.kind in ("source", "remark", "ptx", "ttir", "ttgir", "ptxas")]
+    excerpts = [e for e in answer.evidence if e.excerpt and e.kind in ("source", "remark", "ptx", "ttir", "ttgir", "ptxas", "sass")]
     if excerpts:
         out += ["", "### Excerpts"]
         for e in excerpts:

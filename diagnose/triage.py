@@ -99,7 +99,18 @@ def triage(feats: KernelFeatures, log: EvidenceLog, target: str = "cuda:90") -> 
         out.append(Finding("math.precise-libdevice", "math", f"precise libdevice math ({s.what}) at {name}:{s.line}",
                            "libdevice routines are correctly rounded and long once inlined.", [ev],
                            [x.line for x in feats.libdevice], "", "L1", 0.7))
-    for s in feats.atomics:
+    if feats.ordered_atomics and cuda:
+        s = feats.ordered_atomics[0]
+        ev = _ev(log, feats, s, f"`{s.what}` at {name}:{s.line} uses the default acq_rel ordering and discards its "
+                 "result; no atomic of the kernel is read, exchanged or compared, and no load is volatile")
+        out.append(Finding("atomics.ordered", "atomics", f"{len(feats.ordered_atomics)} ordered atomic(s) that only "
+                           f"accumulate, the first at {name}:{s.line}",
+                           "An acq_rel atomic is a GPU-wide memory barrier before its read-modify-write and an L1 "
+                           "invalidation after it, and the thread waits for the old value. Nothing in this kernel "
+                           "reads another program's atomics before it ends, so relaxed ordering changes no value "
+                           "it or a later kernel sees, and lowers to a fire-and-forget reduction.", [ev],
+                           [x.line for x in feats.ordered_atomics], "", "L1", 0.8))
+    for s in feats.atomics if not (feats.ordered_atomics and cuda) else ():
         if s.detail == "default":
             ev = _ev(log, feats, s, f"`{s.what}` at {name}:{s.line} uses the default acq_rel ordering")
             out.append(Finding("atomics.contended", "atomics", f"acq_rel atomic at {name}:{s.line}",

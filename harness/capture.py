@@ -503,6 +503,7 @@ def _cache_key(launch: Launch, target: Any) -> str:
             "options": spec["options"],
             "attrs": [spec["attrs_keys"], spec["attrs_vals"]],
             "constants": [spec["constant_keys"], repr(spec["constant_vals"])],
+            "stages": _STAGES_RULE,
         },
         sort_keys=True,
         default=repr,
@@ -551,7 +552,7 @@ def compile_launch(
         constants={params[k[0]] if len(k) == 1 else str(k): _plain(v) for k, v in c["constants"].items()},
         arg_attrs={params[k[0]] if len(k) == 1 else str(k): [list(a) for a in v] for k, v in attrs.items()},
         options={k: _plain(v) for k, v in spec["options"].items() if k != "extern_libs"},
-        stages={k: v for k, v in kernel.asm.items() if isinstance(v, str) and k != "source"},
+        stages=_stages(kernel, target),
         pass_dumps=stderr,
         remarks=ir.parse_remarks(stderr),
         ptxas=ir.parse_ptxas_log(stdout + "\n" + stderr),
@@ -570,6 +571,25 @@ def compile_launch(
         tmp.write_text(artifacts.to_json())
         os.replace(tmp, cache_file)  # readers see the old entry or the whole new one, never half
     return artifacts
+
+
+# Which stages an entry holds: part of the cache key, so entries made before SASS was kept are redone.
+_STAGES_RULE = "asm strings; sass where the ptx orders memory"
+
+
+def _stages(kernel: Any, target: Any) -> dict[str, str]:
+    """The compile's text stages, and its SASS where the PTX orders memory: an ordered atomic or a fence
+    lowers to barriers and cache invalidations that only the machine code shows. Disassembly runs
+    cuobjdump (about 0.3 s), so other kernels go without; a Triton without the tool goes without too."""
+    stages = {k: v for k, v in kernel.asm.items() if isinstance(v, str) and k != "source"}
+    if target_name(target).startswith("cuda") and ir.has_memory_ordering(stages.get("ptx", "")):
+        try:
+            from triton.tools.disasm import get_sass
+
+            stages["sass"] = get_sass(kernel.asm["cubin"])
+        except Exception:  # noqa: BLE001 - no cuobjdump, or a format it cannot read: the other stages stand
+            pass
+    return stages
 
 
 @contextlib.contextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import EXAMPLES, FIXTURES, REPO
 
@@ -68,14 +70,20 @@ def test_per_element_acq_rel_atomics_are_found_in_the_ptx_and_relaxing_them_clea
     kernel = REPO / "corpora" / "operators" / "index_add" / "index_add.py"
     call = "index_add(torch.randn(64, 4096), torch.randint(0, 16, (64,)), 16)"
     answer = why("why are the atomics slow?", capture_call(kernel, call, cache_dir=tmp_path), home=None)
-    assert [f.kind for f in answer.findings] == ["atomics.contended"]
-    assert "acq_rel ordering" in answer.findings[0].title and answer.findings[0].level == "L3"
+    assert [f.kind for f in answer.findings] == ["atomics.ordered"]
+    assert "acq_rel ordering and its result unused" in answer.findings[0].title and answer.findings[0].level == "L3"
     assert any("acq_rel ordering, gpu scope" in e.claim for e in answer.evidence)
+    # what ptxas made of the ordering: a barrier and an L1 invalidation around each atomic (two 4-wide
+    # ATOMG a thread at this launch, its strides divisible by 16)
+    sass = next(e for e in answer.evidence if e.kind == "sass")
+    barriers, invalidations, atomics = map(int, re.findall(r"(\d+) (?:memory barrier|L1 inval|global atomic)", sass.claim))
+    assert barriers == invalidations == atomics > 0 and sass.excerpt.startswith(("MEMBAR", "CCTL"))
     assert answer.recommendations[0].pattern_id == "relaxed-atomics"
     relaxed = tmp_path / "index_add.py"
     relaxed.write_text(rewrite("relaxed-atomics", kernel.read_text(), {})[0].source)
     arts = capture_call(relaxed, call, cache_dir=tmp_path)
     assert "red.global.gpu.relaxed.add" in arts[0].stages["ptx"]  # no result used: a reduction
+    assert "sass" not in arts[0].stages  # nothing ordered left: no disassembly
     with pytest.raises(UserFacingError, match="no evidence about atomics"):
         why("why are the atomics slow?", arts, home=None)
 
@@ -105,3 +113,62 @@ def test_why_with_a_kb_cites_compiler_source_at_the_release(scale_artifacts, bui
         if e.level == "L4":
             path, line = e.source.split("@")[0].rsplit(":", 1)
             assert int(line) <= len((FIXTURES / "compiler_tree" / path).read_text().splitlines())
+
+
+def test_an_atomic_whose_result_is_read_is_only_suspected_contended_and_shows_its_fences(tmp_path):
+    # A ticket: the old value is read, so its ordering may publish what other programs wrote; L3 does not
+    # offer to relax it, though ptxas still brackets it with a barrier and an L1 invalidation.
+    kernel = tmp_path / "ticket.py"
+    kernel.write_text('''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ticket_kernel(x_ptr, count_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+    ticket = tl.atomic_add(count_ptr, 1)
+    tl.store(out_ptr + n + tl.program_id(0), ticket.to(tl.float32))
+
+
+def ticket(x):
+    out = torch.empty(x.numel() + 4, device=x.device)
+    count = torch.zeros(1, dtype=torch.int32, device=x.device)
+    ticket_kernel[(4,)](x, count, out, x.numel(), BLOCK=256)
+    return out
+''')
+    answer = why("why are the atomics slow?", capture_call(kernel, "ticket(torch.randn(1024))", cache_dir=tmp_path),
+                 home=None)
+    assert [f.kind for f in answer.findings] == ["atomics.contended"] and answer.findings[0].confidence == 0.6
+    assert any(e.kind == "sass" and "memory barrier" in e.claim for e in answer.evidence)
+
+
+def test_an_atomic_whose_buffer_the_kernel_reads_back_is_not_offered_relaxed(tmp_path):
+    kernel = tmp_path / "readback.py"
+    kernel.write_text('''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def readback_kernel(x_ptr, acc_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(acc_ptr + offs % 64, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+    tl.store(out_ptr + offs, tl.load(acc_ptr + offs % 64), mask=offs < n)
+
+
+def readback(x):
+    acc = torch.zeros(64, device=x.device)
+    out = torch.empty_like(x)
+    readback_kernel[(triton.cdiv(x.numel(), 256),)](x, acc, out, x.numel(), BLOCK=256)
+    return out
+''')
+    answer = why("why are the atomics slow?", capture_call(kernel, "readback(torch.randn(1024))", cache_dir=tmp_path),
+                 home=None)
+    assert [f.kind for f in answer.findings] == ["atomics.contended"]
+    from diagnose.rewriters import rewrite
+
+    assert rewrite("relaxed-atomics", kernel.read_text(), {}) == []

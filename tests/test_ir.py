@@ -167,3 +167,22 @@ def test_an_op_written_in_triton_s_library_is_located_at_the_kernel_s_call():
     assert reduce_op.loc == ir.SourceLoc("/k/row_dot.py", 17, 22)
     add = [op for op in ir.op_source_lines(REDUCE_IN_A_LOOP, {"arith.addf"}) if "%acc" in op.text]
     assert add[0].loc == ir.SourceLoc("/k/row_dot.py", 12, 4)  # a helper in the same file keeps its own line
+
+
+def test_sass_opcodes_are_counted_in_both_disassembly_forms_and_ordering_is_read_off_the_ptx():
+    sass = ("Function:k\n--:-:-:-:6\tMEMBAR.ALL.GPU;\n32:1:2:-:4\tATOMG.E.ADD.F32x4.FTZ.RN.STRONG.GPU PT, RZ, "
+            "desc[UR8][R2.64], R4;\n04:-:-:-:1\tCCTL.IVALL;\n.L_x_0:\n--:-:-:-:1\t@!P0 EXIT;\n"
+            "        /*0110*/                   MEMBAR.ALL.GPU ;\n")
+    counts = ir.sass_opcode_counts(sass)
+    assert counts == {"MEMBAR.ALL.GPU": 2, "ATOMG.E.ADD.F32x4.FTZ.RN.STRONG.GPU": 1, "CCTL.IVALL": 1, "EXIT": 1}
+    assert ir.has_memory_ordering("\t@%p1 atom.global.gpu.acq_rel.add.f32 %r1, [ %rd11 + 0 ], %r2;")
+    assert ir.has_memory_ordering("\tfence.acq_rel.gpu;")
+    assert not ir.has_memory_ordering("\t@%p1 red.global.gpu.relaxed.add.f32 [ %rd11 + 0 ], %r1;\n\tld.global.b32 %r1, [%rd1];")
+
+
+def test_unused_results_are_the_ops_whose_value_no_other_line_names():
+    ttir = ("%5 = tt.atomic_rmw fadd, acq_rel, gpu, %4, %v, %m : (...) -> tensor<8xf32>\n"
+            "%6 = tt.atomic_rmw fadd, acq_rel, gpu, %4, %v, %m : (...) -> tensor<8xf32>\n"
+            "%50 = arith.addf %6, %6 : tensor<8xf32>\n")
+    ops = ir.op_source_lines(ttir, {"tt.atomic_rmw"})
+    assert [o.text.split(" =")[0] for o in ir.unused_results(ttir, ops)] == ["%5"]  # %50 is not %5

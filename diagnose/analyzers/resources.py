@@ -75,7 +75,19 @@ def analyze(art: Artifacts, log: EvidenceLog) -> list[Finding]:
         if op is not None and same_address:
             chain.append(log.add("L3", "ttir", "every lane's atomic targets the same address (the pointer tensor is "
                                  "a splat/broadcast of one pointer)", "ttir", op.text[:200]))
-        if same_address or sem == "acq_rel":
+        ordered = sem in ("acq_rel", "acquire", "release")
+        fences = _fences(art.stages.get("sass", ""), log) if ordered else []
+        if ordered and not same_address and (why := _accumulates_only(ttir, ops)) is not None:
+            chain += [log.add("L3", "ttir", why, "ttir", op.text[:200] if op else ""), *fences]
+            findings.append(Finding(
+                "atomics.ordered", "atomics", f"the atomic at {at(src, line)} issues {len(atoms)} "
+                f"`{atoms[0].group(0).split('.')[0]}.global` with {sem} ordering and its result unused",
+                "An ordered atomic is a GPU-wide memory barrier before its read-modify-write and an L1 invalidation "
+                "after it, and the thread waits for the old value. The kernel only accumulates through its atomics: "
+                "relaxed ordering changes no value it or a later kernel sees, and with the result unused it lowers "
+                "to a fire-and-forget `red`.", chain, [line], "convert-triton-gpu-to-llvm", confidence=0.9))
+        elif same_address or sem == "acq_rel":
+            chain += fences
             findings.append(Finding(
                 "atomics.contended", "atomics", f"the atomic at {at(src, line)} issues {len(atoms)} "
                 f"`{atoms[0].group(0).split('.')[0]}.global` "
@@ -114,6 +126,49 @@ def _log2e_multiplies(ptx: str, log: EvidenceLog) -> list[Finding]:
     return [Finding("math.exp-unfolded-scale", "math", f"{len(multiplies)} multiplies by log2(e) feed ex2.approx",
                     "tl.exp(x) lowers to ex2.approx(x * log2(e)); a scale the exponent already carries could take "
                     "log2(e) once.", [ev], [], "convert-triton-gpu-to-llvm", confidence=0.8)]
+
+
+def _accumulates_only(ttir: str, ops: list[ir.OpLine]) -> str | None:
+    """Why the kernel's ordering orders nothing it relies on (None where it may): every atomic
+    read-modify-write discards its result, none exchanges, and nothing compares-and-swaps or loads
+    volatile. The source-side twin is diagnose.rewriters.atomics.ordered_atomics."""
+    rmws = [o for o in ops if o.op == "tt.atomic_rmw"]
+    if not rmws or len(rmws) != len(ops) or any(" exch," in o.text for o in rmws):
+        return None
+    if len(ir.unused_results(ttir, rmws)) != len(rmws) or ir.attribute(ttir, "isVolatile") == "true":
+        return None
+    defs = ir.ssa_defs(ttir)
+    updated = {_pointer_root(defs, o.text) for o in rmws}
+    if updated & {_pointer_root(defs, o.text) for o in ir.op_source_lines(ttir, {"tt.load"})}:
+        return None  # it reads back what its atomics update: a relaxed update leaves L1 stale for that load
+    return (f"the kernel's {len(rmws)} `tt.atomic_rmw` discard their results, and it has no exchange, "
+            "compare-and-swap or volatile load: nothing synchronizes through these atomics")
+
+
+def _pointer_root(defs: dict[str, str], op_text: str) -> str:
+    """The kernel argument an access's pointer operand starts from, through splats, broadcasts and
+    `tt.addptr`s (`%out_ptr` of `tt.atomic_rmw fadd, acq_rel, gpu, %5, ...`)."""
+    operands = ir.ssa_names(op_text.split("=", 1)[-1])
+    ptr = operands[0] if operands else ""
+    for _ in range(16):
+        body = defs.get(ptr, "")
+        if not body.startswith(("tt.addptr", "tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape")):
+            break
+        ptr = (ir.ssa_names(body) or [ptr])[0]
+    return ptr
+
+
+def _fences(sass: str, log: EvidenceLog) -> list[str]:
+    """What ptxas made of the ordering, where the SASS was kept (harness.capture keeps it for ordered PTX)."""
+    counts = ir.sass_opcode_counts(sass)
+    barriers = sum(n for op, n in counts.items() if op.startswith("MEMBAR"))
+    invalidations = sum(n for op, n in counts.items() if op.startswith("CCTL"))
+    atomics = sum(n for op, n in counts.items() if op.startswith(("ATOMG", "REDG", "ATOM.", "RED.")))
+    if not barriers and not invalidations:
+        return []
+    example = next(op for op in counts if op.startswith(("MEMBAR", "CCTL")))
+    return [log.add("L3", "sass", f"SASS has {barriers} memory barrier(s) (MEMBAR) and {invalidations} L1 "
+                    f"invalidation(s) (CCTL) around its {atomics} global atomic(s)", "sass", example)]
 
 
 def _splat_pointer(ttir: str, op: ir.OpLine) -> bool:

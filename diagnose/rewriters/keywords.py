@@ -1,5 +1,4 @@
-"""Keyword rewrites: one argument changed at every site (dot input precision, int64 casts, atomics' memory
-semantics)."""
+"""Keyword rewrites: one argument changed at every site (dot input precision, int64 casts)."""
 
 from __future__ import annotations
 
@@ -54,21 +53,5 @@ class _DropInt64(InJit):
         return updated
 
 
-class _RelaxAtomics(InJit):
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        name = dotted(updated.func)
-        if not self.depth or not name.startswith("tl.atomic_") or name == "tl.atomic_cas":
-            return updated
-        if any(a.keyword is not None and a.keyword.value == "sem" for a in updated.args):
-            return updated
-        args = list(updated.args)
-        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        args.append(cst.Arg(keyword=cst.Name("sem"), value=cst.SimpleString('"relaxed"'),
-                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
-        self.changed += 1
-        return updated.with_changes(args=args)
-
-
 register("dot-input-precision-tf32")(dot_input_precision)
 register("int32-offsets")(one(_DropInt64, {"cast": "removed int64"}))
-register("relaxed-atomics")(one(_RelaxAtomics, {"sem": "relaxed"}))

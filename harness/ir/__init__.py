@@ -4,6 +4,7 @@
 - `mlir`: MLIR text (locations, ops and their source lines, op counts, SSA values, types, attributes,
   aliases, kernel arguments);
 - `ptx`: PTX memory accesses and the ptxas -v report;
+- `sass`: the machine code's opcodes, read where PTX hides a lowering (memory ordering);
 - `counts`: ops counted per stage language (MLIR, LLVM IR, PTX);
 - `dumps`: dumps on disk, every format `kb index ir` accepts, read into one list of stages.
 
@@ -37,9 +38,11 @@ from harness.ir.mlir import (
                              shaped_types,
                              ssa_defs,
                              ssa_names,
+                             unused_results,
                              without_names,
 )
 from harness.ir.ptx import MemAccess, parse_ptxas_log, ptx_memory_accesses
+from harness.ir.sass import has_memory_ordering, sass_opcode_counts
 from harness.ir.streams import PassSnapshot, dump_header_pass, parse_remarks, split_pass_dumps
 
 __all__ = [
@@ -64,6 +67,7 @@ __all__ = [
     "dump_header_pass",
     "func_args",
     "function_name",
+    "has_memory_ordering",
     "in_loops",
     "int_list_attribute",
     "kernel_base",
@@ -75,10 +79,12 @@ __all__ = [
     "ptx_memory_accesses",
     "read_ir_dump",
     "region_end",
+    "sass_opcode_counts",
     "shaped_types",
     "split_pass_dumps",
     "ssa_defs",
     "ssa_names",
+    "unused_results",
     "stage_op_counts",
     "without_names",
 ]

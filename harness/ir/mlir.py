@@ -265,6 +265,18 @@ def ssa_names(text: str) -> list[str]:
     return _SSA_NAME.findall(text)
 
 
+def unused_results(text: str, ops: list[OpLine]) -> list[OpLine]:
+    """Those of `ops` (lines of `text`) whose result no other line names: `%5 = tt.atomic_rmw ...` with %5
+    read nowhere. An op without a result is not one of them."""
+    counts = Counter(_SSA_NAME.findall(text))
+    out = []
+    for op in ops:
+        m = _SSA_DEF.match(op.text)
+        if m is not None and counts[m.group(1)] == 1:
+            out.append(op)
+    return out
+
+
 def int_list_attribute(text: str, name: str) -> list[int]:
     """An integer-array attribute (`warpsPerCTA = [4, 1]` -> [4, 1]); [] when not written."""
     m = re.search(_INT_LIST.format(name=re.escape(name)), text)
