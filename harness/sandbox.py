@@ -71,6 +71,7 @@ class Worker:
         self._log: Any = None
         self._buffer = ""
         self._other: list[str] = []  # stdout lines that are not protocol: a wrapping profiler's output
+        self._scratch: str | None = None  # a directory backend_env made for this process (npu dumps)
 
     def __enter__(self) -> Worker:
         return self
@@ -95,7 +96,10 @@ class Worker:
             return
         self.close(keep_dir=True)
         root = str(Path(__file__).resolve().parent.parent)
-        extra = {**backend_env(self.backend), **self._env, processes.MARKER: self.token}
+        backend = backend_env(self.backend)
+        # Its dumps are read into the job's answers while the process lives: the directory goes with it.
+        self._scratch = backend.get("TRITON_DUMP_DIR")
+        extra = {**backend, **self._env, processes.MARKER: self.token}
         self._log = tempfile.NamedTemporaryFile("w+", prefix="kb-worker-", suffix=".log", delete=False)
         self._buffer, self._other = "", []
         self._secret = secrets.token_hex(16)
@@ -192,9 +196,12 @@ class Worker:
             self._log.close()
             os.unlink(self._log.name)
             self._log = None
-        if not keep_dir and self._own_dir:
-            import shutil
+        import shutil
 
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+        if not keep_dir and self._own_dir:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def log_tail(self, lines: int = 6) -> str:

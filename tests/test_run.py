@@ -577,6 +577,7 @@ def test_npu_debug_dumps_become_artifacts(tmp_path):
     assert saved.stages == records[0].stages and saved.metadata["hash"] == "3f9a0c"
     env = backend_env("npu")
     assert env["TRITON_DEBUG"] == "1" and Path(env["TRITON_DUMP_DIR"]).is_dir()
+    shutil.rmtree(env["TRITON_DUMP_DIR"])  # a Worker removes the one it starts with when its process ends
     assert collect_debug_dumps(tmp_path / "missing") == []
 
 
@@ -700,3 +701,19 @@ def test_a_hand_over_cut_after_the_answer_rejects_the_kernel_not_the_run(tmp_pat
     os.truncate(tmp_path / out["file"], 0)
     answer = host.compare(["s0"], [{"outputs": [out], "inputs_after": {}}], str(tmp_path), 0)
     assert answer["unreadable"].startswith("call 1's hand-over could not be read back: ")
+
+
+def test_an_npu_worker_takes_its_dump_directory_with_it(tmp_path, monkeypatch):
+    """backend_env makes a TRITON_DUMP_DIR per npu worker start; a hundred of them once piled up in /tmp."""
+    import tempfile
+
+    from harness.sandbox import Worker
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with Worker("npu") as worker:
+        worker.start()
+        assert len(list(tmp_path.glob("kb-npu-dump-*"))) == 1
+        worker.close(keep_dir=True)  # a restart's close: the process ends, its dumps go
+        assert not list(tmp_path.glob("kb-npu-dump-*"))
+        worker.start()
+    assert not list(tmp_path.glob("kb-npu-dump-*")) and not list(tmp_path.glob("kb-worker-*"))
