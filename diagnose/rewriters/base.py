@@ -14,7 +14,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument", "one",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
            "docstring_lines", "program_axis", "with_keywords", "with_parameters"]
 
@@ -360,12 +360,3 @@ def simple_assign(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
             and len(stmt.body[0].targets) == 1 and isinstance(stmt.body[0].targets[0].target, cst.Name)):
         return stmt.body[0].targets[0].target.value, stmt.body[0].value
     return None
-
-
-def one(transformer: Callable[[], InJit], params: dict[str, Any]) -> Rewriter:
-    """The rewriter of a transformer that changes every site it matches: one variant, with its site count."""
-    def rewriter(source: str, context: dict[str, Any]) -> list[Variant]:
-        t = transformer()
-        new = cst.parse_module(source).visit(t)
-        return [Variant({**params, "sites": t.changed}, new.code)] if t.changed else []
-    return rewriter

@@ -84,9 +84,11 @@ def _definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
     return out
 
 
-def _expanded(roots: list[cst.BaseExpression], definitions: dict[str, list[cst.BaseExpression]]) -> list[cst.BaseExpression]:
+def _expanded(roots: list[cst.BaseExpression], definitions: dict[str, list[cst.BaseExpression]],
+              ranges_only: bool = False) -> list[cst.BaseExpression]:
     """`roots` and every value of the locals they read, transitively."""
-    out, seen, todo = list(roots), set(), [n for r in roots for n in names_in(r)]
+    read = _range_names if ranges_only else names_in
+    out, seen, todo = list(roots), set(), [n for r in roots for n in read(r)]
     while todo:
         name = todo.pop()
         if name in seen:
@@ -94,8 +96,35 @@ def _expanded(roots: list[cst.BaseExpression], definitions: dict[str, list[cst.B
         seen.add(name)
         for value in definitions.get(name, []):
             out.append(value)
-            todo.extend(names_in(value))
+            todo.extend(read(value))
     return out
+
+
+def _range_names(node: cst.BaseExpression) -> set[str]:
+    """The names `node` reads, those only inside a `tl.load(...)` or a comparison aside."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> bool:
+            return dotted(call.func) != "tl.load"
+
+        def visit_Comparison(self, comparison: cst.Comparison) -> bool:
+            return False
+
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+    node.visit(Visitor())
+    return found
+
+
+def reaching(fn: cst.FunctionDef, roots: list[cst.BaseExpression], ranges_only: bool = False
+             ) -> list[cst.BaseExpression]:
+    """`roots` (expressions of `fn`) and every value the locals they read are given, transitively: what
+    decides their values. With `ranges_only`, what decides their range: the walk does not go into a
+    `tl.load(...)` (the address a value is loaded from) or a comparison (a mask is true or false, however
+    wide its operands)."""
+    return _expanded(roots, _definitions(fn), ranges_only)
 
 
 def _bare_names(nodes: list[cst.BaseExpression]) -> set[str]:
@@ -150,7 +179,9 @@ def _flag(param: str) -> str:
     return f"_kb_{param}_multiple"
 
 
-def _pure(expr: cst.BaseExpression) -> bool:
+def pure_argument(expr: cst.BaseExpression) -> bool:
+    """Whether a launch argument may be evaluated a second time (for a flag): it reads layouts and converts,
+    it makes nothing."""
     for call in m.findall(expr, m.Call()):
         func = cst.ensure_type(call, cst.Call).func
         if not ((isinstance(func, cst.Attribute) and func.attr.value in _PURE_METHODS)
@@ -175,7 +206,7 @@ class _HintedLaunches(cst.CSTTransformer):
             return updated
         bound = launch_arguments(self.kernel, updated)
         flags = {_flag(p): cst.parse_expression(f"_kb_multiple({code(bound[p].value)})")
-                 for p in self.hinted if p in bound and _pure(bound[p].value)}
+                 for p in self.hinted if p in bound and pure_argument(bound[p].value)}
         if not flags:
             return updated
         self.changed += 1

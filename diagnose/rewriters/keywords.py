@@ -1,4 +1,4 @@
-"""Keyword rewrites: one argument changed at every site (dot input precision, int64 casts)."""
+"""Keyword rewrites: one argument changed at every site (dot input precision)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import InJit, Variant, dotted, one, register
+from diagnose.rewriters.base import InJit, Variant, dotted, register
 
 
 class _DotPrecision(InJit):
@@ -44,14 +44,4 @@ def dot_input_precision(source: str, context: dict[str, Any]) -> list[Variant]:
     return out
 
 
-class _DropInt64(InJit):
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        if (self.depth and isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "to"
-                and len(updated.args) == 1 and dotted(updated.args[0].value) in ("tl.int64", "tl.uint64")):
-            self.changed += 1
-            return updated.func.value
-        return updated
-
-
 register("dot-input-precision-tf32")(dot_input_precision)
-register("int32-offsets")(one(_DropInt64, {"cast": "removed int64"}))
