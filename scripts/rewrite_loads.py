@@ -6,8 +6,9 @@ and each variant of a pattern's rewrite, at one call.
     PYTHONPATH=. python scripts/rewrite_loads.py contiguous-innermost-axis tests/fixtures/wild/column_gather.py \\
         "col_sum(torch.randn(4096, 4096))"
 
-Prints a Markdown table: registers, spill stores (bytes), and the PTX global loads and stores counted by
-instruction (`ld.global.v4.b32` x 4: four 16-byte vector loads in the program's code).
+Prints a Markdown table: registers, spill stores (bytes), the PTX global loads, stores and atomics counted
+by instruction (`ld.global.v4.b32` x 4: four 16-byte vector loads in the program's code), and, where the
+PTX orders memory (an acq_rel atomic, a fence), the memory barriers and L1 invalidations in its SASS.
 """
 
 from __future__ import annotations
@@ -19,16 +20,20 @@ from collections import Counter
 from pathlib import Path
 
 from diagnose.rewriters import rewrite
+from harness import ir
 from harness.capture import capture_call
 
-_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.\w+)*")
+_ACCESS = re.compile(r"\b(?:ld|st|atom|red)\.global(?:\.\w+)*")
 
 
 def _row(module: Path, call: str) -> str:
     compiled = capture_call(module, call, target="cuda:90")[0]
     accesses = Counter(_ACCESS.findall(compiled.stages["ptx"]))
     listed = ", ".join(f"`{a}` x {n}" for a, n in sorted(accesses.items()))
-    return f"{compiled.ptxas.registers} | {compiled.ptxas.spill_stores} | {listed}"
+    sass = ir.sass_opcode_counts(compiled.stages.get("sass", ""))
+    fences = ", ".join(f"`{op}` x {n}" for op, n in sorted(sass.items()) if op.startswith(("MEMBAR", "CCTL", "ATOMG",
+                                                                                              "REDG")))
+    return f"{compiled.ptxas.registers} | {compiled.ptxas.spill_stores} | {listed} | {fences or '(no ordered PTX)'}"
 
 
 def main() -> None:
@@ -40,8 +45,8 @@ def main() -> None:
     variants = rewrite(args.pattern, args.module.read_text(), {})
     if not variants:
         raise SystemExit(f"error: {args.pattern} does not apply to {args.module}; try a module its rewriter reads")
-    print("| kernel | registers | spill stores (B) | global loads and stores |")
-    print("|---|---|---|---|")
+    print("| kernel | registers | spill stores (B) | global loads, stores, atomics | SASS barriers, atomics |")
+    print("|---|---|---|---|---|")
     print(f"| as written | {_row(args.module, args.call)} |", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for variant in variants:
