@@ -51,7 +51,7 @@ class KernelFeatures:
     atomics: list[Site] = field(default_factory=list)  # detail: sem ("default" = acq_rel)
     # accumulating atomics left at acq_rel whose ordering orders nothing (diagnose.rewriters.atomics)
     ordered_atomics: list[Site] = field(default_factory=list)
-    int64_casts: list[Site] = field(default_factory=list)
+    int64_casts: list[Site] = field(default_factory=list)  # only those reaching an address (rewriters.offsets)
     divmod: list[Site] = field(default_factory=list)  # detail: the runtime divisor
     libdevice: list[Site] = field(default_factory=list)
     transposes: list[Site] = field(default_factory=list)
@@ -157,7 +157,7 @@ class _KernelVisitor(ast.NodeVisitor):
         elif leaf in _ATOMICS:
             self.f.atomics.append(Site(node.lineno, name, str(_const(_kw(node, "sem")) or "default"), loop))
         elif leaf == "to" and node.args and dotted_name(node.args[0]) in ("tl.int64", "tl.uint64"):
-            self.f.int64_casts.append(Site(node.lineno, "to(int64)", "", loop))
+            self.f.int64_casts.append(Site(node.lineno, "to(int64)", "", loop))  # kept if it reaches an address
         elif name.startswith(("libdevice.", "tl.extra.")) and leaf not in ("exp2", "log2", "fma", "rsqrt", "sqrt"):
             self.f.libdevice.append(Site(node.lineno, name, "", loop))
         elif name in ("tl.trans", "tl.permute") or (leaf == "trans" and isinstance(node.func, ast.Attribute)):
@@ -206,6 +206,9 @@ def kernel_features(path: str | Path) -> KernelFeatures:
     feats.host_waits = list(_host_wait_sites(source))
     feats.unfolded_exps = list(_unfolded_exp_sites(source))
     feats.ordered_atomics = list(_ordered_atomic_sites(source))
+    # A cast that widens a value for its range (a count, a hash) is no index: only address casts are kept.
+    addressing = set(_address_cast_lines(source))
+    feats.int64_casts = [s for s in feats.int64_casts if s.line in addressing]
     names = set(feats.kernels)
     for node in ast.walk(tree):
         # kernel[grid](..., num_warps=8, BLOCK=1024): the launch keywords with constant values
@@ -259,6 +262,14 @@ def _ordered_atomic_sites(source: str) -> tuple[Site, ...]:
     from diagnose.rewriters.atomics import ordered_atomics
 
     return tuple(Site(a.line, a.op, "acq_rel") for a in ordered_atomics(source))
+
+
+@functools.lru_cache(maxsize=32)
+def _address_cast_lines(source: str) -> tuple[int, ...]:
+    """The lines of the int64 casts that reach an address (cached as the loop sites are)."""
+    from diagnose.rewriters.offsets import address_cast_lines
+
+    return tuple(address_cast_lines(source))
 
 
 @functools.lru_cache(maxsize=32)

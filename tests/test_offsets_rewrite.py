@@ -103,3 +103,18 @@ def test_a_mask_made_from_a_widened_offset_does_not_make_the_stored_value_wide()
     source = LOCAL_BLOCK.replace("x * 2.0, mask=cols < n_cols)", "tl.where(row * stride + cols < 10**6, x * 2.0, 0.0))")
     (variant,) = rewrite(PATTERN, source, {})
     assert variant.params["sites"] == 2
+
+
+def test_l1_reports_only_the_casts_that_reach_an_address(tmp_path):
+    from diagnose.features import kernel_features
+    from diagnose.records import EvidenceLog
+    from diagnose.triage import triage
+
+    path = tmp_path / "rows.py"
+    path.write_text(LOCAL_BLOCK)
+    found = {f.kind: f for f in triage(kernel_features(path), EvidenceLog(), "cuda:90")}
+    assert found["index.int64"].kernel_lines == [8, 11]
+    counting = LOCAL_BLOCK.replace("tl.program_id(0).to(tl.int64)", "tl.program_id(0)").replace(
+        "cols.to(tl.int64)", "cols").replace("x * 2.0, mask", "(x.to(tl.int32).to(tl.int64) * 3).to(tl.float32), mask")
+    path.write_text(counting)
+    assert "index.int64" not in {f.kind for f in triage(kernel_features(path), EvidenceLog(), "cuda:90")}

@@ -18,6 +18,7 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from diagnose.rewriters.base import (
     InJit,
@@ -32,7 +33,7 @@ from diagnose.rewriters.base import (
 )
 from diagnose.rewriters.hints import pure_argument, reaching
 
-__all__ = ["address_casts", "int32_offsets"]
+__all__ = ["address_cast_lines", "address_casts", "int32_offsets"]
 
 _FLAG = "_KB_INT64"
 _HELPER_NAME = "_kb_int64"
@@ -79,6 +80,16 @@ def address_casts(fn: cst.FunctionDef) -> list[cst.Call]:
     stored = {id(c) for e in reaching(fn, values, ranges_only=True) for c in m.findall(e, m.Call()) if _int64_cast(c)}  # type: ignore[arg-type]
     found = {id(c): c for e in reaching(fn, addresses) for c in m.findall(e, m.Call()) if _int64_cast(c)}  # type: ignore[arg-type]
     return [cast for key, cast in found.items() if key not in stored]  # type: ignore[misc]
+
+
+def address_cast_lines(source: str) -> list[int]:
+    """The lines of every kernel's `address_casts` in a module ([] where libcst cannot read it)."""
+    try:
+        wrapper = MetadataWrapper(cst.parse_module(source))
+    except cst.ParserSyntaxError:
+        return []
+    positions = wrapper.resolve(PositionProvider)
+    return sorted({positions[c].start.line for fn in jit_functions(wrapper.module).values() for c in address_casts(fn)})
 
 
 class _GuardedCasts(InJit):
