@@ -38,13 +38,17 @@ def test_the_innermost_scalar_loop_loads_a_chunk_of_lanes_and_sums_them(tmp_path
     source = variants[0].source
     assert "        _kb_w_end = min((w_out + 1) * w_size, in_w)\n" in source  # the bound, once
     assert "        for _kb_w0 in range(w_out * w_size, _kb_w_end, 16):\n            w = _kb_w0 + tl.arange(0, 16)\n" in source
-    assert "total += tl.sum(tl.where(_kb_w_live, tl.load(x_ptr + idx, mask=_kb_w_live, other=0), 0))" in source
-    assert "count += tl.sum(tl.where(_kb_w_live, 1, 0))" in source
+    assert "total += tl.sum(tl.where(_kb_w_live, tl.load(x_ptr + idx, mask=_kb_w_live, other=0), 0)" \
+        ".to(total.dtype))" in source  # summed in the accumulator's type, as its scalar adds were
+    assert "count += tl.sum(tl.where(_kb_w_live, 1, 0).to(count.dtype))" in source
     assert "    for h in range(h_out * h_size, (h_out + 1) * h_size):\n" in source  # the outer loop stays
     # windows of 3, 16 and 37 columns: shorter than a chunk, exactly one, and a partial last chunk
     for shape, out in (("12, 12", "4, 4"), ("32, 64", "2, 4"), ("37, 74", "1, 2")):
         assert _rejection(tmp_path, source, f"window_mean(torch.randn({shape}), {out})") == ""
     assert _rejection(tmp_path, variants[2].source, "window_mean(torch.randn(37, 74), 1, 2)") == ""
+    # fp16 values near 3500: 64 of them overflow fp16 (65504) where the fp32 running sum does not
+    big = "window_mean((torch.rand(64, 64) * 1000 + 3000).half(), 1, 1)"
+    assert _rejection(tmp_path, variants[1].source, big) == ""
 
 
 def test_a_row_loop_around_the_scalar_loop_becomes_a_loop_over_tiles_of_the_window(tmp_path):
@@ -53,7 +57,7 @@ def test_a_row_loop_around_the_scalar_loop_becomes_a_loop_over_tiles_of_the_wind
     assert "    _kb_h_end = (h_out + 1) * h_size\n    _kb_w_end = min((w_out + 1) * w_size, in_w)\n" in source
     assert "        h = (_kb_h0 + tl.arange(0, 16))[:, None]\n        _kb_h_live = h < _kb_h_end\n" in source
     assert "            _kb_hw_live = _kb_h_live & (w < _kb_w_end)\n" in source
-    assert "count += tl.sum(tl.where(_kb_hw_live, 1, 0))" in source
+    assert "count += tl.sum(tl.where(_kb_hw_live, 1, 0).to(count.dtype))" in source
     # windows of 3x3 and 37x37: smaller than a tile, and partial last tiles on both axes
     for shape, out in (("12, 12", "4, 4"), ("74, 74", "2, 2")):
         assert _rejection(tmp_path, source, f"window_mean(torch.randn({shape}), {out})") == ""

@@ -9,8 +9,8 @@ that walks its pooling window with two nested `range` loops, one `tl.load` of on
         idx = base + w * stride_w          ->        w = _kb_w0 + tl.arange(0, CHUNK)
         total += tl.load(x_ptr + idx)                _kb_w_live = w < _kb_w_end
         count += 1                                   idx = base + w * stride_w
-                                                     total += tl.sum(tl.where(_kb_w_live, tl.load(x_ptr + idx, mask=_kb_w_live, other=0), 0))
-                                                     count += tl.sum(tl.where(_kb_w_live, 1, 0))
+                                                     total += tl.sum(tl.where(_kb_w_live, tl.load(x_ptr + idx, mask=_kb_w_live, other=0), 0).to(total.dtype))
+                                                     count += tl.sum(tl.where(_kb_w_live, 1, 0).to(count.dtype))
 
 (`_kb_w_end = hi` is computed once before the loop.) The sums are reassociated within a chunk, so
 values move by rounding (the judge's tolerances decide).
@@ -281,7 +281,10 @@ class _Vectorize(KernelLoops):
             assert isinstance(stmt, cst.SimpleStatementLine)
             small = stmt.body[0].visit(_MaskLoads(live))
             if isinstance(small, cst.AugAssign):
-                small = small.with_changes(value=cst.parse_expression(f"tl.sum(tl.where({live}, {code(small.value)}, 0))"))
+                # In the accumulator's type, as the scalar adds were: tl.sum keeps a float tile's own type, and
+                # 64 fp16 values summed in fp16 overflow or round where the fp32 running sum did not.
+                small = small.with_changes(value=cst.parse_expression(
+                    f"tl.sum(tl.where({live}, {code(small.value)}, 0).to({code(small.target)}.dtype))"))
             out.append(stmt.with_changes(body=[small]))
         return out
 
