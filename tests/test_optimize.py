@@ -641,9 +641,8 @@ def test_a_persistent_loop_starts_each_tile_from_the_parameters_as_launched(tmp_
     (variant, *_) = rewrite("persistent-kernel", ROW_GEGLU, {})
     source = variant.source
     assert "_kb_a_at_launch = a" in source and "        a = _kb_a_at_launch" in source
-    # on a device of 3 SMs: 3 programs walk the 40 rows, each through several tiles
-    source = source.replace("if torch.cuda.is_available() else n_tiles", "if torch.cuda.is_available() else 3")
-    assert "else 3" in source
+    # without a GPU the wrapper counts 4 SMs: 4 to 16 programs walk the 40 rows, each through several tiles
+    assert "if torch.cuda.is_available() else 4)" in source
     (tmp_path / "row.py").write_text(ROW_GEGLU)
     (tmp_path / "row_persistent.py").write_text(source)
     spec = TaskSpec(kernel=str(tmp_path / "row.py"), call="row_op(torch.randn(40, 100), torch.randn(40, 100))",
@@ -655,6 +654,19 @@ def test_a_persistent_loop_starts_each_tile_from_the_parameters_as_launched(tmp_
     moved_constexpr = ROW_GEGLU.replace("    cols = tl.arange(0, BLOCK_SIZE)\n",
                                         "    n_cols = n_cols - 0\n    cols = tl.arange(0, BLOCK_SIZE)\n")
     assert rewrite("persistent-kernel", moved_constexpr, {}) == []
+
+
+def test_a_kernel_that_reads_the_grid_where_the_loop_cannot_rename_it_is_not_made_persistent():
+    # A grid-stride loop over tl.num_programs(0) would step by the persistent grid and count tiles twice;
+    # a helper's own tl.program_id(0) would stay the program's, not the tile's (a helper's audit probes).
+    gelu = (FIXTURES.parent.parent / "corpora" / "operators" / "gelu" / "gelu.py").read_text()
+    assert rewrite("persistent-kernel", gelu, {})
+    strided = gelu.replace("tl.program_id(0)", "tl.program_id(0) + 0 * tl.num_programs(0)", 1)
+    assert strided != gelu and rewrite("persistent-kernel", strided, {}) == []
+    helper = ROW_GEGLU.replace("    program_id = tl.program_id(0)  #", "    program_id = _row()  #").replace(
+        "@triton.jit\ndef _row_kernel", "@triton.jit\ndef _row():\n    return tl.program_id(0)\n\n\n@triton.jit\ndef _row_kernel")
+    assert "def _row():" in helper and rewrite("persistent-kernel", helper, {}) == []
+    assert rewrite("persistent-kernel", ROW_GEGLU, {})
 
 
 def test_persistent_launch_reads_a_lambda_grid_and_converts_each_launch_once(tmp_path):
