@@ -65,7 +65,7 @@ def _judge(tmp_path: Path, original: str, candidate: str, call: str, reference: 
     (tmp_path / "task.py").write_text(textwrap.dedent(f"""\
         import torch
         from original import {entry} as entry
-        allow_torch = ["mul", "clone", "broadcast_tensors", "result_type"]
+        allow_torch = ["mul", "div", "clone", "broadcast_tensors", "result_type"]
         reference = {reference}
         def inputs(n):
             return {call}
@@ -177,3 +177,33 @@ def test_work_the_kernel_cannot_take_over_is_left_alone(before, after):
     source = DRAFT.replace(before, after)
     assert source != DRAFT
     assert rewrite(PATTERN, source, {}) == []
+
+
+INT_DIVIDED = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(t_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(t_ptr + offs, mask=mask), mask=mask)
+
+
+def scaled(x, divisor: int = 4):
+    t = x / divisor
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    n = t.numel()
+    copy_kernel[(triton.cdiv(n, 1024),)](t, out, n, BLOCK=1024)
+    return out
+'''
+
+
+def test_an_integer_tensor_divided_by_an_int_is_folded_as_the_float_true_division_gives(tmp_path):
+    # torch.result_type(int tensor, int) is the integer type; x / 4 is float (a helper's audit probe)
+    (variant,) = rewrite(PATTERN, INT_DIVIDED, {})
+    assert "torch.get_default_dtype()" in variant.source
+    for inputs in ("(torch.randint(-9, 9, (n,), dtype=torch.int32),)", "(torch.randn(n),)"):
+        assert _judge(tmp_path, INT_DIVIDED, variant.source, inputs, "lambda x: x / 4", "scaled") == ""

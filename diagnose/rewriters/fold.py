@@ -18,7 +18,7 @@ but by rounding:
   lanes are left undefined or filled with 0 (a scaled `-inf` would no longer be the max's identity).
 
 The rewrite: `T = X.to(torch.result_type(X, S))` (the dtype the product would have had, free when it
-is already X's), the kernel takes `<param>_scale` and multiplies (divides) every tile loaded through that
+is already X's; for `/` a float where that type is an integer's, as true division gives), the kernel takes `<param>_scale` and multiplies (divides) every tile loaded through that
 parameter by it, and the launch passes S; a kernel that other launches call as well is copied
 (`<kernel>_folded`) and only this launch calls the copy. A clone becomes `T = X`. A scale of 1 costs nothing in the
 kernel: Triton specializes an integer argument equal to 1 as a constant.
@@ -260,7 +260,10 @@ class _Fold(cst.CSTTransformer):
         x = self.work.tensor
         assert self.work.scale is not None
         scale = cst.Module([]).code_for_node(self.work.scale)
-        value = cst.parse_expression(f"{x}.to(torch.result_type({x}, {scale}))")
+        kind = f"torch.result_type({x}, {scale})"
+        if self.work.op == "/":  # true division: an integer tensor over an int is a float (the default dtype)
+            kind = f"({kind} if {kind}.is_floating_point or {kind}.is_complex else torch.get_default_dtype())"
+        value = cst.parse_expression(f"{x}.to({kind})")
         assign = updated.body[0]
         assert isinstance(assign, cst.Assign)
         return updated.with_changes(body=[assign.with_changes(value=value)])
