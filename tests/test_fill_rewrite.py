@@ -188,6 +188,44 @@ def test_pipelining_leaves_a_loop_that_reads_what_it_stores():
     assert len(rewrite("tl-range-pipelining", SCAN, {})) == 3
 
 
+ALIASED_RECURRENCE = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ema_kernel(x_ptr, h_ptr, a, T, D, BD: tl.constexpr):
+    cols = tl.program_id(0) * BD + tl.arange(0, BD)
+    mask = cols < D
+    p_prev = h_ptr + cols
+    p_cur = h_ptr + D + cols
+    p_x = x_ptr + D + cols
+    for t in range(1, T):
+        prev = tl.load(p_prev, mask=mask, other=0.0)
+        tl.store(p_cur, prev * a + tl.load(p_x, mask=mask, other=0.0), mask=mask)
+        p_prev += D
+        p_cur += D
+        p_x += D
+
+
+def ema(x, a=0.9):
+    T, D = x.shape
+    h = torch.empty_like(x)
+    h[0] = x[0]
+    ema_kernel[(triton.cdiv(D, 128),)](x, h, a, T, D, BD=128)
+    return h
+'''
+
+
+def test_pipelining_follows_pointer_names_to_the_buffer_they_walk():
+    # rows t - 1 and t of h through two names advanced in step (a helper's audit probe: the sm90 TTGIR
+    # prefetched row 1 before the iteration that stores it)
+    assert rewrite("tl-range-pipelining", ALIASED_RECURRENCE, {}) == []
+    apart = ALIASED_RECURRENCE.replace("    p_prev = h_ptr + cols\n", "    p_prev = x_ptr + cols\n")
+    assert len(rewrite("tl-range-pipelining", apart, {})) == 3  # reading only x, writing h: pipelined
+
+
 def test_substituting_a_variable_leaves_attributes_and_keywords_spelled_alike():
     import libcst as cst
 

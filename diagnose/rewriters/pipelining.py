@@ -3,8 +3,8 @@
 A loop that stores through a pointer it also loads from is left as written: the pipeliner issues the
 loads of later iterations before this iteration's stores (a recurrence through memory, `prev =
 tl.load(H + (t - 1) * D)` after `tl.store(H + t * D, ...)`, read stale rows on sm90), and the interpreter,
-which ignores num_stages, cannot show it. Pointers are told apart by the base of their address
-(`H` of `H + t * D + cols`)."""
+which ignores num_stages, cannot show it. Pointers are told apart by the roots of their address (`H` of
+`H + t * D + cols`, through the kernel's assignments: `p_cur = H + D + cols` is H's too)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,32 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import InJit, Variant, dotted, register
+from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
 
 
 class _Pipeline(InJit):
     def __init__(self, stages: int) -> None:
         super().__init__()
         self.stages = stages
+        self.assigned: dict[str, list[cst.BaseExpression]] = {}  # the kernel's `name = value`s
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        super().visit_FunctionDef(node)
+        if is_jit(node):
+            self.assigned = {}
+            for a in m.findall(node, m.Assign()):
+                assign = cst.ensure_type(a, cst.Assign)
+                for target in assign.targets:
+                    if isinstance(target.target, cst.Name):
+                        self.assigned.setdefault(target.target.value, []).append(assign.value)
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
         if not self.depth or not isinstance(updated.iter, cst.Call):
             return updated
         name = dotted(updated.iter.func)
         calls = {dotted(c.func).split(".")[-1] for c in m.findall(original.body, m.Call())}  # type: ignore[attr-defined]
-        if "load" not in calls or "dot" in calls or name not in ("range", "tl.range") or _stores_what_it_loads(original):
+        if "load" not in calls or "dot" in calls or name not in ("range", "tl.range") \
+                or _stores_what_it_loads(original, self.assigned):
             return updated
         args = list(updated.iter.args)
         if any(a.keyword is not None and a.keyword.value == "num_stages" for a in args):
@@ -40,22 +52,27 @@ class _Pipeline(InJit):
         return updated.with_changes(iter=updated.iter.with_changes(func=func, args=args))
 
 
-def _base(address: cst.BaseExpression) -> str:
-    """The base of a pointer sum: the leftmost term of `H + (t - 1) * D + cols`, as written."""
+def _roots(address: cst.BaseExpression, assigned: dict[str, list[cst.BaseExpression]], hops: int = 8) -> set[str]:
+    """The pointers a pointer sum starts from: the leftmost term of `H + (t - 1) * D + cols`, followed
+    through the kernel's assignments (`p_cur = h_ptr + D + cols` starts from `h_ptr`; a `p_cur += D`
+    moves it, from the same root)."""
     while isinstance(address, cst.BinaryOperation) and isinstance(address.operator, (cst.Add, cst.Subtract)):
         address = address.left
-    return cst.Module([]).code_for_node(address)
+    name = cst.Module([]).code_for_node(address)
+    if hops and isinstance(address, cst.Name) and address.value in assigned:
+        return {name} | {r for value in assigned[address.value] for r in _roots(value, assigned, hops - 1)}
+    return {name}
 
 
-def _stores_what_it_loads(loop: cst.For) -> bool:
-    bases: dict[str, set[str]] = {"load": set(), "store": set()}
+def _stores_what_it_loads(loop: cst.For, assigned: dict[str, list[cst.BaseExpression]]) -> bool:
+    roots: dict[str, set[str]] = {"load": set(), "store": set()}
     for call in m.findall(loop.body, m.Call()):
         assert isinstance(call, cst.Call)
         kind = dotted(call.func).split(".")[-1]
         kind = "store" if kind.startswith("atomic_") else kind  # an atomic writes what it reads
-        if kind in bases and call.args:
-            bases[kind].add(_base(call.args[0].value))
-    return bool(bases["load"] & bases["store"])
+        if kind in roots and call.args:
+            roots[kind] |= _roots(call.args[0].value, assigned)
+    return bool(roots["load"] & roots["store"])
 
 
 def tl_range_pipelining(source: str, context: dict[str, Any]) -> list[Variant]:
