@@ -45,6 +45,7 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, SubstituteNames, Variant, dotted, is_jit
 from diagnose.rewriters.blocks import calls_in
+from diagnose.rewriters.resizing import Resizing, block_resizing
 
 __all__ = ["DOT_TILES", "SHARED_LIMIT_SM90", "autotuned_kernels", "dot_operand_bytes", "widen_autotune_configs"]
 
@@ -258,8 +259,9 @@ def _movable(module: cst.Module, configs: list[_Config]) -> set[str]:
 
 
 def _derived(configs: list[_Config], have: set[_Config], movable: set[str], dot: bool, fewer_warps: bool,
-             smaller_blocks: bool) -> dict[str, list[_Config]]:
-    """Each family's new configs from the templates `configs`, those in `have` (surely listed) left out."""
+             smaller_blocks: bool, resizing: dict[str, Resizing]) -> dict[str, list[_Config]]:
+    """Each family's new configs from the templates `configs`, those in `have` (surely listed) left out; a
+    block grows or shrinks only where the kernel lets it (`resizing`)."""
     out: dict[str, list[_Config]] = {"warps": [], "stages": [], "blocks": [], "hopper-tiles": []}
 
     def add(family: str, config: _Config) -> None:
@@ -273,7 +275,8 @@ def _derived(configs: list[_Config], have: set[_Config], movable: set[str], dot:
         for stages in (c.num_stages + 1, c.num_stages - 1):
             if stages in _STAGES:
                 add("stages", _Config(c.meta, c.num_warps, stages))
-        blocks = [k for k, v in c.meta if k in movable and v >= 16 and v & (v - 1) == 0]
+        blocks = [k for k, v in c.meta if k in movable and v >= 16 and v & (v - 1) == 0
+                  and (resizing[k].shrink if smaller_blocks else resizing[k].grow)]
         if smaller_blocks:
             blocks = [k for k in blocks if dict(c.meta)[k] >= 32]
         if blocks:
@@ -281,9 +284,12 @@ def _derived(configs: list[_Config], have: set[_Config], movable: set[str], dot:
             add("blocks", _Config(resized, c.num_warps, c.num_stages))
     roles = {role: next((k for k, _ in configs[0].meta if pattern.match(k)), None) for role, pattern in _ROLE.items()}
     if dot and all(roles.values()) and {roles["M"], roles["N"], roles["K"]} <= movable:
+        template = dict(configs[0].meta)
         for bm, bn, bk, stages, warps in DOT_TILES:
-            tile = {roles["M"]: bm, roles["N"]: bn, roles["K"]: bk}
-            add("hopper-tiles", _Config(tuple((k, tile.get(k, v)) for k, v in configs[0].meta), warps, stages))
+            tile: dict[str, int] = {roles["M"]: bm, roles["N"]: bn, roles["K"]: bk}  # type: ignore[dict-item]
+            if all((v <= template[k] or resizing[k].grow) and (v >= template[k] or resizing[k].shrink)
+                   for k, v in tile.items()):
+                add("hopper-tiles", _Config(tuple((k, tile.get(k, v)) for k, v in configs[0].meta), warps, stages))
     if dot and all(roles.values()):
         # A config whose 16-bit operand buffers alone exceed the block's shared memory fails with
         # OutOfResources only after it compiled: in a compile-heavy round that is time for nothing (the H200's
@@ -378,7 +384,9 @@ def widen_autotune_configs(source: str, context: dict[str, Any]) -> list[Variant
         movable = _movable(module, configs)
         fewer_warps = context.get("direction") == "fewer-warps"
         smaller_blocks = context.get("finding") == "parallelism.grid-underfilled"
-        for family, new in _derived(configs, set(found.surely), movable, dot, fewer_warps, smaller_blocks).items():
+        resizing = {k: block_resizing(cst.ensure_type(fn, cst.FunctionDef), k) for k in movable}
+        for family, new in _derived(configs, set(found.surely), movable, dot, fewer_warps, smaller_blocks,
+                                    resizing).items():
             append = _Append(kernel, [c.code(callee) for c in new])
             widened = module.visit(append)
             if append.done:

@@ -42,6 +42,7 @@ from diagnose.rewriters.base import (
     start_plus_arange,
 )
 from diagnose.rewriters.blocks import names_in
+from diagnose.rewriters.resizing import block_resizing
 
 __all__ = ["MaskedAxis", "fit_tile_to_extent", "masked_axes"]
 
@@ -162,8 +163,8 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compe
     if compensate:
         other = _loop_block(kernel, axis.block)
         given = arguments.get(other) if other else None
-        if other is None or given is None:
-            return None
+        if other is None or given is None or not block_resizing(kernel, other).grow:
+            return None  # no loop block, or one whose accesses are unmasked along it: a larger step skips past K
         factor = f"({written} // {fitted.format(block=written)})"  # the lanes the fitted block frees
         if isinstance(given, cst.Integer):
             changes[id(given)] = cst.parse_expression(f"{given.value} * {factor}")

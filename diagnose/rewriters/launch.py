@@ -13,6 +13,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider
 from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, jit_functions, launch_arguments, register
 from diagnose.rewriters.blocks import reaching_literal
 from diagnose.rewriters.configs import autotuned_kernels, widen_autotune_configs
+from diagnose.rewriters.resizing import kernels_resizing
 
 _MAX_VARIANTS = 6
 
@@ -214,7 +215,7 @@ def _as_launched(context: dict[str, Any], kernels: set[str]) -> dict[str, int]:
 
 def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     """One knob per variant: num_warps, num_stages (for loops), and power-of-two block sizes halved or
-    doubled, stepping from the value the source writes, else the launch's own (`_as_launched`), else
+    doubled where the kernel lets them (`resizing.block_resizing`), stepping from the value the source writes, else the launch's own (`_as_launched`), else
     Triton's default. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both
     ways)."""
     module = cst.parse_module(source)
@@ -247,8 +248,13 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
         if key.upper() == key and value >= 16 and value & (value - 1) == 0 and direction != "fewer-stages" \
                 and not warps_only:
             groups.setdefault(value, []).append(key)
+    jit = jit_functions(module)
+    resizing = {key: kernels_resizing(jit, kernels, key) for keys in groups.values() for key in keys}
     for value, keys in groups.items():
-        proposals += [("+".join(keys), value * 2), ("+".join(keys), value // 2)]
+        if all(resizing[k].grow for k in keys):
+            proposals.append(("+".join(keys), value * 2))
+        if all(resizing[k].shrink for k in keys):
+            proposals.append(("+".join(keys), value // 2))
     # Nearest first: the search stays small and each variant is one step from the parent.
     def distance(kv: tuple[str, int]) -> float:
         first = kv[0].split("+")[0]

@@ -34,6 +34,7 @@ from diagnose.rewriters.launch import (
     launch_knobs,
     with_divisor,
 )
+from diagnose.rewriters.resizing import kernels_resizing
 
 # A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
 # (BLOCK_M, BLOCK_N, num_stages, num_warps), measured: the four best of nine (the fused-attention
@@ -178,6 +179,21 @@ def _tile_plan(source: str) -> _TilePlan | None:
     tiled = {name for name, fn in jit_functions(module).items()
              if {names["M"], names["N"]} <= {p.name.value for p in fn.params.params}} - set(autotuned_kernels(module))
     if not tiled:
+        return None
+    # A tile may only grow a block whose accesses are masked along it, and shrink one that steps a loop or
+    # a program axis (`resizing`): a K loop that loads unmasked is right only for Ks its own BLOCK_K divides.
+    jit = jit_functions(module)
+    resizing = {b: kernels_resizing(jit, tiled, b) for b in names.values() if b is not None}
+
+    def allowed(shape: dict[str, int]) -> bool:
+        for b, r in resizing.items():
+            now = current[b].value if b in current else None
+            if (now is None or shape[b] > now) and not r.grow or (now is None or shape[b] < now) and not r.shrink:
+                return False
+        return True
+
+    shapes = [s for s in shapes if allowed(s)]
+    if not shapes:
         return None
     axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
     # Each grid must count its tile axes as `triton.cdiv(.., B)`, or by the name the block is bound to

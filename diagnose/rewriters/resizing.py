@@ -1,0 +1,112 @@
+"""Whether a kernel's block size may grow or shrink without changing what it computes.
+
+A launch search, a tile table or a widened autotune list changes block sizes, and the judge checks the
+result only at the task's sizes. A block may grow where every access that steps through its lanes is
+masked along them: the lanes past the extent then read and write nothing (a matmul whose K loop loads
+unmasked is right for any K that is a multiple of the written BLOCK_K, and wrong at K = 96 once BLOCK_K
+is 64). A block may shrink where it steps a loop or sizes a program axis: smaller blocks are then walked
+by more iterations or more programs, while a block that only spans a tile (one row a program, its
+width the row's) would leave the rest of the row undone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from diagnose.rewriters.base import dotted, mask_argument
+from diagnose.rewriters.blocks import arange_width, names_in
+
+__all__ = ["Resizing", "block_resizing", "kernels_resizing"]
+
+_ACCESSES = ("tl.load", "tl.store")
+
+
+@dataclass(frozen=True)
+class Resizing:
+    grow: bool
+    shrink: bool
+
+
+def _definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    out: dict[str, list[cst.BaseExpression]] = {}
+    for node in m.findall(fn, m.Assign() | m.AugAssign()):
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+        for target in targets:
+            if isinstance(target, cst.Name):
+                out.setdefault(target.value, []).append(node.value)  # type: ignore[attr-defined]
+    return out
+
+
+def _spans(expr: cst.CSTNode, block: str, lanes: set[str]) -> bool:
+    """Whether `expr` reads a `tl.arange(0, block)` or a name computed from one."""
+    return bool(names_in(expr) & lanes) or any(
+        arange_width(c) == block for c in m.findall(expr, m.Call()))  # type: ignore[arg-type]
+
+
+def _lanes(fn: cst.FunctionDef, block: str, definitions: dict[str, list[cst.BaseExpression]]) -> set[str]:
+    """The names computed from the block's `tl.arange(0, block)`, at any depth of the kernel."""
+    lanes: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, values in definitions.items():
+            if name not in lanes and any(_spans(v, block, lanes) for v in values):
+                lanes.add(name)
+                changed = True
+    return lanes
+
+
+def _reaches(expr: cst.BaseExpression, block: str, lanes: set[str], definitions: dict[str, list[cst.BaseExpression]]
+             ) -> bool:
+    """Whether `expr`, or what its names are computed from, reads the block's lanes (a mask named `mask`
+    defined as `cols < n`)."""
+    seen: set[str] = set()
+    todo = [expr]
+    while todo:
+        node = todo.pop()
+        if _spans(node, block, lanes):
+            return True
+        for name in names_in(node) - seen:
+            seen.add(name)
+            todo += definitions.get(name, [])
+    return False
+
+
+def block_resizing(fn: cst.FunctionDef, block: str) -> Resizing:
+    """May the constexpr `block` of kernel `fn` grow, may it shrink (the module's docstring says when)."""
+    definitions = _definitions(fn)
+    lanes = _lanes(fn, block, definitions)
+    grow = True
+    for call in m.findall(fn, m.Call()):
+        assert isinstance(call, cst.Call)
+        name = dotted(call.func)
+        if not (name in _ACCESSES or name.startswith("tl.atomic_")) or not call.args:
+            continue
+        if not _spans(call.args[0].value, block, lanes):
+            continue
+        at = mask_argument(call)
+        if at is None or not _reaches(call.args[at].value, block, lanes, definitions):
+            grow = False
+            break
+    loops = any(block in names_in(cst.ensure_type(f, cst.For).iter) for f in m.findall(fn, m.For()))
+    programs = {name for name, values in definitions.items()
+                if any(m.findall(v, m.Call(func=m.Attribute(attr=m.Name("program_id")))) for v in values)}
+    axis = False
+    for product in m.findall(fn, m.BinaryOperation(operator=m.Multiply())):
+        assert isinstance(product, cst.BinaryOperation)
+        sides = (product.left, product.right)
+        if any(m.matches(s, m.Name(block)) for s in sides) and any(
+                names_in(s) & programs or m.findall(s, m.Call(func=m.Attribute(attr=m.Name("program_id"))))
+                for s in sides):
+            axis = True
+    return Resizing(grow=grow, shrink=loops or axis)
+
+
+def kernels_resizing(kernels: dict[str, cst.FunctionDef], names: set[str], key: str) -> Resizing:
+    """How the kernels among `names` that take constexpr `key` let it change: every one of them must."""
+    found = [block_resizing(fn, key) for name, fn in kernels.items()
+             if name in names and key in {p.name.value for p in fn.params.params}]
+    return Resizing(grow=all(r.grow for r in found), shrink=all(r.shrink for r in found))
