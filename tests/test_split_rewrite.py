@@ -58,7 +58,8 @@ def test_a_column_sum_on_few_programs_is_split_and_stays_correct(tmp_path):
     assert "for start in range(0 + tl.program_id(1) * BLOCK_M, n_rows, BLOCK_M * tl.num_programs(1)):" in source
     assert 'tl.atomic_add(out_ptr + cols, tl.sum(acc, axis=0), mask=col_mask, sem="relaxed")' in source
     # the split runs only where the grid leaves SMs idle; elsewhere the kernel as it was
-    assert "    if n_split > 1:\n        out.zero_()\n        col_sum_kernel_split[(n_blocks, n_split)](" in source
+    assert "    if n_split > 1:\n        if out.dtype == torch.float32:\n            out.zero_()\n" \
+        "            col_sum_kernel_split[(n_blocks, n_split)](" in source
     assert "    else:\n        col_sum_kernel[(n_blocks,)](" in source
     assert "    tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=col_mask)" in source  # the original, kept
     (tmp_path / "col_sum.py").write_text(COL_SUM.read_text())
@@ -130,6 +131,26 @@ def test_a_sum_cast_to_fp16_is_split_through_an_fp32_workspace(tmp_path):
     (tmp_path / "gemv.py").write_text(gemv.read_text())
     _check(tmp_path, variant.source, "gemv", "gemv(torch.randn(70, 1000, dtype=torch.float16), "
            "torch.randn(1000, dtype=torch.float16))", "lambda a, x: (a.double() @ x.double()).half()")
+
+
+def test_a_store_that_casts_implicitly_goes_through_the_workspace_for_a_16_bit_output():
+    # `tl.store(out + cols, acc)` into fp16 casts at the store; split, the atomics would add into fp16 (a
+    # helper's audit probe: sm90 PTX `red.global.gpu.relaxed.add.noftz.f16`). The output's dtype now
+    # picks the path at each launch.
+    source = COL_SUM.read_text().replace("out = torch.empty(n, dtype=torch.float32, device=x.device)",
+                                         "out = torch.empty(n, dtype=x.dtype, device=x.device)")
+    assert source != COL_SUM.read_text()
+    (variant, *_) = split_reduction(source, {})
+    assert "        if out.dtype == torch.float32:\n" in variant.source
+    assert "            partial = torch.zeros_like(out, dtype=torch.float32)\n" in variant.source
+
+
+@pytest.mark.parametrize("dtype", ["tl.int32", "tl.int64", "tl.float64"])
+def test_accumulators_the_fp32_partials_would_round_are_not_split(dtype):
+    source = COL_SUM.read_text()
+    assert "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" in source
+    assert split_reduction(source.replace("tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+                                          f"tl.zeros((BLOCK_M, BLOCK_N), dtype={dtype})"), {}) == []
 
 
 @pytest.mark.parametrize("change, why", [

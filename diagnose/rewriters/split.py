@@ -13,9 +13,11 @@ It applies where splitting cannot change the result but by summation order (issu
 - its one write is a `tl.store` after the loop whose value is linear in the accumulators (`acc`,
   `tl.sum(acc, axis=k)`, either times or divided by something without them, directly or through names
   assigned such a value once after the loop), through a pointer computed from one parameter, or a cast of such a
-  value (`acc.to(out.dtype)`): then the partials go to an fp32 workspace and a second small kernel casts
-  it into the output, since atomics into an fp16 output round the running sum at every add (a gemv of
-  1000 terms split 16 ways was 2.5% off);
+  value (`acc.to(out.dtype)`, or a store's own implicit cast); the partials add up in fp32: into the
+  output where it is fp32, else into an fp32 workspace that a second small kernel casts into the output
+  (the output's dtype decides at each launch), since atomics into an fp16 output round the running sum
+  at every add (a gemv of 1000 terms split 16 ways was 2.5% off); accumulators made as ints or fp64
+  are declined (the fp32 sums would drop their bits);
 - the stored-to argument is a tensor the wrapper makes with `torch.empty(...)` / `torch.empty_like(...)`
   (the split path zeroes it, `out.zero_()`, and the atomics add into it), launched by a statement of its own.
 
@@ -66,7 +68,6 @@ class _Plan:
     """What the kernel and its launch must look like for the split; None fields: not applicable."""
 
     def __init__(self, module: cst.Module, context: dict[str, Any]) -> None:
-        self.cast = False  # the stored value is a cast of the sum (`acc.to(out.dtype)`)
         self.kernel: str | None = None
         self.out_param: str | None = None  # the kernel parameter the store writes through
         self.out_arg: str | None = None  # the wrapper's name for that tensor
@@ -101,8 +102,10 @@ class _Plan:
         if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range")
                 and 1 <= len([a for a in loop.iter.args if a.keyword is None]) <= 3):
             return None
-        accumulators = {name for st in body[:at] for name in _assigned(st)
-                        if m.findall(st, m.Assign(value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros")))))}
+        zeros = m.Assign(value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros"))))
+        accumulators = {name for st in body[:at] for name in _assigned(st) if m.findall(st, zeros)}
+        if any(_wide_or_integer(st) for st in body[:at] if m.findall(st, zeros) and _assigned(st) & accumulators):
+            return None  # partial sums of ints or fp64 through the fp32 workspace would lose bits
         carried: set[str] = set()
         written: set[str] = set()
         for st in loop.body.body:
@@ -142,9 +145,7 @@ class _Plan:
         if any(names_in(a.value) & carried for a in store.args if a is not positional[1]):
             return None  # a pointer or mask computed from the sum: each program would see its partial only
         value = positional[1].value
-        if _cast_of(value) is not None and _linear(_cast_of(value), carried):  # type: ignore[arg-type]
-            self.cast = True  # partials go to an fp32 workspace; a second kernel casts it into the output
-        elif not _linear(value, carried):
+        if not _linear(_cast_of(value) or value, carried):
             return None
         if any(_reads(stmt) & carried for i, stmt in enumerate(after)
                if i not in derived and not m.findall(stmt, m.Call(func=m.Attribute(attr=m.Name("store"))))):
@@ -170,6 +171,12 @@ def _reads(stmt: cst.CSTNode) -> set[str]:
 
 def _assigned_in(block: cst.BaseSuite) -> set[str]:
     return set().union(*(_assigned(st) for st in getattr(block, "body", [])))
+
+
+def _wide_or_integer(stmt: cst.CSTNode) -> bool:
+    """Whether `acc = tl.zeros(..., dtype=D)` names an integer or fp64 D."""
+    return any(dotted(cst.ensure_type(kw, cst.Arg).value).startswith(("tl.int", "tl.uint", "tl.float64"))
+               for kw in m.findall(stmt, m.Arg(keyword=m.Name("dtype"))))
 
 
 def _cast_of(value: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -198,8 +205,8 @@ class _AddSplitKernel(cst.CSTTransformer):
     """The kernel stays as it is (the launch keeps it where the grid fills the device); its split copy,
     `<kernel>_split`, follows it."""
 
-    def __init__(self, kernel: str, cast: bool) -> None:
-        self.kernel, self.cast = kernel, cast
+    def __init__(self, kernel: str) -> None:
+        self.kernel = kernel
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body: list[cst.CSTNode] = []
@@ -211,10 +218,9 @@ class _AddSplitKernel(cst.CSTTransformer):
                     cst.EmptyLine(), cst.EmptyLine(),
                     cst.EmptyLine(comment=cst.Comment(f"# {self.kernel}, its loop split over a second grid axis: "
                                                       "partial results are added into a zeroed output"))]))
-                if self.cast:
-                    body.append(cst.parse_statement(_CAST_KERNEL).with_changes(leading_lines=[
-                        cst.EmptyLine(), cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(
-                            "# the split's fp32 partial sums, cast into the output's dtype once they are all in"))]))
+                body.append(cst.parse_statement(_CAST_KERNEL).with_changes(leading_lines=[
+                    cst.EmptyLine(), cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(
+                        "# the split's fp32 partial sums, cast into the output's dtype once they are all in"))]))
         return updated.with_changes(body=body)
 
 
@@ -260,7 +266,7 @@ class _SplitKernel(cst.CSTTransformer):
             return updated
         args = [a for a in updated.args]
         uncast = _cast_of(args[1].value)
-        if uncast is not None:  # into the fp32 workspace: the cast is the second kernel's
+        if uncast is not None:  # into an fp32 output or workspace: the cast is the second kernel's
             args[1] = args[1].with_changes(value=uncast)
         sem = cst.Arg(keyword=cst.Name("sem"), value=cst.SimpleString('"relaxed"'),
                       equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
@@ -272,8 +278,8 @@ class _SplitLaunch(cst.CSTTransformer):
     """In the wrapper, `K[(G,)](args)` becomes: the split sized from the SM count, then
     `if n_split > 1: out.zero_(); K_split[(G, n_split)](args)` else the launch as it was."""
 
-    def __init__(self, kernel: str, out: str, grid: cst.BaseExpression, per_sm: int, max_split: int, cast: bool) -> None:
-        self.kernel, self.out, self.grid, self.per_sm, self.max_split, self.cast = kernel, out, grid, per_sm, max_split, cast
+    def __init__(self, kernel: str, out: str, grid: cst.BaseExpression, per_sm: int, max_split: int) -> None:
+        self.kernel, self.out, self.grid, self.per_sm, self.max_split = kernel, out, grid, per_sm, max_split
         self.allocated = 0
         self.launched = 0
 
@@ -298,20 +304,23 @@ class _SplitLaunch(cst.CSTTransformer):
             cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
         plain_call = call.with_changes(func=call.func.with_changes(
             slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks,)")))]))
-        if self.cast:
-            into = "partial"
-            split_call = split_call.with_changes(args=[  # the output's argument only, not any name spelled alike
-                a.with_changes(value=cst.Name(into)) if m.matches(a.value, m.Name(self.out)) else a for a in split_call.args])
-            prologue = [cst.parse_statement(f"{into} = torch.zeros({self.out}.shape, dtype=torch.float32, "
-                                            f"device={self.out}.device)\n")]
-            epilogue = [cst.parse_statement(f"_kb_cast_kernel[(triton.cdiv({into}.numel(), 1024),)]({into}, {self.out}, "
-                                            f"{into}.numel(), BLOCK=1024)\n")]
-        else:
-            prologue, epilogue = [cst.parse_statement(f"{self.out}.zero_()\n")], []
+        # Partials add up in fp32: straight into an fp32 output, else into an fp32 workspace cast into the
+        # output once they are all in (atomics into fp16 round the running sum at every add: a gemv of 1000
+        # terms split 16 ways was 2.5% off). The output's dtype decides at each launch.
+        into = "partial"
+        workspace_call = split_call.with_changes(args=[  # the output's argument only, not any name spelled alike
+            a.with_changes(value=cst.Name(into)) if m.matches(a.value, m.Name(self.out)) else a for a in split_call.args])
+        direct = [cst.parse_statement(f"{self.out}.zero_()\n"), updated.with_changes(body=[cst.Expr(split_call)],
+                                                                                     leading_lines=[])]
+        workspace = [cst.parse_statement(f"{into} = torch.zeros_like({self.out}, dtype=torch.float32)\n"),
+                     updated.with_changes(body=[cst.Expr(workspace_call)], leading_lines=[]),
+                     cst.parse_statement(f"_kb_cast_kernel[(triton.cdiv({into}.numel(), 1024),)]({into}, {self.out}, "
+                                         f"{into}.numel(), BLOCK=1024)\n")]
+        by_dtype = cst.If(test=cst.parse_expression(f"{self.out}.dtype == torch.float32"), body=cst.IndentedBlock(direct),
+                          orelse=cst.Else(cst.IndentedBlock(workspace)))
         branch = cst.If(
             test=cst.parse_expression("n_split > 1"),
-            body=cst.IndentedBlock([*prologue, updated.with_changes(body=[cst.Expr(split_call)], leading_lines=[]),
-                                    *epilogue]),
+            body=cst.IndentedBlock([by_dtype]),
             orelse=cst.Else(cst.IndentedBlock([updated.with_changes(body=[cst.Expr(plain_call)], leading_lines=[])])),
             leading_lines=[])
         self.launched += 1
@@ -325,8 +334,8 @@ def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
         return []
     out = []
     for params in _VARIANTS:
-        launch = _SplitLaunch(plan.kernel, plan.out_arg, plan.grid, params["per_sm"], params["max_split"], plan.cast)
-        new = module.visit(launch).visit(_AddSplitKernel(plan.kernel, plan.cast))
+        launch = _SplitLaunch(plan.kernel, plan.out_arg, plan.grid, params["per_sm"], params["max_split"])
+        new = module.visit(launch).visit(_AddSplitKernel(plan.kernel))
         if launch.allocated == 1 and launch.launched == 1:
             out.append(Variant({"split": "loop over programs, atomics", **params}, new.code))
     return out
