@@ -666,6 +666,10 @@ def test_a_kernel_that_reads_the_grid_where_the_loop_cannot_rename_it_is_not_mad
     helper = ROW_GEGLU.replace("    program_id = tl.program_id(0)  #", "    program_id = _row()  #").replace(
         "@triton.jit\ndef _row_kernel", "@triton.jit\ndef _row():\n    return tl.program_id(0)\n\n\n@triton.jit\ndef _row_kernel")
     assert "def _row():" in helper and rewrite("persistent-kernel", helper, {}) == []
+    # a kernel that may spin on another program's flag: with several tiles a program it could wait on itself
+    for wait in ("tl.atomic_cas(c + 0, 0, 0)", "tl.load(c, volatile=True)"):
+        spinning = ROW_GEGLU.replace("    cols = tl.arange(0, BLOCK_SIZE)\n", f"    _w = {wait}\n    cols = tl.arange(0, BLOCK_SIZE)\n")
+        assert wait in spinning and rewrite("persistent-kernel", spinning, {}) == [], wait
     assert rewrite("persistent-kernel", ROW_GEGLU, {})
 
 

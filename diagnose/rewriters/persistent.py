@@ -64,7 +64,7 @@ class _Persistent(cst.CSTTransformer):
             if m.findall(original, m.Call(func=m.Attribute(attr=m.Name("program_id")),
                                           args=[m.Arg(value=~m.Integer("0"))])) or m.findall(original, m.Return()) \
                     or m.findall(original, m.Call(func=m.Attribute(attr=m.Name("num_programs")))) \
-                    or self._helpers_read_the_grid(original):
+                    or self._helpers_read_the_grid(original) or _waits_on_other_programs(original):
                 # a 2-D or early-returning kernel, or one that reads the grid where the loop cannot rename it
                 # (a grid-stride loop over num_programs, a helper's own program_id): not this rewrite
                 self.kernel = None
@@ -83,6 +83,17 @@ class _Persistent(cst.CSTTransformer):
             self.changed += 1
             return updated.with_changes(params=signature, body=updated.body.with_changes(body=[*saved, loop]))
         return updated.with_changes(body=updated.body.visit(_PersistentLaunch(self.kernel, self.per_sm, self.grids)))
+
+
+def _waits_on_other_programs(kernel: cst.FunctionDef) -> bool:
+    """A compare-and-swap, an exchange or a volatile load: the kernel may spin until another program
+    writes. With several tiles a program, a tile waiting on one a later pass of the same program owns
+    never ends."""
+    sync = m.Call(func=m.Attribute(attr=m.Name("atomic_cas") | m.Name("atomic_xchg")))
+    volatile = m.Call(func=m.Attribute(attr=m.Name("load")), args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("volatile"),
+                                                                                        value=~m.Name("False")),
+                                                                   m.ZeroOrMore()])
+    return bool(m.findall(kernel, sync) or m.findall(kernel, volatile))
 
 
 class _PersistentLaunch(cst.CSTTransformer):
