@@ -9,8 +9,9 @@ gave 1.29x (docs/device/2026-12-04-h200-own-suite).
 Relaxing is safe only where the ordering orders nothing this kernel relies on: every atomic in the
 module's kernels discards its result (an accumulation, not a ticket or a lock), none is a
 compare-and-swap or an exchange, none names its own ordering stronger than relaxed, no load is
-volatile (a spin on a flag), and no load reads a pointer an atomic updates (its own update, read back). Then no program can observe another's atomics before the kernel ends,
-and the kernel boundary orders them for whatever runs next. Anything else is declined, whole: a
+volatile (a spin on a flag), and no load reads a pointer an atomic updates (its own update, read back).
+Then no program can observe another's atomics before the kernel ends, and the kernel boundary orders
+them for whatever runs next. Anything else is declined, whole: a
 ticket counter's ordering may be what publishes the accumulations beside it.
 """
 
@@ -95,7 +96,6 @@ class _Reader(cst.CSTVisitor):
         if name == "tl.load" and any(a.keyword is not None and a.keyword.value == "volatile"
                                        and not m.matches(a.value, m.Name("False")) for a in node.args):
             self.blockers.append(f"line {line}: a volatile load (a spin on a flag) may wait for other programs' atomics")
-
 
     def _base(self, pointer: cst.BaseExpression, hops: int = 4) -> str:
         """The pointer an address expression starts from: the leftmost operand of its sums (`out_ptr` of

@@ -75,11 +75,17 @@ def address_casts(fn: cst.FunctionDef) -> list[cst.Call]:
         if not (name in ("tl.load", "tl.store") or name.startswith("tl.atomic_")) or not call.args:
             continue
         addresses.append(call.args[0].value)
-        values += [a.value for i, a in enumerate(call.args) if i > 0 and a.keyword is None and i in _VALUE_AT.get(name, ())
-                   or a.keyword is not None and a.keyword.value in ("value", "val", "cmp")]
-    stored = {id(c) for e in reaching(fn, values, ranges_only=True) for c in m.findall(e, m.Call()) if _int64_cast(c)}  # type: ignore[arg-type]
-    found = {id(c): c for e in reaching(fn, addresses) for c in m.findall(e, m.Call()) if _int64_cast(c)}  # type: ignore[arg-type]
-    return [cast for key, cast in found.items() if key not in stored]  # type: ignore[misc]
+        for i, arg in enumerate(call.args):
+            if (arg.keyword is None and i in _VALUE_AT.get(name, ())
+                    or arg.keyword is not None and arg.keyword.value in ("value", "val", "cmp")):
+                values.append(arg.value)
+    stored = {id(c) for c in _casts_in(reaching(fn, values, ranges_only=True))}
+    return [c for c in dict.fromkeys(_casts_in(reaching(fn, addresses))) if id(c) not in stored]
+
+
+def _casts_in(expressions: list[cst.BaseExpression]) -> list[cst.Call]:
+    return [cst.ensure_type(c, cst.Call) for e in expressions for c in m.findall(e, m.Call())
+            if _int64_cast(cst.ensure_type(c, cst.Call))]
 
 
 def address_cast_lines(source: str) -> list[int]:
@@ -154,7 +160,8 @@ def int32_offsets(source: str, context: dict[str, Any]) -> list[Variant]:
     body = [with_parameters(n, [_FLAG], {_FLAG}, default="1") if isinstance(n, cst.FunctionDef)
             and n.name.value in launches.flagged and is_jit(n) else n for n in module.body]
     if not any(isinstance(n, cst.FunctionDef) and n.name.value == _HELPER_NAME for n in body):
-        imports = [i for i, n in enumerate(body) if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))]
+        imports = [i for i, n in enumerate(body)
+                   if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))]
         at = imports[-1] + 1 if imports else 0
         helper = [n.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) if isinstance(n, cst.FunctionDef)
                   else n for n in cst.parse_module(_HELPER).body]
