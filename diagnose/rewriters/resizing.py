@@ -33,10 +33,14 @@ class Resizing:
 def _definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
     out: dict[str, list[cst.BaseExpression]] = {}
     for node in m.findall(fn, m.Assign() | m.AugAssign()):
-        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+        if isinstance(node, cst.Assign):
+            targets, value = [t.target for t in node.targets], node.value
+        else:
+            augmented = cst.ensure_type(node, cst.AugAssign)
+            targets, value = [augmented.target], augmented.value
         for target in targets:
             if isinstance(target, cst.Name):
-                out.setdefault(target.value, []).append(node.value)  # type: ignore[attr-defined]
+                out.setdefault(target.value, []).append(value)
     return out
 
 
