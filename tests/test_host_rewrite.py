@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
 from conftest import FIXTURES
 
 from diagnose.engine import diagnose
@@ -90,6 +91,49 @@ def test_a_zero_fill_the_kernel_relies_on_is_kept_by_the_judge_or_the_rule(tmp_p
     # a kernel that accumulates with atomics: no empty-outputs variant at all
     atomic = CHATTY.replace("tl.store(out_ptr + offs,", "tl.atomic_add(out_ptr + offs,")
     assert [v.params["removed"] for v in rewrite(PATTERN, atomic, {})] == ["host-waits"]
+
+
+IGNORED_ROWS = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ce_fwd_kernel(X, Y, Loss, stride, n_cols, ignore_index, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    y = tl.load(Y + row)
+    if y == ignore_index:
+        return
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, 0)
+    lse = m + tl.log(tl.sum(tl.exp(x - m), 0))
+    tl.store(Loss + row, lse - tl.load(X + row * stride + y).to(tl.float32))
+
+
+def cross_entropy(x, y, ignore_index=-100):
+    n_rows, n_cols = x.shape
+    loss = torch.zeros(n_rows, dtype=torch.float32, device=x.device)
+    ce_fwd_kernel[(n_rows,)](x, y, loss, x.stride(0), n_cols, ignore_index, BLOCK=triton.next_power_of_2(n_cols))
+    return loss.sum() / (y != ignore_index).sum()
+'''
+
+
+_EXIT = "    if y == ignore_index:\n        return\n"
+_STORE = "    tl.store(Loss + row, lse - tl.load(X + row * stride + y).to(tl.float32))\n"
+
+
+@pytest.mark.parametrize("source", [
+    IGNORED_ROWS,  # Liger's early exit on ignore_index: random test targets never take it
+    IGNORED_ROWS.replace(_EXIT, "").replace(_STORE, "    if y != ignore_index:\n    " + _STORE),  # a store under an if
+    IGNORED_ROWS.replace(_EXIT, "").replace(_STORE, _STORE.replace("))\n", "), mask=y >= 0)\n")),  # a mask from data
+], ids=["early-return", "store-under-if", "mask-from-loaded-value"])
+def test_a_kernel_that_may_skip_what_it_writes_keeps_its_zero_fill(source):
+    # a helper's audit: with the zeros gone, the skipped rows were whatever memory held (NaN, poisoned)
+    assert source == IGNORED_ROWS or _EXIT not in source
+    assert "empty-outputs" not in {v.params["removed"] for v in rewrite(PATTERN, source, {})}
+    assert "empty-outputs" in {v.params["removed"] for v in rewrite(PATTERN, IGNORED_ROWS.replace(_EXIT, ""), {})}
 
 
 def test_a_host_bound_finding_reaches_the_rewrite():

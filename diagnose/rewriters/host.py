@@ -15,8 +15,10 @@ rewrite sees). Three removals need no knowledge of the kernel's values:
   synchronous (TritonBench-T's first drafts upload `alpha` this way before every launch);
 - `empty-outputs`: an output made with `torch.zeros` / `zeros_like` / `.new_zeros` and handed to a
   kernel launch is made with the `empty` counterpart: one fill kernel (a launch and a pass over the
-  output's bytes) less. Only where the module has no atomics (which accumulate into the zeros); the
-  judge's poisoned allocations reject the variant if the kernel leaves any element unwritten;
+  output's bytes) less. Only where the module has no atomics (which accumulate into the zeros) and its
+  kernels store whatever the data (no early return, no store under an `if` or in a `while`, no store
+  mask computed from loaded values): the judge's poisoned allocations reject a variant whose kernel
+  leaves an element unwritten on the test's inputs, not on inputs that take another branch;
 - both at once, where both apply.
 
 Waits with no value-free fix (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`: the host reads what the
@@ -32,7 +34,8 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
+from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, jit_functions, mask_argument, register
+from diagnose.rewriters.hints import reaching
 from diagnose.rewriters.launch import jit_names
 
 __all__ = ["HostWait", "host_waits", "trim_wrapper_overhead"]
@@ -195,6 +198,25 @@ def _launch_arguments(module: cst.Module) -> set[str]:
     return names
 
 
+def _stores_unconditionally(module: cst.Module) -> bool:
+    """Whether every kernel of the module writes what it writes whatever the data: no early `return`, no
+    store under an `if` or in a `while`, no store mask computed from loaded values. Only then is an
+    output the judge saw written whole written whole for every input: Liger's cross entropy skips the
+    rows whose target is ignore_index (`if y == ignore_index: return`) and leaves their zeros for the
+    wrapper's sum, which random test targets never exercise."""
+    store = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store")))
+    for fn in jit_functions(module).values():
+        if m.findall(fn, m.Return()) or any(m.findall(block, store) for block in m.findall(fn, m.If() | m.While())):
+            return False
+        for call in m.findall(fn, store):
+            at = mask_argument(cst.ensure_type(call, cst.Call))
+            mask = cst.ensure_type(call, cst.Call).args[at].value if at is not None else None
+            if mask is not None and any(m.findall(e, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load"))))
+                                        for e in reaching(fn, [mask])):
+                return False
+    return True
+
+
 def trim_wrapper_overhead(source: str, context: dict[str, Any]) -> list[Variant]:
     module = cst.parse_module(source)
     variants = []
@@ -203,7 +225,8 @@ def trim_wrapper_overhead(source: str, context: dict[str, Any]) -> list[Variant]
     waits = {"statements": dropper.dropped, "uploads": filler.changed}
     if dropper.dropped or filler.changed:
         variants.append(Variant({"removed": "host-waits", **waits}, waitless.code))
-    if not m.findall(module, m.Call(func=m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v.startswith("atomic_")))))):
+    if not m.findall(module, m.Call(func=m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v.startswith("atomic_")))))) \
+            and _stores_unconditionally(module):
         emptier = _EmptyOutputs(_launch_arguments(module))
         emptied = module.visit(emptier)
         if emptier.changed:
