@@ -50,7 +50,7 @@ def test_the_key_loop_ends_at_the_diagonal_and_the_blocks_below_it_drop_the_caus
     assert not bounded.params["below_diagonal_unmasked"] and split.params["below_diagonal_unmasked"]
     end = "tl.minimum(seq, (tl.program_id(0) * BLOCK_M) + BLOCK_M)"
     assert f"for start_n in range(0, {end}, BLOCK_N):" in bounded.source
-    diagonal = "(tl.program_id(0) * BLOCK_M) // BLOCK_N * BLOCK_N"
+    diagonal = "tl.minimum((tl.program_id(0) * BLOCK_M) // BLOCK_N * BLOCK_N, seq // BLOCK_N * BLOCK_N)"
     below, on = split.source.split(f"for start_n in range({diagonal}, {end}, BLOCK_N):")
     assert f"for start_n in range(0, {diagonal}, BLOCK_N):" in below
     assert 's = tl.where((rn[None, :] < seq), s, -float("inf"))' in below  # the boundary term stays
@@ -275,3 +275,58 @@ def test_what_a_window_or_a_skipped_block_cannot_justify_is_left_alone(change, d
         assert variants and not any(v.params["window_start"] for v in variants)
     else:
         assert variants == []
+
+
+MORE_QUERIES = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attn_kernel(Q, K, V, Out, sm_scale, N_Q, N_K, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < N_Q, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, N_K, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(K + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        v = tl.load(V + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < N_K, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale
+        s = tl.where(rows[:, None] >= cols[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_new
+    tl.store(Out + rows[:, None] * D + offs_d[None, :], acc / l_i[:, None], mask=rows[:, None] < N_Q)
+
+
+def attention(q, k, v):
+    N_Q, D = q.shape
+    N_K = k.shape[0]
+    o = torch.empty_like(q)
+    attn_kernel[(triton.cdiv(N_Q, 16),)](q, k, v, o, D ** -0.5, N_Q, N_K, D=D, BLOCK_M=16, BLOCK_N=16)
+    return o
+'''
+MORE_QUERIES_REFERENCE = ("lambda q, k, v: torch.softmax((q @ k.T * q.shape[1] ** -0.5).masked_fill("
+                          "torch.arange(q.shape[0])[:, None] < torch.arange(k.shape[0])[None, :], float('-inf')), 1) @ v")
+
+
+@pytest.mark.parametrize("n_q, n_k", [(64, 32), (80, 48), (50, 32)])  # its keys unmasked past N_K: whole blocks
+def test_with_more_queries_than_keys_the_unmasked_blocks_stop_at_the_last_key(tmp_path, n_q, n_k):
+    # top-left causal with N_Q > N_K: the rows' diagonal lies past the last key (a helper's audit: the
+    # unmasked loop ran past N_K, 0.181 off at 64 x 32)
+    (tmp_path / "attn.py").write_text(MORE_QUERIES)
+    for variant in rewrite(PATTERN, MORE_QUERIES, {}):
+        (tmp_path / "bounded.py").write_text(variant.source)
+        spec = TaskSpec(kernel=str(tmp_path / "attn.py"), reference=MORE_QUERIES_REFERENCE,
+                        call=f"attention(torch.randn({n_q}, 16), torch.randn({n_k}, 16), torch.randn({n_k}, 16))")
+        report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1),
+                          candidate=str(tmp_path / "bounded.py"), candidate_entry="attention")
+        assert report.run("baseline").correct and report.run("candidate").correct, report.to_dict()

@@ -367,7 +367,11 @@ class _Bound(KernelLoops):
         width = causal.loop.width
         # Every row of the block sees every key of a block from `inside` on (a window's first key for the
         # block's last row, rounded up to a block) and up to `diagonal` (the first row's own block).
-        diagonal = cst.parse_expression(f"{start} // {width} * {width}") if causal.causal else end
+        # Capped at the loop's own bound, rounded down to a block: with more queries than keys (top-left
+        # causal, N_Q > N_K) the rows' diagonal lies past the last key, and the unmasked loop must not
+        # reach past it or into its partial last block (a helper's audit: 0.181 off at N_Q=64, N_K=32).
+        diagonal = cst.parse_expression(f"tl.minimum({start} // {width} * {width}, {bound} // {width} * {width})") \
+            if causal.causal else end
         loops = []
         if causal.low:
             inside = f"tl.cdiv(tl.maximum({causal.low} + {causal.width} - 1, 0), {width}) * {width}"
