@@ -13,8 +13,8 @@ once, and the state leaving it carried to the next:
         _kb_live = (_kb_t0 + _kb_steps)[:, None] < T
         x = tl.load(p_x + _kb_steps[:, None] * D, mask=_kb_live & mask[None, :], other=0)
         ...
-        _kb_a = tl.where(_kb_live, <a>, 1.0)          # steps past T: the identity (1, 0)
-        _kb_b = tl.where(_kb_live, <b>, 0.0)
+        _kb_a = tl.where(_kb_live, <a>, 1.0).to(h.dtype)   # steps past T: the identity (1, 0)
+        _kb_b = tl.where(_kb_live, <b>, 0.0).to(h.dtype)   # in the state's dtype
         _kb_a, _kb_b = tl.associative_scan((_kb_a, _kb_b), 0, _kb_linear_recurrence)
         _kb_h = _kb_a * h[None, :] + _kb_b
         tl.store(p_o + _kb_steps[:, None] * D, <stored of _kb_h>, mask=_kb_live & mask[None, :])
@@ -204,8 +204,10 @@ class _Chunk(cst.CSTTransformer):
             if isinstance(small, cst.AugAssign):
                 advances.append(cst.parse_statement(f"{code(small.target)} += {c} * {_paren(rec.stride)}\n"))
             elif isinstance(small, cst.Assign) and small.targets[0].target.value == rec.state:  # type: ignore[attr-defined]
-                out += [cst.parse_statement(f"_kb_a = tl.where(_kb_live, {code(rec.a)}, 1.0)\n"),
-                        cst.parse_statement(f"_kb_b = tl.where(_kb_live, {code(rec.b)}, 0.0)\n"),
+                # combined in the state's dtype, as each step promoted a and b to it (fp16 gates
+                # scanned in fp16 were 11x further from fp64 than the fp32 recurrence)
+                out += [cst.parse_statement(f"_kb_a = tl.where(_kb_live, {code(rec.a)}, 1.0).to({rec.state}.dtype)\n"),
+                        cst.parse_statement(f"_kb_b = tl.where(_kb_live, {code(rec.b)}, 0.0).to({rec.state}.dtype)\n"),
                         cst.parse_statement(f"_kb_a, _kb_b = tl.associative_scan((_kb_a, _kb_b), 0, {_COMBINE})\n"),
                         cst.parse_statement(f"_kb_h = _kb_a * {rec.state}[None, :] + _kb_b\n")]
             elif isinstance(small, cst.Assign):
