@@ -241,8 +241,14 @@ def _partial_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
     tail = _statements(lines)
     tail[0] = tail[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
         "# this split's partial state (the maximum, then the sums rescaled to it) for the merge kernel"))])
+    # A split may see only blocks a row masks out (a causal row's later keys, padding, a window's start),
+    # where the kernel's own first block never was: from -inf, exp(m_old - m_new) is exp(-inf + inf) = NaN
+    # and the sums stay NaN. A finite floor far below any score keeps them 0 (an fp32 maximum; a 16-bit
+    # one rounds it back to -inf, as written).
+    mx = plan.maximum.name
+    floor = cst.parse_statement(f"{mx} = tl.where({mx} == float('-inf'), -1.0e30, {mx}).to({mx}.dtype)\n")
     new = fn.with_changes(name=cst.Name(f"{plan.kernel}_partial"),
-                          body=fn.body.with_changes(body=[*body[:plan.at], loop, *tail]))
+                          body=fn.body.with_changes(body=[*body[:plan.at], floor, loop, *tail]))
     return with_parameters(new, [_PARTIALS, _RECORD], {_RECORD})
 
 
@@ -261,7 +267,9 @@ def _merge_kernel(fn: cst.FunctionDef, plan: _Plan) -> cst.FunctionDef:
              f"    _kb_w = tl.where(_kb_mj == float('-inf'), 0.0, {plan.exp}(_kb_mj - _kb_max))"]
     offset = f"{mx}.numel"
     for s in plan.sums:
-        lines.append(f"    _kb_{s.name} += {load.format(offset=offset, name=s.name)} * _kb_w{s.view}")
+        # a split that saw no key of a row adds nothing, whatever its sums hold (NaN times 0 is NaN)
+        lines.append(f"    _kb_{s.name} += tl.where((_kb_mj == float('-inf')){s.view}, 0.0, "
+                     f"{load.format(offset=offset, name=s.name)} * _kb_w{s.view})")
         offset = f"{offset} + {s.name}.numel"
     lines += [f"{s.name} = _kb_{s.name}.to({s.name}.dtype)" for s in plan.sums]
     lines.append(f"{mx} = _kb_max.to({mx}.dtype)")
