@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, candidate_rejection
 from marker_judge import only_round
 
 from diagnose.engine import diagnose
@@ -160,3 +160,42 @@ def test_the_optimize_loop_takes_the_reduction_out_of_the_loop_in_its_first_roun
     assert "+        _kb_total_lanes += a * v" in first.diff
     # the lane sums at blocks of 16, 1024 and 4096 all passed the interpreter's checks
     assert [v["geomean"] for v in first.timings["variants"]] == [pytest.approx(100 / 60)] * 3
+
+
+ROW_VAR = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_var_kernel(X, Mean, Out, N, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    mean = tl.load(Mean + row)
+    var = 0.0
+    for k in range(0, N, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride + cols, mask=cols < N, other=0.0)
+        var += tl.sum((x - mean) * (x - mean))
+    tl.store(Out + row, var / N)
+
+
+def row_var(x):
+    M, N = x.shape
+    mean = x.mean(1)
+    out = torch.empty(M, device=x.device, dtype=torch.float32)
+    row_var_kernel[(M,)](x, mean, out, N, x.stride(0), BLOCK=128)
+    return out
+'''
+
+
+def test_a_widened_block_adds_only_its_live_lanes(tmp_path):
+    # a second audit: `(x - mean) * (x - mean)` on a masked lane is mean**2, not 0; at BLOCK=128 every N
+    # the tests used divided it, at 1024 / 4096 N=768 was off by 3.09 / 40.1
+    variants = {v.params.get("BLOCK"): v.source for v in rewrite(PATTERN, ROW_VAR, {})}
+    assert {1024, 4096} <= set(variants)
+    assert "tl.where(cols < N, (x - mean) * (x - mean), 0.0)" in variants[1024]
+    assert "tl.where(" not in variants[None]  # the block as written: no masked lanes to guard
+    for width in (1024, 4096):
+        assert candidate_rejection(tmp_path, ROW_VAR, variants[width], "row_var", "row_var(torch.randn(3, 768) + 2)",
+                                   "lambda x: x.var(1, unbiased=False)") == ""
