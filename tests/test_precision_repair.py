@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from conftest import candidate_rejection
 
 from diagnose.analyzers import precision
 from diagnose.records import EvidenceLog
@@ -110,9 +111,10 @@ def test_the_rewrite_widens_only_the_sums_on_the_lines_it_is_given():
     assert rewrite("fp32-accumulation", KERNEL, {}) == []  # the source alone cannot tell bf16 from int
     (variant,) = rewrite("fp32-accumulation", KERNEL, {"lines": [11, 12, 13]})
     assert variant.params == {"widened": 3, "lines": [11, 12]}
-    assert "mean = tl.sum(x.to(tl.float32)) / n" in variant.source
-    assert "x.to(tl.float32).sum(axis=0)" in variant.source
-    assert "tl.sum((x * x).to(tl.float32), axis=0)" in variant.source
+    assert "mean = tl.sum(_kb_float32_if_16_bit(x)) / n" in variant.source
+    assert "_kb_float32_if_16_bit(x).sum(axis=0)" in variant.source
+    assert "tl.sum(_kb_float32_if_16_bit(x * x), axis=0)" in variant.source
+    assert variant.source.count("def _kb_float32_if_16_bit(x):") == 1
     assert "top = tl.max(x)" in variant.source and "tl.sum(x) + tl.sum(offs)" in variant.source
     assert rewrite("fp32-accumulation", variant.source, {"lines": [11, 12]}) == []  # already widened
 
@@ -158,7 +160,7 @@ def test_with_repair_baseline_the_run_starts_from_the_checked_repair(tmp_path):
             "precision.low-precision-accumulation", "fp32-accumulation", [11, 12])
         assert "outputs differ from the reference" in repaired["why_failed"]
         round0 = (tmp_path / "run" / "round-000.py").read_text()
-        assert "tl.sum(x.to(tl.float32))" in round0
+        assert "tl.sum(_kb_float32_if_16_bit(x))" in round0
         assert (tmp_path / "run" / "round-000.original.py").read_text() == KERNEL
         baseline = info.baseline["runs"][0]
         assert baseline["role"] == "baseline" and baseline["correct"]
@@ -168,3 +170,31 @@ def test_with_repair_baseline_the_run_starts_from_the_checked_repair(tmp_path):
         assert all(r.hypothesis.pattern != "fp32-accumulation" for r in store.rounds())
     finally:
         store.close()
+
+
+
+def test_a_widened_sum_of_ints_stays_an_int_sum(tmp_path):
+    # the lines come from an fp16 launch's IR; the same kernel called on int32 must not sum through fp32
+    # (a second audit: an int32 cumsum of values near 1e5 was off by 66)
+    source = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cumsum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + offs, tl.cumsum(x, 0), mask=offs < n)
+
+
+def cumsum(x):
+    out = torch.empty_like(x)
+    cumsum_kernel[(1,)](x, out, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    return out
+'''
+    (variant,) = rewrite("fp32-accumulation", source, {"lines": [10]})
+    assert "tl.cumsum(_kb_float32_if_16_bit(x), 0)" in variant.source
+    call = "cumsum(torch.randint(90000, 110000, (300,), dtype=torch.int32))"
+    assert candidate_rejection(tmp_path, source, variant.source, "cumsum", call, "lambda x: x.cumsum(0).int()") == ""

@@ -3,7 +3,9 @@
 Which sums those are comes from the L3 finding (`precision.low-precision-accumulation`): the source lines
 of the `tt.reduce` / `tt.scan` ops whose combine region adds in a 16-bit float, passed as
 `context["lines"]`. The source alone cannot tell a bf16 operand from an integer one, and widening an
-integer sum to fp32 would change its value, so without lines the rewriter declines.
+integer sum to fp32 would change its value, so without lines the rewriter declines; and on those lines
+the operand goes through `_kb_float32_if_16_bit`, which widens only fp16 and bf16 at compile time, since
+the same kernel may be called on ints.
 """
 
 from __future__ import annotations
@@ -20,16 +22,25 @@ __all__ = ["fp32_accumulation"]
 _SUMS = {"sum", "cumsum"}
 
 
+# The lines come from one launch's IR, where the operand was a 16-bit float; a generic kernel may be
+# called with ints as well (a cumsum of lengths), whose sums fp32 would round (a second audit: an int32
+# cumsum of values near 1e5 off by 66). The helper widens 16-bit floats only, decided at compile time.
+_HELPER = "_kb_float32_if_16_bit"
+_HELPER_SOURCE = f"""@triton.jit
+def {_HELPER}(x):
+    return x.to(tl.float32) if x.dtype.is_fp16() else (x.to(tl.float32) if x.dtype.is_bf16() else x)
+"""
+
+
 def _widened(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`value.to(tl.float32)`, parenthesized where the operand is not an atom."""
-    if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar:
-        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return cst.Call(cst.Attribute(value, cst.Name("to")), [cst.Arg(cst.parse_expression("tl.float32"))])
+    """`_kb_float32_if_16_bit(value)`."""
+    return cst.Call(cst.Name(_HELPER), [cst.Arg(value)])
 
 
 def _already_wide(value: cst.BaseExpression) -> bool:
     return (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to"
-            and bool(value.args) and dotted(value.args[0].value) in ("tl.float32", "tl.float64"))
+            and bool(value.args) and dotted(value.args[0].value) in ("tl.float32", "tl.float64")) \
+        or (isinstance(value, cst.Call) and dotted(value.func) == _HELPER)
 
 
 class _Widen(cst.CSTTransformer):
@@ -79,4 +90,14 @@ def fp32_accumulation(source: str, context: dict[str, Any]) -> list[Variant]:
     new = MetadataWrapper(cst.parse_module(source)).visit(widen)
     if not widen.changed:
         return []
-    return [Variant({"widened": len(widen.changed), "lines": sorted(set(widen.changed))}, new.code)]
+    body = list(new.body)
+    if not any(isinstance(n, cst.FunctionDef) and n.name.value == _HELPER for n in body):
+        # before the first kernel (jit functions call only what is defined when they compile; any order
+        # works, this one reads top-down), taking its place and its blank lines
+        at = next(i for i, n in enumerate(body) if isinstance(n, cst.FunctionDef) and is_jit(n))
+        first = cst.ensure_type(body[at], cst.FunctionDef)
+        helper = cst.ensure_type(cst.parse_statement(_HELPER_SOURCE), cst.FunctionDef)
+        body[at:at + 1] = [helper.with_changes(leading_lines=first.leading_lines),
+                           first.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])]
+    return [Variant({"widened": len(widen.changed), "lines": sorted(set(widen.changed))},
+                    new.with_changes(body=body).code)]
