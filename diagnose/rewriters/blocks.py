@@ -162,6 +162,21 @@ def fresh_name(name: str, taken: set[str]) -> str:
     return name
 
 
+def local_definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """Every value each local is given in the kernel (`=`, `+=`, ...), at any depth."""
+    out: dict[str, list[cst.BaseExpression]] = {}
+    for node in m.findall(fn, m.Assign() | m.AugAssign()):
+        if isinstance(node, cst.Assign):
+            targets, value = [t.target for t in node.targets], node.value
+        else:
+            augmented = cst.ensure_type(node, cst.AugAssign)
+            targets, value = [augmented.target], augmented.value
+        for target in targets:
+            if isinstance(target, cst.Name):
+                out.setdefault(target.value, []).append(value)
+    return out
+
+
 def names_in(node: cst.CSTNode) -> set[str]:
     found: set[str] = set()
 

@@ -36,7 +36,7 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.blocks import code, names_in
+from diagnose.rewriters.blocks import code, local_definitions, names_in
 
 _ACCESS = {"tl.load", "tl.store"}
 _ORDER = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
@@ -67,21 +67,6 @@ def _offset_hints(source: str) -> list[Variant]:
     t = _OffsetHints()
     new = cst.parse_module(source).visit(t)
     return [Variant({"hints": t.changed}, new.code)] if t.changed else []
-
-
-def _definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
-    """Every value each local is given in the kernel (`=`, `+=`, ...), at any depth."""
-    out: dict[str, list[cst.BaseExpression]] = {}
-    for node in m.findall(fn, m.Assign() | m.AugAssign()):
-        if isinstance(node, cst.Assign):
-            targets, value = [t.target for t in node.targets], node.value
-        else:
-            node = cst.ensure_type(node, cst.AugAssign)
-            targets, value = [node.target], node.value
-        for target in targets:
-            if isinstance(target, cst.Name):
-                out.setdefault(target.value, []).append(value)
-    return out
 
 
 def _expanded(roots: list[cst.BaseExpression], definitions: dict[str, list[cst.BaseExpression]],
@@ -124,7 +109,7 @@ def reaching(fn: cst.FunctionDef, roots: list[cst.BaseExpression], ranges_only: 
     decides their values. With `ranges_only`, what decides their range: the walk does not go into a
     `tl.load(...)` (the address a value is loaded from) or a comparison (a mask is true or false, however
     wide its operands)."""
-    return _expanded(roots, _definitions(fn), ranges_only)
+    return _expanded(roots, local_definitions(fn), ranges_only)
 
 
 def _bare_names(nodes: list[cst.BaseExpression]) -> set[str]:
@@ -136,7 +121,7 @@ def aligned_parameters(fn: cst.FunctionDef) -> list[str]:
     or store's address (strides), or compared against in its mask (sizes), in parameter order."""
     params = [p.name.value for p in fn.params.params
               if p.default is None and not (p.annotation is not None and "constexpr" in code(p.annotation.annotation))]
-    definitions = _definitions(fn)
+    definitions = local_definitions(fn)
     addresses: list[cst.BaseExpression] = []
     masks: list[cst.BaseExpression] = []
     for call in m.findall(fn, m.Call()):

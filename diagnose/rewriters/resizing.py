@@ -17,7 +17,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted, mask_argument
-from diagnose.rewriters.blocks import arange_width, names_in
+from diagnose.rewriters.blocks import arange_width, local_definitions, names_in
 
 __all__ = ["Resizing", "block_resizing", "kernels_resizing"]
 
@@ -28,20 +28,6 @@ _ACCESSES = ("tl.load", "tl.store")
 class Resizing:
     grow: bool
     shrink: bool
-
-
-def _definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
-    out: dict[str, list[cst.BaseExpression]] = {}
-    for node in m.findall(fn, m.Assign() | m.AugAssign()):
-        if isinstance(node, cst.Assign):
-            targets, value = [t.target for t in node.targets], node.value
-        else:
-            augmented = cst.ensure_type(node, cst.AugAssign)
-            targets, value = [augmented.target], augmented.value
-        for target in targets:
-            if isinstance(target, cst.Name):
-                out.setdefault(target.value, []).append(value)
-    return out
 
 
 def _spans(expr: cst.CSTNode, block: str, lanes: set[str]) -> bool:
@@ -81,7 +67,7 @@ def _reaches(expr: cst.BaseExpression, block: str, lanes: set[str], definitions:
 
 def block_resizing(fn: cst.FunctionDef, block: str) -> Resizing:
     """May the constexpr `block` of kernel `fn` grow, may it shrink (the module's docstring says when)."""
-    definitions = _definitions(fn)
+    definitions = local_definitions(fn)
     lanes = _lanes(fn, block, definitions)
     grow = True
     for call in m.findall(fn, m.Call()):
