@@ -145,12 +145,12 @@ def test_a_store_that_casts_implicitly_goes_through_the_workspace_for_a_16_bit_o
     assert "            partial = torch.zeros_like(out, dtype=torch.float32)\n" in variant.source
 
 
-@pytest.mark.parametrize("dtype", ["tl.int32", "tl.int64", "tl.float64"])
+@pytest.mark.parametrize("dtype", ["dtype=tl.int32", "dtype=tl.int64", "dtype=tl.float64", "tl.int32"])
 def test_accumulators_the_fp32_partials_would_round_are_not_split(dtype):
     source = COL_SUM.read_text()
     assert "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" in source
     assert split_reduction(source.replace("tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-                                          f"tl.zeros((BLOCK_M, BLOCK_N), dtype={dtype})"), {}) == []
+                                          f"tl.zeros((BLOCK_M, BLOCK_N), {dtype})"), {}) == []
 
 
 @pytest.mark.parametrize("change, why", [

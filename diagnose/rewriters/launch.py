@@ -215,8 +215,8 @@ def _as_launched(context: dict[str, Any], kernels: set[str]) -> dict[str, int]:
 
 def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     """One knob per variant: num_warps, num_stages (for loops), and power-of-two block sizes halved or
-    doubled where the kernel lets them (`resizing.block_resizing`), stepping from the value the source writes, else the launch's own (`_as_launched`), else
-    Triton's default. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both
+    doubled where the kernel lets them (`resizing.block_resizing`), stepping from the value the source
+    writes, else the launch's own (`_as_launched`), else Triton's default. `context["direction"]`: "fewer-warps", "more-warps", "fewer-stages", or "" (both
     ways)."""
     module = cst.parse_module(source)
     kernels = jit_names(module)

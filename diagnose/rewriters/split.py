@@ -174,9 +174,14 @@ def _assigned_in(block: cst.BaseSuite) -> set[str]:
 
 
 def _wide_or_integer(stmt: cst.CSTNode) -> bool:
-    """Whether `acc = tl.zeros(..., dtype=D)` names an integer or fp64 D."""
-    return any(dotted(cst.ensure_type(kw, cst.Arg).value).startswith(("tl.int", "tl.uint", "tl.float64"))
-               for kw in m.findall(stmt, m.Arg(keyword=m.Name("dtype"))))
+    """Whether `acc = tl.zeros(shape, D)` (D by keyword or second) names an integer or fp64 D."""
+    for call in m.findall(stmt, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros")))):
+        args = cst.ensure_type(call, cst.Call).args
+        dtype = next((a.value for a in args if a.keyword is not None and a.keyword.value == "dtype"),
+                     args[1].value if len(args) > 1 and args[1].keyword is None else None)
+        if dtype is not None and dotted(dtype).startswith(("tl.int", "tl.uint", "tl.float64")):
+            return True
+    return False
 
 
 def _cast_of(value: cst.BaseExpression) -> cst.BaseExpression | None:
