@@ -136,6 +136,14 @@ def test_a_kernel_that_may_skip_what_it_writes_keeps_its_zero_fill(source):
     assert "empty-outputs" in {v.params["removed"] for v in rewrite(PATTERN, IGNORED_ROWS.replace(_EXIT, ""), {})}
 
 
+def test_a_helper_that_ends_with_its_return_is_no_early_exit():
+    helper = IGNORED_ROWS.replace(_EXIT, "").replace(
+        "@triton.jit\ndef ce_fwd_kernel", "@triton.jit\ndef _row():\n    return tl.program_id(0)\n\n\n@triton.jit\n"
+        "def ce_fwd_kernel").replace("    row = tl.program_id(0)\n", "    row = _row()\n")
+    assert "def _row():" in helper and "row = _row()" in helper
+    assert "empty-outputs" in {v.params["removed"] for v in rewrite(PATTERN, helper, {})}
+
+
 def test_a_host_bound_finding_reaches_the_rewrite():
     # host-bound: the device idles while the wrapper runs. Launch-bound (the kernel itself takes a few
     # microseconds) is persistent-kernel's: a trimmed wrapper does not shorten a tiny kernel.

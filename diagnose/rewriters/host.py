@@ -200,13 +200,17 @@ def _launch_arguments(module: cst.Module) -> set[str]:
 
 def _stores_unconditionally(module: cst.Module) -> bool:
     """Whether every kernel of the module writes what it writes whatever the data: no early `return`, no
-    store under an `if` or in a `while`, no store mask computed from loaded values. Only then is an
-    output the judge saw written whole written whole for every input: Liger's cross entropy skips the
-    rows whose target is ignore_index (`if y == ignore_index: return`) and leaves their zeros for the
+    store under an `if` or in a `while`, no store mask computed from loaded values. Only then does an
+    output the judge saw written whole stay written whole for every input: Liger's cross entropy skips
+    the rows whose target is ignore_index (`if y == ignore_index: return`) and leaves their zeros for the
     wrapper's sum, which random test targets never exercise."""
     store = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store")))
     for fn in jit_functions(module).values():
-        if m.findall(fn, m.Return()) or any(m.findall(block, store) for block in m.findall(fn, m.If() | m.While())):
+        branches = m.findall(fn, m.If() | m.While() | m.For())
+        last = fn.body.body[-1] if fn.body.body else None
+        early = any(m.findall(b, m.Return()) for b in branches) or any(
+            m.findall(st, m.Return()) for st in fn.body.body if st is not last)  # a helper's final return is fine
+        if early or any(m.findall(block, store) for block in m.findall(fn, m.If() | m.While())):
             return False
         for call in m.findall(fn, store):
             at = mask_argument(cst.ensure_type(call, cst.Call))
