@@ -25,6 +25,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
+from diagnose.rewriters.blocks import plain_assignments, pointer_roots
 
 __all__ = ["OrderedAtomic", "ordered_atomics"]
 
@@ -55,17 +56,13 @@ class _Reader(cst.CSTVisitor):
         self.discarded: set[int] = set()  # id() of calls that are a whole statement
         self.sites: list[OrderedAtomic] = []
         self.blockers: list[str] = []
-        self.assigned: dict[str, cst.BaseExpression] = {}  # `name = value` in the kernel so far
+        self.assigned: dict[str, list[cst.BaseExpression]] = {}  # the current kernel's `name = value`s
         self.updated: dict[str, int] = {}  # pointer an accumulating atomic targets -> its line
         self.read: dict[str, int] = {}  # pointer a load reads -> its line
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.depth += is_jit(node)
-        self.assigned = {}
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if self.depth and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
-            self.assigned[node.targets[0].target.value] = node.value
+        self.assigned = plain_assignments(node)
 
     def leave_FunctionDef(self, original: cst.FunctionDef) -> None:
         self.depth -= is_jit(original)
@@ -83,7 +80,8 @@ class _Reader(cst.CSTVisitor):
         elif name in _ACCUMULATING:
             sem = _sem(node)
             if node.args:
-                self.updated.setdefault(self._base(node.args[0].value), line)
+                for root in pointer_roots(node.args[0].value, self.assigned):
+                    self.updated.setdefault(root, line)
             if id(node) not in self.discarded:
                 self.blockers.append(f"line {line}: the result of `{name}` is read (a ticket or a lock may rely on "
                                      "its ordering)")
@@ -92,25 +90,16 @@ class _Reader(cst.CSTVisitor):
             elif not m.matches(sem, m.SimpleString('"relaxed"') | m.SimpleString("'relaxed'")):
                 self.blockers.append(f"line {line}: `{name}` asks for its own ordering")
         if name == "tl.load" and node.args:
-            self.read.setdefault(self._base(node.args[0].value), line)
+            for root in pointer_roots(node.args[0].value, self.assigned):
+                self.read.setdefault(root, line)
         if name == "tl.load" and any(a.keyword is not None and a.keyword.value == "volatile"
                                        and not m.matches(a.value, m.Name("False")) for a in node.args):
             self.blockers.append(f"line {line}: a volatile load (a spin on a flag) may wait for other programs' atomics")
 
-    def _base(self, pointer: cst.BaseExpression, hops: int = 4) -> str:
-        """The pointer an address expression starts from: the leftmost operand of its sums (`out_ptr` of
-        `out_ptr + row * stride + cols`), through the kernel's own `ptrs = ...` assignments."""
-        while isinstance(pointer, cst.BinaryOperation) and isinstance(pointer.operator, cst.Add):
-            pointer = pointer.left
-        name = dotted(pointer)
-        if hops and name in self.assigned:
-            return self._base(self.assigned[name], hops - 1)
-        return name
-
     def leave_Module(self, original: cst.Module) -> None:
         # A load of what an atomic updates may read its own update back: ordered atomics invalidate L1 after
         # the update (CCTL.IVALL), a relaxed one does not, and a later load may hit a stale L1 line.
-        both = sorted(set(self.updated) & set(self.read) - {""})
+        both = sorted(set(self.updated) & set(self.read))
         if both:
             self.blockers.append(f"line {self.read[both[0]]}: the kernel loads from `{both[0]}`, which its atomic "
                                  f"at line {self.updated[both[0]]} updates")

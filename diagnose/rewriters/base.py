@@ -16,7 +16,7 @@ from harness.guards import KERNEL_DECORATORS
 
 __all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
-           "docstring_lines", "program_axis", "with_keywords", "with_parameters"]
+           "docstring_lines", "program_axis", "with_helper", "with_keywords", "with_parameters"]
 
 
 # What a launch (or a triton.Config) that names neither knob gets from Triton on CUDA.
@@ -140,6 +140,21 @@ def program_axis(node: cst.BaseExpression) -> int | None:
             and isinstance(node.args[0].value, cst.Integer):
         return int(node.args[0].value.evaluated_value)  # `0x0` is an axis too
     return None
+
+
+def with_helper(module: cst.Module, helper_source: str) -> cst.Module:
+    """`module` with the module-level functions of `helper_source` after its last import, two blank lines
+    before each; unchanged where a function of that name is there already (an earlier round added it)."""
+    helpers = [n for n in cst.parse_module(helper_source).body if isinstance(n, cst.FunctionDef)]
+    present = {n.name.value for n in module.body if isinstance(n, cst.FunctionDef)}
+    if all(h.name.value in present for h in helpers):
+        return module
+    body = list(module.body)
+    imports = [i for i, n in enumerate(body) if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))]
+    at = imports[-1] + 1 if imports else 0
+    new = [h.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for h in helpers
+           if h.name.value not in present]
+    return module.with_changes(body=[*body[:at], *new, *body[at:]])
 
 
 def with_keywords(call: cst.Call, keywords: dict[str, cst.BaseExpression]) -> cst.Call:

@@ -19,7 +19,7 @@ from libcst.metadata import PositionProvider
 from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign
 
 __all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
-           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "mask_like", "names_in", "number", "ordered", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
+           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -175,6 +175,30 @@ def local_definitions(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]
             if isinstance(target, cst.Name):
                 out.setdefault(target.value, []).append(value)
     return out
+
+
+def plain_assignments(fn: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """Every value each local is bound to by a plain `name = value` in the kernel, at any depth (not `+=`,
+    which moves a pointer from the same root)."""
+    out: dict[str, list[cst.BaseExpression]] = {}
+    for node in m.findall(fn, m.Assign()):
+        assign = cst.ensure_type(node, cst.Assign)
+        for target in assign.targets:
+            if isinstance(target.target, cst.Name):
+                out.setdefault(target.target.value, []).append(assign.value)
+    return out
+
+
+def pointer_roots(address: cst.BaseExpression, assigned: Mapping[str, list[cst.BaseExpression]],
+                  hops: int = 8) -> set[str]:
+    """The pointers an address starts from: the leftmost term of `H + (t - 1) * D + cols`, as written, and
+    followed through the kernel's plain assignments (`p_cur = h_ptr + D + cols` starts from `h_ptr` too)."""
+    while isinstance(address, cst.BinaryOperation) and isinstance(address.operator, (cst.Add, cst.Subtract)):
+        address = address.left
+    name = code(address)
+    if hops and isinstance(address, cst.Name) and address.value in assigned:
+        return {name} | {r for value in assigned[address.value] for r in pointer_roots(value, assigned, hops - 1)}
+    return {name}
 
 
 def names_in(node: cst.CSTNode) -> set[str]:

@@ -33,6 +33,7 @@ from diagnose.rewriters.base import (
     launch_arguments,
     register,
     start_plus_arange,
+    with_helper,
     with_keywords,
     with_parameters,
 )
@@ -69,9 +70,10 @@ def _offset_hints(source: str) -> list[Variant]:
     return [Variant({"hints": t.changed}, new.code)] if t.changed else []
 
 
-def _expanded(roots: list[cst.BaseExpression], definitions: dict[str, list[cst.BaseExpression]],
-              ranges_only: bool = False) -> list[cst.BaseExpression]:
-    """`roots` and every value of the locals they read, transitively."""
+def expanded(roots: list[cst.BaseExpression], definitions: dict[str, list[cst.BaseExpression]],
+             ranges_only: bool = False) -> list[cst.BaseExpression]:
+    """`roots` and every value of the locals they read (`blocks.local_definitions`), transitively; with
+    `ranges_only`, as `reaching` says."""
     read = _range_names if ranges_only else names_in
     out, seen, todo = list(roots), set(), [n for r in roots for n in read(r)]
     while todo:
@@ -109,7 +111,7 @@ def reaching(fn: cst.FunctionDef, roots: list[cst.BaseExpression], ranges_only: 
     decides their values. With `ranges_only`, what decides their range: the walk does not go into a
     `tl.load(...)` (the address a value is loaded from) or a comparison (a mask is true or false, however
     wide its operands)."""
-    return _expanded(roots, local_definitions(fn), ranges_only)
+    return expanded(roots, local_definitions(fn), ranges_only)
 
 
 def _bare_names(nodes: list[cst.BaseExpression]) -> set[str]:
@@ -131,12 +133,12 @@ def aligned_parameters(fn: cst.FunctionDef) -> list[str]:
         addresses.append(call.args[0].value)
         masks += [a.value for a in call.args if a.keyword is not None and a.keyword.value == "mask"]
     found: set[str] = set()
-    for expr in _expanded(addresses, definitions):
+    for expr in expanded(addresses, definitions):
         for product in m.findall(expr, m.BinaryOperation(operator=m.Multiply())):
             assert isinstance(product, cst.BinaryOperation)
             found |= _bare_names([product.left.with_changes(lpar=[], rpar=[]),
                                   product.right.with_changes(lpar=[], rpar=[])])
-    for expr in _expanded(masks, definitions):
+    for expr in expanded(masks, definitions):
         for comparison in m.findall(expr, m.Comparison()):
             assert isinstance(comparison, cst.Comparison)
             if all(isinstance(c.operator, _ORDER) for c in comparison.comparisons):
@@ -234,14 +236,8 @@ def launch_true_hints(source: str) -> list[Variant]:
         hinted_kernels[fn.name.value] = hinted
     if not hinted_kernels:
         return []
-    body = list(module.body)
-    if any(isinstance(n, cst.FunctionDef) and n.name.value == "_kb_multiple" for n in body):
-        return [Variant({"hinted": hinted_kernels}, module.code)]  # hinted before (an earlier round): one helper serves
-    imports = [i for i, n in enumerate(body) if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))]
-    at = imports[-1] + 1 if imports else 0  # the helper goes after the last import
-    helper = [n.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) if isinstance(n, cst.FunctionDef) else n
-              for n in cst.parse_module(_MULTIPLE_HELPER).body]
-    return [Variant({"hinted": hinted_kernels}, module.with_changes(body=[*body[:at], *helper, *body[at:]]).code)]
+    # hinted before (an earlier round): one helper serves
+    return [Variant({"hinted": hinted_kernels}, with_helper(module, _MULTIPLE_HELPER).code)]
 
 
 def divisibility_hints(source: str, context: dict[str, Any]) -> list[Variant]:

@@ -28,6 +28,7 @@ from diagnose.rewriters.base import (
     jit_functions,
     launch_arguments,
     register,
+    with_helper,
     with_keywords,
     with_parameters,
 )
@@ -159,12 +160,5 @@ def int32_offsets(source: str, context: dict[str, Any]) -> list[Variant]:
     module = module.visit(guard)
     body = [with_parameters(n, [_FLAG], {_FLAG}, default="1") if isinstance(n, cst.FunctionDef)
             and n.name.value in launches.flagged and is_jit(n) else n for n in module.body]
-    if not any(isinstance(n, cst.FunctionDef) and n.name.value == _HELPER_NAME for n in body):
-        imports = [i for i, n in enumerate(body)
-                   if m.matches(n, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))]
-        at = imports[-1] + 1 if imports else 0
-        helper = [n.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) if isinstance(n, cst.FunctionDef)
-                  else n for n in cst.parse_module(_HELPER).body]
-        body[at:at] = helper
     return [Variant({"int64": f"only where a launch reaches 2**30 elements ({_FLAG})", "sites": guard.changed},
-                    module.with_changes(body=body).code)]
+                    with_helper(module.with_changes(body=body), _HELPER).code)]

@@ -14,6 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
+from diagnose.rewriters.blocks import plain_assignments, pointer_roots
 
 
 class _Pipeline(InJit):
@@ -25,12 +26,7 @@ class _Pipeline(InJit):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         super().visit_FunctionDef(node)
         if is_jit(node):
-            self.assigned = {}
-            for a in m.findall(node, m.Assign()):
-                assign = cst.ensure_type(a, cst.Assign)
-                for target in assign.targets:
-                    if isinstance(target.target, cst.Name):
-                        self.assigned.setdefault(target.target.value, []).append(assign.value)
+            self.assigned = plain_assignments(node)
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
         if not self.depth or not isinstance(updated.iter, cst.Call):
@@ -52,18 +48,6 @@ class _Pipeline(InJit):
         return updated.with_changes(iter=updated.iter.with_changes(func=func, args=args))
 
 
-def _roots(address: cst.BaseExpression, assigned: dict[str, list[cst.BaseExpression]], hops: int = 8) -> set[str]:
-    """The pointers a pointer sum starts from: the leftmost term of `H + (t - 1) * D + cols`, followed
-    through the kernel's assignments (`p_cur = h_ptr + D + cols` starts from `h_ptr`; a `p_cur += D`
-    moves it, from the same root)."""
-    while isinstance(address, cst.BinaryOperation) and isinstance(address.operator, (cst.Add, cst.Subtract)):
-        address = address.left
-    name = cst.Module([]).code_for_node(address)
-    if hops and isinstance(address, cst.Name) and address.value in assigned:
-        return {name} | {r for value in assigned[address.value] for r in _roots(value, assigned, hops - 1)}
-    return {name}
-
-
 def _stores_what_it_loads(loop: cst.For, assigned: dict[str, list[cst.BaseExpression]]) -> bool:
     roots: dict[str, set[str]] = {"load": set(), "store": set()}
     for call in m.findall(loop.body, m.Call()):
@@ -71,7 +55,7 @@ def _stores_what_it_loads(loop: cst.For, assigned: dict[str, list[cst.BaseExpres
         kind = dotted(call.func).split(".")[-1]
         kind = "store" if kind.startswith("atomic_") else kind  # an atomic writes what it reads
         if kind in roots and call.args:
-            roots[kind] |= _roots(call.args[0].value, assigned)
+            roots[kind] |= pointer_roots(call.args[0].value, assigned)
     return bool(roots["load"] & roots["store"])
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, register
+from diagnose.rewriters.base import Variant, dotted, is_jit, register, with_helper
 
 __all__ = ["fp32_accumulation"]
 
@@ -90,14 +90,5 @@ def fp32_accumulation(source: str, context: dict[str, Any]) -> list[Variant]:
     new = MetadataWrapper(cst.parse_module(source)).visit(widen)
     if not widen.changed:
         return []
-    body = list(new.body)
-    if not any(isinstance(n, cst.FunctionDef) and n.name.value == _HELPER for n in body):
-        # before the first kernel (jit functions call only what is defined when they compile; any order
-        # works, this one reads top-down), taking its place and its blank lines
-        at = next(i for i, n in enumerate(body) if isinstance(n, cst.FunctionDef) and is_jit(n))
-        first = cst.ensure_type(body[at], cst.FunctionDef)
-        helper = cst.ensure_type(cst.parse_statement(_HELPER_SOURCE), cst.FunctionDef)
-        body[at:at + 1] = [helper.with_changes(leading_lines=first.leading_lines),
-                           first.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])]
     return [Variant({"widened": len(widen.changed), "lines": sorted(set(widen.changed))},
-                    new.with_changes(body=body).code)]
+                    with_helper(new, _HELPER_SOURCE).code)]

@@ -18,6 +18,7 @@ import libcst.matchers as m
 
 from diagnose.rewriters.base import dotted, mask_argument
 from diagnose.rewriters.blocks import arange_width, local_definitions, names_in
+from diagnose.rewriters.hints import expanded
 
 __all__ = ["Resizing", "block_resizing", "kernels_resizing"]
 
@@ -49,22 +50,6 @@ def _lanes(fn: cst.FunctionDef, block: str, definitions: dict[str, list[cst.Base
     return lanes
 
 
-def _reaches(expr: cst.BaseExpression, block: str, lanes: set[str], definitions: dict[str, list[cst.BaseExpression]]
-             ) -> bool:
-    """Whether `expr`, or what its names are computed from, reads the block's lanes (a mask named `mask`
-    defined as `cols < n`)."""
-    seen: set[str] = set()
-    todo = [expr]
-    while todo:
-        node = todo.pop()
-        if _spans(node, block, lanes):
-            return True
-        for name in names_in(node) - seen:
-            seen.add(name)
-            todo += definitions.get(name, [])
-    return False
-
-
 def block_resizing(fn: cst.FunctionDef, block: str) -> Resizing:
     """May the constexpr `block` of kernel `fn` grow, may it shrink (the module's docstring says when)."""
     definitions = local_definitions(fn)
@@ -78,7 +63,8 @@ def block_resizing(fn: cst.FunctionDef, block: str) -> Resizing:
         if not _spans(call.args[0].value, block, lanes):
             continue
         at = mask_argument(call)
-        if at is None or not _reaches(call.args[at].value, block, lanes, definitions):
+        # the mask, or what its names are computed from, reads the lanes (`mask` defined as `cols < n`)
+        if at is None or not any(_spans(e, block, lanes) for e in expanded([call.args[at].value], definitions)):
             grow = False
             break
     loops = any(block in names_in(cst.ensure_type(f, cst.For).iter) for f in m.findall(fn, m.For()))
