@@ -118,8 +118,7 @@ def test_why_with_a_kb_cites_compiler_source_at_the_release(scale_artifacts, bui
 def test_an_atomic_whose_result_is_read_is_only_suspected_contended_and_shows_its_fences(tmp_path):
     # A ticket: the old value is read, so its ordering may publish what other programs wrote; L3 does not
     # offer to relax it, though ptxas still brackets it with a barrier and an L1 invalidation.
-    kernel = tmp_path / "ticket.py"
-    kernel.write_text('''\
+    answer = _why_about_atomics(tmp_path, "ticket(torch.randn(1024))", '''\
 import torch
 import triton
 import triton.language as tl
@@ -139,15 +138,12 @@ def ticket(x):
     ticket_kernel[(4,)](x, count, out, x.numel(), BLOCK=256)
     return out
 ''')
-    answer = why("why are the atomics slow?", capture_call(kernel, "ticket(torch.randn(1024))", cache_dir=tmp_path),
-                 home=None)
     assert [f.kind for f in answer.findings] == ["atomics.contended"] and answer.findings[0].confidence == 0.6
     assert any(e.kind == "sass" and "memory barrier" in e.claim for e in answer.evidence)
 
 
 def test_an_atomic_whose_buffer_the_kernel_reads_back_is_not_offered_relaxed(tmp_path):
-    kernel = tmp_path / "readback.py"
-    kernel.write_text('''\
+    answer = _why_about_atomics(tmp_path, "readback(torch.randn(1024))", '''\
 import torch
 import triton
 import triton.language as tl
@@ -166,9 +162,14 @@ def readback(x):
     readback_kernel[(triton.cdiv(x.numel(), 256),)](x, acc, out, x.numel(), BLOCK=256)
     return out
 ''')
-    answer = why("why are the atomics slow?", capture_call(kernel, "readback(torch.randn(1024))", cache_dir=tmp_path),
-                 home=None)
     assert [f.kind for f in answer.findings] == ["atomics.contended"]
     from diagnose.rewriters import rewrite
 
-    assert rewrite("relaxed-atomics", kernel.read_text(), {}) == []
+    assert rewrite("relaxed-atomics", (tmp_path / "readback.py").read_text(), {}) == []
+
+
+def _why_about_atomics(tmp_path, call: str, source: str):  # noqa: ANN202 - an Answer
+    """`why` about the atomics of `source`, written as the module the call names (`readback(...)`)."""
+    kernel = tmp_path / f"{call.split('(')[0]}.py"
+    kernel.write_text(source)
+    return why("why are the atomics slow?", capture_call(kernel, call, cache_dir=tmp_path), home=None)
