@@ -9,7 +9,8 @@ gave 1.29x (docs/device/2026-12-04-h200-own-suite).
 Relaxing is safe only where the ordering orders nothing this kernel relies on: every atomic in the
 module's kernels discards its result (an accumulation, not a ticket or a lock), none is a
 compare-and-swap or an exchange, none names its own ordering stronger than relaxed, no load is
-volatile (a spin on a flag), and no load reads a pointer an atomic updates (its own update, read back).
+volatile (a spin on a flag), and no load reads a pointer an atomic updates (its own update, read back;
+also through a jit helper's parameters).
 Then no program can observe another's atomics before the kernel ends, and the kernel boundary orders
 them for whatever runs next. Anything else is declined, whole: a
 ticket counter's ordering may be what publishes the accumulations beside it.
@@ -24,7 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
+from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, jit_functions, register
 from diagnose.rewriters.blocks import plain_assignments, pointer_roots
 
 __all__ = ["OrderedAtomic", "ordered_atomics"]
@@ -48,10 +49,48 @@ def _sem(call: cst.Call) -> cst.BaseExpression | None:
     return keyword or (positional[_SEM_POSITION].value if len(positional) > _SEM_POSITION else None)
 
 
+def _bound(fn: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
+    """The arguments of a call to jit function `fn` by the parameter each binds."""
+    params = [p.name.value for p in fn.params.params]
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    return {**dict(zip(params, positional)), **{a.keyword.value: a.value for a in call.args if a.keyword is not None}}
+
+
+def _through_parameters(module: cst.Module) -> dict[str, dict[str, set[str]]]:
+    """For each jit function, the parameters it (or a jit function it calls) loads through ("read") and
+    updates with an accumulating atomic ("updated"): a helper's `tl.load(q + offs)` reads what its caller
+    passes as q."""
+    kernels = jit_functions(module)
+    found: dict[str, dict[str, set[str]]] = {name: {"read": set(), "updated": set()} for name in kernels}
+    changed = True
+    while changed:  # helpers calling helpers: until nothing more is found
+        changed = False
+        for name, fn in kernels.items():
+            params, assigned = {p.name.value for p in fn.params.params}, plain_assignments(fn)
+            for call in (cst.ensure_type(c, cst.Call) for c in m.findall(fn.body, m.Call())):
+                callee = dotted(call.func)
+                through: list[tuple[str, cst.BaseExpression]] = []
+                if callee == "tl.load" and call.args:
+                    through.append(("read", call.args[0].value))
+                elif callee in _ACCUMULATING and call.args:
+                    through.append(("updated", call.args[0].value))
+                elif callee in kernels:
+                    for param, arg in _bound(kernels[callee], call).items():
+                        through += [(kind, arg) for kind in ("read", "updated") if param in found[callee][kind]]
+                for kind, address in through:
+                    new = pointer_roots(address, assigned) & params - found[name][kind]
+                    if new:
+                        found[name][kind] |= new
+                        changed = True
+    return found
+
+
 class _Reader(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self) -> None:
+    def __init__(self, module: cst.Module) -> None:
+        self.kernels = jit_functions(module)
+        self.through = _through_parameters(module)
         self.depth = 0
         self.discarded: set[int] = set()  # id() of calls that are a whole statement
         self.sites: list[OrderedAtomic] = []
@@ -92,6 +131,12 @@ class _Reader(cst.CSTVisitor):
         if name == "tl.load" and node.args:
             for root in pointer_roots(node.args[0].value, self.assigned):
                 self.read.setdefault(root, line)
+        if name in self.kernels:  # a helper's loads and atomics, through the pointers passed to it
+            for param, arg in _bound(self.kernels[name], node).items():
+                for kind, seen in (("read", self.read), ("updated", self.updated)):
+                    if param in self.through[name][kind]:
+                        for root in pointer_roots(arg, self.assigned):
+                            seen.setdefault(root, line)
         if name == "tl.load" and any(a.keyword is not None and a.keyword.value == "volatile"
                                        and not m.matches(a.value, m.Name("False")) for a in node.args):
             self.blockers.append(f"line {line}: a volatile load (a spin on a flag) may wait for other programs' atomics")
@@ -112,7 +157,7 @@ def ordered_atomics(source: str) -> list[OrderedAtomic]:
         wrapper = MetadataWrapper(cst.parse_module(source))
     except cst.ParserSyntaxError:
         return []
-    reader = _Reader()
+    reader = _Reader(wrapper.module)
     wrapper.visit(reader)
     return [] if reader.blockers else reader.sites
 
