@@ -128,7 +128,12 @@ _STORE = "    tl.store(Loss + row, lse - tl.load(X + row * stride + y).to(tl.flo
     IGNORED_ROWS,  # Liger's early exit on ignore_index: random test targets never take it
     IGNORED_ROWS.replace(_EXIT, "").replace(_STORE, "    if y != ignore_index:\n    " + _STORE),  # a store under an if
     IGNORED_ROWS.replace(_EXIT, "").replace(_STORE, _STORE.replace("))\n", "), mask=y >= 0)\n")),  # a mask from data
-], ids=["early-return", "store-under-if", "mask-from-loaded-value"])
+    # a helper's store masked by its parameter, which the kernel loaded (tried as an adversary)
+    IGNORED_ROWS.replace(_EXIT, "").replace(_STORE, _STORE.replace("    tl.store(Loss + row, ", "    _put(Loss + row, ")
+                                                   .replace("))\n", "), y >= 0)\n")).replace(
+        "@triton.jit\ndef ce_fwd_kernel", "@triton.jit\ndef _put(p, v, ok):\n    tl.store(p, v, mask=ok)\n\n\n"
+        "@triton.jit\ndef ce_fwd_kernel"),
+], ids=["early-return", "store-under-if", "mask-from-loaded-value", "mask-through-a-helper"])
 def test_a_kernel_that_may_skip_what_it_writes_keeps_its_zero_fill(source):
     # a helper's audit: with the zeros gone, the skipped rows were whatever memory held (NaN, poisoned)
     assert source == IGNORED_ROWS or _EXIT not in source

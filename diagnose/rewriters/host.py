@@ -35,6 +35,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, jit_functions, mask_argument, register
+from diagnose.rewriters.blocks import names_in
 from diagnose.rewriters.hints import reaching
 from diagnose.rewriters.launch import jit_names
 
@@ -200,12 +201,17 @@ def _launch_arguments(module: cst.Module) -> set[str]:
 
 def _stores_unconditionally(module: cst.Module) -> bool:
     """Whether every kernel of the module writes what it writes whatever the data: no early `return`, no
-    store under an `if` or in a `while`, no store mask computed from loaded values. Only then does an
+    store under an `if` or in a `while`, no store mask computed from loaded values (nor, in a jit helper,
+    from its parameters, which its caller may have loaded). Only then does an
     output the judge saw written whole stay written whole for every input: Liger's cross entropy skips
     the rows whose target is ignore_index (`if y == ignore_index: return`) and leaves their zeros for the
     wrapper's sum, which random test targets never exercise."""
     store = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store")))
-    for fn in jit_functions(module).values():
+    kernels = jit_functions(module)
+    # a jit function another one calls: its parameters are its caller's values, loaded ones perhaps
+    called = {dotted(cst.ensure_type(c, cst.Call).func) for fn in kernels.values() for c in m.findall(fn.body, m.Call())}
+    for name, fn in kernels.items():
+        passed = {p.name.value for p in fn.params.params} if name in called else set()
         branches = m.findall(fn, m.If() | m.While() | m.For())
         last = fn.body.body[-1] if fn.body.body else None
         early = any(m.findall(b, m.Return()) for b in branches) or any(
@@ -215,8 +221,11 @@ def _stores_unconditionally(module: cst.Module) -> bool:
         for call in m.findall(fn, store):
             at = mask_argument(cst.ensure_type(call, cst.Call))
             mask = cst.ensure_type(call, cst.Call).args[at].value if at is not None else None
-            if mask is not None and any(m.findall(e, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load"))))
-                                        for e in reaching(fn, [mask])):
+            if mask is None:
+                continue
+            values = reaching(fn, [mask])
+            if any(m.findall(e, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("load")))) for e in values) \
+                    or any(names_in(e) & passed for e in values):
                 return False
     return True
 
