@@ -113,3 +113,16 @@ def test_widened_autotune_configs_keep_an_unmasked_loop_block():
     assert {"blocks", "hopper-tiles"} <= set(variants)  # M and N grow; the Hopper tiles with K at 32 stay
     for source in variants.values():
         assert {int(k) for k in re.findall(r"BLOCK_K['\"]: (\d+)", source)} == {32}
+
+
+def test_a_mask_that_reads_the_lanes_without_capping_them_does_not_let_the_block_grow():
+    # tried as an adversary: `offs_k >= 0` reads BLOCK_K's lanes and bounds nothing past K
+    uncapped = UNMASKED_K.replace("a = tl.load(a_ptrs, mask=offs_m[:, None] < M, other=0.0)",
+                                  "a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] >= 0), other=0.0)")
+    capped = uncapped.replace("(offs_k[None, :] >= 0)", "(K > offs_k[None, :] + k)").replace(
+        "b = tl.load(b_ptrs, mask=offs_n[None, :] < N, other=0.0)",
+        "b = tl.load(b_ptrs, mask=(offs_n[None, :] < N) & (offs_k[:, None] + k < K), other=0.0)")
+    assert uncapped != UNMASKED_K and capped != uncapped
+    mm = _kernel(uncapped, "matmul_kernel")
+    assert not block_resizing(mm, "BLOCK_K").grow
+    assert block_resizing(_kernel(capped, "matmul_kernel"), "BLOCK_K").grow

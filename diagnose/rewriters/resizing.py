@@ -2,9 +2,9 @@
 
 A launch search, a tile table or a widened autotune list changes block sizes, and the judge checks the
 result only at the task's sizes. A block may grow where every access that steps through its lanes is
-masked along them: the lanes past the extent then read and write nothing (a matmul whose K loop loads
-unmasked is right for any K that is a multiple of the written BLOCK_K, and wrong at K = 96 once BLOCK_K
-is 64). A block may shrink where it steps a loop or sizes a program axis: smaller blocks are then walked
+masked along them, by a comparison capping them from above: the lanes past the extent then read and
+write nothing (a matmul whose K loop loads unmasked is right for any K that is a multiple of the written
+BLOCK_K, and wrong at K = 96 once BLOCK_K is 64). A block may shrink where it steps a loop or sizes a program axis: smaller blocks are then walked
 by more iterations or more programs, while a block that only spans a tile (one row a program, its
 width the row's) would leave the rest of the row undone.
 """
@@ -50,6 +50,22 @@ def _lanes(fn: cst.FunctionDef, block: str, definitions: dict[str, list[cst.Base
     return lanes
 
 
+def _bounds(expr: cst.BaseExpression, block: str, lanes: set[str]) -> bool:
+    """Whether `expr` holds a comparison that caps the block's lanes: `lanes < X`, `lanes <= X`, `X > lanes`
+    or `X >= lanes`."""
+    for node in m.findall(expr, m.Comparison()):
+        comparison = cst.ensure_type(node, cst.Comparison)
+        left: cst.BaseExpression = comparison.left
+        for target in comparison.comparisons:
+            below = isinstance(target.operator, (cst.LessThan, cst.LessThanEqual)) and _spans(left, block, lanes)
+            above = isinstance(target.operator, (cst.GreaterThan, cst.GreaterThanEqual)) \
+                and _spans(target.comparator, block, lanes)
+            if below or above:
+                return True
+            left = target.comparator
+    return False
+
+
 def block_resizing(fn: cst.FunctionDef, block: str) -> Resizing:
     """May the constexpr `block` of kernel `fn` grow, may it shrink (the module's docstring says when)."""
     definitions = local_definitions(fn)
@@ -63,8 +79,9 @@ def block_resizing(fn: cst.FunctionDef, block: str) -> Resizing:
         if not _spans(call.args[0].value, block, lanes):
             continue
         at = mask_argument(call)
-        # the mask, or what its names are computed from, reads the lanes (`mask` defined as `cols < n`)
-        if at is None or not any(_spans(e, block, lanes) for e in expanded([call.args[at].value], definitions)):
+        # the mask, or what its names are computed from, bounds the lanes from above (`mask` defined as
+        # `cols < n`; `cols >= 0` reads them and bounds nothing)
+        if at is None or not any(_bounds(e, block, lanes) for e in expanded([call.args[at].value], definitions)):
             grow = False
             break
     loops = any(block in names_in(cst.ensure_type(f, cst.For).iter) for f in m.findall(fn, m.For()))
