@@ -80,7 +80,7 @@ def _kernel(source: str, name: str) -> cst.FunctionDef:
 
 def test_what_each_block_allows():
     mm = _kernel(UNMASKED_K, "matmul_kernel")
-    assert block_resizing(mm, "BLOCK_M") == Resizing(grow=True, shrink=True)  # masked by M, a program axis
+    assert block_resizing(mm, "BLOCK_M") == Resizing(grow=True, shrink=True, axis=True)  # masked by M, a program axis
     assert block_resizing(mm, "BLOCK_K") == Resizing(grow=False, shrink=True)  # unmasked along K, a loop step
     row = _kernel(WHOLE_ROW, "softmax_kernel")
     assert block_resizing(row, "BLOCK") == Resizing(grow=True, shrink=False)  # masked, but the row's whole width
@@ -126,3 +126,53 @@ def test_a_mask_that_reads_the_lanes_without_capping_them_does_not_let_the_block
     mm = _kernel(uncapped, "matmul_kernel")
     assert not block_resizing(mm, "BLOCK_K").grow
     assert block_resizing(_kernel(capped, "matmul_kernel"), "BLOCK_K").grow
+
+
+# The second audit's probes: two kernels of one module, the first's grid written as a literal division.
+TWO_GRIDS = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(X, Out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(Out + offs, tl.load(X + offs, mask=mask) * 3.0, mask=mask)
+
+
+@triton.jit
+def shift_kernel(Y, n, CHUNK: tl.constexpr = 64):
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < n
+    tl.store(Y + offs, tl.load(Y + offs, mask=mask) + 1.0, mask=mask)
+
+
+def scale_shift(x):
+    n = x.numel()
+    out = torch.empty_like(x)
+    scale_kernel[(triton.cdiv(n, 64),)](x, out, n, BLOCK=64)
+    shift_kernel[(triton.cdiv(n, 64),)](out, n)
+    return out
+'''
+
+
+def test_a_program_axis_block_shrinks_only_where_the_grid_follows_it(tmp_path):
+    blocks = lambda source: sorted(v.params["BLOCK"] for v in rewrite("block-size-num-warps", source, {})  # noqa: E731
+                                   if "BLOCK" in v.params)
+    assert blocks(TWO_GRIDS) == [32, 128]  # triton.cdiv(n, 64) divides by the knob: the setter moves it
+    floor = TWO_GRIDS.replace("scale_kernel[(triton.cdiv(n, 64),)]", "scale_kernel[((n + 63) // 64,)]")
+    assert floor != TWO_GRIDS and blocks(floor) == [128]  # a grid that would not follow: no smaller block
+    call, reference = "scale_shift(torch.randn(1000))", "lambda x: x * 3 + 1"
+    for variant in rewrite("block-size-num-warps", floor, {}):
+        assert candidate_rejection(tmp_path, floor, variant.source, "scale_shift", call, reference) == "", variant.params
+
+
+def test_a_block_change_moves_only_its_own_launchs_grid(tmp_path):
+    # shift_kernel's grid divides by 64 for its own CHUNK: before, doubling BLOCK halved it too
+    wider = next(v for v in rewrite("block-size-num-warps", TWO_GRIDS, {}) if v.params.get("BLOCK") == 128)
+    assert "scale_kernel[(triton.cdiv(n, 128),)]" in wider.source
+    assert "shift_kernel[(triton.cdiv(n, 64),)]" in wider.source
+    assert candidate_rejection(tmp_path, TWO_GRIDS, wider.source, "scale_shift", "scale_shift(torch.randn(1000))",
+                               "lambda x: x * 3 + 1") == ""

@@ -14,7 +14,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "mask_argument",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "launch_grid_node", "mask_argument",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
            "docstring_lines", "program_axis", "with_helper", "with_keywords", "with_parameters"]
 
@@ -112,12 +112,15 @@ def target_launch(module: cst.Module, context: dict[str, Any]) -> tuple[str, cst
 
 def with_parameters(fn: cst.FunctionDef, names: list[str], constexpr: set[str], default: str | None = None
                     ) -> cst.FunctionDef:
-    """`fn` with parameters added before its first one with a default (launches pass them by keyword), or,
-    given a `default` (source text) for them all, after its last one (launches may leave them out); those
-    in `constexpr` annotated `tl.constexpr`; the list's own layout (one per line, a trailing comma) kept."""
+    """`fn` with parameters added after its last one (launches pass them by keyword), given a `default`
+    (source text) for them all (launches may leave them out); those in `constexpr` annotated
+    `tl.constexpr`; the list's own layout (one per line, a trailing comma) kept. Without a default they
+    have none where `fn` has no parameter with one; else they default to None: inserted before the first
+    defaulted parameter, a launch passing that one by position would bind its value to the new name."""
     params = list(fn.params.params)
-    at = len(params) if default is not None else next((i for i, p in enumerate(params) if p.default is not None),
-                                                       len(params))
+    if default is None and any(p.default is not None for p in params):
+        default = "None"
+    at = len(params)
     style = _comma_style(params)
     value = cst.parse_expression(default) if default is not None else None
     equal = cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")) if default is not None \
@@ -292,6 +295,21 @@ def _launching_functions(module: cst.Module) -> dict[int, cst.FunctionDef]:
     while len(_LAUNCHING) > 8:
         _LAUNCHING.popitem(last=False)
     return found
+
+
+def launch_grid_node(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None:
+    """The grid of a launch as written in `module`: the subscript's value, or, for a name, the one value the
+    launching function binds it to (a tuple, a lambda); None where neither is found."""
+    if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1 \
+            or not isinstance(call.func.slice[0].slice, cst.Index):
+        return None
+    value = call.func.slice[0].slice.value
+    if not isinstance(value, cst.Name):
+        return value
+    scope = _launching_functions(module).get(id(call))
+    bound = [a.value for a in m.findall(scope, m.Assign())
+             if isinstance(a, cst.Assign) and [dotted(t.target) for t in a.targets] == [value.value]] if scope else []
+    return bound[0] if len(bound) == 1 else None
 
 
 def launch_grid_axes(module: cst.Module, call: cst.Call) -> list[cst.BaseExpression] | None:

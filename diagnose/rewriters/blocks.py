@@ -345,12 +345,19 @@ class BlockLoop:
         return reduced(mask, self.is_true_term)
 
 
+# tl.range's keywords that schedule the loop without changing its trips.
+_PIPELINE_KEYWORDS = frozenset({"num_stages", "loop_unroll_factor", "disallow_acc_multi_buffer", "flatten",
+                                "warp_specialize", "disable_licm"})
+
+
 def block_loop(loop: cst.For, kernel: cst.FunctionDef, aranges: dict[str, str]) -> BlockLoop | None:
     """The loop's shape when its boundary terms are decidable (see the module's docstring), else None."""
     if not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call):
         return None
     if dotted(loop.iter.func) not in ("range", "tl.range") or m.findall(loop.body, m.For() | m.While()):
         return None
+    if any(a.keyword is not None and a.keyword.value not in _PIPELINE_KEYWORDS for a in loop.iter.args):
+        return None  # `step=` (or tl.range's `arg1=`) by keyword: the trips are not what the positions say
     positional = [a.value for a in loop.iter.args if a.keyword is None]
     var = loop.target.value
     if len(positional) == 3 and m.matches(positional[0], m.Integer("0")):
@@ -419,7 +426,9 @@ def reduced(mask: cst.BaseExpression, is_true: Callable[[cst.BaseExpression], bo
 
 class DropTrueTerms(cst.CSTTransformer):
     """Masks without the terms `is_true` proves, in tl.load / tl.store masks, tl.where conditions and
-    mask bindings (`masks`: the names bound to comparisons, see `mask_like`); `dropped` counts them."""
+    mask bindings (`masks`: the names bound to comparisons, see `mask_like`); `dropped` counts them. A
+    condition or mask with a term that is not boolean is left whole: `True & flags` is not `flags`
+    where `flags` holds 2."""
 
     def __init__(self, is_true: Callable[[cst.BaseExpression], bool], masks: set[str]) -> None:
         self.is_true = is_true
@@ -430,7 +439,7 @@ class DropTrueTerms(cst.CSTTransformer):
         name = dotted(updated.func)
         if name == "tl.where" and len(updated.args) == 3 and updated.args[0].keyword is None:
             condition = reduced(updated.args[0].value, self.is_true)
-            if condition is updated.args[0].value:
+            if condition is updated.args[0].value or not mask_like(updated.args[0].value, self.masks):
                 return updated
             self.dropped += 1
             if condition is None:
@@ -446,7 +455,7 @@ class DropTrueTerms(cst.CSTTransformer):
         if index is None:
             return updated
         mask = reduced(args[index].value, self.is_true)
-        if mask is args[index].value:
+        if mask is args[index].value or not mask_like(args[index].value, self.masks):
             return updated
         if mask is not None:
             self.dropped += 1

@@ -174,12 +174,19 @@ def _renamed(module: cst.Module, names: dict[str, str]) -> cst.Module:
         targets[id(assignment.node)] = new
         for access in assignment.references:
             targets[id(access.node)] = new
-    return wrapper.module.visit(_Rename(targets))
+    return wrapper.module.visit(_Rename(targets, names))
 
 
 class _Rename(cst.CSTTransformer):
-    def __init__(self, targets: dict[int, str]) -> None:
+    def __init__(self, targets: dict[int, str], names: dict[str, str]) -> None:
         self.targets = targets
+        self.names = names
+
+    def leave_Global(self, original: cst.Global, updated: cst.Global) -> cst.Global:
+        # `global _buf` in a function that rebinds the module's _buf: the statement names the renamed global
+        return updated.with_changes(names=[item.with_changes(name=cst.Name(self.names.get(item.name.value,
+                                                                                          item.name.value)))
+                                           for item in updated.names])
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
         new = self.targets.get(id(original))

@@ -25,7 +25,8 @@ out, a comparison, an `exp2` already there: the rewrite declines); every entry p
 scalar factor (a number, a launched kernel's parameter that addresses no memory, or a name computed from
 those) times a value that is not index arithmetic (integer math a float factor would turn into float), or
 a numeric literal that stays finite once scaled (-3e38 would become -inf, and a masked row's -inf - -inf
-NaN), so the fold costs nothing per element and changes no value but by rounding; no cast in the domain
+NaN; in fp16 any literal past 65504 / log2(e), unless every product entering is a dot's fp32 result or a
+widened cast), so the fold costs nothing per element and changes no value but by rounding; no cast in the domain
 narrows (an int or fp16 cast rounds a scaled value differently); an invariant (0, +-inf, `tl.full`/`tl.zeros` of one) needs no scaling. Where
 the fold does not apply, `tl.exp(x)` -> `tl.exp2(x * log2(e))` at each call (the pattern's plain form).
 """
@@ -55,6 +56,7 @@ _ADDRESSING = {"load", "store", "make_block_ptr", "make_tensor_descriptor", "ato
 
 
 _FP32_MAX = 3.4028234663852886e38
+_FP16_MAX = 65504.0
 _WIDE_FLOATS = {"tl.float32", "tl.float64"}
 
 
@@ -112,6 +114,10 @@ class _Domain:
         self.names: set[str] = set()
         # id(entry point) -> (the entry point, its replacement)
         self.entries: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+        # Literals whose scaled value overflows fp16, and products whose values may be fp16 (a load, not a
+        # dot's fp32 result nor a widened cast): together, a scaled sentinel becomes -inf in a 16-bit domain.
+        self.beyond_fp16: list[str] = []
+        self.maybe_narrow: list[str] = []
 
     # ------------------------------------------------------------------ which expressions are in the domain
     def _scalar(self, e: cst.BaseExpression, seen: frozenset[str] = frozenset()) -> bool:
@@ -158,6 +164,8 @@ class _Domain:
             value = number(e)
             if value is None or abs(value * float(LOG2E)) >= _FP32_MAX:
                 raise _NotFoldable(f"{code(e)} enters the domain alone: its scaled value may not be finite")
+            if abs(value * float(LOG2E)) >= _FP16_MAX:
+                self.beyond_fp16.append(code(e))
             self.entries[id(e)] = (e, scaled(e))
             return
         if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, (cst.Multiply, cst.Divide)):
@@ -166,6 +174,8 @@ class _Domain:
                 raise _NotFoldable(f"{code(e)} enters the domain without a scalar factor to fold log2(e) into")
             if self._integral(inside):
                 raise _NotFoldable(f"{code(e)}: integer arithmetic, which a float factor would turn into float")
+            if not self._wide(inside):
+                self.maybe_narrow.append(code(e))
             new = f"({code(factor)} / {LOG2E})" if isinstance(e.operator, cst.Divide) else f"({code(factor)} * {LOG2E})"
             self.entries[id(factor)] = (e, cst.parse_expression(new))
             return
@@ -299,6 +309,27 @@ class _Domain:
                 self._value(value)
         for call in self.exps:
             self._value(call.args[0].value)
+        if self.beyond_fp16 and self.maybe_narrow:
+            raise _NotFoldable(f"{self.beyond_fp16[0]} scaled overflows fp16, and {self.maybe_narrow[0]} may be fp16")
+
+    def _wide(self, e: cst.BaseExpression, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether `e` is known to be fp32 or wider: a dot's result (fp32 unless `out_dtype` says), a widening
+        cast, arithmetic with such a value (promoted), or a name every definition of which is one."""
+        if isinstance(e, cst.Call):
+            if dotted(e.func) == "tl.dot":
+                return not any(a.keyword is not None and a.keyword.value == "out_dtype" for a in e.args)
+            return _widening_cast(e)
+        if isinstance(e, cst.Name):
+            values = self.defs.get(e.value, [])
+            return (bool(values) and e.value not in seen and e.value not in self.opaque
+                    and all(self._wide(v, seen | {e.value}) for v in values))
+        if isinstance(e, cst.BinaryOperation):
+            return self._wide(e.left, seen) or self._wide(e.right, seen)
+        if isinstance(e, cst.UnaryOperation):
+            return self._wide(e.expression, seen)
+        if isinstance(e, cst.Subscript):
+            return self._wide(e.value, seen)
+        return False
 
     def _value_names(self, e: cst.BaseExpression) -> set[str]:
         """The names where `e` puts domain values: not in a product's scalar factor (that product is an

@@ -43,6 +43,7 @@ from diagnose.rewriters.base import (
     SubstituteNames,
     Variant,
     autotune_decorated,
+    dotted,
     jit_functions,
     launch_arguments,
     launch_grid_axes,
@@ -58,6 +59,7 @@ from diagnose.rewriters.blocks import names_in
 from diagnose.rewriters.fit import MaskedAxis, masked_axes
 from diagnose.rewriters.pipelining import tl_range_pipelining
 from diagnose.rewriters.rowread import program_id_axis
+from diagnose.rewriters.rowsplit import triton_imports
 from diagnose.rewriters.split import split_reduction
 
 __all__ = ["FILL_HELPER", "smaller_blocks", "split_work"]
@@ -76,16 +78,38 @@ def _kb_fill_block(block, programs, floor, target):
 '''
 
 
-def _only_the_axis_reads(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
+# Calls that combine a tile's lanes or reorder them: under a smaller block each would see fewer lanes.
+_ACROSS = frozenset({"sum", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "reduce", "associative_scan",
+                     "sort", "xor_sum", "histogram", "flip", "reshape", "view", "permute", "trans", "split", "join",
+                     "interleave", "softmax", "reduce_or", "gather", "topk", "cat", "bitonic_merge", "ravel",
+                     "broadcast_to", "expand_dims", "squeeze", "unsqueeze", "slice"})
+
+
+def _combines_lanes(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], imported: dict[str, str],
+                    depth: int = 0) -> bool:
+    """Whether `fn`, or a @triton.jit helper it calls (`x / _absmax(x)`), combines or reorders lanes: a call
+    among `_ACROSS` as `tl.sum(x)`, `x.sum()` or a name imported from triton.language."""
+    for node in m.findall(fn.body, m.Call()):
+        call = cst.ensure_type(node, cst.Call)
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _ACROSS:
+            return True
+        name = dotted(call.func)
+        if name in imported and imported[name].rsplit(".", 1)[-1] in _ACROSS:
+            return True
+        if name in helpers and name != fn.name.value and (depth >= 3 or _combines_lanes(helpers[name], helpers,
+                                                                                      imported, depth + 1)):
+            return True
+    return False
+
+
+def _only_the_axis_reads(kernel: cst.FunctionDef, axis: MaskedAxis, helpers: dict[str, cst.FunctionDef],
+                         imported: dict[str, str]) -> bool:
     """Whether the block and the program index reach nothing but the axis: BLOCK only in the statement
     that defines the axis (`offs = pid * BLOCK + tl.arange(0, BLOCK)`) and in tile shapes (`tl.zeros((BLOCK,),
     ...)`), the program index behind that start nowhere else, no lanes combined across the tile. Anything
     more (a second arange over BLOCK, a reshape or static_assert on it, a scale or partial stored at `pid`,
     a sum or scan over the tile) gives the block a meaning a smaller one would change."""
-    across = {"sum", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "reduce", "associative_scan", "sort",
-              "xor_sum", "histogram", "flip", "reshape", "view", "permute", "trans", "split", "join", "interleave"}
-    every_call = [cst.ensure_type(c, cst.Call) for c in m.findall(kernel.body, m.Call())]
-    if any(isinstance(c.func, cst.Attribute) and c.func.attr.value in across for c in every_call):
+    if _combines_lanes(kernel, helpers, imported):
         return False  # lanes combined across the tile (a chunk's cumsum): a smaller block changes the result
     defining = [s for s in kernel.body.body if (a := simple_assign(s)) is not None and a[0] == axis.offsets
                 and (parts := start_plus_arange(a[1])) is not None and axis.block in names_in(parts[0])]
@@ -278,7 +302,8 @@ def smaller_blocks(source: str, context: dict[str, Any]) -> list[Variant]:
         return []
     dot = bool(m.findall(kernel, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))))
     filled: list[Variant] = []
-    for axis in (a for a in masked_axes(kernel) if a.split and _only_the_axis_reads(kernel, a)):
+    helpers, imported = jit_functions(module), triton_imports(module)
+    for axis in (a for a in masked_axes(kernel) if a.split and _only_the_axis_reads(kernel, a, helpers, imported)):
         written = launch_arguments(kernel, launch[1]).get(axis.block)
         for floor, per_sm in (_DOT_VARIANTS if dot else _VARIANTS):
             if written is not None and isinstance(written.value, cst.Integer) and int(written.value.value) <= floor:

@@ -13,9 +13,12 @@ It applies where the change keeps every element covered:
 - the kernel's axis is `offs = start + tl.arange(0, BLOCK)` at its top level, `start` being 0 or
   computed from `tl.program_id`, BLOCK a constexpr parameter, and some mask compares the axis with a
   parameter (`offs < M`, `offs[:, None] < M`): M is the extent;
+- every access along the axis is masked by M, and by no other parameter (a pad kernel's loads masked by
+  K and stores by N keep their block); BLOCK is only the arange's width, a tile shape and the axis's
+  start (not a stride: `Out + row * BLOCK`);
 - the kernel has one launch; it passes M as a name, and BLOCK as a name the launching function binds
-  once to a number before that launch (the grid, if it reads the name, follows), or as a number where
-  the grid reads it back as `meta['BLOCK']`;
+  once to a number before that launch (where programs split the axis, the grid must read the name, so
+  that it follows), or as a number where the grid reads it back as `meta['BLOCK']`;
 - a kernel with `tl.dot` keeps blocks of at least 16.
 
 The judge checks every case: a grid that did not follow the block leaves rows unwritten, which its
@@ -36,6 +39,7 @@ from diagnose.rewriters.base import (
     dotted,
     jit_functions,
     launch_arguments,
+    launch_grid_axes,
     only_launch,
     register,
     simple_assign,
@@ -126,9 +130,35 @@ def _defined_before(fn: cst.FunctionDef, line: cst.SimpleStatementLine, names: s
     return False
 
 
+def _sole_extent(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
+    """Whether the extent bounds every access along the axis: each access stepping through its lanes is
+    masked from above (`resizing`), and no comparison bounds the axis by another parameter (a pad kernel
+    loads `offs < K` and stores `offs < N`: fitted to K, the stores past K would be lost)."""
+    if not block_resizing(kernel, axis.block).grow:
+        return False
+    return all(a.extent == axis.extent for a in masked_axes(kernel) if a.offsets == axis.offsets)
+
+
+def _block_only_spans(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
+    """Whether BLOCK appears only as an arange's width, a tile factory's shape and in the axis's start
+    (`pid * BLOCK`): a BLOCK that is also a stride (`Out + row * BLOCK`) or a count changes meaning."""
+    allowed: set[int] = set()
+    for node in m.findall(kernel.body, m.Call()):
+        call = cst.ensure_type(node, cst.Call)
+        name = dotted(call.func)
+        if name == "tl.arange" or name in ("tl.zeros", "tl.full") and call.args:
+            spanned = call.args if name == "tl.arange" else call.args[:1]
+            allowed |= {id(n) for a in spanned for n in m.findall(a, m.Name(axis.block))}
+    for stmt in kernel.body.body:
+        assign = simple_assign(stmt)
+        if assign is not None and assign[0] == axis.offsets:
+            allowed |= {id(n) for n in m.findall(assign[1], m.Name(axis.block))}
+    return all(id(n) in allowed for n in m.findall(kernel.body, m.Name(axis.block)))
+
+
 def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compensate: bool) -> tuple[str, dict[str, Any]] | None:
     launch = only_launch(module, kernel.name.value)
-    if launch is None:
+    if launch is None or not _sole_extent(kernel, axis) or not _block_only_spans(kernel, axis):
         return None
     fn, call = launch
     arguments = {name: a.value for name, a in launch_arguments(kernel, call).items()}
@@ -148,6 +178,10 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compe
         binding = _binding(fn, block.value)
         if binding is None or not _defined_before(fn, binding[0], _roots(extent)):
             return None
+        axes = launch_grid_axes(module, call)
+        if axis.split and not (_grid_reads_meta(fn, call, axis.block)
+                               or axes is not None and any(block.value in names_in(g) for g in axes)):
+            return None  # `(triton.cdiv(n, 1024),)`: the grid would not follow the block
         line, number = binding
         written = str(number)
         value = simple_assign(line)[1]  # type: ignore[index]

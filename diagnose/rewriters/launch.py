@@ -10,8 +10,16 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, Variant, dotted, jit_functions, launch_arguments, register
-from diagnose.rewriters.blocks import reaching_literal
+from diagnose.rewriters.base import (
+    TRITON_DEFAULT_KNOBS,
+    Variant,
+    dotted,
+    jit_functions,
+    launch_arguments,
+    launch_grid_node,
+    register,
+)
+from diagnose.rewriters.blocks import names_in, reaching_literal
 from diagnose.rewriters.configs import autotuned_kernels, widen_autotune_configs
 from diagnose.rewriters.resizing import kernels_resizing
 
@@ -98,8 +106,13 @@ class SetKnob(cst.CSTTransformer):
     and as the divisor of the wrapper's `triton.cdiv(n, 64)` grid, changes in both places, so the grid
     still covers the data."""
 
-    def __init__(self, kernels: set[str], key: str, value: int, knob: Knob | None, old: int | None = None) -> None:
+    def __init__(self, kernels: set[str], key: str, value: int, knob: Knob | None, old: int | None = None,
+                 grids: set[int] | None = None) -> None:
         self.kernels, self.key, self.value, self.old = kernels, key, value, old
+        # ids of the grids (as written) of the launches passing the knob: only there is a `triton.cdiv(n, 64)`
+        # this knob's divisor; another kernel's grid may divide by 64 for a block of its own
+        self.grids = grids
+        self.inside = 0
         self.knob = knob or Knob(0)  # none read: written at the launch, if anywhere
         self.functions: list[str] = []
         # each kernel's definition: a keyword a launch lacks is added only where the kernel takes it (a
@@ -109,6 +122,16 @@ class SetKnob(cst.CSTTransformer):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.definitions = jit_functions(node)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.grids is not None and id(node) in self.grids:
+            self.inside += 1
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        if self.grids is not None and id(original_node) in self.grids:
+            self.inside -= 1
+        return super().on_leave(original_node, updated_node)
 
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
         if self.knob.param and original.name.value == self.knob.param and isinstance(original.default, cst.Integer):
@@ -135,7 +158,8 @@ class SetKnob(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         bound = self.knob.param or self.knob.local  # written at a name, not at the launch
-        if self.old is not None and not self.knob.param and cdiv_divisor(updated) == self.old:
+        if self.old is not None and not self.knob.param and cdiv_divisor(updated) == self.old \
+                and (self.grids is None or self.inside):
             return with_divisor(updated, self.value)
         if not (isinstance(original.func, cst.Subscript) and dotted(original.func.value) in self.kernels):
             return updated
@@ -204,6 +228,26 @@ def with_divisor(call: cst.Call, value: int | cst.BaseExpression) -> cst.Call:
     return call.with_changes(args=[call.args[0], call.args[1].with_changes(value=divisor)])
 
 
+def _knob_grids(module: cst.Module, kernels: set[str], key: str) -> list[cst.BaseExpression | None]:
+    """The grid, as written, of each launch of `kernels` that passes `key` (None: one not found)."""
+    definitions = jit_functions(module)
+    return [launch_grid_node(module, call) for node in m.findall(module, m.Call(func=m.Subscript()))
+            if (call := cst.ensure_type(node, cst.Call)) and dotted(cst.ensure_type(call.func, cst.Subscript).value) in kernels
+            and key in launch_arguments(definitions.get(dotted(cst.ensure_type(call.func, cst.Subscript).value)), call)]
+
+
+def _grid_follows(grid: cst.BaseExpression | None, key: str, knob: Knob | None) -> bool:
+    """Whether a grid changes with the knob: it reads the name the knob is written at, `meta['KEY']`, or
+    divides by the knob's literal (`triton.cdiv(n, 64)`, which the setter rewrites with it)."""
+    if grid is None:
+        return False
+    if knob is not None and (knob.local or knob.param) in names_in(grid):
+        return True
+    if any(cst.ensure_type(s, cst.SimpleString).evaluated_value == key for s in m.findall(grid, m.SimpleString())):
+        return True
+    return knob is not None and any(cdiv_divisor(c) == knob.value for c in m.findall(grid, m.Call()))
+
+
 def _as_launched(context: dict[str, Any], kernels: set[str]) -> dict[str, int]:
     """The launch options the diagnosis intercepted (`context["launched"]`: kernel -> {num_warps,
     num_stages}) that every launched kernel of the module shares: where the source computes a knob
@@ -253,8 +297,9 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
     for value, keys in groups.items():
         if all(resizing[k].grow for k in keys):
             proposals.append(("+".join(keys), value * 2))
-        if all(resizing[k].shrink for k in keys):
-            proposals.append(("+".join(keys), value // 2))
+        if all(resizing[k].shrink and (not resizing[k].axis or all(
+                _grid_follows(g, k, current.get(k)) for g in _knob_grids(module, kernels, k))) for k in keys):
+            proposals.append(("+".join(keys), value // 2))  # a program axis's block: where the grid follows it
     # Nearest first: the search stays small and each variant is one step from the parent.
     def distance(kv: tuple[str, int]) -> float:
         first = kv[0].split("+")[0]
@@ -268,7 +313,8 @@ def launch_config(source: str, context: dict[str, Any]) -> list[Variant]:
         for key in joined.split("+"):
             was = current.get(key)
             block = key not in ("num_warps", "num_stages")
-            setter = SetKnob(kernels, key, value, was, was.value if was and block else None)
+            grids = {id(g) for g in _knob_grids(new, kernels, key) if g is not None}
+            setter = SetKnob(kernels, key, value, was, was.value if was and block else None, grids)
             new = new.visit(setter)
             done = done or setter.done
         if done:

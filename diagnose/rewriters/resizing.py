@@ -6,7 +6,8 @@ masked along them, by a comparison capping them from above: the lanes past the e
 write nothing (a matmul whose K loop loads unmasked is right for any K that is a multiple of the written
 BLOCK_K, and wrong at K = 96 once BLOCK_K is 64). A block may shrink where it steps a loop or sizes a program axis: smaller blocks are then walked
 by more iterations or more programs, while a block that only spans a tile (one row a program, its
-width the row's) would leave the rest of the row undone.
+width the row's) would leave the rest of the row undone. More programs only where the grid follows the
+block (`axis`: the caller checks the launch).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _ACCESSES = ("tl.load", "tl.store")
 class Resizing:
     grow: bool
     shrink: bool
+    axis: bool = False  # the block sizes a program axis: a smaller one needs a grid that follows it
 
 
 def _spans(expr: cst.CSTNode, block: str, lanes: set[str]) -> bool:
@@ -95,11 +97,11 @@ def block_resizing(fn: cst.FunctionDef, block: str) -> Resizing:
                 names_in(s) & programs or m.findall(s, m.Call(func=m.Attribute(attr=m.Name("program_id"))))
                 for s in sides):
             axis = True
-    return Resizing(grow=grow, shrink=loops or axis)
+    return Resizing(grow=grow, shrink=loops or axis, axis=axis)
 
 
 def kernels_resizing(kernels: dict[str, cst.FunctionDef], names: set[str], key: str) -> Resizing:
     """How the kernels among `names` that take constexpr `key` let it change: every one of them must."""
     found = [block_resizing(fn, key) for name, fn in kernels.items()
              if name in names and key in {p.name.value for p in fn.params.params}]
-    return Resizing(grow=all(r.grow for r in found), shrink=all(r.shrink for r in found))
+    return Resizing(grow=all(r.grow for r in found), shrink=all(r.shrink for r in found), axis=any(r.axis for r in found))

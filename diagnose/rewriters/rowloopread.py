@@ -222,6 +222,9 @@ def _classify(statements: list[Statement]) -> None:
         if isinstance(small, cst.AugAssign) and st.defs[st.target] >= 0 \
                 and statements[st.defs[st.target]].kind != st.kind:
             raise Decline(f"`{st.target}` changes from a scalar to a tile")
+        if isinstance(small, cst.AugAssign) and st.defs[st.target] < 0 and st.kind == "lane":
+            # a parameter's own value made a tile (`X += offs`): each chunk's loop would need X as passed
+            raise Decline(f"`{st.target}`, a parameter, becomes a tile")
         last[st.target] = i
 
 

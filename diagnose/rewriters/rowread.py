@@ -22,6 +22,8 @@ SCAN = frozenset({"cumsum", "cumprod", "associative_scan"})
 ACCESS = frozenset({"load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or",
                     "atomic_xor", "atomic_xchg"})
 HINTS = frozenset({"multiple_of", "max_contiguous", "max_constancy"})
+# Python builtins a kernel may call on a value: triton compiles min/max/abs to tl ops, the interpreter does not.
+_BUILTINS = frozenset({"min", "max", "abs", "round", "pow", "sum", "int", "float", "bool", "divmod"})
 # tl calls whose meaning depends on the tile's rank or the grid, which the rewrite cannot carry over.
 REFUSED = frozenset({"dot", "dot_scaled", "reshape", "view", "trans", "permute", "broadcast_to", "expand_dims", "join",
                      "split", "sort", "flip", "histogram", "gather", "ravel", "interleave", "num_programs",
@@ -214,6 +216,10 @@ def read_row_kernel(fn: cst.FunctionDef, helpers: dict[str, cst.FunctionDef], ou
             raise Decline("a tile filled with a row-dependent value")
         if is_tl(name) and last in HINTS and call.args and ROW in dims.of(call.args[0].value):
             raise Decline("a hint on a row-dependent value")
+        if isinstance(call.func, cst.Name) and call.func.value in _BUILTINS and name not in helpers \
+                and any(ROW in dims.of(a.value) for a in call.args):
+            # compiled, `min(col, n - 1)` is tl.minimum; the interpreter, which judges, runs Python's own on a tile
+            raise Decline(f"Python's {name} on a row-dependent value")
     row_guards = _row_guards(fn, guards, dims)
     widened = _check_control(fn, dims, row_guards)
     _check_accesses(calls, dims)
@@ -350,6 +356,7 @@ def _extent(fn: cst.FunctionDef, kernel: RowKernel, calls: list[cst.Call]) -> st
         return None
     if any(is_tl(name) and last in REDUCE | SCAN for name, last in map(call_name, calls)):
         return None  # masked lanes may reach a reduction (other=0.0 in a max): the written block is part of the result
+    reassigned = set(assigned_names(fn.body))
     once = _single_top_level(fn)
     lanes = _lane_names(once, kernel)
     extents: set[str] = set()
@@ -362,6 +369,8 @@ def _extent(fn: cst.FunctionDef, kernel: RowKernel, calls: list[cst.Call]) -> st
             return None  # an unmasked lane access relies on the block being the written one
         bounds = {_lane_bound(term, lanes, params) for term in conjuncts(call.args[at].value, once)}
         bounds.discard(None)
+        if bounds & reassigned:
+            return None  # `half = half * 2` before `cols < half`: the launch's value is not the extent
         if not bounds:
             return None  # a mask that does not bound the lanes themselves (`src = lanes - 1`, `iw = ow // 2`)
         extents |= bounds  # type: ignore[arg-type]

@@ -16,7 +16,8 @@ It applies to a kernel that:
   the tensors' `.to` / `.cast`, names imported from `triton.language` (libdevice's `tanh`), and the
   module's own @triton.jit helpers made of the same (Liger's `silu`); takes no subscript (`x[None, :]`
   makes the tile two-dimensional);
-- stores through the column offsets.
+- stores through the column offsets, and loads no element another chunk stores (`aliasing`: in place
+  only as `x = f(x)`, and no two pointer arguments viewing one host tensor).
 
 Per-row scalars (`a += pid * stride`, a per-row scale loaded once) are recomputed by each chunk's program.
 Where the launch passes num_warps, the variant sets it for the chunk; the mask (`cols < n_cols`) is kept,
@@ -31,6 +32,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from diagnose.rewriters.aliasing import launch_aliases, reads_other_writes
 from diagnose.rewriters.base import (
     Variant,
     autotune_decorated,
@@ -204,8 +206,8 @@ def split_row_tile(source: str, context: dict[str, Any]) -> list[Variant]:
         call = found[1]
         grid = launch_grid(module, call)
         block = launch_arguments(fn, call).get(tile[2])
-        if grid is None or block is None or block.star:
-            continue
+        if grid is None or block is None or block.star or reads_other_writes(fn) or launch_aliases(fn, call):
+            continue  # a chunk could read what another chunk of its row already stored
         tiles[name] = tile
         launches[id(call)] = (grid, block.value)
         if autotune_decorated(fn):

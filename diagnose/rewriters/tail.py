@@ -8,6 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, register, simple_assign, start_plus_arange
+from diagnose.rewriters.blocks import assigned_names, names_in
 
 
 class _DropMask(cst.CSTTransformer):
@@ -32,7 +33,11 @@ class _DropMask(cst.CSTTransformer):
 class _TailSplit(cst.CSTTransformer):
     """In a 1-D kernel written as `offs = START + tl.arange(0, BLOCK)`, `mask = offs < N`, the statements
     after the mask run twice: unmasked when the whole block is in bounds (`START + BLOCK <= N`, a
-    scalar branch), as written otherwise."""
+    scalar branch), as written otherwise.
+
+    The branch's test stands for the mask only while both mean the same lanes: the offsets, the mask
+    and every name in START, BLOCK and N are assigned at most once in the kernel (parameters: never), so no
+    later statement narrows the mask or moves the offsets past what the test checked."""
 
     def __init__(self) -> None:
         self.changed = 0
@@ -41,6 +46,9 @@ class _TailSplit(cst.CSTTransformer):
         if not is_jit(original) or not isinstance(updated.body, cst.IndentedBlock):
             return updated
         body = list(updated.body.body)
+        counts = assigned_names(updated.body)
+        params = {p.name.value for p in updated.params.params}
+        once = lambda name: counts.get(name, 0) <= (0 if name in params else 1)  # noqa: E731 - globals: 0
         starts: dict[str, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
         for i, stmt in enumerate(body):
             assign = simple_assign(stmt)
@@ -55,6 +63,9 @@ class _TailSplit(cst.CSTTransformer):
                     and len(value.comparisons) == 1 and isinstance(value.comparisons[0].operator, cst.LessThan)):
                 start, block = starts[value.left.value]
                 bound = value.comparisons[0].comparator
+                if not all(once(n) for n in {target, value.left.value}
+                           | names_in(start) | names_in(block) | names_in(bound)):
+                    return updated
                 rest = body[i + 1:]
                 dropper = _DropMask(target)
                 fast = [st.visit(dropper) for st in rest]
