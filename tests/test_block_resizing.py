@@ -176,3 +176,11 @@ def test_a_block_change_moves_only_its_own_launchs_grid(tmp_path):
     assert "shift_kernel[(triton.cdiv(n, 64),)]" in wider.source
     assert candidate_rejection(tmp_path, TWO_GRIDS, wider.source, "scale_shift", "scale_shift(torch.randn(1000))",
                                "lambda x: x * 3 + 1") == ""
+
+
+def test_a_mask_sized_by_the_block_itself_does_not_let_it_grow():
+    # `cols < BLOCK` is true for every lane whatever BLOCK is: grown, the block would read past the row
+    by_block = WHOLE_ROW.replace("mask = cols < n_cols", "mask = cols < BLOCK")
+    assert by_block != WHOLE_ROW
+    assert block_resizing(_kernel(WHOLE_ROW, "softmax_kernel"), "BLOCK").grow
+    assert not block_resizing(_kernel(by_block, "softmax_kernel"), "BLOCK").grow

@@ -54,14 +54,18 @@ def _lanes(fn: cst.FunctionDef, block: str, definitions: dict[str, list[cst.Base
 
 def _bounds(expr: cst.BaseExpression, block: str, lanes: set[str]) -> bool:
     """Whether `expr` holds a comparison that caps the block's lanes: `lanes < X`, `lanes <= X`, `X > lanes`
-    or `X >= lanes`."""
+    or `X >= lanes`, X not itself sized by the block (`cols < BLOCK` caps nothing once BLOCK grows)."""
+    def fixed(side: cst.BaseExpression) -> bool:
+        return block not in names_in(side) and not _spans(side, block, lanes)
+
     for node in m.findall(expr, m.Comparison()):
         comparison = cst.ensure_type(node, cst.Comparison)
         left: cst.BaseExpression = comparison.left
         for target in comparison.comparisons:
-            below = isinstance(target.operator, (cst.LessThan, cst.LessThanEqual)) and _spans(left, block, lanes)
+            below = isinstance(target.operator, (cst.LessThan, cst.LessThanEqual)) and _spans(left, block, lanes) \
+                and fixed(target.comparator)
             above = isinstance(target.operator, (cst.GreaterThan, cst.GreaterThanEqual)) \
-                and _spans(target.comparator, block, lanes)
+                and _spans(target.comparator, block, lanes) and fixed(left)
             if below or above:
                 return True
             left = target.comparator
