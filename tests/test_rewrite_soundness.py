@@ -334,3 +334,231 @@ def double(x):
     merged = size_dispatch(small, large, "double", 1000)
     assert merged is not None and "global _buf_kb_small" in merged
     assert candidate_rejection(tmp_path, small, merged, "double", "double(torch.randn(10))", "lambda x: x * 2") == ""
+
+
+# The same review's second pass, the bug classes above tried against the other rewriters.
+ROWSUM = HEADER + '''@triton.jit
+def rowsum_kernel(x_ptr, b_ptr, out_ptr, N, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < N, other=0.0)
+        acc += x
+    tl.store(out_ptr + row, tl.sum(acc, axis=0))
+
+
+def rowsum(x, b):
+    M, N = x.shape
+    out = torch.empty(M, dtype=torch.float32)
+    rowsum_kernel[(M,)](x, b, out, N, x.stride(0), BLOCK=32)
+    return out
+'''
+
+
+def test_split_declines_a_started_accumulator_a_keyword_step_an_aliased_output_and_a_loop_of_launches():
+    split = lambda source: [v for v in rewrite("split-work-over-programs", source, {"finding": "x"})  # noqa: E731
+                            if v.params.get("split")]
+    assert split(ROWSUM)
+    started = ROWSUM.replace("    for start in", "    acc += tl.load(b_ptr + tl.arange(0, BLOCK))\n    for start in")
+    keyword = ROWSUM.replace("range(0, N, BLOCK)", "tl.range(0, N, step=BLOCK)")
+    aliased = ROWSUM.replace("    out = torch.empty(M, dtype=torch.float32)\n    rowsum_kernel[(M,)](x, b, out,",
+                             "    out = x[:, 0]\n    rowsum_kernel[(M,)](x, b, out,")
+    looped = ROWSUM.replace("    rowsum_kernel[(M,)](x, b, out, N, x.stride(0), BLOCK=32)\n",
+                            "    for half in (x[: M // 2], x[M // 2:]):\n"
+                            "        rowsum_kernel[(M,)](half, b, out, N, x.stride(0), BLOCK=32)\n")
+    for source in (started, keyword, aliased, looped):
+        assert source != ROWSUM and split(source) == []
+
+
+def test_accumulate_widens_no_block_whose_load_mask_is_reassigned():
+    exp_sum = HEADER + '''@triton.jit
+def k(X, Out, K, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    acc = 0.0
+    for start in range(0, K, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < K
+        x = tl.load(X + row * K + offs, mask=mask, other=0.0)
+        acc += tl.sum(tl.exp(x))
+    tl.store(Out + row, acc)
+
+
+def f(x):
+    out = torch.empty(x.shape[0], dtype=torch.float32)
+    k[(x.shape[0],)](x, out, x.shape[1], BLOCK=128)
+    return out
+'''
+    widened = lambda source: [v for v in rewrite("accumulate-then-reduce", source, {}) if "BLOCK" in v.params]  # noqa: E731
+    assert widened(exp_sum)
+    reassigned = exp_sum.replace("        acc += tl.sum(tl.exp(x))\n",
+                                 "        mask = offs >= 0\n        acc += tl.sum(tl.exp(x))\n")
+    assert reassigned != exp_sum and rewrite("accumulate-then-reduce", reassigned, {}) and widened(reassigned) == []
+
+
+def test_fold_keeps_a_copy_the_kernel_writes_over_or_the_wrapper_changes():
+    diff = HEADER + '''@triton.jit
+def diff_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask)
+    prev = tl.load(b_ptr + offs - 1, mask=mask & (offs >= 1), other=0.0)
+    tl.store(out_ptr + offs, a - prev, mask=mask)
+
+
+def diff(x, alpha: float = 2.0):
+    n = x.numel()
+    out = torch.empty_like(x)
+    scaled = x * alpha
+    diff_kernel[(triton.cdiv(n, 64),)](x, scaled, out, n, BLOCK=64)
+    return out
+'''
+    assert rewrite("fold-wrapper-work", diff, {})
+    in_place = diff.replace("](x, scaled, out, n,", "](x, scaled, x, n,")  # x[i] -= alpha * x[i - 1]
+    cloned = in_place.replace("scaled = x * alpha", "scaled = x.clone()")
+    changed = diff.replace("    scaled = x * alpha\n", "    scaled = x * alpha\n    x.add_(1.0)\n")
+    for source in (in_place, cloned, changed):
+        assert source != diff and rewrite("fold-wrapper-work", source, {}) == []
+
+
+def test_scan_declines_a_launch_whose_output_is_its_input_one_step_on_and_a_keyword_step():
+    hgrn = HEADER + '''@triton.jit
+def hgrn_kernel(x_ptr, g_ptr, o_ptr, T, D, BD: tl.constexpr):
+    cols = tl.program_id(0) * BD + tl.arange(0, BD)
+    mask = cols < D
+    p_x = x_ptr + cols
+    p_g = g_ptr + cols
+    p_o = o_ptr + cols
+    h = tl.zeros([BD], dtype=tl.float32)
+    for _ in range(0, T):
+        x = tl.load(p_x, mask=mask, other=0.0)
+        g = tl.load(p_g, mask=mask, other=0.0)
+        h = tl.exp(g) * h + x
+        tl.store(p_o, h, mask=mask)
+        p_x += D
+        p_g += D
+        p_o += D
+
+
+def hgrn(x, g):
+    T, D = x.shape
+    o = torch.empty_like(x)
+    hgrn_kernel[(triton.cdiv(D, 16),)](x, g, o, T, D, BD=16)
+    return o
+'''
+    assert rewrite("chunked-linear-scan", hgrn, {})
+    shifted = hgrn.replace("hgrn_kernel[(triton.cdiv(D, 16),)](x, g, o,", "hgrn_kernel[(triton.cdiv(D, 16),)](x, g, x[1:],")
+    keyword = hgrn.replace("range(0, T)", "tl.range(0, T, step=2)")
+    for source in (shifted, keyword):
+        assert source != hgrn and rewrite("chunked-linear-scan", source, {}) == []
+
+
+def test_empty_outputs_keep_the_zeros_of_an_output_the_kernel_reads():
+    accumulate = HEADER + '''@triton.jit
+def accum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.load(out_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, acc + tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def sum_rows(x):
+    R, n = x.shape
+    out = torch.zeros(n, dtype=torch.float32)
+    for r in range(R):
+        accum_kernel[(triton.cdiv(n, 64),)](x[r], out, n, BLOCK=64)
+    return out
+'''
+    emptied = lambda source: [v for v in rewrite("trim-wrapper-overhead", source, {})  # noqa: E731
+                              if "empty-outputs" in v.params["removed"]]
+    assert emptied(accumulate) == []
+    written = accumulate.replace("acc = tl.load(out_ptr + offs, mask=mask)", "acc = 0.0").replace(
+        "    for r in range(R):\n        accum_kernel", "    for r in range(1):\n        accum_kernel")
+    assert emptied(written)
+
+
+def test_pipelining_and_relaxed_atomics_decline_launches_that_alias_their_pointers():
+    shift = HEADER + '''@triton.jit
+def shift_kernel(src, dst, T, D, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    for t in range(1, T):
+        x = tl.load(src + (t - 1) * D + cols, mask=cols < D, other=0.0)
+        tl.store(dst + (t - 1) * D + cols, x * 0.5 + 1.0, mask=cols < D)
+
+
+def shift(h):
+    T, D = h.shape
+    out = torch.empty_like(h)
+    shift_kernel[(1,)](h, out, T, D, BLOCK=triton.next_power_of_2(D))
+    return out
+'''
+    assert rewrite("tl-range-pipelining", shift, {})
+    recurrence = shift.replace("shift_kernel[(1,)](h, out,", "shift_kernel[(1,)](h, h[1:],")
+    assert recurrence != shift and rewrite("tl-range-pipelining", recurrence, {}) == []
+    scatter = HEADER + '''@triton.jit
+def k(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(src + offs, mask=offs < n)
+    tl.atomic_add(dst + offs % 7, x, mask=offs < n)
+
+
+def f(x):
+    out = torch.zeros(7)
+    k[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+    return out
+'''
+    assert rewrite("relaxed-atomics", scatter, {})
+    same = scatter.replace("](x, out, x.numel()", "](x, x, x.numel()")
+    assert same != scatter and rewrite("relaxed-atomics", same, {}) == []
+
+
+def test_a_single_config_kernel_that_reruns_differently_is_not_given_more_configs():
+    add_in_place = HEADER + '''@triton.autotune(configs=[triton.Config({'BLOCK': 64}, num_warps=4)], key=['n'])
+@triton.jit
+def k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+def f(x, y):
+    n = x.numel()
+    k[lambda meta: (triton.cdiv(n, meta['BLOCK']),)](x, y, n)
+    return x
+'''
+    # the tuner would run `x += y` once per config on the same x
+    assert rewrite("autotune-configs", add_in_place, {}) == []
+    restored = add_in_place.replace("key=['n'])", "key=['n'], restore_value=['x_ptr'])")
+    out_of_place = add_in_place.replace("tl.store(x_ptr + offs,", "tl.store(y_ptr + offs,").replace(
+        "tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask)", "tl.load(x_ptr + offs, mask=mask) * 2")
+    assert rewrite("autotune-configs", restored, {}) and rewrite("autotune-configs", out_of_place, {})
+
+
+def test_the_tile_search_declines_a_lambda_grid_that_does_not_read_the_blocks():
+    matmul = HEADER + '''@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        offs_k = k + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
+                    other=0.0)
+        b = tl.load(b_ptr + offs_k[:, None] * N + offs_n[None, :], mask=(offs_k[:, None] < K) & (offs_n[None, :] < N),
+                    other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def matmul(a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(M, meta['BLOCK_M']), triton.cdiv(N, meta['BLOCK_N']))
+    matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
+    return c
+'''
+    assert rewrite("wgmma-friendly-tiles", matmul, {})
+    fixed = matmul.replace("(triton.cdiv(M, meta['BLOCK_M']), triton.cdiv(N, meta['BLOCK_N']))",
+                           "((M + 127) // 128, (N + 255) // 256)")
+    assert fixed != matmul and rewrite("wgmma-friendly-tiles", fixed, {}) == []  # smaller tiles: outputs never written

@@ -56,7 +56,7 @@ from diagnose.rewriters.base import (
     only_launch,
     register,
 )
-from diagnose.rewriters.blocks import code, fresh_name, names_in, reaching_literal
+from diagnose.rewriters.blocks import assigned_names, code, fresh_name, names_in, reaching_literal
 
 __all__ = ["LoopReduction", "accumulate_then_reduce", "loop_reductions"]
 
@@ -438,6 +438,9 @@ def _widenings(module: cst.Module, hoist: _Hoist) -> Iterator[tuple[str, int, cs
         kernel = next((k for k in kernels.values() if any(f is loop for f in m.findall(k, m.For()))), None)
         if kernel is None or len(m.findall(kernel.body, m.Name(width))) != len(m.findall(loop, m.Name(width))):
             continue  # the width sizes something outside the loop too
+        counts = assigned_names(kernel.body)
+        if any(counts.get(name, 0) > 1 for name in names_in(_loop_mask(loop))):  # type: ignore[arg-type]
+            continue  # `mask = ...` again after the load: the guard at the sum would read the other mask
         launch = only_launch(module, kernel.name.value)
         if launch is None:
             continue

@@ -18,7 +18,7 @@ from libcst.metadata import PositionProvider
 
 from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign
 
-__all__ = ["BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
+__all__ = ["PIPELINE_KEYWORDS", "BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
            "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
@@ -346,7 +346,7 @@ class BlockLoop:
 
 
 # tl.range's keywords that schedule the loop without changing its trips.
-_PIPELINE_KEYWORDS = frozenset({"num_stages", "loop_unroll_factor", "disallow_acc_multi_buffer", "flatten",
+PIPELINE_KEYWORDS = frozenset({"num_stages", "loop_unroll_factor", "disallow_acc_multi_buffer", "flatten",
                                 "warp_specialize", "disable_licm"})
 
 
@@ -356,7 +356,7 @@ def block_loop(loop: cst.For, kernel: cst.FunctionDef, aranges: dict[str, str]) 
         return None
     if dotted(loop.iter.func) not in ("range", "tl.range") or m.findall(loop.body, m.For() | m.While()):
         return None
-    if any(a.keyword is not None and a.keyword.value not in _PIPELINE_KEYWORDS for a in loop.iter.args):
+    if any(a.keyword is not None and a.keyword.value not in PIPELINE_KEYWORDS for a in loop.iter.args):
         return None  # `step=` (or tl.range's `arg1=`) by keyword: the trips are not what the positions say
     positional = [a.value for a in loop.iter.args if a.keyword is None]
     var = loop.target.value

@@ -43,6 +43,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from diagnose.rewriters.aliasing import aliased_kernels, loads_what_it_stores
 from diagnose.rewriters.base import TRITON_DEFAULT_KNOBS, SubstituteNames, Variant, dotted, is_jit
 from diagnose.rewriters.blocks import calls_in
 from diagnose.rewriters.resizing import Resizing, block_resizing
@@ -363,6 +364,16 @@ def append_configs(module: cst.Module, kernel: str, configs: list[str]) -> cst.M
     return new if append.done else None
 
 
+def _reruns_change_it(module: cst.Module, fn: cst.FunctionDef, decorator: cst.Call) -> bool:
+    """Whether running the kernel twice on the same buffers gives another result than once (an atomic, an
+    in-place update, an output handed in as an input too), and the decorator restores nothing between the
+    tuner's runs (`restore_value`, `reset_to_zero`)."""
+    if any(a.keyword is not None and a.keyword.value in ("restore_value", "reset_to_zero") for a in decorator.args):
+        return False
+    atomics = m.findall(fn, m.Call(func=m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v.startswith("atomic_"))))))
+    return bool(atomics) or loads_what_it_stores(fn) or fn.name.value in aliased_kernels(module)
+
+
 def widen_autotune_configs(source: str, context: dict[str, Any]) -> list[Variant]:
     """One variant per family (module docstring) for each autotuned kernel with literal configs."""
     module = cst.parse_module(source)
@@ -380,6 +391,8 @@ def widen_autotune_configs(source: str, context: dict[str, Any]) -> list[Variant
             continue
         callee = sorted(found.callees)[0] if len(found.callees) == 1 else "triton.Config"
         fn = next(n for n in m.findall(module, m.FunctionDef(name=m.Name(kernel))))
+        if len(configs) < 2 and _reruns_change_it(module, cst.ensure_type(fn, cst.FunctionDef), call):
+            continue  # one config is never tuned; with more, the tuner would run it again on the same buffers
         dot = bool(m.findall(fn, m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("dot")))))
         movable = _movable(module, configs)
         fewer_warps = context.get("direction") == "fewer-warps"

@@ -13,7 +13,8 @@ but by rounding:
 - T reaches exactly one argument of one launch `kernel[grid](...)` through layout steps only
   (`.contiguous()`, `.to(...)`, `.view/.reshape/.expand(...)`, an element of `torch.broadcast_tensors`),
   and is otherwise only asked for metadata (`.shape`, `.numel()`, `torch.result_type(...)`); it is not
-  returned, written, or handed to anything else;
+  returned, written, or handed to anything else; X is not changed in place by the wrapper (`X.add_(1)`)
+  nor handed to a parameter the kernel stores through (the copy was what kept reads and writes apart);
 - that kernel reads the parameter only through `tl.load` (pointer arithmetic allowed), whose masked
   lanes are left undefined or filled with 0 (a scaled `-inf` would no longer be the max's identity).
 
@@ -33,6 +34,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
+from diagnose.rewriters.aliasing import accessed_parameters, host_root, mutated_in_place
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_arguments, register, simple_assign
 from diagnose.rewriters.blocks import assigned_names, number
 
@@ -369,6 +371,10 @@ def _fold(source: str, index: int) -> tuple[str, dict[str, Any]] | None:
     if param is None or kernel.params.star_arg is not cst.MaybeSentinel.DEFAULT \
             or any(p.default is not None for p in kernel.params.params):
         return None
+    _, stored = accessed_parameters(kernel)
+    if any(host_root(a.value) == work.tensor for name, a in launch_arguments(kernel, launch).items()
+           if name in stored and name != param) or mutated_in_place(fn, work.tensor):
+        return None  # the kernel writes X, or the wrapper changes it after the copy: the copy was needed
     loads = _accesses(kernel, parents, param, "tl.load") if launch_arg is not output else None
     if loads is None and not (work.op == "clone" and output and _accesses(kernel, parents, param, "tl.store")):
         return None

@@ -34,6 +34,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from diagnose.rewriters.aliasing import launch_aliases, loads_what_it_stores
 from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, jit_functions, mask_argument, register
 from diagnose.rewriters.blocks import names_in
 from diagnose.rewriters.hints import reaching
@@ -205,11 +206,19 @@ def _stores_unconditionally(module: cst.Module) -> bool:
     from its parameters, which its caller may have loaded). Only then does an
     output the judge saw written whole stay written whole for every input: Liger's cross entropy skips
     the rows whose target is ignore_index (`if y == ignore_index: return`) and leaves their zeros for the
-    wrapper's sum, which random test targets never exercise."""
+    wrapper's sum, which random test targets never exercise. Nor may a kernel read an output it
+    stores (`out = load(out) + x`, or the output passed again as an input): it reads the zeros."""
     store = m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("store")))
     kernels = jit_functions(module)
     # a jit function another one calls: its parameters are its caller's values, loaded ones perhaps
     called = {dotted(cst.ensure_type(c, cst.Call).func) for fn in kernels.values() for c in m.findall(fn.body, m.Call())}
+    for fn in kernels.values():
+        if loads_what_it_stores(fn):
+            return False  # `out = load(out) + x`: it reads the zeros, which an empty output would not hold
+    for launch in m.findall(module, m.Call(func=m.Subscript())):
+        launched = kernels.get(dotted(cst.ensure_type(cst.ensure_type(launch, cst.Call).func, cst.Subscript).value))
+        if launched is not None and launch_aliases(launched, cst.ensure_type(launch, cst.Call)):
+            return False  # the output handed in again as an input: the same reading of its zeros
     for name, fn in kernels.items():
         passed = {p.name.value for p in fn.params.params} if name in called else set()
         branches = m.findall(fn, m.If() | m.While() | m.For())

@@ -13,24 +13,28 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from diagnose.rewriters.aliasing import aliased_kernels
 from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, register
 from diagnose.rewriters.blocks import plain_assignments, pointer_roots
 
 
 class _Pipeline(InJit):
-    def __init__(self, stages: int) -> None:
+    def __init__(self, stages: int, aliased: set[str]) -> None:
         super().__init__()
         self.stages = stages
+        self.aliased = aliased  # kernels a launch hands views of one tensor to load and to store through
         self.assigned: dict[str, list[cst.BaseExpression]] = {}  # the kernel's `name = value`s
+        self.skip = False
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         super().visit_FunctionDef(node)
         if is_jit(node):
             self.assigned = plain_assignments(node)
+            self.skip = node.name.value in self.aliased
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
-        if not self.depth or not isinstance(updated.iter, cst.Call):
-            return updated
+        if not self.depth or self.skip or not isinstance(updated.iter, cst.Call):
+            return updated  # `shift[(1,)](h, h[1:])`: row t + 1 may be prefetched before step t stores it
         name = dotted(updated.iter.func)
         calls = {dotted(c.func).split(".")[-1] for c in m.findall(original.body, m.Call())}  # type: ignore[attr-defined]
         if "load" not in calls or "dot" in calls or name not in ("range", "tl.range") \
@@ -61,9 +65,11 @@ def _stores_what_it_loads(loop: cst.For, assigned: dict[str, list[cst.BaseExpres
 
 def tl_range_pipelining(source: str, context: dict[str, Any]) -> list[Variant]:
     out = []
+    module = cst.parse_module(source)
+    aliased = aliased_kernels(module)
     for stages in (3, 2, 4):
-        t = _Pipeline(stages)
-        new = cst.parse_module(source).visit(t)
+        t = _Pipeline(stages, aliased)
+        new = module.visit(t)
         if t.changed:
             out.append(Variant({"num_stages": stages, "loops": t.changed}, new.code))
     return out

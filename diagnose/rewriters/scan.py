@@ -39,8 +39,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper
 
+from diagnose.rewriters.aliasing import aliased_kernels, reads_other_writes
 from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, mask_argument, register
-from diagnose.rewriters.blocks import KernelLoops, assigned_names, calls_in, code, names_in
+from diagnose.rewriters.blocks import PIPELINE_KEYWORDS, KernelLoops, assigned_names, calls_in, code, names_in
 
 __all__ = ["LinearRecurrence", "linear_recurrences", "chunked_linear_scan"]
 
@@ -107,6 +108,10 @@ def _recurrence(loop: cst.For, kernel: cst.FunctionDef) -> _Recurrence | None:
     callee = dotted(loop.iter.func)
     if callee not in _LOOPS or (callee == "range" and any(a.keyword is not None for a in loop.iter.args)):
         return None  # `tl.range(0, T, num_stages=3)`: the loop as tl-range-pipelining leaves it
+    if any(a.keyword is not None and a.keyword.value not in PIPELINE_KEYWORDS for a in loop.iter.args):
+        return None  # `step=` by keyword: the chunked loop passes its own step
+    if reads_other_writes(kernel):
+        return None  # a step reading what an earlier step stored: a chunk loads all its steps before storing any
     bounds = [a.value for a in loop.iter.args if a.keyword is None]
     options = "".join(f", {a.keyword.value}={code(a.value)}" for a in loop.iter.args if a.keyword is not None)
     if not 1 <= len(bounds) <= 2 or not isinstance(loop.body, cst.IndentedBlock):
@@ -225,14 +230,16 @@ class _Chunk(cst.CSTTransformer):
 
 
 class _Scan(KernelLoops):
-    def __init__(self, chunk: int) -> None:
+    def __init__(self, chunk: int, aliased: set[str]) -> None:
         super().__init__()
         self.chunk = chunk
+        self.aliased = aliased
         self.found: list[LinearRecurrence] = []
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.BaseStatement:
         kernel = self.kernel()
-        rec = _recurrence(original, kernel[0]) if kernel is not None else None
+        rec = _recurrence(original, kernel[0]) if kernel is not None and kernel[0].name.value not in self.aliased \
+            else None
         if rec is None:
             return updated
         self.found.append(LinearRecurrence(self.line(original), rec.state))
@@ -250,7 +257,9 @@ def _chunked(source: str, chunk: int) -> tuple[str, list[LinearRecurrence]]:
     parsed = cst.parse_module(source)
     if not m.findall(parsed, m.Import(names=[m.ImportAlias(name=m.Name("triton"), asname=None)])):
         return source, []  # the combine function is written `@triton.jit`
-    scan = _Scan(chunk)
+    # A launch handing the loaded and the stored pointer views of one tensor (`buf`, `buf[1:]`): each step
+    # reads what the step before stored, which a chunk loading all its steps first would not see.
+    scan = _Scan(chunk, aliased_kernels(parsed))
     module = MetadataWrapper(parsed).visit(scan)
     if scan.found and not any(isinstance(s, cst.FunctionDef) and s.name.value == _COMBINE for s in module.body):
         first_jit = next(i for i, s in enumerate(module.body) if isinstance(s, cst.FunctionDef) and is_jit(s))

@@ -33,6 +33,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from diagnose.rewriters.aliasing import launch_aliases
 from diagnose.rewriters.base import (
     SubstituteNames,
     Variant,
@@ -45,7 +46,7 @@ from diagnose.rewriters.base import (
     sm_count_statement,
     target_launch,
 )
-from diagnose.rewriters.blocks import derived_names, names_in
+from diagnose.rewriters.blocks import PIPELINE_KEYWORDS, derived_names, names_in
 
 __all__ = ["split_reduction", "strided_loop"]
 
@@ -78,6 +79,9 @@ class _Plan:
             return
         name, call = launch
         fn = jit_functions(module)[name]
+        if launch_aliases(fn, call) or any(any(c is call for c in m.findall(loop, m.Call()))
+                                           for loop in m.findall(module, m.For() | m.While())):
+            return  # the zeroed output also an input, or zeroed again by each launch of a loop over slices
         param = self._kernel_ok(fn)
         if param is None:
             return
@@ -100,10 +104,13 @@ class _Plan:
         loop = body[at]
         assert isinstance(loop, cst.For)
         if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range")
-                and 1 <= len([a for a in loop.iter.args if a.keyword is None]) <= 3):
-            return None
+                and 1 <= len([a for a in loop.iter.args if a.keyword is None]) <= 3) \
+                or any(a.keyword is not None and a.keyword.value not in PIPELINE_KEYWORDS for a in loop.iter.args):
+            return None  # `step=` by keyword: the strided loop would pass the step twice
         zeros = m.Assign(value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros"))))
         accumulators = {name for st in body[:at] for name in _assigned(st) if m.findall(st, zeros)}
+        if any(sum(name in _assigned(st) for st in body[:at]) != 1 for name in accumulators):
+            return None  # `acc += bias` before the loop: every program's partial would start from it
         if any(_wide_or_integer(st) for st in body[:at] if m.findall(st, zeros) and _assigned(st) & accumulators):
             return None  # partial sums of ints or fp64 through the fp32 workspace would lose bits
         carried: set[str] = set()

@@ -76,6 +76,7 @@ class _LaunchGrids(cst.CSTVisitor):
     def __init__(self, module: cst.Module, kernels: set[str], parents: Mapping[cst.CSTNode, cst.CSTNode]) -> None:
         self.module, self.kernels, self.parents = module, kernels, parents
         self.grids_of: dict[str, list[cst.Tuple]] = {}
+        self.lambdas_of: dict[str, list[cst.Tuple]] = {}  # the tuples `lambda meta: (...)` grids return
         self.literal_cdivs = 0
         self.launched: set[str] = set()  # the jit functions launched with a grid (not helpers they call)
 
@@ -97,8 +98,10 @@ class _LaunchGrids(cst.CSTVisitor):
             tuples = [reaching[0]] if reaching else [
                 a.value for a in m.findall(scope, m.Assign(targets=[m.AssignTarget(m.Name(value.value))]))
                 if isinstance(a, cst.Assign)]
-        # a lambda of meta follows the blocks by itself
         self.grids_of.setdefault(kernel, []).extend(t for t in tuples if isinstance(t, cst.Tuple))
+        # a lambda of meta follows the blocks where it reads them (`meta['BLOCK_M']`); checked, not rewritten
+        self.lambdas_of.setdefault(kernel, []).extend(
+            t.body for t in tuples if isinstance(t, cst.Lambda) and isinstance(t.body, cst.Tuple))
 
     def visit_Call(self, node: cst.Call) -> None:
         if cdiv_divisor(node) is not None:
@@ -206,6 +209,18 @@ def _tile_plan(source: str) -> _TilePlan | None:
             if a < len(grid.elements) and cdiv_divisor(grid.elements[a].value) is None \
                     and not (binding and binding in names_in(grid.elements[a].value)):
                 return None
+    # `lambda meta: ((M + 127) // 128, ...)`: a lambda that reads neither meta's block nor its name keeps the
+    # old count of programs
+    for kernel in tiled:
+        for grid in found.lambdas_of.get(kernel, []):
+            for a, block in axes.items():
+                knob = current.get(block)
+                binding = knob and (knob.local or knob.param)
+                reads = {cst.ensure_type(k, cst.SimpleString).evaluated_value
+                         for k in m.findall(grid.elements[a].value, m.SimpleString())} if a < len(grid.elements) else set()
+                if a < len(grid.elements) and block not in reads \
+                        and not (binding and binding in names_in(grid.elements[a].value)):
+                    return None
     return _TilePlan(module, current, launched.named, shapes, found, tiled, found.grids(tiled), axes, parents)
 
 
