@@ -184,3 +184,39 @@ def test_a_mask_sized_by_the_block_itself_does_not_let_it_grow():
     assert by_block != WHOLE_ROW
     assert block_resizing(_kernel(WHOLE_ROW, "softmax_kernel"), "BLOCK").grow
     assert not block_resizing(_kernel(by_block, "softmax_kernel"), "BLOCK").grow
+
+
+ROW_MAX = '''\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rowmax_kernel(X, Out, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + row * n + offs, mask=offs < n, other=0.0)
+    tl.store(Out + row, tl.max(x, axis=0))
+
+
+def rowmax(x):
+    rows, n = x.shape
+    out = torch.empty(rows, dtype=x.dtype)
+    rowmax_kernel[(rows,)](x, out, n, BLOCK=64)
+    return out
+'''
+
+
+def test_a_block_whose_masked_lanes_would_join_a_max_does_not_grow_or_fit(tmp_path):
+    # right for 64-wide rows as written; grown to 128, 64 masked zeros join the max of a negative row
+    assert not block_resizing(_kernel(ROW_MAX, "rowmax_kernel"), "BLOCK").grow
+    assert not [v for v in rewrite("block-size-num-warps", ROW_MAX, {}) if "BLOCK" in v.params]
+    assert rewrite("fit-tile-to-extent", ROW_MAX, {}) == []
+    identity = ROW_MAX.replace("other=0.0", "other=-float('inf')")
+    selected = ROW_MAX.replace("tl.max(x, axis=0)", "tl.max(tl.where(offs < n, x, -float('inf')), axis=0)")
+    for source in (identity, selected):
+        assert source != ROW_MAX and block_resizing(_kernel(source, "rowmax_kernel"), "BLOCK").grow
+    wider = next(v for v in rewrite("block-size-num-warps", identity, {}) if v.params.get("BLOCK") == 128)
+    assert candidate_rejection(tmp_path, identity, wider.source, "rowmax", "rowmax(-torch.rand(3, 64) - 1)",
+                               "lambda x: x.max(1).values") == ""
