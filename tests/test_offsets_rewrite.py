@@ -49,7 +49,7 @@ def test_casts_become_a_choice_each_launch_makes_from_its_arguments_reach(tmp_pa
     source = LOCAL_BLOCK
     (variant,) = rewrite(PATTERN, source, {})
     assert variant.params["sites"] == 2
-    assert "row = (tl.program_id(0).to(tl.int64) if _KB_INT64 else tl.program_id(0))" in variant.source
+    assert "row = (tl.program_id(0).to(tl.int64) if _KB_INT64 else tl.program_id(0).to(tl.int32))" in variant.source
     assert "_KB_INT64: tl.constexpr = 1" in variant.source  # a launch that does not say keeps the casts
     assert rewrite(PATTERN, variant.source, {}) == []  # its launch decides already
     assert "_KB_INT64=_kb_int64(x, out, x.stride(0), x.shape[1], block))" in variant.source
@@ -95,7 +95,7 @@ def test_a_value_widened_for_its_range_keeps_its_cast():
         "    tl.store(out_ptr + row, tl.sum(big * big, axis=0))\n")
     (variant,) = rewrite(PATTERN, source, {})
     assert variant.params["sites"] == 1
-    assert "row = (tl.program_id(0).to(tl.int64) if _KB_INT64 else tl.program_id(0))" in variant.source
+    assert "row = (tl.program_id(0).to(tl.int64) if _KB_INT64 else tl.program_id(0).to(tl.int32))" in variant.source
     assert ".to(tl.int32).to(tl.int64)\n" in variant.source
 
 

@@ -30,7 +30,7 @@ def test_a_tiled_matmul_gets_both_forms_with_its_launch_on_the_sm_count():
     source = variants[1].source
     assert "_kb_tiles_m = tl.cdiv(M, BLOCK_M)" in source and "_kb_tiles_n = tl.cdiv(N, BLOCK_N)" in source
     assert "tl.num_programs(0), flatten=True, warp_specialize=True):" in source
-    assert "matmul_kernel_tma[(sm_count,)](" in source and "matmul_kernel[grid](" in source  # TMA's rules, else as written
+    assert "matmul_kernel_tma[(_kb_sm_count,)](" in source and "matmul_kernel[grid](" in source  # TMA's rules, else as written
     # The descriptors are made once per program, before the tile loop.
     assert source.index("a_desc = tl.make_tensor_descriptor") < source.index("for _kb_tile in")
 

@@ -562,3 +562,93 @@ def matmul(a, b):
     fixed = matmul.replace("(triton.cdiv(M, meta['BLOCK_M']), triton.cdiv(N, meta['BLOCK_N']))",
                            "((M + 127) // 128, (N + 255) // 256)")
     assert fixed != matmul and rewrite("wgmma-friendly-tiles", fixed, {}) == []  # smaller tiles: outputs never written
+
+
+# The fourth pass: edge inputs (empty grids, narrow dtypes) and names the rewrites add.
+DOUBLE = HEADER + '''@triton.jit
+def k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tile = tl.load(x_ptr + offs, mask=mask)
+    offs2 = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs2, tile * 2, mask=offs2 < n)
+
+
+def f(x):
+    y = torch.empty_like(x)
+    n = x.numel()
+    k[(triton.cdiv(n, 16),)](x, y, n, BLOCK=16)
+    return y
+'''
+
+
+def test_the_persistent_loop_takes_names_the_module_does_not_use(tmp_path):
+    # the kernel's own `tile` and a module-level `sm_count` the wrapper reads stay theirs
+    source = DOUBLE.replace("def f(x):\n", "sm_count = 3\n\n\ndef f(x):\n    assert sm_count == 3\n")
+    variants = rewrite("persistent-kernel", source, {})
+    assert variants and all("for tile_ in tl.range(" in v.source and "sm_count_ = " in v.source for v in variants)
+    assert candidate_rejection(tmp_path, source, variants[1].source, "f", "f(torch.randn(1000))", "lambda x: x * 2") == ""
+    spelled = DOUBLE.replace("tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    mask",
+                             "triton.language.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    mask")
+    assert spelled != DOUBLE and rewrite("persistent-kernel", spelled, {}) == []  # the loop would not rename it
+
+
+def test_split_launches_survive_an_empty_grid_and_keep_the_wrappers_sm_count(tmp_path):
+    source = ROWSUM.replace("def rowsum(x, b):\n", "sm_count = 3\n\n\ndef rowsum(x, b):\n    assert sm_count == 3\n")
+    variants = [v for v in rewrite("split-work-over-programs", source, {"finding": "x"}) if v.params.get("split")]
+    assert variants and all("max(1, n_blocks)" in v.source and "_kb_sm_count = " in v.source for v in variants)
+    for call in ("rowsum(torch.randn(0, 300), torch.randn(32))", "rowsum(torch.randn(4, 300), torch.randn(32))"):
+        assert candidate_rejection(tmp_path, source, variants[0].source, "rowsum", call,
+                                   "lambda x, b: x.sum(1)") == "", call
+
+
+def test_int32_offsets_cast_the_32_bit_branch_too(tmp_path):
+    gather = HEADER + '''@triton.jit
+def gather_kernel(idx_ptr, w_ptr, out_ptr, D: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    i = tl.load(idx_ptr + pid).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    v = tl.load(w_ptr + i * D + cols, mask=mask)
+    tl.store(out_ptr + pid * D + cols, v, mask=mask)
+
+
+def gather(idx, w):
+    D = w.shape[1]
+    out = torch.empty((idx.shape[0], D), dtype=w.dtype, device=w.device)
+    gather_kernel[(idx.shape[0],)](idx, w, out, D, BLOCK=512)
+    return out
+'''
+    (variant,) = rewrite("int32-offsets", gather, {})
+    assert "if _KB_INT64 else tl.load(idx_ptr + pid).to(tl.int32))" in variant.source
+    # an int16 index times 300 columns wrapped in int16 when the branch kept the index's own type
+    call = "gather(torch.tensor([0, 5, 299, 150], dtype=torch.int16), torch.randn(300, 300))"
+    assert candidate_rejection(tmp_path, gather, variant.source, "gather", call, "lambda i, w: w[i.long()]") == ""
+
+
+def test_a_scalar_upload_becomes_a_fill_only_where_the_value_fits_its_dtype():
+    upload = HEADER + '''@triton.jit
+def k(x_ptr, hi_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.minimum(tl.load(x_ptr + offs, mask=mask), tl.load(hi_ptr)), mask=mask)
+
+
+def f(x):
+    hi = torch.tensor(1e40, dtype=torch.float32, device=x.device)
+    y = torch.empty_like(x)
+    k[(triton.cdiv(x.numel(), 64),)](x, hi, y, x.numel(), BLOCK=64)
+    return y
+'''
+    filled = lambda source: [v for v in rewrite("trim-wrapper-overhead", source, {})  # noqa: E731
+                             if v.params.get("uploads")]
+    assert filled(upload) == []  # torch.tensor makes inf of 1e40, torch.full raises
+    assert filled(upload.replace("1e40", "1e30"))
+    assert filled(upload.replace("torch.tensor(1e40", "torch.tensor(x.numel()").replace("torch.float32", "torch.float16")) == []
+
+
+def test_row_split_sees_an_alias_made_by_a_wrapper_name():
+    flip = ROW.replace("x = tl.load(X + row * stride + cols,", "x = tl.load(X + row * stride + n_cols - 1 - cols,")
+    assert rewrite("split-row-tile", flip, {})  # out of place: each chunk reads the input only
+    in_place = flip.replace("    y = torch.empty_like(x)\n", "    y = x\n")
+    assert in_place != flip and rewrite("split-row-tile", in_place, {}) == []  # `y = x`: the row reversed in place

@@ -17,7 +17,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.base import dotted, jit_functions, launch_arguments
+from diagnose.rewriters.base import dotted, jit_functions, launch_arguments, launching_function
 from diagnose.rewriters.blocks import code, plain_assignments, pointer_roots
 
 __all__ = ["accessed_parameters", "aliased_kernels", "host_root", "mutated_in_place", "launch_aliases", "loads_what_it_stores", "reads_other_writes"]
@@ -89,29 +89,64 @@ def loads_what_it_stores(fn: cst.FunctionDef) -> bool:
     return any(_roots(load, fn) & stored for load in loads)
 
 
+# Tensor methods and attributes that return a view of the tensor (`contiguous` and `reshape` may copy:
+# counted as views, the safe side).
+_VIEW_METHODS = frozenset({"view", "view_as", "reshape", "reshape_as", "contiguous", "t", "transpose", "permute",
+                           "expand", "expand_as", "flatten", "unflatten", "squeeze", "unsqueeze", "narrow", "select",
+                           "as_strided", "detach", "unfold", "movedim", "swapaxes", "diagonal", "split", "chunk"})
+_VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
+
+
 def host_root(node: cst.BaseExpression) -> str | None:
     """The host tensor a launch argument views: `buf` of `buf`, `buf[:, 1:]`, `buf.view(-1)`, `buf.T`,
-    `buf.contiguous()` (which may or may not copy: counted as a view); None for anything else."""
+    `buf.contiguous()`; None for anything else (a new tensor: `torch.empty_like(x)` views nothing)."""
     while True:
         if isinstance(node, cst.Name):
             return node.value
         if isinstance(node, cst.Subscript):
             node = node.value
-        elif isinstance(node, cst.Attribute):
+        elif isinstance(node, cst.Attribute) and node.attr.value in _VIEW_ATTRIBUTES:
             node = node.value
-        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value in _VIEW_METHODS:
             node = node.func.value
         else:
             return None
 
 
-def launch_aliases(fn: cst.FunctionDef, call: cst.Call) -> bool:
+def _views(scope: cst.CSTNode | None) -> dict[str, str]:
+    """Names the host code binds once to a view of another (`y = x`, `y = x.view(-1)`): name -> that tensor."""
+    if scope is None:
+        return {}
+    bound: dict[str, list[str | None]] = {}
+    for node in m.findall(scope, m.Assign() | m.AugAssign() | m.AnnAssign()):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            bound.setdefault(node.targets[0].target.value, []).append(host_root(node.value))
+        else:
+            for target in ([t.target for t in node.targets] if isinstance(node, cst.Assign)
+                           else [cst.ensure_type(node, cst.AugAssign | cst.AnnAssign).target]):  # type: ignore[arg-type]
+                if isinstance(target, cst.Name):
+                    bound.setdefault(target.value, []).append(None)
+    return {name: roots[0] for name, roots in bound.items() if len(roots) == 1 and roots[0] is not None}
+
+
+def _resolved(name: str | None, views: dict[str, str]) -> str | None:
+    for _ in range(8):
+        if name is None or name not in views or views[name] == name:
+            return name
+        name = views[name]
+    return name
+
+
+def launch_aliases(fn: cst.FunctionDef, call: cst.Call, scope: cst.CSTNode | None = None) -> bool:
     """Whether the launch hands a parameter the kernel stores through and another it loads through views of
-    one host tensor (`kernel[grid](buf, buf[:, 1:])`)."""
+    one host tensor (`kernel[grid](buf, buf[:, 1:])`; with the launching function as `scope`, also through
+    its names bound once to a view, `y = x` then `kernel[grid](x, y)`)."""
     loads, stores = _accesses(fn)
     loaded = set().union(*(_roots(a, fn) for a in loads))
     stored = set().union(*(_roots(a, fn) for a in stores))
-    hosts = {param: host_root(arg.value) for param, arg in launch_arguments(fn, call).items()}
+    views = _views(scope)
+    hosts = {param: _resolved(host_root(arg.value), views) for param, arg in launch_arguments(fn, call).items()}
     return any(p != q and hosts.get(p) is not None and hosts.get(p) == hosts.get(q)
                for p in stored for q in loaded)
 
@@ -120,5 +155,5 @@ def aliased_kernels(module: cst.Module) -> set[str]:
     """The module's kernels that some launch of it hands views of one tensor to a stored and a loaded
     parameter (`launch_aliases`)."""
     return {name for name, fn in jit_functions(module).items()
-            if any(launch_aliases(fn, cst.ensure_type(c, cst.Call))
+            if any(launch_aliases(fn, call := cst.ensure_type(c, cst.Call), launching_function(module, call))
                    for c in m.findall(module, m.Call(func=m.Subscript(value=m.Name(name)))))}

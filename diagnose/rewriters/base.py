@@ -14,7 +14,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "launch_grid_node", "mask_argument",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "launch_grid_node", "launching_function", "mask_argument",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
            "docstring_lines", "program_axis", "with_helper", "with_keywords", "with_parameters"]
 
@@ -295,6 +295,11 @@ def _launching_functions(module: cst.Module) -> dict[int, cst.FunctionDef]:
     while len(_LAUNCHING) > 8:
         _LAUNCHING.popitem(last=False)
     return found
+
+
+def launching_function(module: cst.Module, call: cst.Call) -> cst.FunctionDef | None:
+    """The outermost function of `module` holding the launch `call` (None: a launch at module level)."""
+    return _launching_functions(module).get(id(call))
 
 
 def launch_grid_node(module: cst.Module, call: cst.Call) -> cst.BaseExpression | None:

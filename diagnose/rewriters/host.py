@@ -35,8 +35,17 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.aliasing import launch_aliases, loads_what_it_stores
-from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, jit_functions, mask_argument, register
-from diagnose.rewriters.blocks import names_in
+from diagnose.rewriters.base import (
+    InJit,
+    Variant,
+    dotted,
+    is_jit,
+    jit_functions,
+    launching_function,
+    mask_argument,
+    register,
+)
+from diagnose.rewriters.blocks import names_in, number
 from diagnose.rewriters.hints import reaching
 from diagnose.rewriters.launch import jit_names
 
@@ -73,7 +82,28 @@ def _scalar_upload(call: cst.Call) -> bool:
     if len(call.args) - 1 != len(keywords) or "device" not in keywords:
         return False  # a second positional argument is not torch.tensor's; no device: no upload
     value = call.args[0].value
-    return not isinstance(value, _COLLECTIONS) and ("dtype" in keywords or m.matches(value, _NUMBER))
+    dtype = next((dotted(a.value) for a in call.args[1:] if a.keyword is not None and a.keyword.value == "dtype"), None)
+    return not isinstance(value, _COLLECTIONS) and ("dtype" in keywords or m.matches(value, _NUMBER)) \
+        and _fits(value, dtype)
+
+
+# The largest magnitude each narrow dtype holds: torch.full raises past it where torch.tensor gives inf.
+_LIMITS = {"torch.float16": 65504.0, "torch.half": 65504.0, "torch.bfloat16": 3.3895e38,
+           "torch.float32": 3.4028234663852886e38, "torch.float": 3.4028234663852886e38,
+           "torch.int8": 127, "torch.uint8": 255, "torch.int16": 32767, "torch.short": 32767,
+           "torch.int32": 2**31 - 1, "torch.int": 2**31 - 1}
+
+
+def _fits(value: cst.BaseExpression, dtype: str | None) -> bool:
+    """Whether torch.full makes the tensor torch.tensor made: a literal within the dtype's range (1e40 in
+    fp32 is inf from torch.tensor, an error from torch.full), or a value whose dtype is not a narrow one."""
+    limit = _LIMITS.get(dtype or "")
+    if limit is None:
+        return True
+    literal = number(value)
+    if literal is None:
+        return dtype not in ("torch.float16", "torch.half", "torch.int8", "torch.uint8", "torch.int16", "torch.short")
+    return abs(literal) <= limit and not (dtype == "torch.uint8" and literal < 0)
 
 
 def _upload(call: cst.Call) -> bool:
@@ -217,7 +247,8 @@ def _stores_unconditionally(module: cst.Module) -> bool:
             return False  # `out = load(out) + x`: it reads the zeros, which an empty output would not hold
     for launch in m.findall(module, m.Call(func=m.Subscript())):
         launched = kernels.get(dotted(cst.ensure_type(cst.ensure_type(launch, cst.Call).func, cst.Subscript).value))
-        if launched is not None and launch_aliases(launched, cst.ensure_type(launch, cst.Call)):
+        if launched is not None and launch_aliases(launched, cst.ensure_type(launch, cst.Call),
+                                                   launching_function(module, cst.ensure_type(launch, cst.Call))):
             return False  # the output handed in again as an input: the same reading of its zeros
     for name, fn in kernels.items():
         passed = {p.name.value for p in fn.params.params} if name in called else set()

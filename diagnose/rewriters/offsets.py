@@ -4,7 +4,7 @@ A cast to int64 is how a kernel addresses past 2**31 elements (Liger's `tl.progr
 row bases), and 64-bit per-element index math costs registers and instructions everywhere else. Dropping
 the casts outright passes any check at test sizes and silently wraps the offsets of a production-sized
 tensor. So each cast `E.to(tl.int64)` in a launched kernel that reaches an address (and no stored or
-accumulated value, whose range the sizes do not bound) becomes `(E.to(tl.int64) if _KB_INT64 else E)`
+accumulated value, whose range the sizes do not bound) becomes `(E.to(tl.int64) if _KB_INT64 else E.to(tl.int32))`
 under a constexpr flag that defaults to 1 (the kernel as written); each launch sets it with the module's
 `_kb_int64(...)` over the launch's arguments: 0 only where every tensor spans fewer than 2**30 elements
 (its strides' reach, not its numel: a view can reach further) and every int is below 2**30. The margin
@@ -100,7 +100,7 @@ def address_cast_lines(source: str) -> list[int]:
 
 
 class _GuardedCasts(InJit):
-    """`E.to(tl.int64)` -> `(E.to(tl.int64) if _KB_INT64 else E)` at the given casts."""
+    """`E.to(tl.int64)` -> `(E.to(tl.int64) if _KB_INT64 else E.to(tl.int32))` at the given casts."""
 
     def __init__(self, casts: set[int]) -> None:
         super().__init__()
@@ -111,7 +111,9 @@ class _GuardedCasts(InJit):
             return updated
         assert isinstance(updated.func, cst.Attribute)
         self.changed += 1
-        return cst.IfExp(test=cst.Name(_FLAG), body=updated, orelse=updated.func.value,
+        # the 32-bit branch casts too: E may be narrower (an int16 index times a row length wraps) or a float
+        narrow = updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression("tl.int32"))])
+        return cst.IfExp(test=cst.Name(_FLAG), body=updated, orelse=narrow,
                          lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 

@@ -12,15 +12,18 @@ import libcst as cst
 import libcst.matchers as m
 
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_grid, register, sm_count_statement
-from diagnose.rewriters.blocks import kept_at_launch
+from diagnose.rewriters.blocks import fresh_name, kept_at_launch, names_in
 from diagnose.rewriters.persistent_dot import persistent_tma_dot
 
 
 class _ProgramIdToTile(cst.CSTTransformer):
+    def __init__(self, tile: str) -> None:
+        self.tile = tile
+
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if dotted(updated.func) == "tl.program_id" and len(updated.args) == 1 and m.matches(
                 updated.args[0].value, m.Integer("0")):
-            return cst.Name("tile")
+            return cst.Name(self.tile)
         return updated
 
 
@@ -36,6 +39,10 @@ class _Persistent(cst.CSTTransformer):
         self.changed = 0
 
     def visit_Module(self, node: cst.Module) -> None:
+        # Names of the rewrite's own, none the module uses already (a kernel's `tile = tl.load(...)`, a
+        # module-level `sm_count` the wrapper reads)
+        taken = names_in(node)
+        self.tile, self.n_tiles, self.sm_count = (fresh_name(n, taken) for n in ("tile", "n_tiles", "sm_count"))
         # The kernel to convert: every launch of it on a 1-D grid (a literal 1-tuple, or a name bound to
         # one or to `lambda meta: (G,)`), no parameter with a default (n_tiles is appended after them).
         jit = self.jit = jit_functions(node)
@@ -64,9 +71,13 @@ class _Persistent(cst.CSTTransformer):
             if m.findall(original, m.Call(func=m.Attribute(attr=m.Name("program_id")),
                                           args=[m.Arg(value=~m.Integer("0"))])) or m.findall(original, m.Return()) \
                     or m.findall(original, m.Call(func=m.Attribute(attr=m.Name("num_programs")))) \
-                    or self._helpers_read_the_grid(original) or _waits_on_other_programs(original):
+                    or self._helpers_read_the_grid(original) or _waits_on_other_programs(original) \
+                    or any(dotted(cst.ensure_type(c, cst.Call).func).endswith("program_id")
+                           and dotted(cst.ensure_type(c, cst.Call).func) != "tl.program_id"
+                           for c in m.findall(original, m.Call())):
                 # a 2-D or early-returning kernel, or one that reads the grid where the loop cannot rename it
-                # (a grid-stride loop over num_programs, a helper's own program_id): not this rewrite
+                # (a grid-stride loop over num_programs, a helper's own program_id, `triton.language.program_id`
+                # spelled out, which the loop would not rename): not this rewrite
                 self.kernel = None
                 return updated
             kept = kept_at_launch(original)
@@ -74,15 +85,16 @@ class _Persistent(cst.CSTTransformer):
                 self.kernel = None
                 return updated
             saved, restored = kept
-            body = restored + [st.visit(_ProgramIdToTile()) for st in updated.body.body]
-            loop = cst.For(target=cst.Name("tile"), iter=cst.parse_expression(
-                "tl.range(tl.program_id(0), n_tiles, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),  # type: ignore[arg-type]
+            body = restored + [st.visit(_ProgramIdToTile(self.tile)) for st in updated.body.body]
+            loop = cst.For(target=cst.Name(self.tile), iter=cst.parse_expression(
+                f"tl.range(tl.program_id(0), {self.n_tiles}, tl.num_programs(0))"), body=cst.IndentedBlock(body=body),  # type: ignore[arg-type]
                 leading_lines=[cst.EmptyLine(comment=cst.Comment(
                     "# persistent: each program walks the tiles num_programs apart"))])
-            signature = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name("n_tiles"))])
+            signature = updated.params.with_changes(params=[*updated.params.params, cst.Param(cst.Name(self.n_tiles))])
             self.changed += 1
             return updated.with_changes(params=signature, body=updated.body.with_changes(body=[*saved, loop]))
-        return updated.with_changes(body=updated.body.visit(_PersistentLaunch(self.kernel, self.per_sm, self.grids)))
+        return updated.with_changes(body=updated.body.visit(
+            _PersistentLaunch(self.kernel, self.per_sm, self.grids, self.n_tiles, self.sm_count)))
 
 
 def _waits_on_other_programs(kernel: cst.FunctionDef) -> bool:
@@ -97,26 +109,27 @@ def _waits_on_other_programs(kernel: cst.FunctionDef) -> bool:
 
 
 class _PersistentLaunch(cst.CSTTransformer):
-    def __init__(self, kernel: str, per_sm: int, grids: list[cst.BaseExpression]) -> None:
+    def __init__(self, kernel: str, per_sm: int, grids: list[cst.BaseExpression], n_tiles: str, sm_count: str) -> None:
         self.kernel, self.per_sm, self.grids = kernel, per_sm, grids  # the grids are taken in source order
+        self.n_tiles, self.sm_count = n_tiles, sm_count
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
                                   ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
         calls = m.findall(updated, m.Call(func=m.Subscript(value=m.Name(self.kernel))))
-        if not calls or m.findall(calls[0], m.Arg(keyword=m.Name("n_tiles"))):
+        if not calls or m.findall(calls[0], m.Arg(keyword=m.Name(self.n_tiles))):
             return updated  # none, or a launch an inner function's visit already converted
         call = calls[0]
         grid = self.grids.pop(0)  # visit_Module resolved every launch of this kernel
-        tiles = cst.parse_statement("n_tiles = 0").with_changes(
-            body=[cst.Assign([cst.AssignTarget(cst.Name("n_tiles"))], grid)])
+        tiles = cst.parse_statement(f"{self.n_tiles} = 0").with_changes(
+            body=[cst.Assign([cst.AssignTarget(cst.Name(self.n_tiles))], grid)])
         # Without a GPU (the interpreter judge) 4 SMs, so each program walks several tiles there too: with
         # one tile a program, what depends on the loop was never checked.
-        sms = sm_count_statement("4")
-        programs = cst.parse_expression(f"(min(n_tiles, {self.per_sm} * sm_count),)")
+        sms = sm_count_statement("4", self.sm_count)
+        programs = cst.parse_expression(f"(min({self.n_tiles}, {self.per_sm} * {self.sm_count}),)")
         new_call = call.with_changes(
             func=call.func.with_changes(slice=[cst.SubscriptElement(cst.Index(programs))]),  # type: ignore[attr-defined]
             args=[*call.args[:-1], call.args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),  # type: ignore[attr-defined]
-                  cst.Arg(keyword=cst.Name("n_tiles"), value=cst.Name("n_tiles"),
+                  cst.Arg(keyword=cst.Name(self.n_tiles), value=cst.Name(self.n_tiles),
                           equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
         return cst.FlattenSentinel([tiles, sms, updated.deep_replace(call, new_call)])  # type: ignore[arg-type]
 

@@ -179,7 +179,7 @@ def _fixed_tile(original: cst.Module, kernel: cst.FunctionDef) -> float:
 
 
 class _OneProgramPerSM(cst.CSTTransformer):
-    """`kernel[grid](...)` -> `sm_count = ...` and `kernel[(sm_count,)](...)`: programs past the last tile
+    """`kernel[grid](...)` -> `_kb_sm_count = ...` and `kernel[(_kb_sm_count,)](...)`: programs past the last tile
     find their loop empty. Without a GPU (the interpreter) 4 programs, so that each walks several tiles."""
 
     def __init__(self, kernel: str) -> None:
@@ -192,11 +192,11 @@ class _OneProgramPerSM(cst.CSTTransformer):
         if len(calls) != 1:
             return updated
         call = cst.ensure_type(calls[0], cst.Call)
-        grid = cst.parse_expression("(sm_count,)")
+        grid = cst.parse_expression("(_kb_sm_count,)")
         new = call.with_changes(func=cst.ensure_type(call.func, cst.Subscript).with_changes(
             slice=[cst.SubscriptElement(cst.Index(grid))]))
         self.changed += 1
-        return cst.FlattenSentinel([sm_count_statement("4"), cst.ensure_type(updated.deep_replace(call, new),
+        return cst.FlattenSentinel([sm_count_statement("4", "_kb_sm_count"), cst.ensure_type(updated.deep_replace(call, new),
                                                                              cst.SimpleStatementLine)])
 
 

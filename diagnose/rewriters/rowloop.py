@@ -347,7 +347,7 @@ def chunk_row_loop(source: str, context: dict[str, Any]) -> list[Variant]:
         except Decline:
             continue
         call = found[1]
-        if launch_aliases(fn, call):
+        if launch_aliases(fn, call, found[0]):
             continue  # `kernel[grid](buf, buf[:, 1:])`: a chunk's stores land where a later chunk loads
         bound = launch_arguments(fn, call).get(plan.block)
         names = {cst.ensure_type(n, cst.Name).value for n in m.findall(found[0], m.Name())}

@@ -206,7 +206,7 @@ def split_row_tile(source: str, context: dict[str, Any]) -> list[Variant]:
         call = found[1]
         grid = launch_grid(module, call)
         block = launch_arguments(fn, call).get(tile[2])
-        if grid is None or block is None or block.star or reads_other_writes(fn) or launch_aliases(fn, call):
+        if grid is None or block is None or block.star or reads_other_writes(fn) or launch_aliases(fn, call, found[0]):
             continue  # a chunk could read what another chunk of its row already stored
         tiles[name] = tile
         launches[id(call)] = (grid, block.value)

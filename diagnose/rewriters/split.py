@@ -42,6 +42,7 @@ from diagnose.rewriters.base import (
     jit_functions,
     launch_arguments,
     launch_grid,
+    launching_function,
     simple_assign,
     sm_count_statement,
     target_launch,
@@ -79,7 +80,7 @@ class _Plan:
             return
         name, call = launch
         fn = jit_functions(module)[name]
-        if launch_aliases(fn, call) or any(any(c is call for c in m.findall(loop, m.Call()))
+        if launch_aliases(fn, call, launching_function(module, call)) or any(any(c is call for c in m.findall(loop, m.Call()))
                                            for loop in m.findall(module, m.For() | m.While())):
             return  # the zeroed output also an input, or zeroed again by each launch of a loop over slices
         param = self._kernel_ok(fn)
@@ -308,10 +309,10 @@ class _SplitLaunch(cst.CSTTransformer):
             return updated
         call = cst.ensure_type(updated.body[0].value, cst.Call)
         first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], self.grid)])
-        sms = sm_count_statement("132").with_changes(leading_lines=[cst.EmptyLine(
+        sms = sm_count_statement("132", "_kb_sm_count").with_changes(leading_lines=[cst.EmptyLine(
             comment=cst.Comment(f"# split the loop over programs until each SM has {self.per_sm} "
                                 f"(none when the grid fills them)"))])
-        split = cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * sm_count // n_blocks)))\n")
+        split = cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * _kb_sm_count // max(1, n_blocks))))\n")
         split_call = call.with_changes(func=cst.Subscript(cst.Name(f"{self.kernel}_split"), [
             cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
         plain_call = call.with_changes(func=call.func.with_changes(

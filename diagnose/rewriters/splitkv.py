@@ -324,10 +324,10 @@ class _SplitLaunch(cst.CSTTransformer):
         head[0] = head[0].with_changes(leading_lines=updated.leading_lines)
         if len(axes) > 1:
             head.append(cst.parse_statement(f"n_blocks = {' * '.join(axes)}\n"))
-        head += [sm_count_statement("132").with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        head += [sm_count_statement("132", "_kb_sm_count").with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
                     f"# split the key loop over programs until each SM has {self.per_sm} (none when the grid "
                     "fills them); a second launch merges the splits"))]),
-                cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * sm_count // n_blocks)))\n")]
+                cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * _kb_sm_count // max(1, n_blocks))))\n")]
         record = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("kb_record"))], self.record)])
         workspace = cst.parse_statement(f"kb_partials = torch.empty(n_blocks * n_split * kb_record, dtype=torch.float32, "
                                         f"device={self.plan.device}.device)\n")
