@@ -9,7 +9,12 @@ adversarial review on the interpreter:
 - in the kernel: a load from a buffer the kernel stores to, at another address (`first = tl.load(X + row)`,
   then the whole row stored over X: a chunk that runs later reads the first element already rewritten);
 - at the launch: two pointer parameters handed views of one host tensor, one stored, the other loaded
-  (`kernel[grid](buf, buf[:, 1:], ...)`: each chunk's store lands on columns the next chunk loads).
+  (`kernel[grid](buf, buf[:, 1:], ...)`: each chunk's store lands on columns the next chunk loads), also
+  through the wrapper's names (`y = x`).
+
+The same facts decide other rewrites: a kernel that loads what it stores reads the zeros an output was
+made with (empty outputs), or runs differently twice on the same buffers (an autotuner's reruns); a copy
+the wrapper makes is needed where the kernel writes the original or the wrapper changes it in place (fold).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import libcst.matchers as m
 from diagnose.rewriters.base import dotted, jit_functions, launch_arguments, launching_function
 from diagnose.rewriters.blocks import code, plain_assignments, pointer_roots
 
-__all__ = ["accessed_parameters", "aliased_kernels", "host_root", "mutated_in_place", "launch_aliases", "loads_what_it_stores", "reads_other_writes"]
+__all__ = ["accessed_parameters", "aliased_kernels", "host_root", "launch_aliases", "loads_what_it_stores", "mutated_in_place",
+           "reads_other_writes"]
 
 
 def _accesses(fn: cst.FunctionDef) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
