@@ -232,7 +232,8 @@ _ESCAPE_MODULES = {
 }
 _ESCAPE_CALLS = {
     "sys._getframe": ("frames", "it reads the caller's frames"), "sys.settrace": ("frames", "it traces the caller"),
-    "sys.setprofile": ("frames", "it traces the caller"), "os.fork": ("processes", "a kernel starts no process"),
+    "sys.setprofile": ("frames", "it traces the caller"), "sys._current_frames": ("frames", "it reads every thread's frames"),
+    "os.fork": ("processes", "a kernel starts no process"),
     "os.forkpty": ("processes", "a kernel starts no process"), "os.system": ("processes", "a kernel starts no process"),
     "os.popen": ("processes", "a kernel starts no process"), "os.setsid": ("processes", "a kernel starts no session"),
     "os.kill": ("signals", "a kernel signals no process"), "os.remove": ("file writes", "a kernel edits no file"),
@@ -251,7 +252,13 @@ _ESCAPE_CALLS = {
 # Attributes that reach another function's or module's internals: its closure cells (a tripwire's
 # original), its globals, its namespace, its setter.
 _INTERNALS = frozenset({"__closure__", "cell_contents", "__globals__", "__code__", "__dict__", "__builtins__",
-                        "__setattr__", "__delattr__", "__setitem__"})
+                        "__setattr__", "__delattr__", "__setitem__",
+                        # frames, reached from a traceback or a generator as well as from sys._getframe
+                        "tb_frame", "f_back", "f_locals", "f_globals", "gi_frame", "cr_frame", "ag_frame"})
+# What only code that asks whether it is being judged reads: the interpreter's switch, the interpreter's
+# classes, the private functions the harness's tripwires stand in for, a function's qualified name.
+_JUDGE_PROBES = ("triton.runtime.interpreter", "torch.utils._python_dispatch", "threading._", "torch._C._dispatch")
+_NATIVE = ("torch.utils.cpp_extension", "cffi", "numba", "cupy")
 # Module attributes whose value tells the guards where code comes from.
 _IDENTITY = frozenset({"__name__", "__spec__", "__file__", "__loader__", "__package__", "__module__"})
 _PATCHABLE_ROOTS = {"torch", "triton", "tl", "harness", "os", "sys", "time", "threading", "builtins", "math", "np",
@@ -293,6 +300,12 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
                 elif root == "harness":
                     found.append(("module patching", "imports harness", "a kernel has no use for the harness that "
                                   "judges it", node.lineno))
+                if name.startswith(_NATIVE) or any(f"{name}.{a.name}".startswith(_NATIVE) for a in node.names):
+                    found.append(("native code", f"imports {name}", "native code runs below the guards that see "
+                                  "PyTorch work", node.lineno))
+                if name.startswith(_JUDGE_PROBES):
+                    found.append(("judge detection", f"imports {name}", "it can tell the judge's process from a "
+                                  "user's", node.lineno))
         elif isinstance(node, ast.Call):
             dotted = _dotted(node.func) or ""
             if dotted in _ESCAPE_CALLS or dotted.startswith(("os.exec", "os.spawn", "shutil.")):
@@ -311,9 +324,19 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
         elif isinstance(node, ast.Attribute) and (_dotted(node) or "").startswith("torch.library."):
             found.append(("module patching", f"uses {_dotted(node)}", "it can register kernels under torch's own "
                           "op names", node.lineno))
-        elif isinstance(node, ast.Attribute) and _dotted(node) == "sys.modules":
+        elif isinstance(node, ast.Attribute) and _resolved(_dotted(node), bound) == "sys.modules":
             found.append(("module patching", "reaches into sys.modules", "it can replace the harness's modules",
                           node.lineno))
+        elif isinstance(node, ast.Attribute) and (_resolved(_dotted(node), bound).startswith(_NATIVE)):
+            found.append(("native code", f"uses {_dotted(node)}", "native code runs below the guards that see "
+                          "PyTorch work", node.lineno))
+        elif isinstance(node, ast.Attribute) and (node.attr == "__qualname__"
+                                                  or _resolved(_dotted(node), bound).startswith(_JUDGE_PROBES)):
+            found.append(("judge detection", f"reads {_dotted(node) or node.attr}", "it can tell the judge's "
+                          "process from a user's and behave differently there", node.lineno))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "TRITON_INTERPRET" in node.value:
+            found.append(("judge detection", "names TRITON_INTERPRET", "it can run one way on the interpreter that "
+                          "judges it and another on the GPU", node.lineno))
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -330,7 +353,32 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
                     if root in _PATCHABLE_ROOTS or root in imported | set(bound) | {"torch"}:
                         found.append(("module patching", f"assigns to {assigned}", "it changes another module for "
                                       "every caller, the harness included", node.lineno))
+    found += _host_calls_in_kernels(tree)
     return sorted(found, key=lambda f: f[3])
+
+
+def _resolved(dotted: str | None, bound: dict[str, str]) -> str:
+    """`_s.modules` as `sys.modules` where `import sys as _s` bound `_s`."""
+    if not dotted:
+        return ""
+    root, _, rest = dotted.partition(".")
+    return f"{bound[root]}.{rest}".rstrip(".") if root in bound else dotted
+
+
+def _host_calls_in_kernels(tree: ast.Module) -> list[tuple[str, str, str, int]]:
+    """Calls, inside a kernel, of the module's own functions that are not kernels: compiled, Triton refuses
+    them; the interpreter runs them as Python, torch and all, inside the launch where the guards stand aside."""
+    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    host = {name for name, fn in functions.items() if not is_kernel(fn)}
+    found = []
+    for fn in functions.values():
+        if not is_kernel(fn):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in host:
+                found.append(("host code in a kernel", f"calls {node.func.id}() from kernel {fn.name}",
+                              "a kernel runs only @triton.jit functions", node.lineno))
+    return found
 
 
 def _bindings(tree: ast.Module) -> dict[str, str]:

@@ -268,6 +268,17 @@ def _compare(out: Any, ref: Any, meta: Expected) -> dict[str, Any]:
 
     if tuple(out.shape) != tuple(ref.shape):
         return {"shape_mismatch": [list(out.shape), list(ref.shape)]}
+    exact_ints = not (out.dtype.is_floating_point or out.dtype.is_complex or ref.dtype.is_floating_point
+                      or ref.dtype.is_complex) and meta.atol == 0 and meta.rtol == 0
+    if exact_ints:
+        # in int64, not float64: past 2**53 float64 cannot tell neighbouring integers apart
+        ai, ri = out.detach().to(torch.int64), ref.detach().to(device=out.device, dtype=torch.int64)
+        wrong = ai != ri
+        first_wrong = [int(v) for v in torch.nonzero(wrong)[0].tolist()] if bool(wrong.any().item()) else None
+        gap = (ai - ri).abs().to(torch.float64)
+        return {"max_abs_err": float(gap.max().item()) if gap.numel() else 0.0,
+                "max_rel_err": float((gap / ri.abs().to(torch.float64).clamp_min(1)).max().item()) if gap.numel() else 0.0,
+                "mismatched": int(wrong.sum().item()), "nan_mismatch": 0, "inf_mismatch": 0, "first_bad": first_wrong}
     a = out.detach().to(torch.float64) if not out.dtype.is_complex else out.detach()
     r = ref.detach().to(device=a.device, dtype=a.dtype)
     nan_a, nan_r = torch.isnan(a), torch.isnan(r)

@@ -125,7 +125,15 @@ def _launch_escape(kernel: Any, name: str, args: tuple[Any, ...], kwargs: dict[s
     copies are torch ops)."""
     if getattr(kernel, "pre_run_hooks", None):
         return f"a pre-run hook on {name}, which Triton runs inside the launch"
-    for value in [*args, *kwargs.values()]:
+    grid = kwargs.get("grid")
+    if grid is not None and not callable(grid) and (type(grid) not in (tuple, list) or any(
+            type(g) not in (int, bool) and type(g).__module__ != "numpy" for g in grid)):
+        return (f"the grid of {name} is a {type(grid).__name__} of {[type(g).__name__ for g in grid][:3]}, "
+                "not a tuple of ints: Triton reads it inside the launch")
+    values = [*args, *kwargs.values()]
+    while any(type(v) in (tuple, list) for v in values):  # a tuple argument's elements are launch arguments too
+        values = [e for v in values for e in (v if type(v) in (tuple, list) else (v,))]
+    for value in values:
         inner = value.base if type(value) in _HOLDERS else value
         if hasattr(type(inner), "data_ptr") and not plain_tensor(inner):
             return f"an argument of {name} that is a {type(inner).__name__}, not a tensor: its data_ptr() runs in the launch"
@@ -186,6 +194,7 @@ class Watch:
         self._install_tuning_zone()
         self._install_escape_tripwires()
         self._install_thread_and_fork_watch()
+        self._install_host_reads()
         _install_registration_watch({op.split("::")[0] for op in self.allow if "::" in op})
         self.state = global_state()
         self.integrity = integrity_snapshot()
@@ -419,6 +428,28 @@ class Watch:
             for name in names:
                 tripwire(owner, name, f"asked whether a dispatch mode is on ({name})", library_uses=True)
         _rebind_aliases(installed)
+
+    def _install_host_reads(self) -> None:
+        """`.numpy()` and `.tolist()` of a tensor larger than a few elements during a call: the data leaves for
+        NumPy or Python, which compute below the dispatcher (on a GPU the device-to-host copy shows it; on the
+        CPU interpreter these read the memory in place and no aten op runs)."""
+        import torch
+
+        watch = self
+        for name in ("numpy", "tolist"):
+            original = getattr(torch.Tensor, name)
+
+            def read(tensor: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+                log = watch.log
+                if log is not None and not watch.in_zone("ours") and tensor.numel() > HOST_COPY_LIMIT \
+                        and not _from_library(sys._getframe(1)):
+                    said = f"{tensor.numel()} elements read on the host (.{_name}())"
+                    if said not in log.host_copies:
+                        log.host_copies.append(said)
+                return _original(tensor, *args, **kwargs)
+
+            setattr(torch.Tensor, name, read)
+            _TRIPWIRED.append((f"torch.Tensor.{name}", torch.Tensor, name))
 
     def _install_thread_and_fork_watch(self) -> None:
         """A thread the kernel starts runs under the same fallback guard; a fork is counted."""

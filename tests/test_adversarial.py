@@ -97,7 +97,15 @@ def test_an_output_made_by_torch_copies_is_torch_doing_the_work(suite):
     assert [r.verdict for r in kept.runs] == ["correct", "correct"]  # the task's own wrapper casts too
 
 
-def test_switching_the_runtime_guard_off_is_itself_caught(judge, suite):
+def test_switching_the_runtime_guard_off_is_itself_caught(judge, suite, monkeypatch):
+    # the source reaches for torch's private dispatch module: named before it runs ...
+    run = judged(judge, suite, "guard_off.py")
+    assert "reads _python_dispatch._disable_current_modes" in run.rejected
+    # ... and, the static check switched off, the switch is caught when thrown
+    import harness.guards as guards
+
+    monkeypatch.setattr(guards, "static_guards", lambda *args, **kwargs: [])
+    monkeypatch.setattr(guards, "escape_guards", lambda *args, **kwargs: [])
     run = judged(judge, suite, "guard_off.py")
     assert "switched the runtime torch guard off (_disable_current_modes)" in run.rejected
 
