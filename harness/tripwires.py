@@ -119,6 +119,12 @@ def _holders() -> tuple[type, ...]:
 _HOLDERS: tuple[type, ...] = ()  # set when the launch counter is installed (triton imported then)
 
 
+def _torch_size() -> type:
+    import torch
+
+    return torch.Size
+
+
 def _launch_escape(kernel: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """What a launch would run below the guard: Triton calls a kernel's pre-run hooks and reads its pointer
     arguments' `data_ptr()` inside its launch code, where the guard stands aside (the interpreter's
@@ -126,7 +132,8 @@ def _launch_escape(kernel: Any, name: str, args: tuple[Any, ...], kwargs: dict[s
     if getattr(kernel, "pre_run_hooks", None):
         return f"a pre-run hook on {name}, which Triton runs inside the launch"
     grid = kwargs.get("grid")
-    if grid is not None and not callable(grid) and (type(grid) not in (tuple, list) or any(
+    plain = (tuple, list, _torch_size())  # `kernel[x.shape[:1]]`: a torch.Size is a tuple of ints too
+    if grid is not None and not callable(grid) and (type(grid) not in plain or any(
             type(g) not in (int, bool) and type(g).__module__ != "numpy" for g in grid)):
         return (f"the grid of {name} is a {type(grid).__name__} of {[type(g).__name__ for g in grid][:3]}, "
                 "not a tuple of ints: Triton reads it inside the launch")

@@ -48,3 +48,11 @@ def test_each_cheat_is_rejected_for_its_reason(tmp_path, name, reason):
 def test_the_honest_candidate_passes(tmp_path):
     p = _probe("p00_honest")
     assert candidate_rejection(tmp_path, p["ORIGINAL"], p["CANDIDATE"], p["ENTRY"], p["CALL"], p["REFERENCE"]) == ""
+
+
+def test_a_grid_given_as_a_torch_size_is_a_plain_grid(tmp_path):
+    # torch.Size subclasses tuple: the grid check must not take it for a grid that runs code in the launch
+    p = _probe("p00_honest")
+    sized = p["CANDIDATE"].replace("[(triton.cdiv(n, 256),)]", "[torch.Size([triton.cdiv(n, 256)])]")
+    assert sized != p["CANDIDATE"]
+    assert candidate_rejection(tmp_path, p["ORIGINAL"], sized, p["ENTRY"], p["CALL"], p["REFERENCE"]) == ""
