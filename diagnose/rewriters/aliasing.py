@@ -29,35 +29,32 @@ __all__ = ["accessed_parameters", "aliased_kernels", "host_root", "launch_aliase
            "reads_other_writes"]
 
 
-def _accesses(fn: cst.FunctionDef) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
-    """The address of every load and every store (atomics count as both) in the kernel."""
-    loads: list[cst.BaseExpression] = []
-    stores: list[cst.BaseExpression] = []
+def _accesses(fn: cst.FunctionDef) -> tuple[list[tuple[cst.BaseExpression, set[str]]],
+                                             list[tuple[cst.BaseExpression, set[str]]]]:
+    """Every load and every store (atomics count as both) of the kernel: its address, and the parameters
+    that address starts from (`blocks.pointer_roots`, through the kernel's plain assignments)."""
+    params = {p.name.value for p in fn.params.params}
+    assigned = plain_assignments(fn)
+    loads: list[tuple[cst.BaseExpression, set[str]]] = []
+    stores: list[tuple[cst.BaseExpression, set[str]]] = []
     for node in m.findall(fn, m.Call()):
         call = cst.ensure_type(node, cst.Call)
         name = dotted(call.func)
-        if not call.args:
+        if not call.args or not (name in ("tl.load", "tl.store") or name.startswith("tl.atomic_")):
             continue
         address = call.args[0].value
-        if name == "tl.load":
-            loads.append(address)
-        elif name == "tl.store":
-            stores.append(address)
-        elif name.startswith("tl.atomic_"):
-            loads.append(address)
-            stores.append(address)
+        access = (address, pointer_roots(address, assigned) & params)
+        if name != "tl.store":
+            loads.append(access)
+        if name != "tl.load":
+            stores.append(access)
     return loads, stores
-
-
-def _roots(address: cst.BaseExpression, fn: cst.FunctionDef) -> set[str]:
-    params = {p.name.value for p in fn.params.params}
-    return pointer_roots(address, plain_assignments(fn)) & params
 
 
 def accessed_parameters(fn: cst.FunctionDef) -> tuple[set[str], set[str]]:
     """The parameters the kernel loads through and those it stores through (atomics: both)."""
     loads, stores = _accesses(fn)
-    return set().union(*(_roots(a, fn) for a in loads)), set().union(*(_roots(a, fn) for a in stores))
+    return set().union(*(roots for _, roots in loads)), set().union(*(roots for _, roots in stores))
 
 
 def mutated_in_place(fn: cst.FunctionDef, name: str) -> bool:
@@ -83,16 +80,17 @@ def mutated_in_place(fn: cst.FunctionDef, name: str) -> bool:
 def reads_other_writes(fn: cst.FunctionDef) -> bool:
     """Whether a load reads a buffer the kernel stores to at an address no store of that buffer uses."""
     loads, stores = _accesses(fn)
-    stored = {root: {code(s) for s in stores if root in _roots(s, fn)}
-              for root in set().union(*(_roots(s, fn) for s in stores))}
-    return any(code(load) not in stored[root] for load in loads for root in _roots(load, fn) if root in stored)
+    stored_at: dict[str, set[str]] = {}
+    for address, roots in stores:
+        for root in roots:
+            stored_at.setdefault(root, set()).add(code(address))
+    return any(code(address) not in stored_at[root] for address, roots in loads for root in roots if root in stored_at)
 
 
 def loads_what_it_stores(fn: cst.FunctionDef) -> bool:
     """Whether the kernel loads any buffer it stores to, at any address (`out = load(out) + x`)."""
-    loads, stores = _accesses(fn)
-    stored = set().union(*(_roots(s, fn) for s in stores))
-    return any(_roots(load, fn) & stored for load in loads)
+    loaded, stored = accessed_parameters(fn)
+    return bool(loaded & stored)
 
 
 # Tensor methods and attributes that return a view of the tensor (`contiguous` and `reshape` may copy:
@@ -148,9 +146,7 @@ def launch_aliases(fn: cst.FunctionDef, call: cst.Call, scope: cst.CSTNode | Non
     """Whether the launch hands a parameter the kernel stores through and another it loads through views of
     one host tensor (`kernel[grid](buf, buf[:, 1:])`; with the launching function as `scope`, also through
     its names bound once to a view, `y = x` then `kernel[grid](x, y)`)."""
-    loads, stores = _accesses(fn)
-    loaded = set().union(*(_roots(a, fn) for a in loads))
-    stored = set().union(*(_roots(a, fn) for a in stores))
+    loaded, stored = accessed_parameters(fn)
     views = _views(scope)
     hosts = {param: _resolved(host_root(arg.value), views) for param, arg in launch_arguments(fn, call).items()}
     return any(p != q and hosts.get(p) is not None and hosts.get(p) == hosts.get(q)

@@ -323,19 +323,9 @@ def launch_grid_axes(module: cst.Module, call: cst.Call) -> list[cst.BaseExpress
     if not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
         return None
     index = call.func.slice[0].slice
-    if isinstance(index, cst.Index) and isinstance(index.value, cst.Tuple):
-        return [el.value for el in index.value.elements]
-    if not (isinstance(index, cst.Index) and isinstance(index.value, cst.Name)):
+    if not (isinstance(index, cst.Index) and isinstance(index.value, (cst.Tuple, cst.Name))):
         return None
-    name = index.value.value
-    scope = _launching_functions(module).get(id(call))
-    if scope is None:
-        return None
-    bound = [a.value for a in m.findall(scope, m.Assign())
-             if isinstance(a, cst.Assign) and [dotted(t.target) for t in a.targets] == [name]]
-    if len(bound) != 1:
-        return None
-    value = bound[0]
+    value = launch_grid_node(module, call)
     if isinstance(value, cst.Tuple):
         return [el.value for el in value.elements]
     if not (isinstance(value, cst.Lambda) and len(value.params.params) == 1 and isinstance(value.body, cst.Tuple)):

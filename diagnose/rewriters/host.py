@@ -34,17 +34,8 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from diagnose.rewriters.aliasing import launch_aliases, loads_what_it_stores
-from diagnose.rewriters.base import (
-    InJit,
-    Variant,
-    dotted,
-    is_jit,
-    jit_functions,
-    launching_function,
-    mask_argument,
-    register,
-)
+from diagnose.rewriters.aliasing import aliased_kernels, loads_what_it_stores
+from diagnose.rewriters.base import InJit, Variant, dotted, is_jit, jit_functions, mask_argument, register
 from diagnose.rewriters.blocks import names_in, number
 from diagnose.rewriters.hints import reaching
 from diagnose.rewriters.launch import jit_names
@@ -242,15 +233,11 @@ def _stores_unconditionally(module: cst.Module) -> bool:
     kernels = jit_functions(module)
     # a jit function another one calls: its parameters are its caller's values, loaded ones perhaps
     called = {dotted(cst.ensure_type(c, cst.Call).func) for fn in kernels.values() for c in m.findall(fn.body, m.Call())}
-    for fn in kernels.values():
-        if loads_what_it_stores(fn):
-            return False  # `out = load(out) + x`: it reads the zeros, which an empty output would not hold
-    for launch in m.findall(module, m.Call(func=m.Subscript())):
-        launched = kernels.get(dotted(cst.ensure_type(cst.ensure_type(launch, cst.Call).func, cst.Subscript).value))
-        if launched is not None and launch_aliases(launched, cst.ensure_type(launch, cst.Call),
-                                                   launching_function(module, cst.ensure_type(launch, cst.Call))):
-            return False  # the output handed in again as an input: the same reading of its zeros
+    if aliased_kernels(module):
+        return False  # the output handed in again as an input: it reads the zeros an empty output would not hold
     for name, fn in kernels.items():
+        if loads_what_it_stores(fn):
+            return False  # `out = load(out) + x`: the same reading of its zeros
         passed = {p.name.value for p in fn.params.params} if name in called else set()
         branches = m.findall(fn, m.If() | m.While() | m.For())
         last = fn.body.body[-1] if fn.body.body else None

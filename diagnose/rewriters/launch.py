@@ -231,9 +231,10 @@ def with_divisor(call: cst.Call, value: int | cst.BaseExpression) -> cst.Call:
 def _knob_grids(module: cst.Module, kernels: set[str], key: str) -> list[cst.BaseExpression | None]:
     """The grid, as written, of each launch of `kernels` that passes `key` (None: one not found)."""
     definitions = jit_functions(module)
-    return [launch_grid_node(module, call) for node in m.findall(module, m.Call(func=m.Subscript()))
-            if (call := cst.ensure_type(node, cst.Call)) and dotted(cst.ensure_type(call.func, cst.Subscript).value) in kernels
-            and key in launch_arguments(definitions.get(dotted(cst.ensure_type(call.func, cst.Subscript).value)), call)]
+    launches = [cst.ensure_type(node, cst.Call) for node in m.findall(module, m.Call(func=m.Subscript()))]
+    return [launch_grid_node(module, call) for call in launches
+            if (kernel := dotted(cst.ensure_type(call.func, cst.Subscript).value)) in kernels
+            and key in launch_arguments(definitions.get(kernel), call)]
 
 
 def _grid_follows(grid: cst.BaseExpression | None, key: str, knob: Knob | None) -> bool:

@@ -201,26 +201,23 @@ def _tile_plan(source: str) -> _TilePlan | None:
     axes = {a: b for a, b in blocks.axis_block.items() if b in names.values()}
     # Each grid must count its tile axes as `triton.cdiv(.., B)`, or by the name the block is bound to
     # (`BLOCK_M = 64` in the wrapper, the grid `(m + BLOCK_M - 1) // BLOCK_M`), which changes with it:
-    # `(m + 63) // 64` would keep the old size.
-    for grid in found.grids(tiled):
+    # `(m + 63) // 64` would keep the old size. A `lambda meta:` grid must read the block as `meta['BLOCK_M']`
+    # (or by that name): `lambda meta: ((M + 127) // 128, ...)` keeps the old count of programs.
+    def follows(count: cst.BaseExpression, block: str, in_lambda: bool) -> bool:
+        knob = current.get(block)
+        binding = knob and (knob.local or knob.param)
+        if binding and binding in names_in(count):
+            return True
+        if in_lambda:
+            return block in {cst.ensure_type(k, cst.SimpleString).evaluated_value
+                             for k in m.findall(count, m.SimpleString())}
+        return cdiv_divisor(count) is not None
+
+    lambdas = [g for kernel in tiled for g in found.lambdas_of.get(kernel, [])]
+    for grid, in_lambda in [*((g, False) for g in found.grids(tiled)), *((g, True) for g in lambdas)]:
         for a, block in axes.items():
-            knob = current.get(block)
-            binding = knob and (knob.local or knob.param)
-            if a < len(grid.elements) and cdiv_divisor(grid.elements[a].value) is None \
-                    and not (binding and binding in names_in(grid.elements[a].value)):
+            if a < len(grid.elements) and not follows(grid.elements[a].value, block, in_lambda):
                 return None
-    # `lambda meta: ((M + 127) // 128, ...)`: a lambda that reads neither meta's block nor its name keeps the
-    # old count of programs
-    for kernel in tiled:
-        for grid in found.lambdas_of.get(kernel, []):
-            for a, block in axes.items():
-                knob = current.get(block)
-                binding = knob and (knob.local or knob.param)
-                reads = {cst.ensure_type(k, cst.SimpleString).evaluated_value
-                         for k in m.findall(grid.elements[a].value, m.SimpleString())} if a < len(grid.elements) else set()
-                if a < len(grid.elements) and block not in reads \
-                        and not (binding and binding in names_in(grid.elements[a].value)):
-                    return None
     return _TilePlan(module, current, launched.named, shapes, found, tiled, found.grids(tiled), axes, parents)
 
 
