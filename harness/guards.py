@@ -345,8 +345,7 @@ def _escapes(source_file: str) -> list[tuple[str, str, str, int]]:
                                   "see its code come from", node.lineno))
                 assigned = _dotted(target) if isinstance(target, ast.Attribute) else None
                 if assigned:
-                    root, _, rest = assigned.partition(".")
-                    assigned = f"{bound[root]}.{rest}" if root in bound else assigned
+                    assigned = _resolved(assigned, bound)
                     root = assigned.split(".")[0]
                     # Any module's attribute: the worker's own machinery (json, uuid, torch's dispatch) is
                     # only as safe as every module it calls.
@@ -397,8 +396,7 @@ def _bindings(tree: ast.Module) -> dict[str, str]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             value = _dotted(node.value)
             if value:
-                root, _, rest = value.partition(".")
-                out[node.targets[0].id] = f"{out[root]}.{rest}".rstrip(".") if root in out else value
+                out[node.targets[0].id] = _resolved(value, out)
     return out
 
 

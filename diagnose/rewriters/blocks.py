@@ -19,7 +19,7 @@ from libcst.metadata import PositionProvider
 from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign
 
 __all__ = ["PIPELINE_KEYWORDS", "BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
-           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "with_range"]
+           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "trips_by_position", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -350,13 +350,19 @@ PIPELINE_KEYWORDS = frozenset({"num_stages", "loop_unroll_factor", "disallow_acc
                                 "warp_specialize", "disable_licm"})
 
 
+def trips_by_position(call: cst.Call) -> bool:
+    """Whether a `range` / `tl.range` call's keywords are only `PIPELINE_KEYWORDS`: its start, end and step are
+    the positions (`step=` or tl.range's `arg1=` by keyword would not be)."""
+    return all(a.keyword is None or a.keyword.value in PIPELINE_KEYWORDS for a in call.args)
+
+
 def block_loop(loop: cst.For, kernel: cst.FunctionDef, aranges: dict[str, str]) -> BlockLoop | None:
     """The loop's shape when its boundary terms are decidable (see the module's docstring), else None."""
     if not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Call):
         return None
     if dotted(loop.iter.func) not in ("range", "tl.range") or m.findall(loop.body, m.For() | m.While()):
         return None
-    if any(a.keyword is not None and a.keyword.value not in PIPELINE_KEYWORDS for a in loop.iter.args):
+    if not trips_by_position(loop.iter):
         return None  # `step=` (or tl.range's `arg1=`) by keyword: the trips are not what the positions say
     positional = [a.value for a in loop.iter.args if a.keyword is None]
     var = loop.target.value

@@ -41,7 +41,7 @@ from libcst.metadata import MetadataWrapper
 
 from diagnose.rewriters.aliasing import aliased_kernels, reads_other_writes
 from diagnose.rewriters.base import SubstituteNames, Variant, dotted, is_jit, mask_argument, register
-from diagnose.rewriters.blocks import PIPELINE_KEYWORDS, KernelLoops, assigned_names, calls_in, code, names_in
+from diagnose.rewriters.blocks import KernelLoops, assigned_names, calls_in, code, names_in, trips_by_position
 
 __all__ = ["LinearRecurrence", "linear_recurrences", "chunked_linear_scan"]
 
@@ -108,7 +108,7 @@ def _recurrence(loop: cst.For, kernel: cst.FunctionDef) -> _Recurrence | None:
     callee = dotted(loop.iter.func)
     if callee not in _LOOPS or (callee == "range" and any(a.keyword is not None for a in loop.iter.args)):
         return None  # `tl.range(0, T, num_stages=3)`: the loop as tl-range-pipelining leaves it
-    if any(a.keyword is not None and a.keyword.value not in PIPELINE_KEYWORDS for a in loop.iter.args):
+    if not trips_by_position(loop.iter):
         return None  # `step=` by keyword: the chunked loop passes its own step
     if reads_other_writes(kernel):
         return None  # a step reading what an earlier step stored: a chunk loads all its steps before storing any

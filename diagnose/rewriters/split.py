@@ -47,7 +47,7 @@ from diagnose.rewriters.base import (
     sm_count_statement,
     target_launch,
 )
-from diagnose.rewriters.blocks import PIPELINE_KEYWORDS, derived_names, names_in
+from diagnose.rewriters.blocks import derived_names, names_in, trips_by_position
 
 __all__ = ["split_reduction", "strided_loop"]
 
@@ -106,7 +106,7 @@ class _Plan:
         assert isinstance(loop, cst.For)
         if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) in ("range", "tl.range")
                 and 1 <= len([a for a in loop.iter.args if a.keyword is None]) <= 3) \
-                or any(a.keyword is not None and a.keyword.value not in PIPELINE_KEYWORDS for a in loop.iter.args):
+                or not trips_by_position(loop.iter):
             return None  # `step=` by keyword: the strided loop would pass the step twice
         zeros = m.Assign(value=m.Call(func=m.Attribute(value=m.Name("tl"), attr=m.Name("zeros"))))
         accumulators = {name for st in body[:at] for name in _assigned(st) if m.findall(st, zeros)}
