@@ -56,3 +56,18 @@ def test_a_grid_given_as_a_torch_size_is_a_plain_grid(tmp_path):
     sized = p["CANDIDATE"].replace("[(triton.cdiv(n, 256),)]", "[torch.Size([triton.cdiv(n, 256)])]")
     assert sized != p["CANDIDATE"]
     assert candidate_rejection(tmp_path, p["ORIGINAL"], sized, p["ENTRY"], p["CALL"], p["REFERENCE"]) == ""
+
+
+def test_host_functions_called_by_a_kernels_decorators_are_not_host_code_in_the_kernel(tmp_path):
+    # attorch's and Liger's form: the configs and heuristics come from the module's own functions
+    from harness.guards import escape_guards
+
+    source = tmp_path / "tuned.py"
+    source.write_text(
+        "import triton\nimport triton.language as tl\n\n\ndef configs():\n    return [triton.Config({'BLOCK': 64})]\n\n\n"
+        "def block_for(args):\n    return 64\n\n\n@triton.autotune(configs=configs(), key=['n'])\n"
+        "@triton.heuristics({'HALF': lambda args: block_for(args) // 2})\n@triton.jit\n"
+        "def k(x_ptr, n, BLOCK: tl.constexpr, HALF: tl.constexpr):\n    pass\n")
+    assert escape_guards(str(source)) == []
+    source.write_text(source.read_text().replace("    pass\n", "    h = block_for(n)\n"))
+    assert any("calls block_for() from kernel k" in reason for reason in escape_guards(str(source)))
