@@ -90,36 +90,107 @@ class Judge(Session):
         if not chosen:
             raise UserFacingError(f"task {info.name} has no case among {cases}", f"pick indices 0..{info.timed - 1}")
         indices = chosen + list(range(info.timed, len(info.cases)))
-        pins: list[int | None] = list(range(hosted.load.get("pins", 0))) or [None]
-        if hosted.load.get("pins") and self.backend == "cuda":
-            pins.append(None)  # and one call that tunes for real, on the caller's buffers
-        sets = max(seeds, 2)
+        pins = self._pins(hosted)
+        expected = info.has_reference or not own
+        case = indices[0]
         try:
             for case in indices:
-                result = CaseResult(case=info.cases[case], label=info.labels[case], heldout=case >= info.timed,
-                                    generated=case >= len(info.cases) - info.generated)
-                run.cases.append(result)
+                if self._probed(case) and not own and not self._in_domain(case, seeds):
+                    continue  # outside what the task's own kernel does: nobody is held to it
                 try:
-                    for seed in range(seeds):
-                        reason = self._check_seed(hosted, run, result, case, seed, sets, pins,
-                                                  expected=info.has_reference or not own)
-                        if reason:
-                            run.rejected = f"case {result.label}, seed {seed}{reason}"
-                            return Checked(run)
-                        if result.error:
-                            break
-                        result.seeds = seed + 1
-                finally:
-                    self._drop_large_case(hosted.worker, case)
+                    reason = self._check_case(hosted, run, case, seeds, pins, expected)
+                except UserFacingError as exc:
+                    if not (own and self._probed(case)):
+                        raise
+                    reason = str(exc)  # the reference or the inputs fail at this size: not the task's
+                result = run.cases[-1]
+                if own and self._probed(case):
+                    self._domain[case] = reason or _failure(result)
+                    if self._domain[case]:
+                        run.cases.pop()
+                        continue
+                if reason:
+                    run.rejected = reason
+                    return Checked(run)
                 if not result.correct:
                     return Checked(run)  # the first wrong case is reported; the rest would repeat it
         except WorkerFailed as exc:
-            run.rejected = str(exc)
             self._forget(hosted)
+            if own and self._probed(case):
+                # Its worker is gone: the generated cases after this one are probed afresh when a
+                # candidate meets them (`_in_domain`).
+                self._domain[case] = str(exc)
+                run.cases.pop()
+                return Checked(run)
+            run.rejected = str(exc)
             return Checked(run, failure=f"{kernel.role}: {exc}")
         if self.backend == "npu":
             run.artifacts = self._ask(hosted.worker, {"op": "artifacts"}).get("artifacts", [])
         return Checked(run)
+
+    def _pins(self, hosted: Hosted) -> list[int | None]:
+        """The autotune configs a check pins one by one (None: the kernel as it runs)."""
+        pins: list[int | None] = list(range(hosted.load.get("pins", 0))) or [None]
+        if hosted.load.get("pins") and self.backend == "cuda":
+            pins.append(None)  # and one call that tunes for real, on the caller's buffers
+        return pins
+
+    def _check_case(self, hosted: Hosted, run: KernelRun, case: int, seeds: int, pins: list[int | None],
+                    expected: bool) -> str | None:
+        """Check one case (appended to `run.cases`) over `seeds` input sets: a reason to reject, or None."""
+        assert self.info is not None
+        info = self.info
+        result = CaseResult(case=info.cases[case], label=info.labels[case], heldout=case >= info.timed,
+                            generated=case >= len(info.cases) - info.generated)
+        run.cases.append(result)
+        try:
+            for seed in range(seeds):
+                reason = self._check_seed(hosted, run, result, case, seed, max(seeds, 2), pins, expected=expected)
+                if reason:
+                    return f"case {result.label}, seed {seed}{reason}"
+                if result.error:
+                    break
+                result.seeds = seed + 1
+        finally:
+            self._drop_large_case(hosted.worker, case)
+        return None
+
+    # --- the domain of inferred held-out cases ---------------------------------------------
+
+    def _probed(self, case: int) -> bool:
+        """A case held to only where the task's own kernel passes it (`TaskInfo.probed`)."""
+        assert self.info is not None
+        return case in self.info.probed
+
+    def _in_domain(self, case: int, seeds: int) -> bool:
+        """Whether the task's own kernel passes `case` (checked on first asking, once per run)."""
+        with self._domain_lock:
+            if case not in self._domain:
+                self._domain[case] = self._own_failure(case, seeds)
+            return self._domain[case] is None
+
+    def _own_failure(self, case: int, seeds: int) -> str | None:
+        """Why the task's own kernel fails `case`; None where it passes."""
+        assert self.info is not None
+        run = KernelRun(role="task kernel", source=self.info.source_file)
+        try:
+            hosted = self._host(KernelSpec("task kernel"))
+        except KernelUnusable as exc:
+            return f"the task's own kernel cannot be loaded: {exc}"
+        with self._busy_lock(hosted.worker):
+            try:
+                reason = self._check_case(hosted, run, case, seeds, self._pins(hosted), self.info.has_reference)
+            except WorkerFailed as exc:
+                self._forget(hosted)
+                return str(exc)
+            except UserFacingError as exc:
+                return str(exc)
+        return reason or _failure(run.cases[-1])
+
+    def outside_domain(self) -> dict[str, str]:
+        """This run's generated cases the task's own kernel fails (label -> why): held against no one."""
+        assert self.info is not None
+        return {self.info.labels[case]: why for case, why in sorted(self._domain.items()) if why}
 
     def _load_reason(self, hosted: Hosted) -> str | None:
         """Static guards on the wrapper, and what importing the kernel did."""
@@ -370,6 +441,14 @@ class Judge(Session):
 def _timing(answer: dict[str, Any], warm_cache: bool, warmup_ms: int, rep_ms: int) -> Timing:
     return timing_of(answer["samples_ms"], warm_cache=warm_cache, rotating_buffers=int(answer.get("rotating_buffers", 1)),
                      warmup_ms=warmup_ms, rep_ms=rep_ms)
+
+
+def _failure(result: CaseResult) -> str | None:
+    """What went wrong in a checked case, None if nothing did."""
+    if result.correct:
+        return None
+    wrong = next((c for c in result.checks if not c.ok), None)
+    return result.error or f"output {result.checks.index(wrong) if wrong else 0} differs from the reference"
 
 
 def _check_for(result: CaseResult, i: int, ref: dict[str, Any], expected: list[dict[str, Any]] | None) -> CaseCheck:

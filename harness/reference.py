@@ -48,6 +48,9 @@ class TaskInfo:
     seed: int = 0
     inouts: list[int] = field(default_factory=list)  # of `exempt`, those read too: never poisoned
     kernel_file: str = ""  # the file defining the kernels the entry launches (what candidates rewrite)
+    # Cases a candidate is held to only where the task's own kernel passes them: the scaled-input case
+    # (`Task.scaled_case`), and cases drawn from ranges inferred from a call (`Task.inferred_ranges`).
+    probed: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -82,8 +85,9 @@ class ReferenceHost:
         if self.task is None:
             self.task = load_job_task(TaskSpec.from_json(spec))
         task = self.task
-        generated_cases = task.generated_cases(random.Random(seed), generated)
+        generated_cases = task.generated_cases(random.Random(seed), generated) + [task.scaled_case()]
         cases = list(task.cases) + list(task.heldout) + generated_cases
+        probed = list(range(len(cases) - (len(generated_cases) if task.inferred_ranges else 1), len(cases)))
         self.sets.clear()
         self.expected.clear()
         self.meta.clear()
@@ -98,7 +102,7 @@ class ReferenceHost:
             exempt=outputs + inouts, inouts=inouts, allow_torch=list(task.allow_torch), has_reference=task.reference is not None,
             warm_cache=task.warm_cache, family=task.family, files=task_files(task),
             bytes=[task.case_bytes(c) for c in task.cases], flops=[task.case_flops(c) for c in task.cases],
-            seed=seed)
+            seed=seed, probed=probed)
         self._cases = cases
         return asdict(self.info)
 

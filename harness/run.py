@@ -197,9 +197,11 @@ def _notes(report: RunReport, judge: Judge, options: RunOptions, candidate: bool
                                                   if candidate else ""))
         for role in options.references:
             _note(report, f"the task has no reference: --vs {role} is not timed")
-    if info.generated:
-        labels = info.labels[len(info.labels) - info.generated:]
-        _note(report, f"held-out cases drawn for seed {info.seed}: {'; '.join(labels)}")
+    drawn = info.labels[len(info.labels) - info.generated:-1]  # the last is the scaled-input case, in every run
+    if drawn:
+        _note(report, f"held-out cases drawn for seed {info.seed}: {'; '.join(drawn)}")
+    for label, why in judge.outside_domain().items():
+        _note(report, f"held-out case {label} is held against no kernel: the task's own kernel fails it ({why})")
 
 
 def _note(report: RunReport, text: str) -> None:

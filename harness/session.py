@@ -99,6 +99,10 @@ class Session:
         self._own_copies: set[str] = set()  # torch copies the task's own wrapper makes its outputs with
         self._contract_meta: dict[int, list[dict[str, Any]]] = {}  # this run's, with tolerances
         self._kernels_seen: dict[tuple[str, int], set[str]] = {}  # (worker, case) -> kernels its checks launched
+        # This run's generated cases from inferred ranges, probed on the task's own kernel: why it fails
+        # each (None where it passes). Candidates are held only to those it passes.
+        self._domain: dict[int, str | None] = {}
+        self._domain_lock = threading.Lock()
         self._loading: dict[tuple[str, str, str], threading.Lock] = {}
         self._busy: dict[str, threading.RLock] = {}  # per worker: one check at a time (its answers are live)
         self.info: TaskInfo | None = None
@@ -246,6 +250,7 @@ class Session:
         self._made = {}
         self._case_of = {}
         self._contract_meta = {}
+        self._domain = {}
         self._protect(self.info.files)
         return self.info
 

@@ -42,7 +42,7 @@ A task file defines (only the first three are required):
 
 A kernel file from the wild needs no task file: `task_from_call(FILE, "add(torch.randn(4096), torch.randn(4096))")`
 makes one case out of the example call (fresh random values per seed come from re-evaluating its
-arguments and keywords).
+arguments and keywords), and held-out cases out of its sizes (`harness.call_sizes`).
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.call_sizes import call_sizes, resized, size_ranges
 from harness.capture import Interception, device_for, intercept_entry
 from harness.entries import defining_file, entry_name, kernel_file_of, launch_code
 from harness.errors import UserFacingError
 from harness.ir.artifacts import Artifacts
 from harness.loading import load_kernel_module
 
-__all__ = ["DEFAULT_TOLERANCES", "Call", "Task", "TaskSpec", "capture_task",
+__all__ = ["DEFAULT_TOLERANCES", "INPUT_SCALE", "SCALE_KEY", "Call", "Task", "TaskSpec", "capture_task",
            "intercept_task", "load_job_task", "load_task", "task_files",
            "task_from_call", "task_name", "tolerance_for"]
 
@@ -75,6 +76,11 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "bfloat16": {"atol": 1e-2, "rtol": 2e-2},
 }
 _EXACT = {"atol": 0.0, "rtol": 0.0}
+# Every run also checks one held-out case with the floating-point inputs scaled: randn's values stay within
+# |x| < 6, and a kernel right only there (a polynomial for exp, a clamp, an fp16 intermediate) would pass
+# every other check. The judge holds candidates to it only where the task's own kernel passes it.
+INPUT_SCALE = 16.0
+SCALE_KEY = "input scale"
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ class Call:
 class Task:
     name: str
     entry: Callable[..., Any]
-    inputs: Callable[..., tuple[Any, ...]]
+    inputs: Callable[..., tuple[Any, ...] | Call]
     cases: list[dict[str, Any]]
     reference: Callable[..., Any] | None = None
     eager: Callable[..., Any] | None = None  # the speed stand-in; None: the reference
@@ -108,8 +114,11 @@ class Task:
     # The file defining the kernels the entry launches, which an optimize run rewrites: `source_file`,
     # unless that defines none and the entry's code names kernels of one other file (`kernel_file_of`).
     kernel_file: str = ""
-    keywords: Callable[[], dict[str, Any]] | None = None  # --call's keyword arguments, evaluated afresh
     heldout_ranges: dict[str, Any] = field(default_factory=dict)
+    # The ranges were inferred (a call's sizes, `harness.call_sizes`), not declared by someone who knows
+    # the kernel: each drawn case varies one size, and holds candidates only where the task's own kernel
+    # passes it.
+    inferred_ranges: bool = False
 
     def case_label(self, case: dict[str, Any]) -> str:
         return ",".join(f"{k}={_short(v)}" for k, v in case.items()) or "default"
@@ -122,21 +131,32 @@ class Task:
 
     def arguments(self, case: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """One call's positional and keyword arguments for `case`, freshly made."""
+        case = dict(case)
+        scale = case.pop(SCALE_KEY, None)
         made = self.inputs(**case)
-        keywords = self.keywords() if self.keywords is not None else {}
-        if isinstance(made, Call):
-            return tuple(made.args), {**keywords, **made.kwargs}
-        return tuple(made), keywords
+        args, kwargs = (tuple(made.args), dict(made.kwargs)) if isinstance(made, Call) else (tuple(made), {})
+        if scale is None:
+            return args, kwargs
+        return _scaled(args, scale), {k: _scaled(v, scale) for k, v in kwargs.items()}
+
+    def scaled_case(self) -> dict[str, Any]:
+        """The case checked with its inputs scaled (`INPUT_SCALE`): the first held-out case, the smallest
+        kind, else the first listed."""
+        return {**(self.heldout[0] if self.heldout else self.cases[0]), SCALE_KEY: INPUT_SCALE}
 
     def generated_cases(self, rng: Any, count: int) -> list[dict[str, Any]]:
         """`count` held-out cases drawn from `heldout_ranges` with `rng` (none without ranges)."""
         if not self.heldout_ranges or count <= 0 or not self.cases:
             return []
         out = []
-        for _ in range(count):
+        keys = list(self.heldout_ranges)
+        first = rng.randrange(len(keys))
+        for i in range(count):
             case = dict(rng.choice(self.cases))
-            for key, span in self.heldout_ranges.items():
-                case[key] = _draw(span, rng)
+            # Inferred ranges change one size a case: a kernel that needs one dimension as written (a
+            # power-of-two head) still meets held-out cases in the others.
+            for key in [keys[(first + i) % len(keys)]] if self.inferred_ranges else keys:
+                case[key] = _draw(self.heldout_ranges[key], rng)
             out.append(case)
         return out
 
@@ -255,10 +275,12 @@ def task_files(task: Task) -> list[str]:
 
 
 def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: str | None = None) -> Task:
-    """A one-case task from a kernel file and an example call such as `add(torch.randn(4096), y)`.
+    """A task from a kernel file and an example call such as `add(torch.randn(4096), y)`.
 
-    The call's function is the entry; its arguments, re-evaluated for each seed, are the inputs.
-    `reference` is an expression for a PyTorch callable (`torch.add`, `lambda x, y: x + y`).
+    The call's function is the entry; its arguments, re-evaluated for each seed, are the inputs of its one
+    timed case. `reference` is an expression for a PyTorch callable (`torch.add`, `lambda x, y: x + y`).
+    The integer literals that size the call's tensors give held-out cases: the call with one of them
+    smaller (`harness.call_sizes`).
     """
     import torch
     import triton
@@ -275,16 +297,19 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
         raise UserFacingError(f"--call {call!r} is not a single call of the launch wrapper",
                               'pass e.g. --call "add(torch.randn(4096), torch.randn(4096))"')
     entry = _eval(ast.unparse(tree.body.func), ns, "--call")
-    args_src = "(" + "".join(ast.unparse(a) + ", " for a in tree.body.args) + ")"
-    kwargs_src = "{" + ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in tree.body.keywords if k.arg) + "}"
-    args_code = compile(args_src, "<call>", "eval")
-    kw_code = compile(kwargs_src, "<call>", "eval")
+    example = tree.body
+    sizes = call_sizes(example)
+    codes: dict[tuple[tuple[int, int], ...], Any] = {}
 
-    def inputs() -> tuple[Any, ...]:
-        return eval(args_code, ns)  # noqa: S307 - the user's own expression
-
-    def keywords() -> dict[str, Any]:
-        return eval(kw_code, ns)  # noqa: S307 - the user's own expression
+    def inputs(**case: int) -> Call:
+        changed = tuple((sizes[key], value) for key, value in sorted(case.items()) if sizes.get(key, value) != value)
+        if changed not in codes:
+            body = resized(example, dict(changed))
+            source = "(" + "".join(ast.unparse(a) + ", " for a in body.args) + "), {" + \
+                ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in body.keywords if k.arg) + "}"
+            codes[changed] = compile(source, "<call>", "eval")
+        args, kwargs = eval(codes[changed], ns)  # noqa: S307 - the user's own expression
+        return Call(args, kwargs)
 
     ref = _eval(reference, ns, "--reference") if reference else None
     if ref is not None and not callable(ref):
@@ -298,7 +323,7 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
                 namespace=ns, path=str(Path(kernel_file).resolve()), source_file=source,
                 kernel_file=kernel_file_of(entry, source),
                 allow_torch=torch_calls(source, entry_name(entry)),
-                keywords=keywords if tree.body.keywords else None)
+                heldout_ranges=size_ranges(sizes), inferred_ranges=True)
 
 
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,
@@ -377,6 +402,18 @@ def _draw(span: Any, rng: Any) -> Any:
     if rng.random() < 0.5:
         value |= 1
     return max(lo, min(hi, value))
+
+
+def _scaled(value: Any, scale: float) -> Any:
+    """`value` with every floating-point tensor in it multiplied by `scale` (integers, flags and Python
+    scalars are the call's parameters, not its data)."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value * scale
+    if isinstance(value, (tuple, list)):
+        return type(value)(_scaled(v, scale) for v in value)
+    return value
 
 
 def _short(value: Any) -> str:

@@ -31,6 +31,10 @@ CHEATS = [
     ("p05_interpreter_env", "names TRITON_INTERPRET"),
     # int64 sums rounded through float64: the comparison itself was in float64
     ("p06b_int64_via_float64", '"max_abs_err": 256.0'),
+    # right at the call's one shape only: a held-out length drawn from the call's size catches it
+    ("p08_call_shape_only", '"label": "size1000='),
+    # right only on randn's range: the scaled-input case catches it
+    ("p10_randn_range_only", '"label": "input scale=16.0"'),
 ]
 
 

@@ -66,7 +66,10 @@ def render_run(report: RunReport, console: Any) -> None:
 
 
 def _row(case: CaseResult, run: KernelRun, speedups: dict[str, float]) -> tuple[list[str], str]:
-    label = case.label + (" (drawn for this run)" if case.generated else " (held out)" if case.heldout else "")
+    from harness.task import SCALE_KEY
+
+    label = case.label + (" (held out)" if SCALE_KEY in case.case or (case.heldout and not case.generated)
+                          else " (drawn for this run)" if case.generated else "")
     problem = ""
     if case.error:
         problem = case.error
