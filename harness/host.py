@@ -425,7 +425,7 @@ def _merge_log(total: CallLog, one: CallLog) -> None:
     total.launches += one.launches
     total.threads += one.threads
     total.forks += one.forks
-    for name in ("kernels", "foreign_streams", "torch_ops", "host_copies", "escapes"):
+    for name in ("kernels", "foreign_streams", "torch_ops", "host_copies", "escapes", "strided_copies"):
         have = getattr(total, name)
         have += [x for x in getattr(one, name) if x not in have]
     total.copied = {}  # addresses mean nothing once the call is over

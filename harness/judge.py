@@ -253,11 +253,13 @@ class Judge(Session):
             own = hosted.spec.trusted and not hosted.spec.stand_in
             if own:  # what the user's own wrapper does to make its outputs, a rewrite may do too
                 self._own_copies.update(t["op"] for c in calls for t in c.get("torch_outputs", []))
+                self._own_strided_copies |= any((c.get("log") or {}).get("strided_copies") for c in calls)
             for i, call in enumerate(calls):
                 if call.get("error"):
                     break
                 reason = (verdicts.call_reason(call, i, self._own_copies if not own else
-                                               {t["op"] for t in call.get("torch_outputs", [])}) or
+                                               {t["op"] for t in call.get("torch_outputs", [])},
+                                               strided_copies=own or self._own_strided_copies) or
                           verdicts.output_reason(call["outputs"], contract, bool(self.info.exempt)) or
                           verdicts.overlap_reason(call))
                 if reason:

@@ -97,6 +97,7 @@ class Session:
         self._trusted_import: set[str] | None = None
         self._contracts: dict[str, list[dict[str, Any]]] = {}  # case label -> the task kernel's outputs
         self._own_copies: set[str] = set()  # torch copies the task's own wrapper makes its outputs with
+        self._own_strided_copies = False  # whether it copies strided views with torch (harness.tripwires)
         self._contract_meta: dict[int, list[dict[str, Any]]] = {}  # this run's, with tolerances
         self._kernels_seen: dict[tuple[str, int], set[str]] = {}  # (worker, case) -> kernels its checks launched
         # This run's generated cases from inferred ranges, probed on the task's own kernel: why it fails
@@ -328,6 +329,7 @@ class Session:
             raise UserFacingError(f"the task's own kernel raised {first['error']} on case {self.info.labels[case]}",
                                   "fix the task's kernel first (kb run TASK shows the cases)")
         self._own_copies.update(t["op"] for c in answer["calls"] for t in c.get("torch_outputs", []))
+        self._own_strided_copies |= any((c.get("log") or {}).get("strided_copies") for c in answer["calls"])
         return first
 
     def _trusted_dir(self) -> Path:

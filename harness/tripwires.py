@@ -180,6 +180,9 @@ class CallLog:
     threads: int = 0  # threads started
     forks: int = 0
     copied: dict[int, str] = field(default_factory=dict)  # storage address -> the torch copy that wrote it
+    # Torch copies that read or wrote a strided view (`x.t().contiguous()`, a broadcast materialised): for a
+    # transpose or a permute that is the whole operation, whoever launches a kernel to copy it on.
+    strided_copies: list[str] = field(default_factory=list)
 
 
 class Watch:
@@ -318,6 +321,13 @@ class Watch:
             target = args[0] if name.endswith("_") and args else out
             if isinstance(target, torch.Tensor) and target.numel() > HOST_COPY_LIMIT:
                 log.copied[target.untyped_storage().data_ptr()] = f"aten::{name}"
+            source = args[1] if name.endswith("_") and len(args) > 1 else (args[0] if args else None)
+            strided = [t for t in (source, target) if isinstance(t, torch.Tensor) and t.numel() > HOST_COPY_LIMIT
+                       and not t.is_contiguous()]
+            if strided:
+                what = f"aten::{name} of a strided {tuple(strided[0].shape)} view"
+                if what not in log.strided_copies:
+                    log.strided_copies.append(what)
 
     def _host_copy(self, name: str, args: Any, out: Any, log: CallLog) -> None:
         import torch

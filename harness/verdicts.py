@@ -38,9 +38,11 @@ def _log_reason(log: dict[str, Any], state: list[str], tampered: list[str]) -> s
     return None
 
 
-def call_reason(record: dict[str, Any], index: int, allow_copies: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+def call_reason(record: dict[str, Any], index: int, allow_copies: set[str] = frozenset(),  # type: ignore[assignment]
+                strided_copies: bool = False) -> str | None:
     """Why one call of a check cannot be trusted, from what the worker saw during it. `allow_copies`:
-    the torch copies the task's own kernel makes its outputs with (a rewrite may keep them)."""
+    the torch copies the task's own kernel makes its outputs with (a rewrite may keep them);
+    `strided_copies`: whether the task's own kernel copies strided views with torch (then so may a rewrite)."""
     log = record.get("log") or {}
     where = f" {CALLS[index]}" if index < len(CALLS) and CALLS[index] else ""
     reason = _log_reason(log, record.get("state", []), record.get("tampered", []))
@@ -51,6 +53,9 @@ def call_reason(record: dict[str, Any], index: int, allow_copies: set[str] = fro
     made = [t for t in record.get("torch_outputs", []) if t["op"] not in allow_copies]
     if made:
         return f"torch fallback at runtime: output {made[0]['output']} was written by {made[0]['op']}, not by a kernel{where}"
+    if log.get("strided_copies") and not strided_copies:
+        return (f"torch fallback at runtime: {log['strided_copies'][0]}, data movement the task's own kernel "
+                f"leaves to its kernels{where}")
     if log.get("forks"):
         return f"the kernel forked a process{where}"
     if not log.get("launches"):

@@ -33,6 +33,8 @@ CHEATS = [
     ("p06b_int64_via_float64", '"max_abs_err": 256.0'),
     # right at the call's one shape only: a held-out length drawn from the call's size catches it
     ("p08_call_shape_only", '"label": "size1000='),
+    # the op done by a torch copy of a strided view, then copied on by a Triton kernel
+    ("p09_laundered_transpose", "aten::clone of a strided (80, 96) view"),
     # right only on randn's range: the scaled-input case catches it
     ("p10_randn_range_only", '"label": "input scale=16.0"'),
 ]
@@ -75,3 +77,9 @@ def test_host_functions_called_by_a_kernels_decorators_are_not_host_code_in_the_
     assert escape_guards(str(source)) == []
     source.write_text(source.read_text().replace("    pass\n", "    h = block_for(n)\n"))
     assert any("calls block_for() from kernel k" in reason for reason in escape_guards(str(source)))
+
+
+def test_a_strided_copy_the_task_kernel_makes_too_is_the_wrappers_design(tmp_path):
+    # the same wrapper as the task's own kernel: its torch copy of the transposed view is allowed to a rewrite
+    p = _probe("p09_laundered_transpose")
+    assert candidate_rejection(tmp_path, p["CANDIDATE"], p["CANDIDATE"], p["ENTRY"], p["CALL"], p["REFERENCE"]) == ""
