@@ -119,6 +119,7 @@ class Task:
     # the kernel: each drawn case varies one size, and holds candidates only where the task's own kernel
     # passes it.
     inferred_ranges: bool = False
+    smaller: dict[str, Any] = field(default_factory=dict)  # a call's sizes cut down, for its scaled-input case
 
     def case_label(self, case: dict[str, Any]) -> str:
         return ",".join(f"{k}={_short(v)}" for k, v in case.items()) or "default"
@@ -141,8 +142,10 @@ class Task:
 
     def scaled_case(self) -> dict[str, Any]:
         """The case checked with its inputs scaled (`INPUT_SCALE`): the first held-out case, the smallest
-        kind, else the first listed."""
-        return {**(self.heldout[0] if self.heldout else self.cases[0]), SCALE_KEY: INPUT_SCALE}
+        kind; else the first listed, with sizes inferred from a call cut to an eighth (the check of a
+        call's own size on the interpreter is what a run of a wild kernel spends its time on)."""
+        base = self.heldout[0] if self.heldout else {**self.cases[0], **self.smaller}
+        return {**base, SCALE_KEY: INPUT_SCALE}
 
     def generated_cases(self, rng: Any, count: int) -> list[dict[str, Any]]:
         """`count` held-out cases drawn from `heldout_ranges` with `rng` (none without ranges)."""
@@ -323,7 +326,8 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
                 namespace=ns, path=str(Path(kernel_file).resolve()), source_file=source,
                 kernel_file=kernel_file_of(entry, source),
                 allow_torch=torch_calls(source, entry_name(entry)),
-                heldout_ranges=size_ranges(sizes), inferred_ranges=True)
+                heldout_ranges=size_ranges(sizes), inferred_ranges=True,
+                smaller={key: value // 8 for key, value in sizes.items() if value >= 32})
 
 
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,

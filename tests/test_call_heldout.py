@@ -35,7 +35,7 @@ def test_a_size_moves_every_literal_of_its_value_but_not_launch_knobs():
     assert isinstance(call, ast.Call)
     assert ast.unparse(resized(call, {5000: 37})) == \
         "index_add(torch.randn(37, 64), torch.randint(0, 37, (900,)), 37, BLOCK=5000, n=37, num_warps=4)"
-    assert size_ranges({"size4096": 4096, "size5": 5}) == {"size4096": (256, 4095), "size5": (2, 4)}
+    assert size_ranges({"size4096": 4096, "size5": 5}) == {"size4096": (256, 2048), "size5": (2, 2)}
 
 
 def test_each_drawn_case_changes_one_size_and_the_inputs_follow(tmp_path):
@@ -78,7 +78,9 @@ def test_a_size_the_kernel_as_written_fails_is_held_against_no_one(tmp_path):
                       candidate=str(tmp_path / "rs.py"))
     assert report.run("baseline").correct and report.run("candidate").correct
     held = [c.label for c in report.run("candidate").cases if c.generated]
-    assert held[-1] == "input scale=16.0" and held[:-1] and all(label.startswith("size300=") for label in held[:-1])
+    # the scaled-input case takes the call's sizes cut to an eighth (64 stays a power of two)
+    assert held[-1] == "size300=37,size64=8,input scale=16.0"
+    assert held[:-1] and all(label.startswith("size300=") for label in held[:-1])
     assert any("size64=" in n and "held against no kernel" in n and "power of 2" in n for n in report.notes)
 
 
@@ -108,4 +110,5 @@ def test_a_kernel_wrong_on_wide_inputs_is_not_held_to_them(tmp_path):
     spec = TaskSpec(kernel=str(tmp_path / "own.py"), call=cheat["CALL"], reference=cheat["REFERENCE"])
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1), candidate=str(tmp_path / "own.py"))
     assert report.run("baseline").correct and report.run("candidate").correct
-    assert any(n.startswith("held-out case input scale=16.0 is held against no kernel") for n in report.notes)
+    assert any(n.startswith("held-out case size1000=125,input scale=16.0 is held against no kernel")
+               for n in report.notes)

@@ -36,7 +36,7 @@ CHEATS = [
     # the op done by a torch copy of a strided view, then copied on by a Triton kernel
     ("p09_laundered_transpose", "aten::clone of a strided (80, 96) view"),
     # right only on randn's range: the scaled-input case catches it
-    ("p10_randn_range_only", '"label": "input scale=16.0"'),
+    ("p10_randn_range_only", '"label": "size1000=125,input scale=16.0"'),
 ]
 
 

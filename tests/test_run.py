@@ -47,8 +47,9 @@ def test_correct_baseline_is_checked_per_case_and_seed_and_never_timed(judge):
     base = report.run("baseline")
     assert base.correct and report.failure is None and base.verdict == "correct"
     assert base.compared_with == "the reference" and isinstance(report.seed, int)
-    assert [c.label for c in base.cases] == ["n=1000", "n=4099", "n=17"]
-    assert [c.heldout for c in base.cases] == [False, False, True]
+    # the listed cases, the held-out one, and it again with inputs sixteen times wider
+    assert [c.label for c in base.cases] == ["n=1000", "n=4099", "n=17", "n=17,input scale=16.0"]
+    assert [c.heldout for c in base.cases] == [False, False, True, True]
     assert all(c.seeds == 2 for c in base.cases)
     check = base.cases[1].checks[0]
     assert check.dtype == "float32" and check.shape == [4099]
@@ -433,7 +434,7 @@ def test_a_large_case_leaves_every_worker_once_checked_or_timed_and_comes_back_w
         first = judge.check(KernelSpec("candidate", file=str(HARNESS / "add.py")), seeds=2)
         assert first.run.correct and held(judge) == 0
         again = judge.check(KernelSpec("candidate", file=str(HARNESS / "add.py")), seeds=2)  # staged anew
-        assert again.run.correct and [c.seeds for c in again.run.cases] == [2, 2, 2]
+        assert again.run.correct and [c.seeds for c in again.run.cases] == [2, 2, 2, 2]
         assert not judge.check(KernelSpec("wrong", file=str(HARNESS / "wrong.py")), seeds=2).run.correct
         timed = judge.time([KernelSpec("baseline"), KernelSpec("candidate", file=str(HARNESS / "add.py"))],
                            cases=[0, 1], warmup_ms=5, rep_ms=20)
