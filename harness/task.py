@@ -141,10 +141,11 @@ class Task:
         return _scaled(args, scale), {k: _scaled(v, scale) for k, v in kwargs.items()}
 
     def scaled_case(self) -> dict[str, Any]:
-        """The case checked with its inputs scaled (`INPUT_SCALE`): the first held-out case, the smallest
-        kind; else the first listed, with sizes inferred from a call cut to an eighth (the check of a
-        call's own size on the interpreter is what a run of a wild kernel spends its time on)."""
-        base = self.heldout[0] if self.heldout else {**self.cases[0], **self.smaller}
+        """The case checked with its inputs scaled (`INPUT_SCALE`): the held-out case whose sizes multiply
+        to the most (held-out cases are small, and one of a single element would say little); without
+        one, the first listed, with sizes inferred from a call cut to an eighth (the check of a call's own
+        size on the interpreter is what a run of a wild kernel spends its time on)."""
+        base = max(self.heldout, key=_extent) if self.heldout else {**self.cases[0], **self.smaller}
         return {**base, SCALE_KEY: INPUT_SCALE}
 
     def generated_cases(self, rng: Any, count: int) -> list[dict[str, Any]]:
@@ -406,6 +407,15 @@ def _draw(span: Any, rng: Any) -> Any:
     if rng.random() < 0.5:
         value |= 1
     return max(lo, min(hi, value))
+
+
+def _extent(case: dict[str, Any]) -> int:
+    """The product of a case's integer values: its size, as far as the case says (the first of equals wins)."""
+    product = 1
+    for value in case.values():
+        if type(value) is int and value > 0:
+            product *= value
+    return product
 
 
 def _scaled(value: Any, scale: float) -> Any:

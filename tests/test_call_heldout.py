@@ -112,3 +112,11 @@ def test_a_kernel_wrong_on_wide_inputs_is_not_held_to_them(tmp_path):
     assert report.run("baseline").correct and report.run("candidate").correct
     assert any(n.startswith("held-out case size1000=125,input scale=16.0 is held against no kernel")
                for n in report.notes)
+
+
+def test_the_scaled_case_is_the_largest_held_out_one():
+    from harness.task import Task
+
+    task = Task(name="t", entry=print, inputs=lambda n, m=1: (), cases=[dict(n=4096)],
+                heldout=[dict(n=1), dict(n=77, m=3), dict(n=200)])
+    assert task.scaled_case() == {"n": 77, "m": 3, "input scale": 16.0}
