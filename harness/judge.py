@@ -95,7 +95,7 @@ class Judge(Session):
         case = indices[0]
         try:
             for case in indices:
-                if self._probed(case) and not own and not self._in_domain(case, seeds):
+                if self._probed(case) and not own and not self._in_domain(case):
                     continue  # outside what the task's own kernel does: nobody is held to it
                 try:
                     reason = self._check_case(hosted, run, case, seeds, pins, expected)
@@ -155,14 +155,14 @@ class Judge(Session):
             self._drop_large_case(hosted.worker, case)
         return None
 
-    # --- the domain of inferred held-out cases ---------------------------------------------
+    # --- the cases held only where the task's own kernel passes them ------------------------
 
     def _probed(self, case: int) -> bool:
         """A case held to only where the task's own kernel passes it (`TaskInfo.probed`)."""
         assert self.info is not None
         return case in self.info.probed
 
-    def _in_domain(self, case: int, seeds: int) -> bool:
+    def _in_domain(self, case: int) -> bool:
         """Whether the task's own kernel passes `case` (checked on first asking, once per run)."""
         with self._domain_lock:
             if case not in self._domain:
@@ -188,7 +188,7 @@ class Judge(Session):
         return reason or _failure(run.cases[-1])
 
     def outside_domain(self) -> dict[str, str]:
-        """This run's generated cases the task's own kernel fails (label -> why): held against no one."""
+        """This run's probed cases the task's own kernel fails (label -> why): held against no one."""
         assert self.info is not None
         return {self.info.labels[case]: why for case, why in sorted(self._domain.items()) if why}
 

@@ -328,7 +328,8 @@ def task_from_call(kernel_file: str | os.PathLike[str], call: str, reference: st
                 kernel_file=kernel_file_of(entry, source),
                 allow_torch=torch_calls(source, entry_name(entry)),
                 heldout_ranges=size_ranges(sizes), inferred_ranges=True,
-                smaller={key: value // 8 for key, value in sizes.items() if value >= 32})
+                # a size under 256 stays: a head of 64 or a dot's K of 128 may be what the kernel needs
+                smaller={key: value // 8 for key, value in sizes.items() if value >= 256})
 
 
 def capture_task(path: str | os.PathLike[str], case: int = 0, target: str | None = None,
