@@ -100,8 +100,9 @@ class Session:
         self._own_strided_copies = False  # whether it copies strided views with torch (harness.tripwires)
         self._contract_meta: dict[int, list[dict[str, Any]]] = {}  # this run's, with tolerances
         self._kernels_seen: dict[tuple[str, int], set[str]] = {}  # (worker, case) -> kernels its checks launched
-        # This run's generated cases from inferred ranges, probed on the task's own kernel: why it fails
-        # each (None where it passes). Candidates are held only to those it passes.
+        # This run's probed cases (`TaskInfo.probed`: the wide-input case, cases drawn from a call's sizes),
+        # checked on the task's own kernel: why it fails each (None where it passes). Candidates are held
+        # only to those it passes.
         self._domain: dict[int, str | None] = {}
         self._domain_lock = threading.Lock()
         self._loading: dict[tuple[str, str, str], threading.Lock] = {}
