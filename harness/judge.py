@@ -166,11 +166,12 @@ class Judge(Session):
         """Whether the task's own kernel passes `case` (checked on first asking, once per run)."""
         with self._domain_lock:
             if case not in self._domain:
-                self._domain[case] = self._own_failure(case, 1)  # one seed tells whether it runs there
+                self._domain[case] = self._own_failure(case)
             return self._domain[case] is None
 
-    def _own_failure(self, case: int, seeds: int) -> str | None:
-        """Why the task's own kernel fails `case`; None where it passes."""
+    def _own_failure(self, case: int) -> str | None:
+        """Why the task's own kernel fails `case`, on one seed (enough to tell whether it runs there); None
+        where it passes."""
         assert self.info is not None
         run = KernelRun(role="task kernel", source=self.info.source_file)
         try:
@@ -179,7 +180,7 @@ class Judge(Session):
             return f"the task's own kernel cannot be loaded: {exc}"
         with self._busy_lock(hosted.worker):
             try:
-                reason = self._check_case(hosted, run, case, seeds, self._pins(hosted), self.info.has_reference)
+                reason = self._check_case(hosted, run, case, 1, self._pins(hosted), self.info.has_reference)
             except WorkerFailed as exc:
                 self._forget(hosted)
                 return str(exc)

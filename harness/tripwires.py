@@ -125,6 +125,14 @@ def _torch_size() -> type:
     return torch.Size
 
 
+def _copy_ends(name: str, args: Any, out: Any) -> tuple[Any, Any]:
+    """A copy op's source and destination: `dst.copy_(src)` writes its first argument; the others
+    (`clone`, `_to_copy`, `contiguous`, `_copy_from`, ...) read their first and return the copy."""
+    if name == "copy_":
+        return (args[1] if len(args) > 1 else None), (args[0] if args else None)
+    return (args[0] if args else None), out
+
+
 def _launch_escape(kernel: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """What a launch would run below the guard: Triton calls a kernel's pre-run hooks and reads its pointer
     arguments' `data_ptr()` inside its launch code, where the guard stands aside (the interpreter's
@@ -318,10 +326,9 @@ class Watch:
         if name in _COPIES and "copy" not in self.allow:
             import torch
 
-            target = args[0] if name.endswith("_") and args else out
+            source, target = _copy_ends(name, args, out)
             if isinstance(target, torch.Tensor) and target.numel() > HOST_COPY_LIMIT:
                 log.copied[target.untyped_storage().data_ptr()] = f"aten::{name}"
-            source = args[1] if name.endswith("_") and len(args) > 1 else (args[0] if args else None)
             strided = [t for t in (source, target) if isinstance(t, torch.Tensor) and t.numel() > HOST_COPY_LIMIT
                        and not t.is_contiguous()]
             if strided:
@@ -332,8 +339,7 @@ class Watch:
     def _host_copy(self, name: str, args: Any, out: Any, log: CallLog) -> None:
         import torch
 
-        source = args[1] if name == "copy_" and len(args) > 1 else (args[0] if args else None)
-        target = args[0] if name == "copy_" else out
+        source, target = _copy_ends(name, args, out)
         if isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor) \
                 and source.device.type != "cpu" and target.device.type == "cpu" and target.numel() > HOST_COPY_LIMIT:
             log.host_copies.append(f"{target.numel()} elements copied to the host ({name})")
