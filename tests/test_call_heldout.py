@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import random
 
+import pytest
 from conftest import candidate_rejection
 
 from harness.call_sizes import call_sizes, resized, size_ranges
@@ -120,3 +121,56 @@ def test_the_scaled_case_is_the_largest_held_out_one():
     task = Task(name="t", entry=print, inputs=lambda n, m=1: (), cases=[dict(n=4096)],
                 heldout=[dict(n=1), dict(n=77, m=3), dict(n=200)])
     assert task.scaled_case() == {"n": 77, "m": 3, "input scale": 16.0}
+
+
+# Rows summed after rounding to fp16: an error of about 2**-11 of each element, absolute in the row's sum,
+# so it grows sixteen-fold with the scaled inputs while the task's atol (set for randn) would not.
+ROW_SUM_FP16 = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + row, tl.sum(x.to(tl.float16).to(tl.float32), axis=0))
+
+
+def row_sum(x):
+    out = torch.empty(x.shape[0], device=x.device, dtype=x.dtype)
+    _row_sum[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out
+'''
+
+
+def test_the_scaled_case_asks_the_same_digits_of_larger_outputs(tmp_path):
+    (tmp_path / "own.py").write_text(ROW_SUM_FP16)
+    spec = TaskSpec(kernel=str(tmp_path / "own.py"), call="row_sum(torch.randn(300, 64))",
+                    reference="lambda x: x.sum(1)", tolerances={"atol": 2e-2, "rtol": 1e-3})
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1))
+    own = report.run("baseline")
+    assert own is not None and own.correct, own
+    assert not any("held against no kernel" in n for n in report.notes), report.notes
+    scaled = next(c for c in own.cases if "input scale" in c.case)
+    # a sum is linear: its outputs grow as its inputs do, and so does the atol they are held to
+    assert scaled.checks[0].atol == pytest.approx(16 * 2e-2) and scaled.checks[0].mismatched == 0
+    assert all(c.checks[0].atol == pytest.approx(2e-2) for c in own.cases if "input scale" not in c.case)
+
+
+def test_magnitude_growth_follows_the_outputs_within_its_limit():
+    import torch
+
+    from harness.reference import magnitude_growth
+
+    x = torch.randn(64, 64, dtype=torch.float64)
+    assert magnitude_growth(x, 16 * x, limit=256) == pytest.approx(16)
+    assert magnitude_growth(x @ x, (16 * x) @ (16 * x), limit=256) == pytest.approx(256)
+    assert magnitude_growth(x.exp(), (16 * x).exp(), limit=256) == 256  # exp's growth is cut at the limit
+    softmax = torch.softmax(x, dim=1), torch.softmax(16 * x, dim=1)
+    assert magnitude_growth(*softmax, limit=256) < 16  # normalised outputs barely grow
+    assert magnitude_growth(x, x / 16, limit=256) == 1.0  # atol never shrinks
+    assert magnitude_growth(torch.zeros(4), torch.ones(4), limit=256) == 1.0
+    assert magnitude_growth(torch.arange(4), 16 * torch.arange(4), limit=256) == 1.0  # integers are exact
