@@ -208,3 +208,16 @@ def test_beside_other_kernels_the_one_the_call_launches_is_split():
     (variant, *_) = split_reduction(source, {"launched": {"col_mean_kernel": {"num_warps": 4}}})
     assert "col_mean_kernel_split[(n_blocks, n_split)]" in variant.source
     assert "fill_kernel[(triton.cdiv(x.numel(), 256),)]" in variant.source
+
+
+def test_the_wrappers_own_names_are_left_to_it(tmp_path):
+    # the wrapper reads its own `n_blocks` after the launch and calls functools' `partial`: the split's
+    # locals take other names, so neither is overwritten on the way (a 16-bit output, through the workspace)
+    own = ROW_SUM_DRAFT.replace("import torch\n", "import torch\nfrom functools import partial\n", 1).replace(
+        "    M, N = x.shape\n", "    M, N = x.shape\n    n_blocks = M\n").replace(
+        "    return out\n", "    return partial(torch.narrow, out, 0, 0)(n_blocks)\n")
+    assert own.count("n_blocks") == 2
+    source = split_reduction(own, {})[-1].source
+    assert "    n_blocks_ = triton.cdiv(M, 32)\n" in source and "partial_ = torch.zeros_like(out" in source
+    (tmp_path / "row_sum.py").write_text(own)
+    _check(tmp_path, source, "row_sum", "row_sum(torch.randn(3, 700).half())", "lambda x: x.double().sum(1).to(x.dtype)")

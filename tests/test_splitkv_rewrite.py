@@ -307,3 +307,14 @@ def test_a_split_that_sees_only_keys_its_rows_mask_adds_nothing_and_no_nan(tmp_p
                  "torch.ones(q.shape[1], q.shape[1]).triu(1).bool(), float('-inf')), -1) @ v")
     call = "attention(torch.randn(2, 64, 16), torch.randn(2, 64, 16), torch.randn(2, 64, 16), True)"
     assert candidate_rejection(tmp_path, FLAGGED_CAUSAL, variant.source, "attention", call, reference, seeds=1) == ""
+
+
+def test_the_wrappers_own_names_are_left_to_it(tmp_path):
+    # the wrapper's `n_blocks` and `n_split`, set before the launch and read after it, stay the wrapper's
+    own = DECODE.replace("    o = torch.empty_like(q)\n", "    o = torch.empty_like(q)\n    n_blocks, n_split = B, 1\n").replace(
+        "    return o\n", "    return o[n_split - 1:n_blocks]\n")
+    assert own != DECODE
+    source = rewrite(PATTERN, own, {})[0].source
+    assert "n_blocks_ = " in source and "n_split_ = max(1," in source
+    _check(tmp_path, source, own, "decode", "decode(torch.randn(2, 4, 40), torch.randn(2, 300, 2, 40), "
+           "torch.randn(2, 300, 2, 40))", DECODE_REFERENCE)

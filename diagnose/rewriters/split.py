@@ -47,7 +47,7 @@ from diagnose.rewriters.base import (
     sm_count_statement,
     target_launch,
 )
-from diagnose.rewriters.blocks import derived_names, names_in, trips_by_position
+from diagnose.rewriters.blocks import derived_names, fresh_name, names_in, trips_by_position
 
 __all__ = ["split_reduction", "strided_loop"]
 
@@ -291,8 +291,13 @@ class _SplitLaunch(cst.CSTTransformer):
     """In the wrapper, `K[(G,)](args)` becomes: the split sized from the SM count, then
     `if n_split > 1: out.zero_(); K_split[(G, n_split)](args)` else the launch as it was."""
 
-    def __init__(self, kernel: str, out: str, grid: cst.BaseExpression, per_sm: int, max_split: int) -> None:
+    def __init__(self, kernel: str, out: str, grid: cst.BaseExpression, per_sm: int, max_split: int,
+                 taken: set[str]) -> None:
         self.kernel, self.out, self.grid, self.per_sm, self.max_split = kernel, out, grid, per_sm, max_split
+        # The wrapper's new locals, named apart from every name the module uses (a wrapper's own `n_blocks`
+        # read after the launch, functools' `partial`)
+        taken = set(taken)
+        self.blocks, self.splits, self.partial = (fresh_name(n, taken) for n in ("n_blocks", "n_split", "partial"))
         self.allocated = 0
         self.launched = 0
 
@@ -308,19 +313,21 @@ class _SplitLaunch(cst.CSTTransformer):
                 and m.matches(updated.body[0].value, m.Call(func=m.Subscript(value=m.Name(self.kernel))))):
             return updated
         call = cst.ensure_type(updated.body[0].value, cst.Call)
-        first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("n_blocks"))], self.grid)])
+        blocks, splits = self.blocks, self.splits
+        first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(blocks))], self.grid)])
         sms = sm_count_statement("132", "_kb_sm_count").with_changes(leading_lines=[cst.EmptyLine(
             comment=cst.Comment(f"# split the loop over programs until each SM has {self.per_sm} "
                                 f"(none when the grid fills them)"))])
-        split = cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * _kb_sm_count // max(1, n_blocks))))\n")
+        split = cst.parse_statement(
+            f"{splits} = max(1, min({self.max_split}, -(-{self.per_sm} * _kb_sm_count // max(1, {blocks}))))\n")
         split_call = call.with_changes(func=cst.Subscript(cst.Name(f"{self.kernel}_split"), [
-            cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks, n_split)")))]))
+            cst.SubscriptElement(cst.Index(cst.parse_expression(f"({blocks}, {splits})")))]))
         plain_call = call.with_changes(func=call.func.with_changes(
-            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("(n_blocks,)")))]))
+            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression(f"({blocks},)")))]))
         # Partials add up in fp32: straight into an fp32 output, else into an fp32 workspace cast into the
         # output once they are all in (atomics into fp16 round the running sum at every add: a gemv of 1000
         # terms split 16 ways was 2.5% off). The output's dtype decides at each launch.
-        into = "partial"
+        into = self.partial
         workspace_call = split_call.with_changes(args=[  # the output's argument only, not any name spelled alike
             a.with_changes(value=cst.Name(into)) if m.matches(a.value, m.Name(self.out)) else a for a in split_call.args])
         direct = [cst.parse_statement(f"{self.out}.zero_()\n"), updated.with_changes(body=[cst.Expr(split_call)],
@@ -332,7 +339,7 @@ class _SplitLaunch(cst.CSTTransformer):
         by_dtype = cst.If(test=cst.parse_expression(f"{self.out}.dtype == torch.float32"), body=cst.IndentedBlock(direct),
                           orelse=cst.Else(cst.IndentedBlock(workspace)))
         branch = cst.If(
-            test=cst.parse_expression("n_split > 1"),
+            test=cst.parse_expression(f"{splits} > 1"),
             body=cst.IndentedBlock([by_dtype]),
             orelse=cst.Else(cst.IndentedBlock([updated.with_changes(body=[cst.Expr(plain_call)], leading_lines=[])])),
             leading_lines=[])
@@ -346,8 +353,9 @@ def split_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
     if plan.kernel is None or plan.out_arg is None or plan.grid is None:
         return []
     out = []
+    taken = names_in(module)
     for params in _VARIANTS:
-        launch = _SplitLaunch(plan.kernel, plan.out_arg, plan.grid, params["per_sm"], params["max_split"])
+        launch = _SplitLaunch(plan.kernel, plan.out_arg, plan.grid, params["per_sm"], params["max_split"], taken)
         new = module.visit(launch).visit(_AddSplitKernel(plan.kernel))
         if launch.allocated == 1 and launch.launched == 1:
             out.append(Variant({"split": "loop over programs, atomics", **params}, new.code))

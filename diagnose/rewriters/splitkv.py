@@ -55,7 +55,7 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.blocks import assigned_names, code, infinity_sign, names_in, number
+from diagnose.rewriters.blocks import assigned_names, code, fresh_name, infinity_sign, names_in, number
 from diagnose.rewriters.online_softmax import UNKNOWN, Kind, LoopReader
 from diagnose.rewriters.split import strided_loop
 
@@ -301,8 +301,12 @@ class _SplitLaunch(cst.CSTTransformer):
     """`K[grid](args)` -> the split sized from the SM count; `K_partial[(*grid, n_split)](args, ...)` then
     `K_merge[grid](args, ...)` where it splits, the launch as it was elsewhere."""
 
-    def __init__(self, plan: _Plan, record: cst.BaseExpression, per_sm: int, max_split: int) -> None:
+    def __init__(self, plan: _Plan, record: cst.BaseExpression, per_sm: int, max_split: int, taken: set[str]) -> None:
         self.plan, self.record, self.per_sm, self.max_split = plan, record, per_sm, max_split
+        # The wrapper's new locals, named apart from every name the module uses (a wrapper's own `n_blocks`)
+        taken = set(taken)
+        self.names = {n: fresh_name(n, taken) for n in ("n_blocks", "n_split", "kb_record", "kb_partials")}
+        self.axes = [fresh_name(f"kb_axis{i}", taken) for i in range(len(plan.grid))] if len(plan.grid) > 1 else []
         self.launched = 0
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
@@ -318,27 +322,28 @@ class _SplitLaunch(cst.CSTTransformer):
                 func=cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(cst.parse_expression(grid)))]))
             return cst.SimpleStatementLine([cst.Expr(made)])
 
-        axes = ["n_blocks"] if len(self.plan.grid) == 1 else [f"kb_axis{i}" for i in range(len(self.plan.grid))]
+        blocks, splits, record, partials = (self.names[n] for n in ("n_blocks", "n_split", "kb_record", "kb_partials"))
+        axes = self.axes or [blocks]
         head: list[cst.BaseStatement] = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(n))], a)])
                                          for n, a in zip(axes, self.plan.grid, strict=True)]
         head[0] = head[0].with_changes(leading_lines=updated.leading_lines)
         if len(axes) > 1:
-            head.append(cst.parse_statement(f"n_blocks = {' * '.join(axes)}\n"))
+            head.append(cst.parse_statement(f"{blocks} = {' * '.join(axes)}\n"))
         head += [sm_count_statement("132", "_kb_sm_count").with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
                     f"# split the key loop over programs until each SM has {self.per_sm} (none when the grid "
                     "fills them); a second launch merges the splits"))]),
-                cst.parse_statement(f"n_split = max(1, min({self.max_split}, -(-{self.per_sm} * _kb_sm_count // max(1, n_blocks))))\n")]
-        record = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("kb_record"))], self.record)])
-        workspace = cst.parse_statement(f"kb_partials = torch.empty(n_blocks * n_split * kb_record, dtype=torch.float32, "
+                cst.parse_statement(
+                    f"{splits} = max(1, min({self.max_split}, -(-{self.per_sm} * _kb_sm_count // max(1, {blocks}))))\n")]
+        sized = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(record))], self.record)])
+        workspace = cst.parse_statement(f"{partials} = torch.empty({blocks} * {splits} * {record}, dtype=torch.float32, "
                                         f"device={self.plan.device}.device)\n")
         grid = ", ".join(axes)
-        partial = launch(f"{kernel}_partial", f"({grid}, n_split)", {_PARTIALS: "kb_partials", _RECORD: "kb_record"})
-        merge = launch(f"{kernel}_merge", f"({grid},)",
-                       {_PARTIALS: "kb_partials", _SPLITS: "n_split", _RECORD: "kb_record"})
+        partial = launch(f"{kernel}_partial", f"({grid}, {splits})", {_PARTIALS: partials, _RECORD: record})
+        merge = launch(f"{kernel}_merge", f"({grid},)", {_PARTIALS: partials, _SPLITS: splits, _RECORD: record})
         plain = updated.with_changes(body=[cst.Expr(call.with_changes(func=cst.ensure_type(call.func, cst.Subscript).with_changes(
             slice=[cst.SubscriptElement(cst.Index(cst.parse_expression(f"({grid},)")))])))], leading_lines=[])
-        branch = cst.If(test=cst.parse_expression("n_split > 1"),
-                        body=cst.IndentedBlock([record, workspace, partial, merge]),
+        branch = cst.If(test=cst.parse_expression(f"{splits} > 1"),
+                        body=cst.IndentedBlock([sized, workspace, partial, merge]),
                         orelse=cst.Else(cst.IndentedBlock([plain])))
         self.launched += 1
         return cst.FlattenSentinel([*head, branch])
@@ -365,8 +370,9 @@ def split_online_softmax(source: str, context: dict[str, Any]) -> list[Variant]:
     record = _record_size(plan, jit_functions(module)[plan.kernel])
     with_kernels = module.visit(_AddKernels(plan))
     out = []
+    taken = names_in(module)
     for params in _VARIANTS:
-        launch = _SplitLaunch(plan, record, params["per_sm"], params["max_split"])
+        launch = _SplitLaunch(plan, record, params["per_sm"], params["max_split"], taken)
         new = with_kernels.visit(launch)
         if launch.launched == 1:
             out.append(Variant({"split": "key loop over programs, log-sum-exp merge", **params,
