@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import profilers
+from harness import ncu
 from harness.errors import UserFacingError
 from harness.profilers import (
     NCU_METRICS,
@@ -197,10 +197,10 @@ def test_parse_ncu_rejects_non_time_duration_unit() -> None:
 
 
 def test_find_ncu_prefers_path_then_install_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(profilers.shutil, "which", lambda name: "/usr/bin/ncu" if name == "ncu" else None)
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/usr/bin/ncu" if name == "ncu" else None)
     assert find_ncu() == "/usr/bin/ncu"
 
-    monkeypatch.setattr(profilers.shutil, "which", lambda name: None)
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: None)
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     for version in ("2024.3.0", "2025.1.1"):
@@ -208,10 +208,10 @@ def test_find_ncu_prefers_path_then_install_dirs(tmp_path: Path, monkeypatch: py
         binary.parent.mkdir(parents=True)
         binary.write_text("#!/bin/sh\n")
         binary.chmod(0o755)
-    monkeypatch.setattr(profilers, "_NCU_CANDIDATES", (str(tmp_path / "nsight-compute" / "*" / "ncu"),))
+    monkeypatch.setattr(ncu, "_NCU_CANDIDATES", (str(tmp_path / "nsight-compute" / "*" / "ncu"),))
     assert find_ncu() == str(tmp_path / "nsight-compute" / "2025.1.1" / "ncu")
 
-    monkeypatch.setattr(profilers, "_NCU_CANDIDATES", (str(tmp_path / "nowhere" / "ncu"),))
+    monkeypatch.setattr(ncu, "_NCU_CANDIDATES", (str(tmp_path / "nowhere" / "ncu"),))
     assert find_ncu() is None
 
 
