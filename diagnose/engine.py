@@ -39,7 +39,7 @@ from harness.ir.artifacts import Artifacts
 from kb.home import KBHome
 from kb.patterns import Pattern, catalog_for
 
-__all__ = ["CONFIDENT", "diagnose", "question_topics", "why"]
+__all__ = ["CONFIDENT", "diagnose", "kb_unsearchable", "question_topics", "why"]
 
 CONFIDENT = 0.8
 _RISK_ORDER = {"low": 0, "medium": 1, "high": 2}
@@ -396,6 +396,19 @@ def _referenced(log: EvidenceLog, answer: Answer) -> list[Any]:
     return [e for e in log.items if e.id in cited]
 
 
+def kb_unsearchable(home: KBHome | None) -> str | None:
+    """Why the knowledge base cannot be searched in this process (no home, or the KB stack not
+    installed: a GPU worker's image may lack llama-index, chromadb, bm25s), None where it can. Diagnosis
+    then goes on without L1 retrieval and L4; a bench says so, since its strategies then stop at L3."""
+    if home is None:
+        return "no knowledge base given"
+    try:
+        import kb.retrieve  # noqa: F401 - what a search imports first
+    except ImportError as exc:
+        return f"the knowledge base at {home.root} cannot be searched here ({exc.name} is not installed)"
+    return None
+
+
 class _KBView:
     """The parts of the knowledge base diagnosis reads; absent parts degrade to notes, never errors."""
 
@@ -409,18 +422,14 @@ class _KBView:
     def open(cls, home: KBHome | None, release: str | None, notes: list[str]) -> _KBView:
         """`release` may name several, comma-separated (a compiler spread over repositories)."""
         view = cls()
-        if home is None:
-            notes.append("no knowledge base given: L1 retrieval and L4 compiler-source citations skipped")
+        unsearchable = kb_unsearchable(home)
+        if unsearchable is not None:
+            notes.append(f"{unsearchable}: L1 retrieval and L4 compiler-source citations skipped")
             return view
+        assert home is not None
         from kb.index import load_manifest
+        from kb.retrieve import Searcher, default_release
         from kb.symbols import SymbolStore
-
-        try:
-            from kb.retrieve import Searcher, default_release
-        except ImportError as exc:  # a GPU worker's image may lack the KB stack (llama-index, chromadb)
-            notes.append(f"the knowledge base at {home.root} cannot be searched here ({exc.name} is not installed): "
-                         "L1 retrieval and L4 compiler-source citations skipped")
-            return view
 
         if load_manifest(home, "patterns", "catalog") is not None:
             view._patterns = Searcher(home, "patterns", "catalog")

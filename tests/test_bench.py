@@ -463,3 +463,23 @@ def test_a_resumed_bench_takes_operators_a_later_session_adds(tmp_path):
     out = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "bench", "--resume", str(bench_dir), "--ops", "nope",
                                     "--stop-after", "0"])
     assert out.exit_code == 2 and "no operator nope in" in out.output
+
+
+def test_a_bench_says_once_when_its_deep_strategies_cannot_search_the_kb(tmp_path, monkeypatch, capsys):
+    # a GPU image without the KB stack: progressive and always-deep runs then stop at L3, and the report says so
+    from kb.home import KBHome
+
+    home = KBHome(tmp_path / "home").ensure()
+    monkeypatch.setitem(sys.modules, "kb.retrieve", None)  # import kb.retrieve now raises ImportError
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a"],
+                                      [Condition("deep", home=str(home.root)),
+                                       Condition("profile", strategy="profile-only", home=str(home.root))],
+                                      rounds=1, backend="interpreter"))
+    for _ in range(2):  # a resume says it on stderr again, and keeps one note
+        run_bench(bench_dir, stop_after=0, command=_command({}))
+        assert "warning: the knowledge base at" in capsys.readouterr().err
+    note = load_bench(bench_dir).note
+    assert note.count("cannot be searched here (kb.retrieve is not installed): the deep runs resumed from") == 1
+    assert "profile runs" not in note and "no L1 retrieval and no L4" in note
+    assert note in write_report(bench_dir)["note"]

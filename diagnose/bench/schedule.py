@@ -27,6 +27,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -266,6 +267,7 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
     spec = load_bench(bench_dir)
     todo = [j for j in jobs(bench_dir, spec) if j.state not in ("finished", "failed")]
     (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
+    _note_unsearchable(bench_dir, spec, todo)
     deadline = time.time() + stop_after if stop_after is not None else None
     if ray_address is not None:
         return _run_on_ray(bench_dir, spec, todo, ray_address, deadline, on_event, command)
@@ -313,6 +315,28 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
         _interrupt(live)
         raise
     return jobs(bench_dir, spec)
+
+
+def _note_unsearchable(bench_dir: Path, spec: BenchSpec, todo: list[Job]) -> None:
+    """Where a condition whose strategy reads the knowledge base (L1 retrieval, L4 compiler source) will
+    run jobs without it here, say so: on stderr, and once in the bench's note, so the report shows that
+    its runs from then on stop at L3 (a GPU image without the KB stack: own-d's 20 runs did, unsaid)."""
+    from diagnose.engine import kb_unsearchable
+    from kb.home import KBHome
+
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    for condition in spec.conditions:
+        if condition.strategy == "profile-only" or not any(j.condition.name == condition.name for j in todo):
+            continue
+        why = kb_unsearchable(KBHome.if_present(condition.home))
+        if why is None:
+            continue
+        which = f"{why}: the {condition.name} runs"
+        print(f"warning: {which} resumed now have no L1 retrieval and no L4", file=sys.stderr)
+        which = which[0].upper() + which[1:]
+        if which not in spec.note:  # said once, from the first invocation it was so
+            spec.note = (spec.note + " " if spec.note else "") + f"{which} resumed from {stamp} have no L1 retrieval and no L4."
+            _write_spec(bench_dir, spec)
 
 
 def _interrupt(children: set[subprocess.Popen[bytes]]) -> None:
