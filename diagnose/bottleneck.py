@@ -18,6 +18,9 @@ msprof) counters. Classes (finding kinds `profile.*`, matched by patterns' sympt
 - grid above the core count (Ascend): the profiler's Block Dim exceeds the vector cores;
 - uncoalesced (ncu): global loads or stores move many 32-byte sectors per request.
 
+A memory-bound or tensor-core finding read from fewer timed cases than the other bound holds is kept as
+worth checking, not a defect (`_minority`).
+
 Where the run's rooflines rest on the task's bytes/flops formula, the kernel's own work at the launch
 (`diagnose.work.kernel_work`: its tensors' bytes, its dots' FLOPs from its operands or its IR) is set
 beside it: a formula more than 2x off is said, and the kernel's work places the case instead; a run
@@ -27,7 +30,7 @@ without a formula is placed by the kernel's work alone.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 
 from diagnose.analyzers.ascend import DEFAULT_VECTOR_CORES
@@ -43,6 +46,7 @@ LAUNCH_US = 8.0  # kernels this short are dominated by launch and tail effects
 FAR_FROM_ROOF = 0.6
 NEAR_ROOF = 0.9  # of the copy bandwidth: from here a memory-bound kernel is healthy (profile.ok); issue 27's bar
 AT_COMPUTE_ROOF = 0.8  # of the measured matmul ceiling: little left for a rewrite to gain
+MINORITY_CONFIDENCE = 0.4  # a bound seen in fewer cases than the other: below REPORT_CONFIDENCE, worth checking
 HOST_FLAT = 1.5  # times within this ratio of each other are flat
 HOST_WORK_SPAN = 8.0  # ... while the work grows at least this many-fold
 HOST_MIN_GAIN = 1.2  # a fixed cost the run's geomean would not feel is left unsaid
@@ -75,6 +79,16 @@ def _numeric(profile: dict) -> dict:
     pipes = profile.get("pipes")
     out["pipes"] = {k: v for k, v in pipes.items() if isinstance(v, (int, float))} if isinstance(pipes, dict) else {}
     return out
+
+
+def _minority(finding: Finding, cases: int, others: int) -> Finding:
+    """A bound's finding read from fewer timed cases than the other bound holds (one small memory-bound size
+    of an attention whose other four sizes are compute-bound): worth checking, not a defect. The speedup is a
+    geomean over the cases, so the kernel is mostly the other bound's, and its rounds belong there."""
+    if finding.healthy or cases >= others:
+        return finding
+    return replace(finding, title=f"{finding.title} ({cases} of {cases + others} timed cases)",
+                   confidence=min(finding.confidence, MINORITY_CONFIDENCE))
 
 
 def _tensor_cores_underused(cases: list[_Timed], fp32_ceiling: float | None, log: EvidenceLog, where: str) -> list[Finding]:
@@ -116,6 +130,8 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
                                 "At this size the launch and the grid's tail dominate; more work per program or a "
                                 "persistent grid amortizes them.", [ev], [], "", "L2", 0.8))
     memory = [(c.label, r) for c in cases if (r := c.roofline) and r.bound == "memory" and c.timing.median_us >= LAUNCH_US]
+    compute_bound = [c for c in cases if (r := c.roofline) and r.bound == "compute" and c.timing.median_us >= LAUNCH_US]
+    first = len(findings)
     if memory:
         fractions = [r.fraction for _, r in memory]
         mid = median(fractions)
@@ -142,6 +158,7 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
         else:
             findings.append(Finding("profile.ok", "memory", f"memory-bound at {mid:.0%} of the copy roofline",
                                     "Within 10% of the measured copy bandwidth: little left to gain.", [ev], [], "", "L2"))
+        findings[first:] = [_minority(f, len(memory), len(compute_bound)) for f in findings[first:]]
     at_compute_roof = [(c.label, r) for c in cases if (r := c.roofline) and r.bound == "compute" and r.fraction >= AT_COMPUTE_ROOF]
     if at_compute_roof:
         label, r = at_compute_roof[0]
@@ -163,7 +180,8 @@ def classify(report: RunReport, log: EvidenceLog, work: KernelWork | None = None
                                     "A tensor-core matmul runs an order of magnitude above the fp32 CUDA-core rate; "
                                     "this one does not, so its dots are on FMA or its tensor cores starve.",
                                     [ev], [], "", "L2", 0.75))
-    findings += _tensor_cores_underused(cases, fp32_ceiling, log, where)
+    findings += [_minority(f, len(compute_bound), len(memory))
+                 for f in _tensor_cores_underused(cases, fp32_ceiling, log, where)]
     profiles = [c.profile for c in cases if isinstance(c.profile, dict)]
     if profiles:
         p = _numeric(profiles[-1])  # the largest case: the one whose behaviour dominates

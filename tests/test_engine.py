@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -188,6 +189,33 @@ def _dot_report(fractions: list[float], peak_tflops: float = 675.0) -> RunReport
                         roofline=Roofline(1e7, 1e12, 10.0, peak_tflops * f, "compute", f)) for i, f in enumerate(fractions)]
     return RunReport("mm", "cuda", "NVIDIA H200", [KernelRun("baseline", "k.py", cases)],
                      ceilings={"copy_gbps": 4200, "matmul_fp32_tflops": 51, "matmul_bf16_tflops": peak_tflops})
+
+
+def test_a_bound_seen_in_fewer_cases_than_the_other_is_worth_checking_not_a_defect():
+    """Attention on the H100: its smallest size fell below the ridge (memory-bound at 46% of copy), its other
+    four were compute-bound at 43% of the matmul ceiling; the memory finding drove a round of launch knobs,
+    every variant slower, before the exp2 fold that paid. The speedup is a geomean over cases: the kernel's
+    rounds belong to the bound most of its cases are at."""
+    memory = CaseResult(case={"n": 9}, label="n=9", timing=Timing(50.0, 50.0, 50.0, 100),
+                        roofline=Roofline(1e6, None, 460.0, None, "memory", 0.46))
+
+    def found(report: RunReport) -> dict:
+        return {f.kind: f for f in classify(report, EvidenceLog())}
+
+    mostly_dots = _dot_report([0.43, 0.43, 0.45, 0.40])
+    mostly_dots.runs[0].cases.append(memory)
+    kinds = found(mostly_dots)
+    assert kinds["dot.tile-underused"].defect and kinds["dot.tile-underused"].confidence == 0.8
+    assert not kinds["profile.memory-bound"].defect and "(1 of 5 timed cases)" in kinds["profile.memory-bound"].title
+    # and the other way round: one compute-bound size among memory-bound ones does not make the tiles a defect
+    mostly_memory = _dot_report([0.43])
+    mostly_memory.runs[0].cases += [replace(memory, case={"n": i}, label=f"n={i}") for i in (10, 11, 12)]
+    kinds = found(mostly_memory)
+    assert kinds["profile.memory-bound"].defect and not kinds["dot.tile-underused"].defect
+    # as many of each: both stand
+    even = _dot_report([0.43])
+    even.runs[0].cases.append(memory)
+    assert all(f.defect for f in found(even).values() if f.kind in ("profile.memory-bound", "dot.tile-underused"))
 
 
 def test_l2_says_tensor_core_dots_below_their_ceiling_are_the_tiles_and_ranks_it_first():
