@@ -174,3 +174,31 @@ def test_magnitude_growth_follows_the_outputs_within_its_limit():
     assert magnitude_growth(x, x / 16, limit=256) == 1.0  # atol never shrinks
     assert magnitude_growth(torch.zeros(4), torch.ones(4), limit=256) == 1.0
     assert magnitude_growth(torch.arange(4), 16 * torch.arange(4), limit=256) == 1.0  # integers are exact
+
+
+# Two outputs that grow differently with their inputs: a row's sum (linear) and its softmax (normalised).
+SUM_AND_SOFTMAX = ROW_SUM_FP16.replace(
+    "def _row_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):",
+    "def _row_sum(x_ptr, out_ptr, p_ptr, n, BLOCK: tl.constexpr):").replace(
+    "    tl.store(out_ptr + row, tl.sum(x.to(tl.float16).to(tl.float32), axis=0))\n",
+    "    tl.store(out_ptr + row, tl.sum(x.to(tl.float16).to(tl.float32), axis=0))\n"
+    "    e = tl.exp(tl.where(offs < n, x, -float('inf')) - tl.max(tl.where(offs < n, x, -float('inf')), axis=0))\n"
+    "    tl.store(p_ptr + row * n + offs, e / tl.sum(e, axis=0), mask=offs < n)\n").replace(
+    "    _row_sum[(x.shape[0],)](x, out, x.shape[1],",
+    "    p = torch.empty_like(x)\n    _row_sum[(x.shape[0],)](x, out, p, x.shape[1],").replace(
+    "    return out\n", "    return out, p\n")
+
+
+def test_each_output_of_the_scaled_case_grows_its_own_atol(tmp_path):
+    assert SUM_AND_SOFTMAX.count("return out, p") == 1
+    (tmp_path / "own.py").write_text(SUM_AND_SOFTMAX)
+    spec = TaskSpec(kernel=str(tmp_path / "own.py"), call="row_sum(torch.randn(300, 64))",
+                    reference="lambda x: (x.sum(1), torch.softmax(x, 1))", tolerances={"atol": 2e-2, "rtol": 1e-3})
+    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1))
+    own = report.run("baseline")
+    assert own is not None and own.correct, own
+    scaled = next(c for c in own.cases if "input scale" in c.case)
+    sums, softmax = scaled.checks
+    assert sums.atol == pytest.approx(16 * 2e-2)
+    # the softmax's outputs stay in [0, 1] and grow far less than its inputs: its atol stays near the task's
+    assert 2e-2 <= softmax.atol < 16 * 2e-2 / 2
