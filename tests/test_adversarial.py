@@ -136,11 +136,17 @@ def test_returning_memory_never_written_is_caught_by_its_poison(judge, suite):
 ])
 def test_a_kernel_that_stops_computing_once_timed_is_caught_by_the_timing_probe(judge, suite, name, reason):
     """Each computes honestly for as many calls on a buffer as a check makes, so the checks pass; the
-    timing's probe writes new values into a repetition's buffers and compares that call's output."""
+    timing's probe writes new values into a repetition's buffers and compares that call's output.
+
+    The checks pass it unless the allocator hands a later case of the same shape (the held-out case's
+    x16 copy) a buffer at the address an earlier case's had: the cheat's count per address then runs out
+    during the checks, which reject it for serving a result it made before. The probe must catch it
+    either way: the timed sets are of another shape, so its count starts again there."""
     judge.begin()
     try:
         checked = judge.check(KernelSpec("candidate", file=str(suite / name)), seeds=1)
-        assert checked.run.correct, checked.run.rejected
+        assert checked.run.correct or any(caught in (checked.run.rejected or "") for caught in (
+            "is the buffer an earlier call returned", "no Triton kernel was launched")), checked.run.rejected
         # Long enough for each of the 8 rotated input sets to come round more than three times.
         timed = judge.time([KernelSpec("baseline"), KernelSpec("candidate", file=str(suite / name))],
                            cases=[0], warmup_ms=2, rep_ms=150)
