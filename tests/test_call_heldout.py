@@ -146,13 +146,20 @@ def row_sum(x):
 '''
 
 
-def test_the_scaled_case_asks_the_same_digits_of_larger_outputs(tmp_path):
-    (tmp_path / "own.py").write_text(ROW_SUM_FP16)
+def _own_kernel_run(tmp_path, source: str, reference: str):
+    """The task's own kernel (`source`) checked against `reference` at atol 2e-2, rtol 1e-3: the run's report
+    and the own kernel's record, which must pass."""
+    (tmp_path / "own.py").write_text(source)
     spec = TaskSpec(kernel=str(tmp_path / "own.py"), call="row_sum(torch.randn(300, 64))",
-                    reference="lambda x: x.sum(1)", tolerances={"atol": 2e-2, "rtol": 1e-3})
+                    reference=reference, tolerances={"atol": 2e-2, "rtol": 1e-3})
     report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1))
     own = report.run("baseline")
     assert own is not None and own.correct, own
+    return report, own
+
+
+def test_the_scaled_case_asks_the_same_digits_of_larger_outputs(tmp_path):
+    report, own = _own_kernel_run(tmp_path, ROW_SUM_FP16, "lambda x: x.sum(1)")
     assert not any("held against no kernel" in n for n in report.notes), report.notes
     scaled = next(c for c in own.cases if "input scale" in c.case)
     # a sum is linear: its outputs grow as its inputs do, and so does the atol they are held to
@@ -191,12 +198,7 @@ SUM_AND_SOFTMAX = ROW_SUM_FP16.replace(
 
 def test_each_output_of_the_scaled_case_grows_its_own_atol(tmp_path):
     assert SUM_AND_SOFTMAX.count("return out, p") == 1
-    (tmp_path / "own.py").write_text(SUM_AND_SOFTMAX)
-    spec = TaskSpec(kernel=str(tmp_path / "own.py"), call="row_sum(torch.randn(300, 64))",
-                    reference="lambda x: (x.sum(1), torch.softmax(x, 1))", tolerances={"atol": 2e-2, "rtol": 1e-3})
-    report = run_task(spec, RunOptions(backend="interpreter", time=False, seeds=1))
-    own = report.run("baseline")
-    assert own is not None and own.correct, own
+    _, own = _own_kernel_run(tmp_path, SUM_AND_SOFTMAX, "lambda x: (x.sum(1), torch.softmax(x, 1))")
     scaled = next(c for c in own.cases if "input scale" in c.case)
     sums, softmax = scaled.checks
     assert sums.atol == pytest.approx(16 * 2e-2)
