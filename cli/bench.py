@@ -12,6 +12,7 @@ import click
 from cli.app import main
 from cli.options import (
     backend_option,
+    breadth_option,
     json_option,
     llm_options,
     open_home,
@@ -55,13 +56,14 @@ if TYPE_CHECKING:
               help="With --resume: comma-separated operators whose finished runs take their end-of-run measurement "
                    "again (after their task's stand-in or initial kernel changed).")
 @timing_window_options
+@breadth_option
 @json_option("Print the report as JSON.")
 @click.pass_context
 @user_errors
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
           strategy: str, workers: int, llm: str, llm_settings: dict[str, Any], backend: BackendName, bench_dir: Path | None, resume_dir: Path | None,
           stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, retime_ops: str | None,
-          warmup_ms: int | None, rep_ms: int | None, as_json: bool) -> None:
+          warmup_ms: int | None, rep_ms: int | None, breadth: int, as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
     import datetime
 
@@ -104,7 +106,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         home = str(Path(ctx.obj["home"]).resolve()) if ctx.obj.get("home") else None
         spec = BenchSpec(str(suite_dir.resolve()), names, [Condition(x, x, home) for x in strategies], rounds,
                          time_budget, llm, chosen, references=list(dict.fromkeys(versus)), warmup_ms=warmup_ms,
-                         rep_ms=rep_ms, llm_options=llm_settings if llm == "openai" else {})
+                         rep_ms=rep_ms, llm_options=llm_settings if llm == "openai" else {}, breadth=breadth)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         directory = bench_dir or open_home(ctx, create=True).root / "bench" / stamp
         create_bench(directory, spec)

@@ -13,6 +13,7 @@ import click
 from cli.app import main
 from cli.options import (
     backend_option,
+    breadth_option,
     cite_releases,
     diagnosis_home,
     json_option,
@@ -91,6 +92,7 @@ def find_run(home: str | None, run: str, fix: str = "see `kb rounds list`") -> P
               show_default=True, help="PyTorch stand-ins timed beside the initial and best kernels at the end "
                                       "(none: no stand-in).")
 @timing_window_options
+@breadth_option
 @click.option("--check-workers", "check_workers", type=click.IntRange(min=1), default=None,
               help="Processes that check a round's variants side by side (default: a quarter of the cores, at most 4).")
 @json_option("Print the final report as JSON.")
@@ -100,7 +102,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
              reference: str | None, atol: float | None, rtol: float | None, rounds: int, time_budget: float | None, llm: str, llm_settings: dict[str, Any],
              strategy: str, untargeted: bool, repair_baseline: bool, backend: BackendName, run_dir: Path | None, resume_run: str | None,
              release: str | None, stop_after: float | None, versus: tuple[str, ...], warmup_ms: int | None, rep_ms: int | None,
-             check_workers: int | None, as_json: bool) -> None:
+             breadth: int, check_workers: int | None, as_json: bool) -> None:
     """Rounds of diagnose -> rewrite -> validate on a task (a TASK file, or --kernel FILE --call EXPR);
     every step persisted, resumable."""
     import datetime
@@ -122,7 +124,7 @@ def optimize(ctx: click.Context, task_file: str | None, kernel_file: str | None,
     options = OptimizeOptions(rounds=rounds, time_budget_s=time_budget, llm=llm, strategy=strategy,
                               untargeted=untargeted, repair_baseline=repair_baseline, backend=backend, release=release,
                               references=stand_ins(versus), warmup_ms=warmup_ms, rep_ms=rep_ms,
-                              check_workers=check_workers, **llm_settings)
+                              check_workers=check_workers, breadth=breadth, **llm_settings)
     if options.backend == "interpreter":
         raise UserFacingError("kb optimize needs a device to time on (cuda or npu): the CPU interpreter's time is "
                               "not kernel performance", "run it on the GPU machine (kb run checks correctness here)")
@@ -176,6 +178,8 @@ def _echo_rounds(summary: RunSummary) -> None:
         speed = f"{h.speedup:.3f}x" if h.speedup else "-"
         click.echo(f"{h.round:>5} {h.parent or 0:>6} {h.level or '-':>5} {(h.finding or 'search'):<30} "
                    f"{h.pattern:<26} {h.outcome or h.state:<9} {speed:>8}")
+        if h.others:
+            click.echo(f"{'':>13}judged beside it: {', '.join(h.others)}")
         if h.outcome in ("rejected", "failed"):
             click.echo(f"{'':>13}why: {h.reason}")
         if h.cost:

@@ -151,6 +151,14 @@ def task_spec(task_file: str | None, kernel_file: str | None, call: str | None, 
                      tolerances=tolerances))
 
 
+def breadth_option(fn: F) -> F:
+    """Hypotheses judged side by side in a round (diagnose/composition.py)."""
+    return click.option("--breadth", type=click.IntRange(min=1), default=1, show_default=True,
+                        help="Hypotheses a round judges side by side against the same parent (deterministic "
+                             "rewrites), keeping the best; where several beat the parent, their rewrites stacked "
+                             "are judged too. 1: one a round.")(fn)
+
+
 def timing_window_options(fn: F) -> F:
     """--warmup-ms / --rep-ms: the do_bench windows of every kernel-case timing (default: the harness's)."""
     window = click.IntRange(min=1)

@@ -41,9 +41,13 @@ class OptimizeOptions:
     # A task's own kernel that fails its checks: start from the repair its diagnosis names (a sum the IR
     # adds in bf16 -> fp32-accumulation), checked first, instead of stopping (diagnose/baseline_repair.py).
     repair_baseline: bool = False
+    # Hypotheses a round judges side by side (pattern rewriters only): each one's variants against the same
+    # parent, the round keeping the best; where two or more beat the parent, their rewrites stacked on the
+    # best one's kernel are judged too (diagnose/composition.py). 1: one hypothesis a round.
+    breadth: int = 1
 
 
 # Options a resumed run keeps from its start (a run's rounds must be comparable with each other).
 KEPT_ON_RESUME = ("rounds", "llm", "strategy", "backend", "candidates", "repairs", "context_tokens",
                    "max_tokens_per_run", "llm_model", "llm_first", "untargeted",
-                   "repair_baseline")
+                   "repair_baseline", "breadth")

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from diagnose.composition import judged_stacks, picked, tagged
 from diagnose.end_of_run import time_the_end
 from diagnose.judging import (
     POOLED_NOTE,
@@ -365,9 +366,12 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
     from kb.patterns import catalog_for
 
     # rejected on this kernel: dropped; on an ancestor: once more, after the untried (breadth_first)
+    r: Round | None = None
     for hyp in breadth_first(hypotheses(answer, options, catalog_for(home)), rounds, lineage):
         if hyp.rewriter == "llm" and not budget_left(store.rounds(), options.max_tokens_per_run):
             continue
+        if r is not None and (hyp.rewriter != "pattern" or hyp.pattern in {h.pattern for h in [r.hypothesis, *r.others]}):
+            continue  # a wide round's further hypotheses: deterministic rewrites, one per pattern
         hyp.launched = launched
         if hyp.rewriter == "pattern":
             try:
@@ -379,17 +383,24 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
             fresh = [v for v in variants if _sha(v.source) not in seen]
             if not fresh:
                 continue  # no rewrite, or every variant was measured already in this run
-        key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
-        r = Round(idx, parent_idx, "planned", hyp, key, hyp.level, hyp.evidence, hyp.rewriter)
-        store.plan(r)
+        if r is not None:
+            r.others.append(hyp)
+        else:
+            key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
+            r = Round(idx, parent_idx, "planned", hyp, key, hyp.level, hyp.evidence, hyp.rewriter)
+        if hyp.rewriter != "pattern" or len(r.others) + 1 >= options.breadth:
+            break
+    if r is None:
+        return None
+    store.plan(r)
+    for hyp in [r.hypothesis, *r.others]:
         asked_by = hyp.finding or ("untargeted" if hyp.untargeted else "search")
         say(f"round {idx}: {asked_by} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level}, "
             f"record {hyp.record:.2f})")
-        (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
-        if hyp.rewriter == "llm":  # its prompt is built from the records, also when the round resumes
-            (store.dir / f"round-{idx:03d}.diagnosis.json").write_text(json.dumps(answer.to_dict()))
-        return r
-    return None
+    (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
+    if r.rewriter == "llm":  # its prompt is built from the records, also when the round resumes
+        (store.dir / f"round-{idx:03d}.diagnosis.json").write_text(json.dumps(answer.to_dict()))
+    return r
 
 
 def _lineage(rounds: list[Round], idx: int) -> set[int]:
@@ -487,6 +498,7 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
     llm_file = store.dir / f"round-{r.idx:03d}.llm.json"
     if r.state == "planned":
         llm = None
+        lines: list[str] | None = None  # a wide round's params lines, each naming its pattern
         try:
             if hyp.rewriter == "llm":
                 from kb.patterns import catalog_for
@@ -498,6 +510,16 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                 variants = [Variant({"from": "agent host"}, (store.dir / f"round-{r.idx:03d}.host.py").read_text())]
             else:
                 variants = rewrite(hyp.pattern, source, _context(task, hyp, parent))
+                lines = [tagged(hyp.pattern, v.params) for v in variants] if r.others else None
+                for other in r.others:
+                    try:
+                        extra = rewrite(other.pattern, source, _context(task, other, parent))
+                    except Exception as exc:  # noqa: BLE001 - as in planning: this pattern is skipped, not the round
+                        say(f"round {r.idx}: {other.pattern}'s rewriter failed on this kernel, skipped "
+                            f"({type(exc).__name__}: {first_line(exc)})")
+                        continue
+                    variants += extra
+                    lines = [*(lines or []), *(tagged(other.pattern, v.params) for v in extra)]
         except EndpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - a rewriter that fails is a failed round, not a failed run
@@ -513,16 +535,20 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                 say(f"round {r.idx}: {'rejected' if judged else 'failed'} (no candidate passed the checks)")
                 return
         seen = _measured_sources(store)
-        variants = [v for v in variants if _sha(v.source) not in seen]
-        if not variants:
+        kept: list[tuple[Variant, str]] = []
+        for v, line in zip(variants, lines or [repr(v.params) for v in variants]):
+            if _sha(v.source) not in seen:  # measured in this run, or made by another pattern of the round
+                seen.add(_sha(v.source))
+                kept.append((v, line))
+        if not kept:
             store.done(r.idx, "rejected", "the rewrite produced no change not already measured in this run")
             return
-        for i, v in enumerate(variants):
+        for i, (v, _) in enumerate(kept):
             (store.dir / f"round-{r.idx:03d}.v{i}.py").write_text(v.source)
-        (store.dir / f"round-{r.idx:03d}.variants").write_text(
-            "\n".join(repr(v.params) for v in variants) + "\n")
+        (store.dir / f"round-{r.idx:03d}.variants").write_text("\n".join(line for _, line in kept) + "\n")
+        variants = [v for v, _ in kept]
         store.rewritten(r.idx, str(store.dir / f"round-{r.idx:03d}.v0.py"), unified_diff(source, variants[0].source))
-    variant_files = sorted(store.dir.glob(f"round-{r.idx:03d}.v*.py"))
+    variant_files = sorted(store.dir.glob(f"round-{r.idx:03d}.v*.py"), key=lambda f: int(f.stem.rsplit(".v", 1)[1]))
     params = (store.dir / f"round-{r.idx:03d}.variants").read_text().splitlines()
     say(f"round {r.idx}: validating {len(variant_files)} variant(s): " + ", ".join(params[:len(variant_files)]))
     reports = validate_variants(judge, spec, parent, variant_files, entry, lambda msg: say(f"round {r.idx}: {msg}"))
@@ -532,6 +558,11 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
         return
     results = [(file, params[i] if i < len(params) else "", report, acceptable(report, options))
                for i, (file, report) in enumerate(zip(variant_files, reports))]
+    if r.others:
+        by_pattern = {h.pattern: h for h in [r.hypothesis, *r.others]}
+        results += judged_stacks(store.dir, r.idx, judge, spec, parent, entry, options, results,
+                                 lambda pattern, text: rewrite(pattern, text, _context(task, by_pattern[pattern], parent)),
+                                 lambda msg: say(f"round {r.idx}: {msg}"))
     composed = small_shape_variant(store.dir, r.idx, source, results, entry, options)
     if composed is not None:  # a winner on large inputs that lost the small ones: the parent's code there
         say(f"round {r.idx}: validating a small-shape path: {composed[1]}")
@@ -543,16 +574,17 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
     summary = [{"variant": p, "sha": _sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}
                for f, p, _, v in results]
     llm_record = {"llm": json.loads(llm_file.read_text())} if llm_file.is_file() else {}
+    others = [{"pattern": h.pattern, "finding": h.finding, "outcome": "lost"} for h in r.others]
     if best is None:
         store.done(r.idx, "rejected", "; ".join(f"{p or 'variant'}: {v[2]}" for _, p, _, v in results),
-                   {"variants": summary, **llm_record})
+                   {"variants": summary, **llm_record, **({"others": others} if others else {})})
         return
     file, p, report, (geomean, noise, why) = best
     chosen = store.dir / f"round-{r.idx:03d}.py"
     shutil.copyfile(file, chosen)
     store.rewritten(r.idx, str(chosen), unified_diff(source, chosen.read_text()))
     timings = {"variants": summary, "chosen": p, "report": report.to_dict(), "per_case": report.speedups(),
-               **llm_record}
+               **llm_record, **({"others": others} if others else {})}
     won = improvement(report, options)
     if won is not None:
         again = confirmed(judge, spec, parent, file, entry, options)
@@ -580,9 +612,11 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
             timings["per_case"] = report_again.speedups()
         else:
             first = ""
+        if r.others:
+            hyp, timings["others"] = picked(store, r, p)
         store.done(r.idx, "accepted", f"{p}: {won}{first}", timings, geomean)
         store.update_run(best_round=r.idx, best_path=str(chosen))
-        _write_best(store, r, hyp, geomean)
+        _write_best(store, r, hyp, geomean, timings.get("others", []))
         say(f"round {r.idx}: accepted ({geomean:.3f}x)")
     else:
         verdict = "slower than the parent" if geomean < 1 - noise else f"within noise {noise:.1%}"
@@ -607,13 +641,16 @@ def _rewritten_by(hyp: Hypothesis) -> str:
         hyp.rewriter, f"pattern {hyp.pattern} ({hyp.rewriter})")
 
 
-def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float) -> None:
+def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float,
+                others: list[dict[str, str]]) -> None:
     chosen = Path(store.dir / f"round-{r.idx:03d}.py").read_text()
     info = store.run()
+    stacked = [f"{o['pattern']} (for {o['finding'] or 'the launch search'})" for o in others if o["outcome"] == "composed"]
     header = (f'"""kernel-kb optimize: best kernel of run {info.id} (task {info.task}).\n\n'
               f"Round {r.idx} (parent round {r.parent or 0}): {hyp.finding or 'search'} -> {_rewritten_by(hyp)}; "
               f"diagnosed at {hyp.level}; evidence {', '.join(hyp.evidence) or '-'} "
               f"in round-{r.idx:03d}.diagnosis.md.\n"
+              + (f"Stacked on it in the same round: {', '.join(stacked)}.\n" if stacked else "")
               + (f"The rewrite makes true: {hyp.unblock}\n" if hyp.unblock else "")
               + f"Geomean speedup over its parent: {geomean:.3f}x. "
               f'History: kb rounds show {store.dir}\n"""\n')

@@ -44,13 +44,14 @@ def breadth_first(planned: list[Hypothesis], rounds: list[Round], lineage: set[i
     pair rejected twice in the lineage stays out."""
     parent = max(lineage)
     key = lambda h: (h.finding, h.pattern, h.rewriter)  # noqa: E731
-    done = lambda r: (r.hypothesis.finding, r.hypothesis.pattern, r.rewriter)  # noqa: E731 - a round's pair
     rejected: dict[tuple[str, str, str | None], list[int]] = {}
-    for r in rounds:
-        if r.outcome in ("rejected", "failed") and (r.parent or 0) in lineage:
-            rejected.setdefault(done(r), []).append(r.parent or 0)
+    for r in rounds:  # a wide round judged several pairs on its parent: each counts as tried there
+        for h, outcome in r.hypotheses_tried() if (r.parent or 0) in lineage else []:
+            if outcome in ("rejected", "failed"):
+                rejected.setdefault(key(h), []).append(r.parent or 0)
     blocked = {k for k, parents in rejected.items() if parent in parents or len(parents) > 1}
-    accepted = {done(r) for r in rounds if r.outcome == "accepted" and r.idx in lineage and r.hypothesis.finding}
+    accepted = {key(h) for r in rounds if r.idx in lineage for h, outcome in r.hypotheses_tried()
+                if outcome == "accepted" and h.finding}
     open_ = [h for h in planned if key(h) not in blocked]
     retry = [h for h in open_ if key(h) in rejected]
     again = [h for h in open_ if key(h) in accepted and h not in retry]

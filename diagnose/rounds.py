@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS run (
 CREATE TABLE IF NOT EXISTS rounds (
     idx INTEGER PRIMARY KEY, parent INTEGER, state TEXT NOT NULL, hypothesis TEXT NOT NULL, key TEXT NOT NULL,
     level TEXT, evidence TEXT, rewriter TEXT, candidate TEXT, diff TEXT, outcome TEXT, reason TEXT,
-    timings TEXT, speedup REAL, started REAL, finished REAL, cost TEXT, worked REAL
+    timings TEXT, speedup REAL, started REAL, finished REAL, cost TEXT, worked REAL, others TEXT
 );
 """
 
@@ -122,6 +122,10 @@ class Round:
     # Seconds its rewrite and validation took, summed over the invocations that worked on it (a round
     # resumed in a later session is not charged the time between); None for rounds recorded before.
     worked: float | None = None
+    # A wide round's further hypotheses (`OptimizeOptions.breadth`): their variants are judged beside the
+    # first's, and the round's `hypothesis` becomes the one whose variant it picked. What became of each
+    # is in `timings["others"]` once the round is done (`hypotheses_tried`).
+    others: list[Hypothesis] = field(default_factory=list)
 
     @property
     def seconds(self) -> float | None:
@@ -129,6 +133,19 @@ class Round:
         if self.worked is not None:
             return self.worked
         return self.finished - self.started if self.finished and self.started else None
+
+    def hypotheses_tried(self) -> list[tuple[Hypothesis, str]]:
+        """Every hypothesis the finished round judged, with what became of it: the round's own with its
+        outcome; a wide round's others "accepted" where its rewrite is part of the accepted kernel (composed
+        into it), else "rejected" (its variants lost to another's, or the round was rejected)."""
+        if self.state != "done":
+            return []
+        outcomes = {o.get("pattern"): o.get("outcome") for o in (self.timings or {}).get("others", [])}
+        out = [(self.hypothesis, self.outcome or "")]
+        for h in self.others:
+            composed = self.outcome == "accepted" and outcomes.get(h.pattern) == "composed"
+            out.append((h, "accepted" if composed else "rejected"))
+        return out
 
 
 class RoundsStore:
@@ -151,6 +168,8 @@ class RoundsStore:
             self._db.execute("ALTER TABLE rounds ADD COLUMN cost TEXT")
         if "worked" not in round_columns:  # before a round's work was summed over the invocations it took
             self._db.execute("ALTER TABLE rounds ADD COLUMN worked REAL")
+        if "others" not in round_columns:  # before wide rounds
+            self._db.execute("ALTER TABLE rounds ADD COLUMN others TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -191,9 +210,18 @@ class RoundsStore:
     # ---------------------------------------------------------------- rounds
     def plan(self, r: Round) -> None:
         self._db.execute(
-            "INSERT INTO rounds (idx, parent, state, hypothesis, key, level, evidence, rewriter, started) "
-            "VALUES (?, ?, 'planned', ?, ?, ?, ?, ?, ?)",
-            (r.idx, r.parent, json.dumps(asdict(r.hypothesis)), r.key, r.level, json.dumps(r.evidence), r.rewriter, time.time()))
+            "INSERT INTO rounds (idx, parent, state, hypothesis, key, level, evidence, rewriter, started, others) "
+            "VALUES (?, ?, 'planned', ?, ?, ?, ?, ?, ?, ?)",
+            (r.idx, r.parent, json.dumps(asdict(r.hypothesis)), r.key, r.level, json.dumps(r.evidence), r.rewriter, time.time(),
+             json.dumps([asdict(h) for h in r.others])))
+
+    def picked(self, idx: int, hypothesis: Hypothesis, others: list[Hypothesis]) -> None:
+        """A wide round's pick was another hypothesis's variant: that hypothesis becomes the round's (its
+        finding, level and evidence are what justified the kernel), the one planned first joins the others."""
+        self._db.execute("UPDATE rounds SET hypothesis = ?, level = ?, evidence = ?, rewriter = ?, others = ? "
+                         "WHERE idx = ?", (json.dumps(asdict(hypothesis)), hypothesis.level,
+                                           json.dumps(hypothesis.evidence), hypothesis.rewriter,
+                                           json.dumps([asdict(h) for h in others]), idx))
 
     def rewritten(self, idx: int, candidate: str, diff: str) -> None:
         self._db.execute("UPDATE rounds SET state = 'rewritten', candidate = ?, diff = ? WHERE idx = ?",
@@ -214,11 +242,12 @@ class RoundsStore:
 
     def rounds(self) -> list[Round]:
         rows = self._db.execute("SELECT idx, parent, state, hypothesis, key, level, evidence, rewriter, candidate, diff, "
-                                "outcome, reason, timings, speedup, started, finished, cost, worked FROM rounds "
+                                "outcome, reason, timings, speedup, started, finished, cost, worked, others FROM rounds "
                                 "ORDER BY idx")
         return [Round(r[0], r[1], r[2], Hypothesis.from_json(json.loads(r[3])), r[4], r[5], json.loads(r[6] or "[]"), r[7], r[8], r[9],
                       r[10], r[11], json.loads(r[12]) if r[12] else None, r[13], r[14], r[15],
-                      json.loads(r[16]) if r[16] else None, r[17]) for r in rows]
+                      json.loads(r[16]) if r[16] else None, r[17],
+                      [Hypothesis.from_json(h) for h in json.loads(r[18] or "[]")]) for r in rows]
 
     def tried(self) -> dict[str, str]:
         """key -> outcome of every finished round (a rejected hypothesis on the same parent is not retried)."""

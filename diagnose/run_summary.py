@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diagnose.llm import Usage
@@ -26,6 +26,8 @@ class RoundLine:
     speedup: float | None
     reason: str | None
     cost: dict[str, Any] | None = None  # the round's model calls (LLM rounds only)
+    # A wide round's other patterns, each "pattern (outcome)": composed into the pick, lost to it, or planned.
+    others: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ class RunSummary:
         return asdict(self)
 
 
+def _others(r: Round) -> list[str]:
+    outcomes = {o.get("pattern"): o.get("outcome") for o in (r.timings or {}).get("others", [])}
+    return [f"{h.pattern} ({outcomes.get(h.pattern) or r.state})" for h in r.others]
+
+
 def report(store: RoundsStore) -> RunSummary:
     info = store.run()
     rounds = store.rounds()
@@ -82,7 +89,7 @@ def report(store: RoundsStore) -> RunSummary:
                   if r.outcome in ("rejected", "failed")],
         per_case_best=(best.timings or {}).get("per_case") if best else None,
         history=[RoundLine(r.idx, r.parent, r.state, r.hypothesis.finding, r.hypothesis.pattern, r.rewriter, r.level,
-                           r.outcome, r.speedup, r.reason, r.cost) for r in rounds],
+                           r.outcome, r.speedup, r.reason, r.cost, _others(r)) for r in rounds],
         llm_cost=_total_cost(rounds),
     )
 

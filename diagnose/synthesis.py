@@ -84,10 +84,15 @@ def synthesize(home: KBHome, run_dirs: list[Path], into: Path | None = None) -> 
                 pid = _pattern_of(r, info.task, learned_dir, learned_dir_patterns, known, run_dir, summary)
                 if pid is None:
                     continue
-                _count(data["patterns"].setdefault(pid, {"tries": 0, "wins": 0, "speedups": [], "applied": [],
-                                                          "failed": []}), r, info.id, info.task,
-                       info.spec.family or "")
+                _count(data["patterns"].setdefault(pid, _fresh()), r, info.id, info.task, info.spec.family or "")
                 summary["updated"].add(pid)
+                # A wide round judged more patterns on the same parent: a try each, a win where its rewrite
+                # was stacked into the accepted kernel.
+                for other, outcome in r.hypotheses_tried()[1:]:
+                    if other.rewriter == "pattern" and other.pattern in known:
+                        _count(data["patterns"].setdefault(other.pattern, _fresh()), r, info.id, info.task,
+                               info.spec.family or "", other.finding, outcome == "accepted")
+                        summary["updated"].add(other.pattern)
         finally:
             store.close()
     for pid, s in data["patterns"].items():
@@ -103,11 +108,18 @@ def synthesize(home: KBHome, run_dirs: list[Path], into: Path | None = None) -> 
     return summary
 
 
-def _count(s: dict[str, Any], r: Round, run: str, task: str, family: str) -> None:
+def _fresh() -> dict[str, Any]:
+    return {"tries": 0, "wins": 0, "speedups": [], "applied": [], "failed": []}
+
+
+def _count(s: dict[str, Any], r: Round, run: str, task: str, family: str, finding: str | None = None,
+           won: bool | None = None) -> None:
+    """One try of a pattern in round `r`: the round's own (its finding and outcome), or with `finding` and
+    `won` given, another pattern a wide round judged."""
     s["tries"] = s.get("tries", 0) + 1
-    where = {"run": run, "round": r.idx, "task": task, "family": family, "finding": r.hypothesis.finding,
-             "level": r.level}
-    if r.outcome == "accepted":
+    where = {"run": run, "round": r.idx, "task": task, "family": family,
+             "finding": r.hypothesis.finding if finding is None else finding, "level": r.level}
+    if (r.outcome == "accepted") if won is None else won:
         s["wins"] = s.get("wins", 0) + 1
         s.setdefault("speedups", []).append(round(float(r.speedup or 1.0), 4))
         s.setdefault("applied", []).append(where)

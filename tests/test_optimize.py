@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from http.server import HTTPServer
 from pathlib import Path
@@ -45,10 +46,12 @@ def cost_us(source: str, pipelining_pays: bool = True) -> float:
 class TimedJudge(HarnessJudge):
     """Checks with the real harness (interpreter, sandboxed worker), then times by `cost_us`."""
 
-    def __init__(self, pipelining_pays: bool = True, die_on_call: int | None = None, kernel: Path = KERNEL) -> None:
+    def __init__(self, pipelining_pays: bool = True, die_on_call: int | None = None, kernel: Path = KERNEL,
+                 cost: Callable[[str], float] | None = None) -> None:
         super().__init__(OptimizeOptions(backend="interpreter", seeds=1), time=False)
         self.calls = 0
         self.pipelining_pays = pipelining_pays
+        self.cost = cost or (lambda source: cost_us(source, self.pipelining_pays))
         self.die_on_call = die_on_call
         self.kernel = kernel  # the task's own kernel file, whose text a baseline of None is timed by
 
@@ -63,7 +66,7 @@ class TimedJudge(HarnessJudge):
             if run.correct:
                 for case in run.cases:
                     if not case.heldout:
-                        t = cost_us(sources[run.role], self.pipelining_pays)
+                        t = self.cost(sources[run.role])
                         case.timing = Timing(t, t, t, 100, repeat_spread=0.0)
         return report
 

@@ -134,7 +134,7 @@ def _operator_row(job: Job, floor_us: float | None = None) -> dict[str, Any]:
         "memory_bound_fractions": _memory_fractions(final_report, best_role),
         "device": (info.baseline or {}).get("device"),
         "ceilings": (info.baseline or {}).get("ceilings"),
-        "patterns_tried": [r.hypothesis.pattern for r in rounds],
+        "patterns_tried": [r.hypothesis.pattern for r in rounds],  # each round's own (a wide round's pick)
         "llm_cost": summary.llm_cost,
     })
     return row

@@ -74,6 +74,7 @@ class BenchSpec:
     rep_ms: int | None = None
     # The LLM rewriter's settings for every run (OptimizeOptions fields: candidates, repairs, ...).
     llm_options: dict[str, Any] = field(default_factory=dict)
+    breadth: int = 1  # hypotheses a round judges side by side (OptimizeOptions.breadth)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchSpec:
@@ -241,7 +242,7 @@ def optimize_command(job: Job, spec: BenchSpec, stop_after: float | None) -> lis
     options = OptimizeOptions(rounds=spec.rounds, time_budget_s=spec.time_budget_s, llm=spec.llm,
                               strategy=job.condition.strategy, backend=spec.backend,
                               references=tuple(spec.references) if timed else (), warmup_ms=spec.warmup_ms,
-                              rep_ms=spec.rep_ms, **spec.llm_options)
+                              rep_ms=spec.rep_ms, breadth=spec.breadth, **spec.llm_options)
     request = JobRequest(task=str(job.task), run_dir=str(job.run_dir), resume=job.state == "partial",
                          options=options, home=job.condition.home,
                          stop_after=max(stop_after, 0.0) if stop_after is not None else None)
