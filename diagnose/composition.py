@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagnose.judging import Judge, acceptable, improvement, validate_variants
+from diagnose.judging import Judge, Judged, acceptable, improvement, validate_variants
 from diagnose.loop_options import OptimizeOptions
 from diagnose.rewriters.base import Variant
 from diagnose.rounds import Hypothesis, Round, RoundsStore
-from diagnose.small_shapes import Judged
 from harness.task import TaskSpec
 
 __all__ = ["STACK_KEY", "Winner", "judged_stacks", "patterns_of", "picked", "stacked_variants", "tagged", "winners"]

@@ -38,6 +38,7 @@ from diagnose.judging import (
     acceptable,
     confirmed,
     improvement,
+    second_look,
     validate_variants,
     why_rejected,
 )
@@ -365,13 +366,19 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
     seen = _measured_sources(store)
     from kb.patterns import catalog_for
 
+    catalog = catalog_for(home)
+    # A wide round's further hypotheses are structural rewrites, one per pattern: the launch knobs search
+    # a space of their own in their own rounds. In the H100's eight wide rounds (2026-12-05) knob searches
+    # beside a structural rewrite made 50 of the 79 variants and none won (one joined a stack at +0.3%).
+    knobs = {p.id for p in catalog if p.rewrite.kind == "launch-config-search"}
     # rejected on this kernel: dropped; on an ancestor: once more, after the untried (breadth_first)
     r: Round | None = None
-    for hyp in breadth_first(hypotheses(answer, options, catalog_for(home)), rounds, lineage):
+    for hyp in breadth_first(hypotheses(answer, options, catalog), rounds, lineage):
         if hyp.rewriter == "llm" and not budget_left(store.rounds(), options.max_tokens_per_run):
             continue
-        if r is not None and (hyp.rewriter != "pattern" or hyp.pattern in {h.pattern for h in [r.hypothesis, *r.others]}):
-            continue  # a wide round's further hypotheses: deterministic rewrites, one per pattern
+        if r is not None and (hyp.rewriter != "pattern" or hyp.pattern in knobs
+                              or hyp.pattern in {h.pattern for h in [r.hypothesis, *r.others]}):
+            continue
         hyp.launched = launched
         if hyp.rewriter == "pattern":
             try:
@@ -558,6 +565,7 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
         return
     results = [(file, params[i] if i < len(params) else "", report, acceptable(report, options))
                for i, (file, report) in enumerate(zip(variant_files, reports))]
+    results = second_look(judge, spec, results, parent, entry, options, lambda msg: say(f"round {r.idx}: {msg}"))
     if r.others:
         by_pattern = {h.pattern: h for h in [r.hypothesis, *r.others]}
         results += judged_stacks(store.dir, r.idx, judge, spec, parent, entry, options, results,
@@ -645,7 +653,8 @@ def _write_best(store: RoundsStore, r: Round, hyp: Hypothesis, geomean: float,
                 others: list[dict[str, str]]) -> None:
     chosen = Path(store.dir / f"round-{r.idx:03d}.py").read_text()
     info = store.run()
-    stacked = [f"{o['pattern']} (for {o['finding'] or 'the launch search'})" for o in others if o["outcome"] == "composed"]
+    stacked = [f"{o['pattern']} ({'for ' + o['finding'] if o['finding'] else 'no finding'})" for o in others
+               if o["outcome"] == "composed"]
     header = (f'"""kernel-kb optimize: best kernel of run {info.id} (task {info.task}).\n\n'
               f"Round {r.idx} (parent round {r.parent or 0}): {hyp.finding or 'search'} -> {_rewritten_by(hyp)}; "
               f"diagnosed at {hyp.level}; evidence {', '.join(hyp.evidence) or '-'} "

@@ -18,15 +18,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagnose.judging import verdict
+from diagnose.judging import Judged, verdict
 from diagnose.loop_options import OptimizeOptions
 from diagnose.rewriters.dispatch import size_dispatch
 from harness.measurement import RunReport, geomean
 
 __all__ = ["SizeSplit", "size_split", "small_shape_variant"]
 
-# (variant file, its params line, its report, acceptable(report)): a round's judged variants
-Judged = tuple[Path, str, RunReport, tuple[float | None, float, str]]
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,19 @@ def test_a_bench_hands_its_llm_settings_to_every_run(tmp_path):
     assert load_bench(bench_dir).llm_options == settings  # kept in bench.json: a resumed bench asks the same way
 
 
+def test_a_bench_hands_its_breadth_to_every_run_and_its_report_says_it(tmp_path):
+    from diagnose.bench import optimize_command
+    from diagnose.bench.job import JobRequest
+    from diagnose.bench.report import bench_report, to_markdown
+
+    bench_dir = tmp_path / "bench"
+    spec = create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a"], [Condition("a")], rounds=2,
+                                             backend="cuda", breadth=3))
+    assert JobRequest.from_json(optimize_command(jobs(bench_dir, spec)[0], spec, None)[-1]).options.breadth == 3
+    assert load_bench(bench_dir).breadth == 3  # kept in bench.json: a resumed bench runs its rounds as wide
+    assert "2 rounds per operator of 3 hypotheses each" in to_markdown(bench_report(bench_dir))
+
+
 def test_conditions_without_stand_ins_borrow_them_through_the_initial_kernel():
     from diagnose.bench.report import _borrow_references
 

@@ -332,6 +332,55 @@ def test_a_case_one_confirmation_reads_slower_is_timed_again_and_the_timings_poo
     store.close()
 
 
+class NearMissJudge(TimedJudge):
+    """The round's variants are timed with case m=8,n=128 of every pipelined variant `first` times slower
+    (0.97x of the parent against the 2% bar: within twice it); each timing alone after that reads it
+    `again` times slower."""
+
+    def __init__(self, first: float, again: float) -> None:
+        super().__init__()
+        self.first, self.again, self.alone = first, again, 0
+
+    def _slowed(self, report: RunReport, factor: float) -> RunReport:
+        for case in report.run("candidate").cases:
+            if case.timing is not None and case.label == "m=8,n=128":
+                case.timing = Timing(*(case.timing.median_us * factor,) * 3, 100, repeat_spread=0.0)
+        return report
+
+    def judge_all(self, spec, baseline, candidates, entry) -> list[RunReport]:
+        return [self._slowed(self(spec, baseline, c, entry), self.first) for c in candidates]
+
+    def confirm(self, spec, baseline, candidate, entry) -> RunReport:
+        self.alone += 1
+        return self._slowed(self(spec, baseline, candidate, entry), self.again)
+
+
+def test_a_variant_vetoed_by_a_case_within_twice_the_noise_is_timed_again_before_it_is_rejected(tmp_path):
+    # Among the variants the pipelined loop reads 1.429x on case m=4,n=256 and 0.970x on m=8,n=128 (geomean
+    # 1.18x): vetoed by a case slower than the 2% bar but within twice it. Timed again alone it reads 1.429x
+    # on both: pooled with the first reading, the case clears the bar, and the round's confirmation follows.
+    judge = NearMissJudge(first=1.429 / 0.97, again=1.0)
+    store = _run(tmp_path / "noise", rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.alone == 2  # the second look, then the round's confirmation
+    assert first.outcome == "accepted" and first.speedup == pytest.approx(1 / 0.7, rel=1e-6)
+    assert any("within twice the noise" in note for note in first.timings["report"]["notes"])
+    store.close()
+
+    # A regression that reads the same alone still vetoes: no confirmation follows.
+    judge = NearMissJudge(first=1.429 / 0.97, again=1.429 / 0.97)
+    store = _run(tmp_path / "real", rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.alone == 1 and first.outcome == "rejected" and "is 0.970x of the parent" in first.reason
+    store.close()
+
+    # A case slower by more than twice the noise is a regression as read: no second look.
+    judge = NearMissJudge(first=1.429 / 0.95, again=1.0)
+    store = _run(tmp_path / "far", rounds=1, judge=judge)
+    assert judge.alone == 0 and store.rounds()[0].outcome == "rejected"
+    store.close()
+
+
 class OneCaseSlowerJudge(TimedJudge):
     """Pipelining pays (1.43x) on every case but m=8,n=128, where it costs 1.5x more."""
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -26,10 +25,9 @@ from kb.home import KBHome
 
 
 def independent_cost(source: str) -> float:
-    """Two rewrites that pay independently: the pipelined loop 30% off, num_warps=2 10% off; nothing else moves."""
-    t = 100.0 * (0.7 if "tl.range(" in source else 1.0)
-    w = re.search(r"num_warps=(\d+)", source)
-    return t * (0.9 if w and w.group(1) == "2" else 1.0)
+    """Two rewrites that pay independently: the pipelined loop 30% off, the launch-true divisibility hints
+    10% off; nothing else moves (the launch knobs included)."""
+    return 100.0 * (0.7 if "tl.range(" in source else 1.0) * (0.9 if "_kb_multiple(" in source else 1.0)
 
 
 def _options(**kw) -> OptimizeOptions:
@@ -43,25 +41,26 @@ def test_a_wide_round_judges_two_hypotheses_and_stacks_their_winners(tmp_path):
     finally:
         judge.close()
     (r,) = store.rounds()
-    # The round planned the pipelining rewrite and the stage/warp knobs for the same finding, side by side.
-    assert r.hypothesis.pattern == "tl-range-pipelining" and [h.pattern for h in r.others] == ["num-stages"]
+    # The round planned the pipelining rewrite and, passing over the launch knobs (num-stages answers the same
+    # finding, the launch search comes next), the next structural rewrite that applies: the divisibility hints.
+    assert r.hypothesis.pattern == "tl-range-pipelining" and [h.pattern for h in r.others] == ["divisibility-hints"]
     chosen = r.timings["chosen"]
-    assert patterns_of(chosen) == ["tl-range-pipelining", "num-stages"], chosen
+    assert patterns_of(chosen) == ["tl-range-pipelining", "divisibility-hints"], chosen
     # The stack holds both rewrites, so the round pays both: 1 / (0.7 * 0.9), where either alone pays 1/0.7 or 1/0.9.
     assert r.outcome == "accepted" and r.speedup == pytest.approx(1 / (0.7 * 0.9), rel=1e-6)
     singles = [v["geomean"] for v in r.timings["variants"] if "stack" not in v["variant"] and v["geomean"]]
     assert max(singles) == pytest.approx(1 / 0.7, rel=1e-6)
     best = (store.dir / "best.py").read_text()
-    assert "tl.range(" in best and "num_warps=2" in best
-    assert "Stacked on it in the same round: num-stages (for pipelining.none)" in best
-    assert r.timings["others"] == [{"pattern": "num-stages", "finding": "pipelining.none", "outcome": "composed"}]
+    assert "tl.range(" in best and "_kb_multiple(" in best
+    assert "Stacked on it in the same round: divisibility-hints (no finding)" in best
+    assert r.timings["others"] == [{"pattern": "divisibility-hints", "finding": "", "outcome": "composed"}]
     assert [(h.pattern, outcome) for h, outcome in r.hypotheses_tried()] == [
-        ("tl-range-pipelining", "accepted"), ("num-stages", "accepted")]
-    assert report(store).history[0].others == ["num-stages (composed)"]  # as `kb rounds show` lists it
+        ("tl-range-pipelining", "accepted"), ("divisibility-hints", "accepted")]
+    assert report(store).history[0].others == ["divisibility-hints (composed)"]  # as `kb rounds show` lists it
     # The files of the round agree with its listing: one params line per variant file, the stack's last.
     listing = (store.dir / "round-001.variants").read_text().splitlines()
     assert len(listing) == len(list(store.dir.glob("round-001.v*.py")))
-    assert patterns_of(listing[-1]) == ["tl-range-pipelining", "num-stages"]
+    assert patterns_of(listing[-1]) == ["tl-range-pipelining", "divisibility-hints"]
     store.close()
 
 
@@ -87,7 +86,7 @@ class StopAtTheStack(TimedJudge):
 
 
 def _holds_both(source: str) -> bool:
-    return "tl.range(" in source and "num_warps=2" in source
+    return "tl.range(" in source and "_kb_multiple(" in source
 
 
 def test_a_wide_round_killed_while_judging_its_stack_resumes_and_judges_it_once(tmp_path):
@@ -192,8 +191,8 @@ def test_synthesis_counts_every_pattern_a_wide_round_judged(tmp_path):
     summary = synthesize(kb_home, [tmp_path / "run"])
     assert summary["rounds"] == 1
     assert summary["stats"]["tl-range-pipelining"] == {"tries": 1, "wins": 1}
-    assert summary["stats"]["num-stages"] == {"tries": 1, "wins": 1}
+    assert summary["stats"]["divisibility-hints"] == {"tries": 1, "wins": 1}
     stats = json.loads((Path(kb_home.patterns_dir) / "stats.json").read_text())
-    (applied,) = stats["patterns"]["num-stages"]["applied"]
-    assert applied["finding"] == "pipelining.none" and math.isclose(stats["patterns"]["num-stages"]["speedups"][0],
-                                                                     1 / (0.7 * 0.9), rel_tol=1e-3)
+    (applied,) = stats["patterns"]["divisibility-hints"]["applied"]
+    assert applied["finding"] == "" and math.isclose(stats["patterns"]["divisibility-hints"]["speedups"][0],
+                                                     1 / (0.7 * 0.9), rel_tol=1e-3)

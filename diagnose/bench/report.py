@@ -249,7 +249,7 @@ def bench_report(bench_dir: Path) -> dict[str, Any]:
     return {
         "bench": str(bench_dir), "created": spec.created, "suite": spec.suite, "rounds": spec.rounds,
         "time_budget_s": spec.time_budget_s, "llm": spec.llm, "backend": spec.backend, "note": spec.note,
-        "device": device, "ceilings": ceilings,
+        "breadth": spec.breadth, "device": device, "ceilings": ceilings,
         "conditions": [{"name": c.name, "strategy": c.strategy, "home": c.home} for c in spec.conditions],
         "suite_by_condition": {name: _suite(rs) for name, rs in by_condition.items()},
         "operators": rows, "published": PUBLISHED,
@@ -327,6 +327,7 @@ def to_markdown(data: dict[str, Any]) -> str:
     names = [c["name"] for c in data["conditions"]]
     lines = [f"# Bench {Path(data['bench']).name}", "",
              f"Created {data['created']}; suite `{data['suite']}`; {data['rounds']} rounds per operator"
+             + (f" of {data['breadth']} hypotheses each" if data.get("breadth", 1) > 1 else "")
              + (f", {data['time_budget_s']:g} s per operator" if data.get("time_budget_s") else "")
              + f"; LLM: {data['llm']}; device: {data.get('device') or '-'}.", ""]
     if data.get("note"):
