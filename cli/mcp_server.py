@@ -236,7 +236,8 @@ def _scratch_file(home: str | None, source: str) -> Path:
 def _optimize_round(home: str | None, run: str | None, task: str | None, candidate: str | None, finding: str,
                     backend: str, say: Progress) -> dict[str, Any]:
     from cli.optimize import find_run, runs_root
-    from diagnose.optimize import OptimizeOptions, agent_step
+    from diagnose.agent_step import agent_step
+    from diagnose.optimize import OptimizeOptions
     from harness.task import TaskSpec, task_name
     from kb.home import KBHome
 

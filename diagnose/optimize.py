@@ -25,7 +25,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,10 +58,13 @@ from harness.task import Task, TaskSpec
 if TYPE_CHECKING:
     from kb.home import KBHome
 
-__all__ = ["AgentStep", "HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "agent_step", "optimize"]
+# The loop, and the round machinery an agent host's steps (diagnose/agent_step.py) drive the same way.
+__all__ = ["HarnessJudge", "Hypothesis", "Judge", "OptimizeOptions", "best_kernel_path", "check_rewritable",
+           "diagnose_kernel", "diagnosis_markdown", "ensure_baseline", "finish_round", "last_report", "locked_run",
+           "open_run", "optimize", "source_sha"]
 
 
-def _sha(text: str) -> str:
+def source_sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -73,12 +76,12 @@ def optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBHo
     `stop_at` (a `time.time()` value) is this invocation's deadline, not the run's budget: no round
     starts after it and the run is left `paused`, to be resumed (a GPU machine lent for 10 minutes).
     One process at a time works in a run directory (an exclusive lock on `run_dir/.lock`)."""
-    with _locked(run_dir):
+    with locked_run(run_dir):
         return _optimize(spec, options, run_dir, home, judge, log, resume, stop_at)
 
 
 @contextlib.contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
+def locked_run(run_dir: Path) -> Iterator[None]:
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".lock", "w") as lock:
         try:
@@ -89,7 +92,7 @@ def _locked(run_dir: Path) -> Iterator[None]:
         yield
 
 
-def _open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Task,
+def open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Task,
               resume: bool) -> tuple[RoundsStore, OptimizeOptions]:
     """The run's store, new or resumed, and the options it runs with (a resumed run keeps its own)."""
     if resume:
@@ -109,7 +112,7 @@ def _open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Tas
     return store, options
 
 
-def _ensure_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, say: Callable[[str], None],
+def ensure_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, say: Callable[[str], None],
                      task: Task, options: OptimizeOptions, home: KBHome | None) -> None:
     """The task's own kernel measured once per run, before any round; a run whose kernel fails is FAILED,
     unless its diagnosis names a repair and the run may start from it (`repair_baseline`)."""
@@ -140,7 +143,7 @@ def _repaired_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: 
     problem = f"the task's own kernel fails its checks: {why}"
     initial = store.dir / "round-000.py"
     say("the task's own kernel fails its checks: diagnosing it for a repair")
-    repair = repair_from(lambda path: _diagnose(store, task, path, entry, options, home)[0], initial)
+    repair = repair_from(lambda path: diagnose_kernel(store, task, path, entry, options, home)[0], initial)
     if repair is None:
         raise failed(problem, "fix the task or its kernel first (kb run TASK shows the cases)")
     if not options.repair_baseline:
@@ -175,14 +178,14 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
     say = log or (lambda _msg: None)
     task = load_job_task(spec)
     entry = entry_name(task.entry)
-    _check_rewritable(task, entry)
-    store, options = _open_run(spec, options, run_dir, task, resume)
+    check_rewritable(task, entry)
+    store, options = open_run(spec, options, run_dir, task, resume)
     own_judge = None
     if judge is None:
         judge = own_judge = HarnessJudge(options)
     started = time.monotonic()
     try:
-        _ensure_baseline(store, spec, judge, entry, say, task, options, home)
+        ensure_baseline(store, spec, judge, entry, say, task, options, home)
         while True:
             rounds = store.rounds()
             pending = next((r for r in rounds if r.state != "done"), None)
@@ -197,13 +200,13 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
                 break
             if pending is not None:
                 say(f"round {pending.idx}: resuming from {pending.state}")
-                _finish(store, pending, spec, task, entry, judge, options, home, say)
+                finish_round(store, pending, spec, task, entry, judge, options, home, say)
                 continue
             planned = _plan(store, spec, task, entry, options, home, len(rounds) + 1, say)
             if planned is None:
                 store.update_run(note=f"no untried hypothesis left after {len(rounds)} rounds")
                 break
-            _finish(store, planned, spec, task, entry, judge, options, home, say)
+            finish_round(store, planned, spec, task, entry, judge, options, home, say)
         time_the_end(store, spec, judge, entry, options, say)
         store.update_run(status=RunStatus.FINISHED)
     except KeyboardInterrupt:
@@ -225,7 +228,7 @@ def _optimize(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, home: KBH
     return store
 
 
-def _check_rewritable(task: Task, entry: str) -> None:
+def check_rewritable(task: Task, entry: str) -> None:
     """One line, before any round, when the loop could not rewrite the kernel: neither the file the
     entry's code lives in nor one file of kernels it names defines a Triton kernel (what each round
     rewrites), or the entry's file names the entry differently."""
@@ -248,119 +251,17 @@ def _check_rewritable(task: Task, entry: str) -> None:
                               "could not be called", "make the entry a module-level function or Function.apply there")
 
 
-# ------------------------------------------------------------------------------------ one step for an agent host
-@dataclass
-class AgentStep:
-    """One step of a run driven by an agent host (`kb mcp`'s optimize_round). Without a candidate: the
-    current best kernel's diagnosis and the rewrite prompt the LLM rewriter would get. With one: the
-    judge's verdict on it as a round of the run, under the loop's acceptance rules."""
-
-    run: str
-    round: int  # the round the candidate is (or would be) judged as
-    parent: int  # the round whose kernel it rewrites (0: the task's own)
-    judged: bool
-    kernel: str = ""
-    findings: list[dict[str, Any]] = field(default_factory=list)  # kind, title, level, confidence, evidence
-    rules: str = ""
-    prompt: str = ""
-    outcome: str | None = None  # accepted | rejected | failed
-    speedup: float | None = None
-    reason: str | None = None
-    best_round: int = 0
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def agent_step(spec: TaskSpec | None, options: OptimizeOptions, run_dir: Path, candidate: str | None = None,
-               finding: str = "", home: KBHome | None = None, judge: Judge | None = None,
-               log: Callable[[str], None] | None = None) -> AgentStep:
-    """Diagnose the run's best kernel (`candidate` None), or judge the host's `candidate` source as the
-    run's next round. The run is created from `spec` on the first step; the diagnosis a candidate
-    answers is the one the last step returned for the same kernel (or a fresh one)."""
-    from diagnose.llm_prompt import round_prompts
-    from harness.task import load_job_task
-    from kb.patterns import catalog_for
-
-    say = log or (lambda _msg: None)
-    with _locked(run_dir):
-        exists = RoundsStore.status_of(run_dir) is not None
-        if not exists and spec is None:
-            raise UserFacingError(f"{run_dir} holds no optimize run", "pass the task to start one there")
-        if exists:
-            with contextlib.closing(RoundsStore(run_dir)) as peek:
-                spec = peek.run().spec
-        assert spec is not None
-        task = load_job_task(spec)
-        entry = entry_name(task.entry)
-        _check_rewritable(task, entry)
-        store, options = _open_run(spec, options, run_dir, task, resume=exists)
-        own_judge = HarnessJudge(options) if judge is None else None
-        judge = judge or own_judge
-        assert judge is not None
-        try:
-            _ensure_baseline(store, spec, judge, entry, say, task, options, home)
-            for pending in [r for r in store.rounds() if r.state != "done"]:  # a step killed mid-way
-                _finish(store, pending, spec, task, entry, judge, options, home, say)
-            parent_idx, parent = _best_path(store)
-            idx = len(store.rounds()) + 1
-            kept = store.dir / "agent-diagnosis.json"
-            saved = json.loads(kept.read_text()) if kept.is_file() else {}
-            if saved.get("parent") == parent_idx and saved.get("round") == idx:
-                answer = Answer.from_dict(saved["answer"])
-            else:
-                say(f"diagnosing round {parent_idx}'s kernel")
-                answer, _ = _diagnose(store, task, parent, entry, options, home)
-                kept.write_text(json.dumps({"parent": parent_idx, "round": idx, "answer": answer.to_dict()}))
-            kinds = [f.kind for f in answer.findings]
-            if finding and finding not in kinds:
-                raise UserFacingError(f"{finding!r} is not a finding of round {parent_idx}'s diagnosis",
-                                      f"name one of: {', '.join(kinds) or 'none (leave it empty)'}")
-            top = answer.ranked()
-            focus = next((f for f in answer.findings if f.kind == finding), top[0] if top else None)
-            step = AgentStep(str(run_dir), idx, parent_idx, candidate is not None,
-                             findings=[{"kind": f.kind, "title": f.title, "level": f.level, "confidence": f.confidence,
-                                        "evidence": f.evidence} for f in answer.findings if not f.healthy])
-            if candidate is None:
-                done = [r for r in store.rounds() if r.state == "done"]
-                prompt = round_prompts(answer, focus.kind if focus else "", parent.read_text(), entry,
-                                       catalog_for(home), done, _last_report(store), options.context_tokens, 1)[0]
-                step.kernel, step.rules, step.prompt = parent.read_text(), prompt.system, prompt.user
-                step.best_round = parent_idx
-                return step
-            hyp = Hypothesis(focus.kind if focus else "", focus.title if focus else "candidate from the agent host",
-                             "host-rewrite", "host", focus.level if focus else answer.stopped_at or "L1",
-                             list(focus.evidence) if focus else [])
-            hyp.reached = answer.stopped_at
-            (store.dir / f"round-{idx:03d}.host.py").write_text(candidate)
-            (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
-            r = Round(idx, parent_idx, "planned", hyp, f"{_sha(candidate)}:host", hyp.level, hyp.evidence, "host")
-            store.plan(r)
-            _finish(store, r, spec, task, entry, judge, options, home, say)
-            judged = next(x for x in store.rounds() if x.idx == idx)
-            step.outcome, step.speedup, step.reason = judged.outcome, judged.speedup, judged.reason
-            step.best_round = store.run().best_round or 0
-            if options.backend == "interpreter":
-                step.note = "timed on the CPU interpreter: the checks hold, the speedup is not kernel performance"
-            return step
-        finally:
-            store.close()
-            if own_judge is not None:
-                own_judge.close()
-
-
 # ------------------------------------------------------------------------------------ planning
-def _best_path(store: RoundsStore) -> tuple[int, Path]:
+def best_kernel_path(store: RoundsStore) -> tuple[int, Path]:
     info = store.run()
     return int(info.best_round or 0), Path(info.best_path or store.dir / "round-000.py")
 
 
 def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: OptimizeOptions, home: KBHome | None,
           idx: int, say: Callable[[str], None]) -> Round | None:
-    parent_idx, parent = _best_path(store)
+    parent_idx, parent = best_kernel_path(store)
     source = parent.read_text()
-    answer, launched = _diagnose(store, task, parent, entry, options, home)
+    answer, launched = diagnose_kernel(store, task, parent, entry, options, home)
     rounds = store.rounds()
     lineage = _lineage(rounds, parent_idx)
     seen = _measured_sources(store)
@@ -387,13 +288,13 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
                 say(f"round {idx}: {hyp.pattern}'s rewriter failed on this kernel, skipped "
                     f"({type(exc).__name__}: {first_line(exc)})")
                 continue
-            fresh = [v for v in variants if _sha(v.source) not in seen]
+            fresh = [v for v in variants if source_sha(v.source) not in seen]
             if not fresh:
                 continue  # no rewrite, or every variant was measured already in this run
         if r is not None:
             r.others.append(hyp)
         else:
-            key = f"{_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
+            key = f"{source_sha(source)}:{hyp.finding}:{hyp.pattern}:{hyp.rewriter}"
             r = Round(idx, parent_idx, "planned", hyp, key, hyp.level, hyp.evidence, hyp.rewriter)
         if hyp.rewriter != "pattern" or len(r.others) + 1 >= options.breadth:
             break
@@ -404,7 +305,7 @@ def _plan(store: RoundsStore, spec: TaskSpec, task: Task, entry: str, options: O
         asked_by = hyp.finding or ("untargeted" if hyp.untargeted else "search")
         say(f"round {idx}: {asked_by} -> {hyp.pattern} ({hyp.rewriter}, from {hyp.level}, "
             f"record {hyp.record:.2f})")
-    (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(_markdown(answer))
+    (store.dir / f"round-{idx:03d}.diagnosis.md").write_text(diagnosis_markdown(answer))
     if r.rewriter == "llm":  # its prompt is built from the records, also when the round resumes
         (store.dir / f"round-{idx:03d}.diagnosis.json").write_text(json.dumps(answer.to_dict()))
     return r
@@ -422,7 +323,7 @@ def _lineage(rounds: list[Round], idx: int) -> set[int]:
 
 def _measured_sources(store: RoundsStore) -> set[str]:
     """Hashes of every kernel source validated in this run (the original included)."""
-    seen = {_sha((store.dir / "round-000.py").read_text())}
+    seen = {source_sha((store.dir / "round-000.py").read_text())}
     for r in store.rounds():
         for v in (r.timings or {}).get("variants", []):
             if v.get("sha"):
@@ -430,7 +331,7 @@ def _measured_sources(store: RoundsStore) -> set[str]:
     return seen
 
 
-def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions,
+def diagnose_kernel(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions,
               home: KBHome | None) -> tuple[Answer, dict[str, dict[str, int]]]:
     """The parent's diagnosis, and what it intercepted of each kernel's launch: its options, its programs,
     and the SMs of the device it was diagnosed for (0 where not a GPU's)."""
@@ -443,7 +344,7 @@ def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options:
     # the rewrite stands in for the task's kernel: a task file's, or a wild kernel's under its call
     given = (KernelInput(task=spec.path, rewrite=str(parent), entry=entry) if spec.path is not None else
              KernelInput(kernel=spec.kernel, call=spec.call, rewrite=str(parent), entry=entry))
-    request = request_from(given, target, store.dir / "compile-cache", _last_report(store))
+    request = request_from(given, target, store.dir / "compile-cache", last_report(store))
     answer = diagnose(request, home, options.release, options.strategy)
     from harness.cuda_shim import device_model_for
 
@@ -455,7 +356,7 @@ def _diagnose(store: RoundsStore, task: Task, parent: Path, entry: str, options:
     return answer, launched
 
 
-def _last_report(store: RoundsStore) -> RunReport | None:
+def last_report(store: RoundsStore) -> RunReport | None:
     """The current best kernel's latest measurements, for L2."""
     info = store.run()
     best = info.best_round or 0
@@ -479,14 +380,14 @@ def _context(task: Task, hyp: Hypothesis, source_file: Path | None = None) -> di
             "features": "loop" if loops else "", "launched": hyp.launched}
 
 
-def _markdown(answer: Answer) -> str:
+def diagnosis_markdown(answer: Answer) -> str:
     from diagnose.render import to_markdown
 
     return to_markdown(answer)
 
 
 # ------------------------------------------------------------------------------------ rewrite + validate
-def _finish(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str, judge: Judge,
+def finish_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str, judge: Judge,
             options: OptimizeOptions, home: KBHome | None, say: Callable[[str], None]) -> None:
     """Rewrite and validate the round from where it stands, adding the time this takes to its record
     (a Ctrl-C or an error mid-way too; a kill -9 loses this invocation's share)."""
@@ -510,7 +411,7 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
             if hyp.rewriter == "llm":
                 from kb.patterns import catalog_for
 
-                llm = ask_for_round(store, r, source, entry, options, catalog_for(home), _last_report(store),
+                llm = ask_for_round(store, r, source, entry, options, catalog_for(home), last_report(store),
                                     _checker(judge, spec, parent, entry))
                 variants = llm.variants
             elif hyp.rewriter == "host":  # written by an agent host (agent_step), kept since it was planned
@@ -544,8 +445,8 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
         seen = _measured_sources(store)
         kept: list[tuple[Variant, str]] = []
         for v, line in zip(variants, lines or [repr(v.params) for v in variants]):
-            if _sha(v.source) not in seen:  # measured in this run, or made by another pattern of the round
-                seen.add(_sha(v.source))
+            if source_sha(v.source) not in seen:  # measured in this run, or made by another pattern of the round
+                seen.add(source_sha(v.source))
                 kept.append((v, line))
         if not kept:
             store.done(r.idx, "rejected", "the rewrite produced no change not already measured in this run")
@@ -579,7 +480,7 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
             results.append((composed[0], composed[1], more[0], acceptable(more[0], options)))
     passing = [(file, p, report, (g, n, w)) for file, p, report, (g, n, w) in results if g is not None]
     best = max(passing, key=lambda x: x[3][0]) if passing else None
-    summary = [{"variant": p, "sha": _sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}
+    summary = [{"variant": p, "sha": source_sha(f.read_text()), "geomean": v[0], "noise": v[1], "why": v[2]}
                for f, p, _, v in results]
     llm_record = {"llm": json.loads(llm_file.read_text())} if llm_file.is_file() else {}
     others = [{"pattern": h.pattern, "finding": h.finding, "outcome": "lost"} for h in r.others]

@@ -1169,7 +1169,7 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
     take: each round's parent is diagnosed as the kernel under that call (its launch read, its IR
     compiled in a worker that resolves `Function.apply` in the rewrite), not as a task file, which the
     kernel file is not (every wild case on the H200 failed so after its baseline, 2026-12-03)."""
-    from diagnose.optimize import _diagnose
+    from diagnose.optimize import diagnose_kernel
     from harness.entries import entry_name
     from harness.task import load_job_task
 
@@ -1195,7 +1195,7 @@ def test_a_kernel_from_the_wild_is_diagnosed_and_rewritten_under_its_call(tmp_pa
     assert all(v.get("geomean") for v in first.timings["variants"]), first.timings  # each checked and timed
     # the diagnosis of the round's parent reached the IR, compiled under the call, with the launch read
     task = load_job_task(spec)
-    answer, launched = _diagnose(store, task, store.dir / "round-000.py", entry_name(task.entry),
+    answer, launched = diagnose_kernel(store, task, store.dir / "round-000.py", entry_name(task.entry),
                                  OptimizeOptions(backend="interpreter", strategy="always-deep"), None)
     assert launched == {"_row_sum_kernel": {"num_warps": 1, "num_stages": 3, "programs": 6, "sms": 132}}  # WARPS from the package
     assert "the IR confirms it" in " ".join(answer.notes), answer.notes

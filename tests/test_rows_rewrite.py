@@ -384,7 +384,7 @@ def test_the_loop_hands_the_rewrites_the_launchs_programs_and_sms(tmp_path):
     from dataclasses import asdict
 
     from diagnose.loop_options import OptimizeOptions
-    from diagnose.optimize import _diagnose
+    from diagnose.optimize import diagnose_kernel
     from diagnose.rounds import RoundsStore
     from harness.task import TaskSpec, task_from_call
 
@@ -393,7 +393,7 @@ def test_the_loop_hands_the_rewrites_the_launchs_programs_and_sms(tmp_path):
     store = RoundsStore(tmp_path / "run", create=True)
     try:
         store.create_run("run", "column_scan", spec, asdict(OptimizeOptions()))
-        _, launched = _diagnose(store, task_from_call(kernel, spec.call), kernel, "scan", OptimizeOptions(), None)
+        _, launched = diagnose_kernel(store, task_from_call(kernel, spec.call), kernel, "scan", OptimizeOptions(), None)
     finally:
         store.close()
     assert launched["_scan"] == {"num_warps": 4, "num_stages": 3, "programs": 8, "sms": 132}
