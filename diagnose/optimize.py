@@ -456,9 +456,8 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
         (store.dir / f"round-{r.idx:03d}.variants").write_text("\n".join(line for _, line in kept) + "\n")
         variants = [v for v, _ in kept]
         store.rewritten(r.idx, str(store.dir / f"round-{r.idx:03d}.v0.py"), unified_diff(source, variants[0].source))
-    variant_files = sorted(store.dir.glob(f"round-{r.idx:03d}.v*.py"), key=lambda f: int(f.stem.rsplit(".v", 1)[1]))
-    params = (store.dir / f"round-{r.idx:03d}.variants").read_text().splitlines()
-    say(f"round {r.idx}: validating {len(variant_files)} variant(s): " + ", ".join(params[:len(variant_files)]))
+    variant_files, params = store.variants(r.idx)
+    say(f"round {r.idx}: validating {len(variant_files)} variant(s): " + ", ".join(params))
     reports = validate_variants(judge, spec, parent, variant_files, entry, lambda msg: say(f"round {r.idx}: {msg}"))
     if isinstance(reports, str):
         store.done(r.idx, "failed", reports)

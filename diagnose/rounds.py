@@ -249,6 +249,18 @@ class RoundsStore:
                       json.loads(r[16]) if r[16] else None, r[17],
                       [Hypothesis.from_json(h) for h in json.loads(r[18] or "[]")]) for r in rows]
 
+    def variants(self, idx: int) -> tuple[list[Path], list[str]]:
+        """Round `idx`'s variant files in order (`round-NNN.vI.py`) and their params lines (`round-NNN.variants`).
+        Every writer writes a variant's file, then its line (the rewrite, a small-shape path, a stack): a file
+        past the listed lines is one a kill left unrecorded, and is removed here, for its writer to make again
+        on resume rather than have it judged without its params, or twice."""
+        listing = self.dir / f"round-{idx:03d}.variants"
+        lines = listing.read_text().splitlines() if listing.is_file() else []
+        files = sorted(self.dir.glob(f"round-{idx:03d}.v*.py"), key=lambda f: int(f.stem.rsplit(".v", 1)[1]))
+        for orphan in files[len(lines):]:
+            orphan.unlink()
+        return files[:len(lines)], lines[:len(files)]
+
     def tried(self) -> dict[str, str]:
         """key -> outcome of every finished round (a rejected hypothesis on the same parent is not retried)."""
         return {r.key: r.outcome or "" for r in self.rounds() if r.state == "done"}

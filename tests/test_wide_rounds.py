@@ -196,3 +196,21 @@ def test_synthesis_counts_every_pattern_a_wide_round_judged(tmp_path):
     (applied,) = stats["patterns"]["divisibility-hints"]["applied"]
     assert applied["finding"] == "" and math.isclose(stats["patterns"]["divisibility-hints"]["speedups"][0],
                                                      1 / (0.7 * 0.9), rel_tol=1e-3)
+
+
+def test_a_variant_file_a_kill_left_unlisted_is_made_again_not_judged_without_its_params(tmp_path):
+    store = RoundsStore(tmp_path / "run", create=True)
+    for i in range(4):
+        (store.dir / f"round-002.v{i}.py").write_text(f"# variant {i}\n")
+    # v2 and v3 were written by a step (a stack, a small-shape path) killed before it listed them.
+    (store.dir / "round-002.variants").write_text(tagged("a", {"x": 1}) + "\n" + tagged("b", {"y": 1}) + "\n")
+    files, lines = store.variants(2)
+    assert [f.name for f in files] == ["round-002.v0.py", "round-002.v1.py"] and patterns_of(lines[1]) == ["b"]
+    assert not (store.dir / "round-002.v2.py").exists() and not (store.dir / "round-002.v3.py").exists()
+    # Ordered by index, not by name: v10 after v9.
+    for i in range(2, 11):
+        (store.dir / f"round-002.v{i}.py").write_text(f"# variant {i}\n")
+    (store.dir / "round-002.variants").write_text("".join(f"{{'i': {i}}}\n" for i in range(11)))
+    files, lines = store.variants(2)
+    assert [f.name for f in files][-2:] == ["round-002.v9.py", "round-002.v10.py"] and len(lines) == 11
+    store.close()
