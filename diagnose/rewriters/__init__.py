@@ -37,6 +37,7 @@ survive and the result reads like the input.
 | fp32-accumulation           | precision | `tl.sum(x)` / `tl.cumsum(x)` / `x.sum()` at the lines the IR shows adding in bf16/fp16 -> the operand widened with `.to(tl.float32)` (declines without those lines: the source cannot tell a bf16 operand from an integer one) |
 | int32-offsets               | offsets | each `E.to(tl.int64)` in a launched kernel -> `(E.to(tl.int64) if _KB_INT64 else E.to(tl.int32))`, the constexpr flag set per launch by `_kb_int64(<its arguments>)`: 0 (int32) only where every tensor's strides reach fewer than 2**30 elements and every int is below 2**30, else the casts as written |
 | relaxed-atomics             | atomics | `sem="relaxed"` on accumulating atomics that name no ordering, where every atomic in the module discards its result and nothing synchronizes through memory (no compare-and-swap, exchange or volatile load) |
+| eviction-hints              | eviction | in a kernel without `tl.dot` that streams one operand (its address over every program axis, loaded at one site) past one every program re-reads (its address over none) -> `eviction_policy="evict_first"` on the first, `"evict_last"` on the second; both, or either alone |
 | exp2-fast-math              | exp2 | `tl.exp(d)` -> `tl.exp2(d)` with log2(e) folded into the scalar factor of the scores `d` is built from (an online softmax's `dot * scale`), where everything between commutes with a scale; and `tl.exp(x)` -> `tl.exp2(x * log2(e))` at each call |
 """
 
@@ -49,6 +50,7 @@ from diagnose.rewriters import (  # noqa: F401 - register
     atomics,
     causal,
     coalesce,
+    eviction,
     exp2,
     fill,
     fit,
