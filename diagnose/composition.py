@@ -142,14 +142,17 @@ def judged_stacks(directory: Path, idx: int, judge: Judge, spec: TaskSpec, paren
     return [(path, line, report, acceptable(report, options)) for (path, line), report in zip(stacks, reports)]
 
 
-def picked(store: RoundsStore, r: Round, line: str) -> tuple[Hypothesis, list[dict[str, str]]]:
+def picked(store: RoundsStore, r: Round, line: str, beat: set[str]) -> tuple[Hypothesis, list[dict[str, str]]]:
     """The hypothesis whose rewrite a wide round's pick (its params `line`) holds first, made the round's
-    own, and the others' outcomes: composed into the pick, or lost to it."""
+    own whatever the verdict (the round's kernel, diff and figures are the pick's), and the others'
+    outcomes: "composed" into the pick, "outpaced" (its variant beat the parent, `beat`, but the pick
+    beat it and does not hold it), or "lost" (none of its variants beat the parent)."""
     held = patterns_of(line)
     hyps = [r.hypothesis, *r.others]
     hyp = next((h for h in hyps if held and h.pattern == held[0]), r.hypothesis)
     others = [h for h in hyps if h is not hyp]
     if hyp is not r.hypothesis:
         store.picked(r.idx, hyp, others)
-    return hyp, [{"pattern": h.pattern, "finding": h.finding, "outcome": "composed" if h.pattern in held else "lost"}
+    return hyp, [{"pattern": h.pattern, "finding": h.finding,
+                  "outcome": "composed" if h.pattern in held else "outpaced" if h.pattern in beat else "lost"}
                  for h in others]

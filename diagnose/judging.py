@@ -265,19 +265,21 @@ def second_look(judge: Judge, spec: TaskSpec, judged: list[Judged], parent: Path
     file, line, report, (_, _, why) = judged[i]
     say(f"{line or 'variant'}: {why}: timing it again")
     again = confirm(spec, str(parent), str(file), entry)
-    if again is None or again.failure:
+    if again is None or again.failure or again.run("candidate") is None:
         return judged
     both = pooled(report, again, SECOND_LOOK_NOTE)
     return [*judged[:i], (file, line, both, acceptable(both, options)), *judged[i + 1:]]
 
 
 def pooled(first: RunReport, second: RunReport, note: str = POOLED_NOTE) -> RunReport:
-    """Two timings of the same kernels as one report (`first`'s checks): each case's median the mean of
-    the two, its spread the largest of their own spreads and the gap between them
-    (`harness.timing.merge_pair`), so the noise between jobs widens the bar it is judged by."""
+    """Two timings of the same kernels as one report (`first`'s checks, and a rejection the second timing
+    found): each case's median the mean of the two, its spread the largest of their own spreads and the gap
+    between them (`harness.timing.merge_pair`), so the noise between jobs widens the bar it is judged by."""
     merged = copy.deepcopy(first)
     for run in merged.runs:
         other = second.run(run.role)
+        if other is not None and other.rejected and not run.rejected:  # rejected while timed again: it stays so
+            run.rejected = other.rejected
         times = {c.label: c.timing for c in other.cases if c.timing} if other is not None else {}
         for case in run.cases:
             again = times.get(case.label)

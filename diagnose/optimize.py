@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from diagnose.composition import judged_stacks, picked, tagged
+from diagnose.composition import judged_stacks, picked, tagged, winners
 from diagnose.end_of_run import time_the_end
 from diagnose.judging import (
     POOLED_NOTE,
@@ -488,6 +488,8 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                    {"variants": summary, **llm_record, **({"others": others} if others else {})})
         return
     file, p, report, (geomean, noise, why) = best
+    if r.others:  # the round is the pick's hypothesis's whatever the verdict: its kernel, diff and figures are
+        hyp, others = picked(store, r, p, {w.pattern for w in winners(results, options)})
     chosen = store.dir / f"round-{r.idx:03d}.py"
     shutil.copyfile(file, chosen)
     store.rewritten(r.idx, str(chosen), unified_diff(source, chosen.read_text()))
@@ -520,8 +522,6 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
             timings["per_case"] = report_again.speedups()
         else:
             first = ""
-        if r.others:
-            hyp, timings["others"] = picked(store, r, p)
         store.done(r.idx, "accepted", f"{p}: {won}{first}", timings, geomean)
         store.update_run(best_round=r.idx, best_path=str(chosen))
         _write_best(store, r, hyp, geomean, timings.get("others", []))

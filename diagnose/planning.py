@@ -47,7 +47,7 @@ def breadth_first(planned: list[Hypothesis], rounds: list[Round], lineage: set[i
     rejected: dict[tuple[str, str, str | None], list[int]] = {}
     for r in rounds:  # a wide round judged several pairs on its parent: each counts as tried there
         for h, outcome in r.hypotheses_tried() if (r.parent or 0) in lineage else []:
-            if outcome in ("rejected", "failed"):
+            if outcome in ("rejected", "failed", "outpaced"):  # outpaced: beaten on that parent, tried once more later
                 rejected.setdefault(key(h), []).append(r.parent or 0)
     blocked = {k for k, parents in rejected.items() if parent in parents or len(parents) > 1}
     accepted = {key(h) for r in rounds if r.idx in lineage for h, outcome in r.hypotheses_tried()

@@ -15,6 +15,7 @@ is deterministic or re-asked), a rewritten one is validated again; no done round
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
@@ -137,14 +138,18 @@ class Round:
     def hypotheses_tried(self) -> list[tuple[Hypothesis, str]]:
         """Every hypothesis the finished round judged, with what became of it: the round's own with its
         outcome; a wide round's others "accepted" where its rewrite is part of the accepted kernel (composed
-        into it), else "rejected" (its variants lost to another's, or the round was rejected)."""
+        into it), "outpaced" where a variant of it beat the parent but the pick beat that, else "rejected"
+        (no variant of it beat the parent, or the round was rejected)."""
         if self.state != "done":
             return []
         outcomes = {o.get("pattern"): o.get("outcome") for o in (self.timings or {}).get("others", [])}
         out = [(self.hypothesis, self.outcome or "")]
         for h in self.others:
-            composed = self.outcome == "accepted" and outcomes.get(h.pattern) == "composed"
-            out.append((h, "accepted" if composed else "rejected"))
+            mark = outcomes.get(h.pattern)
+            if self.outcome == "accepted" and mark == "composed":
+                out.append((h, "accepted"))
+            else:
+                out.append((h, "outpaced" if mark == "outpaced" else "rejected"))
         return out
 
 
@@ -256,7 +261,8 @@ class RoundsStore:
         on resume rather than have it judged without its params, or twice."""
         listing = self.dir / f"round-{idx:03d}.variants"
         lines = listing.read_text().splitlines() if listing.is_file() else []
-        files = sorted(self.dir.glob(f"round-{idx:03d}.v*.py"), key=lambda f: int(f.stem.rsplit(".v", 1)[1]))
+        numbered = ((f, re.fullmatch(rf"round-{idx:03d}\.v(\d+)\.py", f.name)) for f in self.dir.glob(f"round-{idx:03d}.v*.py"))
+        files = [f for f, _ in sorted(((f, int(n.group(1))) for f, n in numbered if n), key=lambda x: x[1])]
         for orphan in files[len(lines):]:
             orphan.unlink()
         return files[:len(lines)], lines[:len(files)]

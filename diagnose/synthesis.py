@@ -82,14 +82,14 @@ def synthesize(home: KBHome, run_dirs: list[Path], into: Path | None = None) -> 
                 counted.add(key)
                 summary["rounds"] += 1
                 pid = _pattern_of(r, info.task, learned_dir, learned_dir_patterns, known, run_dir, summary)
-                if pid is None:
-                    continue
-                _count(data["patterns"].setdefault(pid, _fresh()), r, info.id, info.task, info.spec.family or "")
-                summary["updated"].add(pid)
+                if pid is not None:
+                    _count(data["patterns"].setdefault(pid, _fresh()), r, info.id, info.task, info.spec.family or "")
+                    summary["updated"].add(pid)
                 # A wide round judged more patterns on the same parent: a try each, a win where its rewrite
                 # was stacked into the accepted kernel.
                 for other, outcome in r.hypotheses_tried()[1:]:
-                    if other.rewriter == "pattern" and other.pattern in known:
+                    # outpaced: it beat the parent, another variant beat it; neither a win nor a failure
+                    if other.rewriter == "pattern" and other.pattern in known and outcome != "outpaced":
                         _count(data["patterns"].setdefault(other.pattern, _fresh()), r, info.id, info.task,
                                info.spec.family or "", other.finding, outcome == "accepted")
                         summary["updated"].add(other.pattern)

@@ -122,3 +122,24 @@ def test_a_load_over_one_of_two_program_axes_is_neither():
     # x over both axes is a stream; w over axis 1 only is re-read by the programs of axis 0, not by all: no
     # shared operand, so nothing to hint.
     assert eviction_sites(two_axes) == [] and rewrite(PATTERN, two_axes, {}) == []
+
+
+@pytest.mark.parametrize("old, new, why", [
+    # unpacked program ids: x over axis 0 only, re-read by every program of axis 1 (paired element by element)
+    ("    row = tl.program_id(0)\n", "    row, col = tl.program_id(0), tl.program_id(1)\n    base2 = col * 0\n",
+     "x runs over one of two axes"),
+    # a flat grid split by // and %: the column block is shared by every row's program
+    ("    row = tl.program_id(0)\n", "    row = tl.program_id(0) // 4\n", "a program index divided"),
+    # a gather: the row's index is loaded, so programs may share rows (an embedding's repeated token)
+    ("    base = row * stride\n", "    base = tl.load(w_ptr + row).to(tl.int32) * stride\n", "an address loaded"),
+    # the row read again by every iteration of a loop that does not move it
+    ("    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0)\n",
+     "    x = tl.zeros([BLOCK], dtype=tl.float32)\n    for r in range(3):\n"
+     "        x += tl.load(x_ptr + base + cols, mask=mask, other=0.0)\n", "a loop-invariant read"),
+    # arguments spread with *: what each is cannot be read
+    ("tl.load(x_ptr + base + cols, mask=mask, other=0.0)", "tl.load(*(x_ptr + base + cols, mask))", "starred"),
+])
+def test_a_load_other_programs_may_read_is_not_taken_for_a_stream(old, new, why):
+    source = SCALE_ROWS.replace(old, new)
+    assert source != SCALE_ROWS, why
+    assert eviction_sites(source) == [] and rewrite(PATTERN, source, {}) == [], why

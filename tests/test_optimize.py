@@ -337,9 +337,9 @@ class NearMissJudge(TimedJudge):
     (0.97x of the parent against the 2% bar: within twice it); each timing alone after that reads it
     `again` times slower."""
 
-    def __init__(self, first: float, again: float) -> None:
+    def __init__(self, first: float, again: float, rejected_alone: str | None = None) -> None:
         super().__init__()
-        self.first, self.again, self.alone = first, again, 0
+        self.first, self.again, self.alone, self.rejected_alone = first, again, 0, rejected_alone
 
     def _slowed(self, report: RunReport, factor: float) -> RunReport:
         for case in report.run("candidate").cases:
@@ -352,7 +352,9 @@ class NearMissJudge(TimedJudge):
 
     def confirm(self, spec, baseline, candidate, entry) -> RunReport:
         self.alone += 1
-        return self._slowed(self(spec, baseline, candidate, entry), self.again)
+        report = self._slowed(self(spec, baseline, candidate, entry), self.again)
+        report.run("candidate").rejected = self.rejected_alone
+        return report
 
 
 def test_a_variant_vetoed_by_a_case_within_twice_the_noise_is_timed_again_before_it_is_rejected(tmp_path):
@@ -372,6 +374,13 @@ def test_a_variant_vetoed_by_a_case_within_twice_the_noise_is_timed_again_before
     store = _run(tmp_path / "real", rounds=1, judge=judge)
     (first,) = store.rounds()
     assert judge.alone == 1 and first.outcome == "rejected" and "is 0.970x of the parent" in first.reason
+    store.close()
+
+    # A kernel the second look finds wrong (rejected while timed again) stays rejected, whatever its times.
+    judge = NearMissJudge(first=1.429 / 0.97, again=1.0, rejected_alone="while timed: outputs differ")
+    store = _run(tmp_path / "wrong", rounds=1, judge=judge)
+    (first,) = store.rounds()
+    assert judge.alone == 1 and first.outcome == "rejected"
     store.close()
 
     # A case slower by more than twice the noise is a regression as read: no second look.

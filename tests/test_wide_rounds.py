@@ -214,3 +214,39 @@ def test_a_variant_file_a_kill_left_unlisted_is_made_again_not_judged_without_it
     files, lines = store.variants(2)
     assert [f.name for f in files][-2:] == ["round-002.v9.py", "round-002.v10.py"] and len(lines) == 11
     store.close()
+
+
+def test_a_rejected_wide_round_is_recorded_as_the_hypothesis_whose_variant_it_judged(tmp_path):
+    # The pipelining pays nothing here and the hints 0.5%, within the noise: the round's best variant is the
+    # hints', and the rejected round's kernel, diff and figures are theirs, so is its hypothesis.
+    judge = TimedJudge(cost=lambda source: 100.0 * (0.995 if "_kb_multiple(" in source else 1.0))
+    try:
+        store = optimize(SPEC, _options(rounds=1, breadth=2), tmp_path / "run", judge=judge)
+    finally:
+        judge.close()
+    (r,) = store.rounds()
+    assert r.outcome == "rejected" and "within noise" in r.reason
+    assert r.hypothesis.pattern == "divisibility-hints" and patterns_of(r.timings["chosen"]) == ["divisibility-hints"]
+    assert [h.pattern for h in r.others] == ["tl-range-pipelining"]
+    assert r.timings["others"] == [{"pattern": "tl-range-pipelining", "finding": "pipelining.none", "outcome": "lost"}]
+    assert "_kb_multiple(" in (store.dir / "round-001.py").read_text()
+    store.close()
+
+
+def test_a_pattern_outpaced_in_a_wide_round_is_tried_later_and_counts_neither_way(tmp_path):
+    a, b = _hyp("f", "relaxed-atomics"), _hyp("g", "masked-tail-split")
+    r = Round(1, 0, "done", a, "k", "L1", rewriter="pattern", outcome="accepted", speedup=1.2, others=[b],
+              timings={"others": [{"pattern": "masked-tail-split", "finding": "g", "outcome": "outpaced"}]})
+    assert [(h.pattern, o) for h, o in r.hypotheses_tried()] == [("relaxed-atomics", "accepted"),
+                                                                  ("masked-tail-split", "outpaced")]
+    # beaten on kernel 0: not again there; on round 1's kernel, once more after the untried
+    assert [h.pattern for h in breadth_first([a, b], [r], {0})] == ["relaxed-atomics"]
+    assert [h.pattern for h in breadth_first([a, b], [r], {0, 1})] == ["masked-tail-split", "relaxed-atomics"]
+    home = KBHome(tmp_path / "home").ensure()
+    store = RoundsStore(home.runs_dir / "w", create=True)
+    store.create_run("w", "t", SPEC, {})
+    store.plan(r)
+    store.done(1, "accepted", "", r.timings, 1.2)
+    store.close()
+    stats = synthesize(home, [home.runs_dir / "w"])["stats"]
+    assert stats == {"relaxed-atomics": {"tries": 1, "wins": 1}}  # the outpaced pattern neither won nor failed

@@ -17,8 +17,11 @@ Which loads are which is read from their addresses, per kernel (a @triton.jit fu
 - *streamed*: the address depends on every program axis the kernel reads, and its pointer is loaded at
   that one site only (a two-pass kernel reads its row again in a second loop: evict_first would throw
   away what the second pass needs).
-Loads that already name an eviction policy or a cache modifier, or are volatile, are left as written.
-Kernels with `tl.dot` are declined: a dot's operand tiles are re-read by the programs of the other
+Loads that already name an eviction policy or a cache modifier, or are volatile, are left as written;
+so are loads whose address is loaded itself (a gather's index, a work-stealing counter: any program may
+get any row), loads a loop repeats with an address that does not move with it, and kernels that divide
+or take a program index modulo something (a flat grid mapped onto rows and columns, a GROUP_M swizzle:
+one axis then reaches addresses other programs share). Kernels with `tl.dot` are declined: a dot's operand tiles are re-read by the programs of the other
 output axis (and of a GROUP_M swizzle, which maps one program axis onto both), which this reading of
 addresses cannot tell from a stream. The rewrite applies where a kernel has both kinds, and its variants
 are: both hints, the streams' evict_first alone, the shared operands' evict_last alone.
@@ -26,6 +29,7 @@ are: both hints, the streams' evict_first alone, the shared operands' evict_last
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +37,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, program_axis, register
+from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, program_axis, register, with_keywords
 from diagnose.rewriters.blocks import names_in, plain_assignments, pointer_roots
 
 __all__ = ["EvictionSites", "eviction_sites"]
@@ -50,30 +54,61 @@ class EvictionSites:
     shared: tuple[int, ...]
 
 
-def _axes_of(fn: cst.FunctionDef) -> dict[str, set[int]]:
-    """Each local's program axes: those of the `tl.program_id` calls its bindings reach (plain and augmented
-    assignments, loop targets), to a fixed point."""
-    bindings: list[tuple[set[str], cst.CSTNode]] = []
+_UNKNOWN = -2  # a local whose value the program axes do not decide: loaded, or bound by an unpaired unpacking
+
+
+def _bindings(fn: cst.FunctionDef) -> list[tuple[set[str], cst.CSTNode | None]]:
+    """Every binding of a local in the kernel: (names, the value they are bound to; None where unknown):
+    plain and augmented assignments, loop targets, unpackings paired element by element."""
+    out: list[tuple[set[str], cst.CSTNode | None]] = []
     for node in m.findall(fn.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For()):
         if isinstance(node, cst.Assign):
-            bindings.append(({n for t in node.targets for n in names_in(t.target)}, node.value))
+            for t in node.targets:
+                target, value = t.target, node.value
+                if isinstance(target, cst.Name):
+                    out.append(({target.value}, value))
+                elif (isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List))
+                      and len(target.elements) == len(value.elements)
+                      and not any(isinstance(e, cst.StarredElement) for e in [*target.elements, *value.elements])):
+                    out += [(names_in(te.value), ve.value) for te, ve in zip(target.elements, value.elements)]
+                else:
+                    out.append((names_in(target), None))
         elif isinstance(node, cst.AugAssign):
-            bindings.append((names_in(node.target), node.value))
+            out.append((names_in(node.target), node.value))
         elif isinstance(node, cst.AnnAssign) and node.value is not None:
-            bindings.append((names_in(node.target), node.value))
+            out.append((names_in(node.target), node.value))
         elif isinstance(node, cst.For):
-            bindings.append((names_in(node.target), node.iter))
-    axes: dict[str, set[int]] = {}
+            out.append((names_in(node.target), node.iter))
+    return out
+
+
+def _spread(bindings: list[tuple[set[str], cst.CSTNode | None]], origin: Callable[[cst.CSTNode | None], set[int]],
+            seeds: dict[str, set[int]] | None = None) -> dict[str, set[int]]:
+    """What each local's value depends on, to a fixed point: `origin` of the values bound to it, and what
+    the locals those values read depend on."""
+    found: dict[str, set[int]] = {k: set(v) for k, v in (seeds or {}).items()}
     changed = True
     while changed:
         changed = False
         for targets, value in bindings:
-            found = _direct_axes(value) | {a for n in names_in(value) for a in axes.get(n, set())}
+            reach = origin(value) | ({a for n in names_in(value) for a in found.get(n, set())} if value is not None else set())
             for name in targets:
-                if not found <= axes.get(name, set()):
-                    axes[name] = axes.get(name, set()) | found
+                if not reach <= found.get(name, set()):
+                    found[name] = found.get(name, set()) | reach
                     changed = True
-    return axes
+    return found
+
+
+def _axes(value: cst.CSTNode | None) -> set[int]:
+    """The program axes an expression reads directly, and _UNKNOWN where it loads (a gather's index, a
+    work-stealing counter: any program may get any value)."""
+    if value is None:
+        return {_UNKNOWN}
+    out = _direct_axes(value)
+    if any(dotted(cst.ensure_type(c, cst.Call).func) == "tl.load" or dotted(cst.ensure_type(c, cst.Call).func)
+           .startswith("tl.atomic_") for c in m.findall(value, m.Call())):
+        out.add(_UNKNOWN)
+    return out
 
 
 def _direct_axes(node: cst.CSTNode) -> set[int]:
@@ -87,9 +122,34 @@ def _direct_axes(node: cst.CSTNode) -> set[int]:
 
 
 def _hinted(call: cst.Call) -> bool:
-    return any(a.keyword is not None and (a.keyword.value in _HINTED or
-                                          (a.keyword.value == "volatile" and not m.matches(a.value, m.Name("False"))))
-               for a in call.args)
+    """A load to leave as written: one that names a policy, a cache modifier or volatility (by keyword, or
+    positionally past `pointer, mask, other, boundary_check`), or spreads its arguments with `*`."""
+    return len([a for a in call.args if a.keyword is None]) > 4 or any(a.star for a in call.args) or any(
+        a.keyword is not None and (a.keyword.value in _HINTED or
+                                   (a.keyword.value == "volatile" and not m.matches(a.value, m.Name("False"))))
+        for a in call.args)
+
+
+def _remapped(fn: cst.FunctionDef, axes: dict[str, set[int]]) -> bool:
+    """Whether a program index is divided or taken modulo something (`pid // n`, `pid % n`): a flat grid
+    mapped onto rows and columns, or a GROUP_M swizzle, where one axis reaches addresses other programs
+    share."""
+    for node in m.findall(fn.body, m.BinaryOperation(operator=m.FloorDivide() | m.Modulo())):
+        if _direct_axes(node) or any(axes.get(n, set()) - {_UNKNOWN} for n in names_in(node)):
+            return True
+    return False
+
+
+def _loop_invariant(fn: cst.FunctionDef, bindings: list[tuple[set[str], cst.CSTNode | None]]) -> set[int]:
+    """id() of the loads inside a loop whose address does not move with it: read again every iteration."""
+    out: set[int] = set()
+    for loop in (cst.ensure_type(n, cst.For) for n in m.findall(fn.body, m.For())):
+        moving = {n for n, marks in _spread(bindings, lambda _v: set(), {t: {0} for t in names_in(loop.target)}).items()
+                  if marks}
+        for call in (cst.ensure_type(c, cst.Call) for c in m.findall(loop.body, m.Call())):
+            if dotted(call.func) == "tl.load" and call.args and not names_in(call.args[0].value) & moving:
+                out.add(id(call))
+    return out
 
 
 def _classify(fn: cst.FunctionDef) -> tuple[list[cst.Call], list[cst.Call]] | None:
@@ -100,8 +160,13 @@ def _classify(fn: cst.FunctionDef) -> tuple[list[cst.Call], list[cst.Call]] | No
     used = _direct_axes(fn.body)
     if not used or -1 in used:
         return None
-    axes, assigned = _axes_of(fn), plain_assignments(fn)
-    loads = [c for c in calls if dotted(c.func) == "tl.load" and c.args and c.args[0].keyword is None]
+    bindings = _bindings(fn)
+    axes, assigned = _spread(bindings, _axes), plain_assignments(fn)
+    if _remapped(fn, axes):
+        return None
+    again = _loop_invariant(fn, bindings)
+    loads = [c for c in calls if dotted(c.func) == "tl.load" and c.args and c.args[0].keyword is None
+             and not c.args[0].star]
     roots: dict[str, int] = {}
     for c in loads:
         for root in pointer_roots(c.args[0].value, assigned):
@@ -111,10 +176,10 @@ def _classify(fn: cst.FunctionDef) -> tuple[list[cst.Call], list[cst.Call]] | No
         if _hinted(c):
             continue
         address = c.args[0].value
-        reach = _direct_axes(address) | {a for n in names_in(address) for a in axes.get(n, set())}
+        reach = _axes(address) | {a for n in names_in(address) for a in axes.get(n, set())}
         if not reach:
             shared.append(c)
-        elif reach == used and all(roots[r] == 1 for r in pointer_roots(address, assigned)):
+        elif reach == used and id(c) not in again and all(roots[r] == 1 for r in pointer_roots(address, assigned)):
             streamed.append(c)
     return (streamed, shared) if streamed and shared else None
 
@@ -127,12 +192,7 @@ class _Hint(cst.CSTTransformer):
         policy = self.policies.get(id(original))
         if policy is None:
             return updated
-        args = list(updated.args)
-        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return updated.with_changes(args=[*args, cst.Arg(cst.SimpleString(f'"{policy}"'),
-                                                         keyword=cst.Name("eviction_policy"),
-                                                         equal=cst.AssignEqual(cst.SimpleWhitespace(""),
-                                                                               cst.SimpleWhitespace("")))])
+        return with_keywords(updated, {"eviction_policy": cst.SimpleString(f'"{policy}"')})
 
 
 def eviction_sites(source: str) -> list[EvictionSites]:
