@@ -93,7 +93,7 @@ def locked_run(run_dir: Path) -> Iterator[None]:
 
 
 def open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Task,
-              resume: bool) -> tuple[RoundsStore, OptimizeOptions]:
+             resume: bool) -> tuple[RoundsStore, OptimizeOptions]:
     """The run's store, new or resumed, and the options it runs with (a resumed run keeps its own)."""
     if resume:
         store = RoundsStore(run_dir)
@@ -113,7 +113,7 @@ def open_run(spec: TaskSpec, options: OptimizeOptions, run_dir: Path, task: Task
 
 
 def ensure_baseline(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, say: Callable[[str], None],
-                     task: Task, options: OptimizeOptions, home: KBHome | None) -> None:
+                    task: Task, options: OptimizeOptions, home: KBHome | None) -> None:
     """The task's own kernel measured once per run, before any round; a run whose kernel fails is FAILED,
     unless its diagnosis names a repair and the run may start from it (`repair_baseline`)."""
     if store.run().baseline is not None:
@@ -332,7 +332,7 @@ def _measured_sources(store: RoundsStore) -> set[str]:
 
 
 def diagnose_kernel(store: RoundsStore, task: Task, parent: Path, entry: str, options: OptimizeOptions,
-              home: KBHome | None) -> tuple[Answer, dict[str, dict[str, int]]]:
+                    home: KBHome | None) -> tuple[Answer, dict[str, dict[str, int]]]:
     """The parent's diagnosis, and what it intercepted of each kernel's launch: its options, its programs,
     and the SMs of the device it was diagnosed for (0 where not a GPU's)."""
     from diagnose.engine import diagnose
@@ -388,7 +388,7 @@ def diagnosis_markdown(answer: Answer) -> str:
 
 # ------------------------------------------------------------------------------------ rewrite + validate
 def finish_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry: str, judge: Judge,
-            options: OptimizeOptions, home: KBHome | None, say: Callable[[str], None]) -> None:
+                 options: OptimizeOptions, home: KBHome | None, say: Callable[[str], None]) -> None:
     """Rewrite and validate the round from where it stands, adding the time this takes to its record
     (a Ctrl-C or an error mid-way too; a kill -9 loses this invocation's share)."""
     started = time.monotonic()
@@ -488,7 +488,8 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
                    {"variants": summary, **llm_record, **({"others": others} if others else {})})
         return
     file, p, report, (geomean, noise, why) = best
-    if r.others:  # the round is the pick's hypothesis's whatever the verdict: its kernel, diff and figures are
+    # A wide round is the pick's hypothesis's, whatever the verdict: its kernel, diff and figures are the pick's.
+    if r.others:
         hyp, others = picked(store, r, p, {w.pattern for w in winners(results, options)})
     chosen = store.dir / f"round-{r.idx:03d}.py"
     shutil.copyfile(file, chosen)
