@@ -21,9 +21,9 @@ Loads that already name an eviction policy or a cache modifier, or are volatile,
 so are loads whose address is loaded itself (a gather's index, a work-stealing counter: any program may
 get any row), loads a loop repeats with an address that does not move with it, and kernels that divide
 or take a program index modulo something (a flat grid mapped onto rows and columns, a GROUP_M swizzle:
-one axis then reaches addresses other programs share). Kernels with `tl.dot` are declined: a dot's operand tiles are re-read by the programs of the other
-output axis (and of a GROUP_M swizzle, which maps one program axis onto both), which this reading of
-addresses cannot tell from a stream. The rewrite applies where a kernel has both kinds, and its variants
+one axis then reaches addresses other programs share). Kernels with `tl.dot` are declined: a dot's
+operand tiles are re-read by the programs of the other output axis, which this reading of addresses
+cannot tell from a stream. The rewrite applies where a kernel has both kinds, and its variants
 are: both hints, the streams' evict_first alone, the shared operands' evict_last alone.
 """
 
