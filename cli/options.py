@@ -154,9 +154,9 @@ def task_spec(task_file: str | None, kernel_file: str | None, call: str | None, 
 def breadth_option(fn: F) -> F:
     """Hypotheses judged side by side in a round (diagnose/composition.py)."""
     return click.option("--breadth", type=click.IntRange(min=1), default=1, show_default=True,
-                        help="Hypotheses a round judges side by side against the same parent (deterministic "
-                             "rewrites), keeping the best; where several beat the parent, their rewrites stacked "
-                             "are judged too. 1: one a round.")(fn)
+                        help="Hypotheses a round judges side by side against the same parent (after the first, "
+                             "structural rewrites only: launch knobs keep their own rounds), keeping the best; where "
+                             "several beat the parent, their rewrites stacked are judged too. 1: one a round.")(fn)
 
 
 def timing_window_options(fn: F) -> F:

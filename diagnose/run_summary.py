@@ -26,7 +26,8 @@ class RoundLine:
     speedup: float | None
     reason: str | None
     cost: dict[str, Any] | None = None  # the round's model calls (LLM rounds only)
-    # A wide round's other patterns, each "pattern (outcome)": composed into the pick, lost to it, or planned.
+    # A wide round's other patterns, each "pattern (outcome)": composed into the pick, outpaced by it or lost
+    # (none of its variants beat the parent); the round's state while it is not done.
     others: list[str] = field(default_factory=list)
 
 

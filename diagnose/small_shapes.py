@@ -26,7 +26,6 @@ from harness.measurement import RunReport, geomean
 __all__ = ["SizeSplit", "size_split", "small_shape_variant"]
 
 
-
 @dataclass(frozen=True)
 class SizeSplit:
     """Where a variant's timed cases split: those it lost all hold fewer input bytes than those it did not."""
