@@ -143,3 +143,18 @@ def test_a_load_other_programs_may_read_is_not_taken_for_a_stream(old, new, why)
     source = SCALE_ROWS.replace(old, new)
     assert source != SCALE_ROWS, why
     assert eviction_sites(source) == [] and rewrite(PATTERN, source, {}) == [], why
+
+
+def test_the_loop_plans_it_for_a_memory_bound_kernel_and_it_applies_there():
+    from diagnose.loop_options import OptimizeOptions
+    from diagnose.planning import hypotheses
+    from diagnose.records import Answer, Finding
+    from kb.patterns import catalog_for
+
+    bound = Finding("profile.memory-bound", "memory", "memory-bound at 0.6 of the copy rate", "", ["E1"], level="L2",
+                    confidence=0.8)
+    answer = Answer("why slow", "scale_rows", "cuda", "", [bound], [], [], [], ["L1", "L2"], stopped_at="L2")
+    planned = [h.pattern for h in hypotheses(answer, OptimizeOptions(), catalog_for(None))
+               if h.finding == "profile.memory-bound"]
+    assert "eviction-hints" in planned
+    assert rewrite("eviction-hints", SCALE_ROWS, {"finding": "profile.memory-bound"})
