@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserFacingError
-from harness.profile_record import KernelProfile, kernel_pattern, numeric_cells
+from harness.profile_record import KernelProfile, kernel_pattern, keyed_row, numeric_cells
 
 __all__ = ["NCU_METRICS", "NCU_SECTORS", "find_ncu", "ncu_command", "parse_ncu_csv", "sectors_per_request"]
 
@@ -194,12 +194,9 @@ def _ncu_records(text: str, source: str) -> tuple[list[str], list[tuple[int, dic
         values = _csv_line(line)
         if values == header:
             continue  # ncu repeats the header per profiled process
-        if len(values) != len(header):
-            raise UserFacingError(
-                f"{source}: line {number}: {len(values)} fields, the header on line {index + 1} has {len(header)}",
-                "the ncu output is truncated or interleaved with program output; re-run and pass all of it",
-            )
-        records.append((number, dict(zip(header, values))))
+        records.append((number, keyed_row(source, number, values, header, "the ncu output is truncated or interleaved "
+                                          "with program output; re-run and pass all of it",
+                                          f"the header on line {index + 1}")))
     return header, records
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from harness.errors import UserFacingError
 
-__all__ = ["KernelProfile", "first_cell", "int_cell", "kernel_pattern", "mean_of", "number_cell", "numeric_cells", "read_table",
-           "require_columns", "summarize"]
+__all__ = ["KernelProfile", "first_cell", "int_cell", "keyed_row", "kernel_pattern", "mean_of", "number_cell",
+           "numeric_cells", "read_table", "require_columns", "summarize"]
 
 
 @dataclass
@@ -129,15 +129,18 @@ def read_table(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]
     if not rows:
         raise UserFacingError(f"{path}: line 1: empty file, no CSV header", "re-run the profiler; it stopped early")
     header = [name.strip() for name in rows[0][1]]
-    records = []
-    for line, values in rows[1:]:
-        if len(values) != len(header):
-            raise UserFacingError(
-                f"{path}: line {line}: {len(values)} fields where the header has {len(header)}",
-                "the file is truncated or was edited; re-run the profiler",
-            )
-        records.append((line, dict(zip(header, values))))
+    records = [(line, keyed_row(path, line, values, header, "the file is truncated or was edited; re-run the profiler"))
+               for line, values in rows[1:]]
     return header, records
+
+
+def keyed_row(source: object, line: int, values: list[str], header: list[str], fix: str,
+              header_at: str = "the header") -> dict[str, str]:
+    """A table row's cells by column name; a one-line error naming the line where its width is not the
+    header's (a truncated, edited or interleaved table)."""
+    if len(values) != len(header):
+        raise UserFacingError(f"{source}: line {line}: {len(values)} fields where {header_at} has {len(header)}", fix)
+    return dict(zip(header, values))
 
 
 def _preview(header: list[str]) -> str:

@@ -105,8 +105,8 @@ def _axes(value: cst.CSTNode | None) -> set[int]:
     if value is None:
         return {_UNKNOWN}
     out = _direct_axes(value)
-    if any(dotted(cst.ensure_type(c, cst.Call).func) == "tl.load" or dotted(cst.ensure_type(c, cst.Call).func)
-           .startswith("tl.atomic_") for c in m.findall(value, m.Call())):
+    called = {dotted(cst.ensure_type(c, cst.Call).func) for c in m.findall(value, m.Call())}
+    if any(name == "tl.load" or name.startswith("tl.atomic_") for name in called):
         out.add(_UNKNOWN)
     return out
 
