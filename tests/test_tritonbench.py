@@ -134,6 +134,109 @@ def test_a_reference_that_fails_on_its_own_sets_the_operator_aside_and_is_tried_
         assert "scale_add" not in summary.failed and "scale_add" not in summary.imported
 
 
+def _reference_out_of_memory(tmp_path, times):
+    """A copy of the tree whose scale_add reference runs out of device memory on its first `times` calls in
+    a judge (a file counts them: each check's reference runs in a worker process of its own; the importer's
+    probe of the test's calls, a process of its own too, is let through)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(TREE, tree)
+    reference = tree / "data" / "TritonBench_T_v1" / "scale_add.py"
+    count = tmp_path / "count"
+    reference.write_text(reference.read_text().replace(
+        "    result = input + alpha * other\n",
+        f"    import pathlib, sys\n"
+        f"    seen = pathlib.Path({str(count)!r})\n"
+        f"    if sys.argv[0].endswith('probe.py'):\n"
+        f"        return input + alpha * other\n"
+        f"    calls = int(seen.read_text()) if seen.exists() else 0\n"
+        f"    seen.write_text(str(calls + 1))\n"
+        f"    if calls < {times}:\n"
+        f"        raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 4.00 GiB.')\n"
+        "    result = input + alpha * other\n", 1))
+    return tree
+
+
+def test_a_draft_crowded_out_of_the_devices_memory_is_judged_again_alone(tmp_path):
+    """Out of memory beside other checks is no verdict on the draft (an 80 GB H100 importing 15 at once sent
+    13 operators to a later draft that way): the draft is judged again with the device to itself."""
+    tree = _reference_out_of_memory(tmp_path, times=1)
+    events = []
+    summary = import_tritonbench(tree, ImportOptions(**{**vars(_options(tmp_path / "out")), "ops": ["scale_add"]}),
+                                 lambda op, outcome: events.append(outcome))
+    # modelA met the memory wall first; judged again alone it is wrong on its own (it forgets alpha)
+    assert [(o.model, o.failure) for o in events if o] == [("output_modelA", Failure.WRONG_VALUES),
+                                                           ("output_modelB", None)]
+    assert summary.imported["scale_add"].model == "output_modelB"
+
+
+def test_out_of_memory_alone_is_the_reference_s_problem_or_the_draft_s(tmp_path):
+    tree = _reference_out_of_memory(tmp_path, times=100)
+    events = []
+    summary = import_tritonbench(tree, ImportOptions(**{**vars(_options(tmp_path / "out")), "ops": ["scale_add"]}),
+                                 lambda op, outcome: events.append(outcome))
+    # the reference alone does not fit: the operator's problem on this device, set aside after two drafts
+    assert [(o.model, o.failure) for o in events if o] == [("output_modelA", Failure.CHECK),
+                                                           ("output_modelB", Failure.CHECK)]
+    assert summary.unusable["scale_add"].startswith("judged alone: the judge's reference worker failed")
+
+
+def test_a_ledger_s_crowded_out_verdict_before_the_imported_draft_is_judged_on_resume(imported, tmp_path):
+    out, summary, _ = imported
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    ledger = sqlite3.connect(copy / "import.sqlite", isolation_level=None)
+    ledger.execute("UPDATE drafts SET failure='raised at runtime', reason=? WHERE op='scale_add' AND "
+                   "model='output_modelA'", ("the judge's reference worker failed (compare): OutOfMemoryError: CUDA "
+                                             "out of memory. Tried to allocate 1024.00 MiB.",))
+    ledger.close()
+    events = []
+    again = import_tritonbench(TREE, ImportOptions(**{**vars(_options(copy)), "ops": ["scale_add"]}),
+                               lambda op, outcome: events.append(outcome))
+    assert [(o.model, o.failure) for o in events if o][0] == ("output_modelA", Failure.WRONG_VALUES)
+    assert again.imported["scale_add"].model == "output_modelB"
+
+
+def test_the_device_gate_runs_a_retry_alone_and_before_new_checks():
+    import threading
+    import time
+
+    from indexer.tritonbench.device_gate import DeviceGate
+
+    gate, log, lock = DeviceGate(), [], threading.Lock()
+    inside = threading.Barrier(3)
+
+    def check(name, first_wait):
+        with gate.shared():
+            with lock:
+                log.append(f"+{name}")
+            if first_wait:
+                inside.wait()
+            time.sleep(0.05)
+            with lock:
+                log.append(f"-{name}")
+
+    def retry():
+        inside.wait()  # both checks are running
+        with gate.alone():
+            with lock:
+                log.append("+alone")
+            time.sleep(0.05)
+            with lock:
+                log.append("-alone")
+
+    threads = [threading.Thread(target=check, args=(n, True)) for n in "ab"] + [threading.Thread(target=retry)]
+    for t in threads:
+        t.start()
+    time.sleep(0.02)
+    late = threading.Thread(target=check, args=("c", False))  # asks while the retry waits: goes after it
+    late.start()
+    for t in [*threads, late]:
+        t.join(timeout=10)
+    alone = log.index("+alone")
+    assert log[alone + 1] == "-alone"  # nothing ran beside it
+    assert {"-a", "-b"} <= set(log[:alone]) and log.index("+c") > alone
+
+
 def test_stored_verdicts_are_sorted_by_todays_rules_when_read(tmp_path):
     from indexer.tritonbench.importer import DraftOutcome, _Ledger
 
@@ -145,6 +248,14 @@ def test_stored_verdicts_are_sorted_by_todays_rules_when_read(tmp_path):
             Failure.CHECK,
         ("other", "case perf=0: UnsupportedLanguageConstruct: at 3:4:"): Failure.COMPILE,
         ("hang or timeout", "baseline: timed out after 60 s (a hang, or far slower than allowed)"): Failure.HANG,
+        ("raised at runtime", "the judge's reference worker failed (compare): OutOfMemoryError: CUDA out of memory."):
+            Failure.DEVICE_MEMORY,  # judged again: it shared the device
+        ("the device ran out of memory", "judged alone: baseline: OutOfMemoryError: CUDA out of memory."):
+            Failure.DEVICE_MEMORY,  # kept: the draft's own
+        ("the check could not judge it", "judged alone: the judge's reference worker failed (make): "
+                                         "OutOfMemoryError: CUDA out of memory."): Failure.CHECK,
+        ("compile error", "case 0: OutOfResources: out of resource: shared memory, Required: 262144"):
+            Failure.COMPILE,  # the kernel's own shared memory, not the device's
         ("does not parse", "line 3: '(' was never closed"): Failure.SYNTAX,  # screening's classes stay
     }
     for i, (failure, reason) in enumerate(rows):

@@ -43,6 +43,9 @@ class Failure(enum.Enum):
     # judge cannot hand those inputs over, the task's formula failed. No draft keeps this as its verdict
     # (it is judged again on the next run); once two drafts meet it, the operator is set aside.
     CHECK = "the check could not judge it"
+    # The device's memory ran out: beside other checks that is the neighbours' doing, and the draft is
+    # judged again alone; alone, it is this device's verdict on the draft (kept, with the reason saying so).
+    DEVICE_MEMORY = "the device ran out of memory"
 
 
 @dataclass(frozen=True)

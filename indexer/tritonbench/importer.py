@@ -21,11 +21,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.backends import BackendName
 from harness.errors import UserFacingError
+from indexer.tritonbench.device_gate import DeviceGate
 from indexer.tritonbench.drafts import Failure, extract_code, screen
 from indexer.tritonbench.source import Draft, Operator, TritonBenchT
 from indexer.tritonbench.taskgen import CasesProbe, write_cases_module, write_task
@@ -37,12 +39,16 @@ LEDGER = "import.sqlite"
 
 # The judge's reason, first match wins (harness/verdicts.py and the worker's messages word them).
 _KINDS = [
+    # out of memory with the device to itself: the reference's, no draft's verdict; a draft's, its own
+    (Failure.CHECK, r"^judged alone: the judge's reference worker failed"),
+    # whichever process it met: memory the checks beside it may have held (judged again alone)
+    (Failure.DEVICE_MEMORY, r"OutOfMemoryError|(CUDA|NPU)( error:)? out of memory"),
     # the reference making its outputs, the inputs handed over, the task's formula: not the draft's code
     (Failure.CHECK, r"reference worker failed \((make|share)\): (?!CompilationError)|bytes/flops formula fails"),
     (Failure.HANG, r"timed out|\bhang\b"),  # not "changed", "ExchangeError"
     (Failure.TORCH_FALLBACK, r"no Triton kernel was launched|launched no Triton kernel|torch fallback"),
     (Failure.IMPORT, r"does not import"),
-    (Failure.COMPILE, r"CompilationError|UnsupportedLanguageConstruct|compil|ptxas|MLIR|triton\.language"),
+    (Failure.COMPILE, r"CompilationError|UnsupportedLanguageConstruct|OutOfResources|compil|ptxas|MLIR|triton\.language"),
     (Failure.WRONG_VALUES, r"wrong values|mismatch|shape \(|returned \d+ output|output \d+ is|unwritten|NaN"),
     (Failure.CRASH, r"died|killed|signal|segmentation|device fault|illegal memory"),
     (Failure.RAISED, r"Error|Exception|raised"),
@@ -181,9 +187,10 @@ def import_tritonbench(root: Path, options: ImportOptions,
     # those a deadline left for later.
     unusable: dict[str, str] = {}
     unfinished: list[str] = []
+    gate = DeviceGate()
 
     def one(op: str) -> None:
-        _import_operator(operators[op], drafts[op], options, ledger, unusable, unfinished, root, progress)
+        _import_operator(operators[op], drafts[op], options, ledger, unusable, unfinished, root, gate, progress)
         if progress:
             progress(op, None)
 
@@ -199,14 +206,16 @@ def import_tritonbench(root: Path, options: ImportOptions,
 
 
 def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, ledger: _Ledger,
-                     unusable: dict[str, str], unfinished: list[str], root: Path,
+                     unusable: dict[str, str], unfinished: list[str], root: Path, gate: DeviceGate,
                      progress: Callable[[str, DraftOutcome | None], None] | None
                      ) -> None:
     final = options.out / op.name
     work = options.out / ".work" / op.name
     known = [ledger.outcome(op.name, d.model) for d in drafts]
-    passed = next((o for o in known if o is not None and o.failure is None), None)
-    if passed is not None and (final / "task.py").is_file():
+    # Done when a draft passed and its folder is there, unless a draft before it is still to be judged (a
+    # new model in the order, or out of memory beside other checks): that one may take its place.
+    first = next((o for o in known if o is None or o.failure is None or _crowded_out(o)), None)
+    if first is not None and first.failure is None and (final / "task.py").is_file():
         return
     probe, problem = _probed(op, work / "cases", ledger, options.timeout_s)
     if probe is None:
@@ -214,12 +223,19 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
         return
     checks = 0
     for draft, outcome in zip(drafts, known):
-        # not judged yet, passed but its folder was lost, or not judged at all (the check failed)
-        if outcome is None or outcome.failure in (None, Failure.CHECK):
+        if outcome is None or _undecided(outcome):
             if options.stop_at is not None and time.time() >= options.stop_at:
                 unfinished.append(op.name)
                 return
-            outcome = _judge_draft(op, draft, probe, options, work, root)
+            outcome = _judge_draft(op, draft, probe, options, work, root, gate.shared)
+            if outcome.failure is Failure.DEVICE_MEMORY:
+                if options.workers > 1:  # the checks beside it may have held the memory: again, alone
+                    with gate.alone():
+                        outcome = _judge_draft(op, draft, probe, options, work, root, nullcontext)
+                if outcome.failure is Failure.DEVICE_MEMORY:
+                    reason = ALONE + outcome.reason
+                    outcome = DraftOutcome(outcome.op, outcome.model, outcome.record, _classify(reason), reason,
+                                           outcome.seconds)
             ledger.record(outcome)
             if progress:
                 progress(op.name, outcome)
@@ -237,6 +253,21 @@ def _import_operator(op: Operator, drafts: list[Draft], options: ImportOptions, 
             return
     if not drafts:
         unusable[op.name] = "no draft's prompt names it"
+
+
+# How a verdict of running out of memory says it was reached with the device to itself.
+ALONE = "judged alone: "
+
+
+def _crowded_out(outcome: DraftOutcome) -> bool:
+    """Out of memory beside other checks: no verdict (a ledger of an import before the retry alone has them)."""
+    return outcome.failure is Failure.DEVICE_MEMORY and not outcome.reason.startswith(ALONE)
+
+
+def _undecided(outcome: DraftOutcome) -> bool:
+    """Whether a judged draft is judged again: it passed but its folder was lost, the check could not judge
+    it, or it was crowded out of the device's memory."""
+    return outcome.failure in (None, Failure.CHECK) or _crowded_out(outcome)
 
 
 def _probed(op: Operator, directory: Path, ledger: _Ledger, timeout_s: float) -> tuple[CasesProbe | None, str | None]:
@@ -266,7 +297,7 @@ def _probed(op: Operator, directory: Path, ledger: _Ledger, timeout_s: float) ->
 
 
 def _judge_draft(op: Operator, draft: Draft, probe: CasesProbe, options: ImportOptions, work: Path,
-                 root: Path) -> DraftOutcome:
+                 root: Path, device: Callable[[], AbstractContextManager[object]]) -> DraftOutcome:
     start = time.monotonic()
 
     def outcome(failure: Failure | None, reason: str) -> DraftOutcome:
@@ -288,7 +319,8 @@ def _judge_draft(op: Operator, draft: Draft, probe: CasesProbe, options: ImportO
     allow = list(torch_calls(str(draft_file), screened.wrapper))
     for _ in range(_ALLOW_ROUNDS):
         task = write_task(op, draft, screened, probe, allow, directory, root)
-        failure, reason = _verdict(task, options)
+        with device():
+            failure, reason = _verdict(task, options)
         more = [name for name in _runtime_torch_ops(reason) if name not in allow]
         if failure is not Failure.TORCH_FALLBACK or not more:
             break
