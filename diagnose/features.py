@@ -92,9 +92,12 @@ def dotted_name(node: ast.AST) -> str:
 
 
 def access_mask(call: ast.Call) -> ast.expr | None:
-    """The mask of a tl.load / tl.store call, given by keyword or by position (None: unmasked)."""
+    """The mask of a tl.load / tl.store / tl.atomic_* call, given by keyword or by position (None: unmasked;
+    a compare-and-swap takes none)."""
     leaf = dotted_name(call.func).split(".")[-1]
-    position = 2 if leaf == "store" else 1
+    if leaf == "atomic_cas":
+        return None
+    position = 2 if leaf == "store" or leaf.startswith("atomic_") else 1
     return _kw(call, "mask") or (call.args[position] if len(call.args) > position else None)
 
 

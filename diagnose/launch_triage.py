@@ -189,14 +189,20 @@ def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, v
     """What the masks do at this launch: one that is never false cannot cap a vector width (the source
     rule's suspicion goes), and one false for most lanes leaves most of each tile idle (a finding: the
     tile or the grid's split does not fit the sizes)."""
-    fractions: dict[int, float] = {}
+    fractions: dict[int, float] = {}  # exact: the share of lanes each access's mask lets through
+    at_most: dict[int, float] = {}  # bounded: a term the launch does not fix (a loop's offset) counts as all true
     for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
-        mask = access_mask(call) if dotted_name(call.func) in ("tl.load", "tl.store") else None
+        name = dotted_name(call.func)
+        mask = access_mask(call) if name in ("tl.load", "tl.store") or name.startswith("tl.atomic_") else None
         if mask is None:
             continue
-        fraction = _true_fraction(expand(mask, definitions, 8), values, facts.grid or ())
+        expanded = expand(mask, definitions, 8)
+        fraction = _true_fraction(expanded, values, facts.grid or ())
         if fraction is not None:
             fractions[call.lineno] = min(fraction, fractions.get(call.lineno, 1.0))
+        bound = _true_fraction(expanded, values, facts.grid or (), upper_bound=True)
+        if bound is not None:
+            at_most[call.lineno] = min(bound, at_most.get(call.lineno, 1.0))
     kept = []
     for f in findings:
         if f.kind == "vectorization.mask" and f.level == "L1" and f.kernel_lines and \
@@ -205,9 +211,9 @@ def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, v
                          f"{', '.join(map(str, f.kernel_lines))} is true for every lane")
             continue
         kept.append(f)
-    if not fractions:
+    if not at_most:
         return kept
-    line, worst = min(fractions.items(), key=lambda item: item[1])
+    line, worst = min(at_most.items(), key=lambda item: item[1])
     if worst >= 0.5:
         return kept
     name = Path(feats.file).name
@@ -221,12 +227,18 @@ def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, v
                            [ev], [line], "", "L1", 0.8 if worst < 0.25 else 0.6, gain=round(min(1 / worst, 16.0), 2))]
 
 
-def _true_fraction(mask: ast.expr, values: dict[str, int], grid: tuple[int, ...]) -> float | None:
+def _true_fraction(mask: ast.expr, values: dict[str, int], grid: tuple[int, ...], upper_bound: bool = False
+                   ) -> float | None:
     """The share of lanes (over the programs) a mask of the form `offs < bound` (and `&` of such) lets
     through, where offs is a tl.arange, offset per program by tl.program_id; None where this launch's
-    values do not fix it (a loop variable, a data-dependent bound)."""
+    values do not fix it (a loop variable, a data-dependent bound). With `upper_bound`, a conjunction of a
+    fixed term and one that is not is at most the fixed term's share (a row mask of 1 in 128 `&` a column
+    mask that moves with the loop)."""
     if isinstance(mask, ast.BinOp) and isinstance(mask.op, ast.BitAnd):
-        left, right = _true_fraction(mask.left, values, grid), _true_fraction(mask.right, values, grid)
+        left = _true_fraction(mask.left, values, grid, upper_bound)
+        right = _true_fraction(mask.right, values, grid, upper_bound)
+        if upper_bound and (left is None) != (right is None):
+            return left if right is None else right
         if left is None or right is None:
             return None
         # Bounds on one axis (both `cols < ..`) intersect; on two axes (`rows[:, None] < M`, `cols[None, :]

@@ -149,11 +149,37 @@ def _block_only_spans(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
         if name == "tl.arange" or name in ("tl.zeros", "tl.full") and call.args:
             spanned = call.args if name == "tl.arange" else call.args[:1]
             allowed |= {id(n) for a in spanned for n in m.findall(a, m.Name(axis.block))}
+    for value in _start_chain(kernel, axis):
+        allowed |= {id(n) for n in m.findall(value, m.Name(axis.block))}
+    return all(id(n) in allowed for n in m.findall(kernel.body, m.Name(axis.block)))
+
+
+def _start_chain(kernel: cst.FunctionDef, axis: MaskedAxis) -> list[cst.BaseExpression]:
+    """The axis's offsets and the top-level values they are computed from (`row_start = pid * BLOCK_M`,
+    then `rows = row_start + tl.arange(0, BLOCK_M)`): where a program's part of the axis begins."""
+    top: dict[str, list[cst.BaseExpression]] = {}
     for stmt in kernel.body.body:
         assign = simple_assign(stmt)
-        if assign is not None and assign[0] == axis.offsets:
-            allowed |= {id(n) for n in m.findall(assign[1], m.Name(axis.block))}
-    return all(id(n) in allowed for n in m.findall(kernel.body, m.Name(axis.block)))
+        if assign is not None:
+            top.setdefault(assign[0], []).append(assign[1])
+    chain, todo, seen = [], [axis.offsets], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or len(top.get(name, [])) != 1:
+            continue
+        seen.add(name)
+        chain.append(top[name][0])
+        todo += names_in(top[name][0])
+    return chain
+
+
+def _program_axis(kernel: cst.FunctionDef, axis: MaskedAxis) -> int | None:
+    """Which grid axis splits the masked axis: the one `tl.program_id(k)` in its start reads."""
+    found = {cst.ensure_type(call, cst.Call).args[0].value for value in _start_chain(kernel, axis)
+             for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name("program_id"))))
+             if cst.ensure_type(call, cst.Call).args}
+    numbers = {int(n.value) for n in found if isinstance(n, cst.Integer)}
+    return numbers.pop() if len(numbers) == 1 and len(found) == 1 else None
 
 
 def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compensate: bool) -> tuple[str, dict[str, Any]] | None:
@@ -178,10 +204,10 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compe
         binding = _binding(fn, block.value)
         if binding is None or not _defined_before(fn, binding[0], _roots(extent)):
             return None
-        axes = launch_grid_axes(module, call)
-        if axis.split and not (_grid_reads_meta(fn, call, axis.block)
-                               or axes is not None and any(block.value in names_in(g) for g in axes)):
+        if axis.split and not _grid_follows(module, fn, call, axis.block, block.value, _program_axis(kernel, axis)):
             return None  # `(triton.cdiv(n, 1024),)`: the grid would not follow the block
+        if not _other_launches_fit(module, fn, call, block.value, code(extent)):
+            return None  # the name sizes another launch's block, which would change with it
         line, number = binding
         written = str(number)
         value = simple_assign(line)[1]  # type: ignore[index]
@@ -203,7 +229,8 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compe
         if isinstance(given, cst.Integer):
             changes[id(given)] = cst.parse_expression(f"{given.value} * {factor}")
         elif isinstance(given, cst.Name) and (binding := _binding(fn, given.value)) is not None \
-                and _defined_before(fn, binding[0], _roots(extent)):
+                and _defined_before(fn, binding[0], _roots(extent)) \
+                and _other_launches_grow(module, fn, call, given.value, block):
             value = simple_assign(binding[0])[1]  # type: ignore[index]
             changes[id(value)] = cst.parse_expression(f"{binding[1]} * {factor}")
         else:
@@ -211,6 +238,87 @@ def _fitted(module: cst.Module, kernel: cst.FunctionDef, axis: MaskedAxis, compe
         params_out["grow"] = other
     new = module.visit(ReplaceNodes(changes))
     return new.code, params_out
+
+
+def _grid_follows(module: cst.Module, fn: cst.FunctionDef, call: cst.Call, param: str, name: str,
+                  index: int | None) -> bool:
+    """Whether the launch's grid reads the block: as `meta['<param>']`, or at the program axis `index` that
+    splits it, the name the launch passes, directly or through names `fn` binds once (`n_blocks =
+    triton.cdiv(M, BLOCK_M)`, then `kernel[(n_blocks, n_split)]`; `n_split` reading `n_blocks` is no axis 0)."""
+    if _grid_reads_meta(fn, call, param):
+        return True
+    axes = launch_grid_axes(module, call)
+    return axes is not None and index is not None and index < len(axes) and name in _reads(fn, axes[index])
+
+
+def _reads(fn: cst.FunctionDef, node: cst.CSTNode) -> set[str]:
+    """The names an expression of `fn` reads, and those read by the names among them that `fn` binds once."""
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    for assign in m.findall(fn, m.Assign()):
+        for target in cst.ensure_type(assign, cst.Assign).targets:
+            if isinstance(target.target, cst.Name):
+                bound.setdefault(target.target.value, []).append(cst.ensure_type(assign, cst.Assign).value)
+    seen: set[str] = set()
+    todo = list(names_in(node))
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            if len(bound.get(name, [])) == 1:
+                todo += names_in(bound[name][0])
+    return seen
+
+
+def _launches_passing(module: cst.Module, fn: cst.FunctionDef, besides: cst.Call, name: str
+                      ) -> list[tuple[cst.FunctionDef, cst.Call, list[str]]] | None:
+    """The other kernel launches in `fn` that pass `name`, with the kernel and the parameters it binds; None
+    where something other than a kernel is launched with it (not ours to read)."""
+    kernels = jit_functions(module)
+    found = []
+    for node in m.findall(fn, m.Call(func=m.Subscript())):
+        call = cst.ensure_type(node, cst.Call)
+        if call is besides or not any(m.matches(a.value, m.Name(name)) for a in call.args):
+            continue
+        kernel = kernels.get(dotted(cst.ensure_type(call.func, cst.Subscript).value))
+        if kernel is None:
+            return None
+        found.append((kernel, call, [p for p, a in launch_arguments(kernel, call).items()
+                                     if m.matches(a.value, m.Name(name))]))
+    return found
+
+
+def _other_launches_fit(module: cst.Module, fn: cst.FunctionDef, call: cst.Call, name: str, extent: str) -> bool:
+    """Whether every other launch the block's name reaches (a split rewrite's copy of the kernel, launched
+    in both branches of a dtype test) takes it as a block that may be fitted to the same extent."""
+    others = _launches_passing(module, fn, call, name)
+    if others is None:
+        return False
+    code = cst.Module([]).code_for_node
+    for kernel, launch, params in others:
+        arguments = {p: a.value for p, a in launch_arguments(kernel, launch).items()}
+        for param in params:
+            axis = next((a for a in masked_axes(kernel) if a.block == param and a.extent in arguments
+                         and code(arguments[a.extent]) == extent), None)
+            if axis is None or not _sole_extent(kernel, axis) or not _block_only_spans(kernel, axis) \
+                    or axis.split and not _grid_follows(module, fn, launch, param, name, _program_axis(kernel, axis)):
+                return False
+    return True
+
+
+def _other_launches_grow(module: cst.Module, fn: cst.FunctionDef, call: cst.Call, name: str,
+                         fitted: cst.BaseExpression) -> bool:
+    """Whether every other launch the loop block's name reaches takes it as the block its loop steps by,
+    beside the fitted block, with accesses masked along it (so that it may grow)."""
+    others = _launches_passing(module, fn, call, name)
+    if others is None:
+        return False
+    for kernel, launch, params in others:
+        arguments = {p: a.value for p, a in launch_arguments(kernel, launch).items()}
+        beside = [p for p, a in arguments.items() if a.deep_equals(fitted)]
+        if any(len(beside) != 1 or _loop_block(kernel, beside[0]) != p or not block_resizing(kernel, p).grow
+               for p in params):
+            return False
+    return True
 
 
 def _roots(node: cst.BaseExpression) -> set[str]:
