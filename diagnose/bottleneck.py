@@ -281,7 +281,7 @@ def _flops_from(work: KernelWork) -> str:
 def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Finding]:
     """Time that does not follow the work: flat across cases whose work differs many-fold, or a device
     busy for a small part of each call (the wrapper's Python, syncs, copies between launches)."""
-    flat = _flat_floor([(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases
+    flat = flat_floor([(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases
                         if c.roofline and c.roofline.bytes])
     times = [t for _, t, _ in flat] if flat is not None else []
     gain = _geomean_bound(times, len(cases))
@@ -312,7 +312,7 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
     return []
 
 
-def _flat_floor(sized: list[tuple[float, float, str]]) -> list[tuple[float, float, str]] | None:
+def flat_floor(sized: list[tuple[float, float, str]]) -> list[tuple[float, float, str]] | None:
     """The (bytes, us, label) cases, by work, that sit at the run's time floor: the contiguous run of
     cases around the fastest one whose times stay within HOST_FLAT of it while their work spans at least
     HOST_WORK_SPAN-fold, above a launch's time. That floor is a fixed cost per call whatever the size: a

@@ -99,3 +99,15 @@ def test_the_underfilled_grid_is_found_at_the_size_it_costs_and_the_answer_says_
     small = diagnose(request_from(KernelInput(task=task, case=0)), None, level_max="L1")
     assert not [f for f in small.findings if f.kind == "parallelism.grid-underfilled"]
     assert not any("L1 and L3 read case" in note for note in small.notes)
+
+
+def test_cases_at_the_host_floor_are_not_read_for_the_kernels_facts(tmp_path):
+    """TritonBench-T's o1 draft of fused_mv_sigmoid_sub on the H100: a scalar uploaded every call holds its
+    small cases at one time (the most headroom to the launch floor), while at 32768 x 32768 its row loop runs
+    256 times and reduces every iteration; read at 64 x 64, that loop ran once and the finding was dropped."""
+    # 4096 and 65536 elements both at ~100 us: flat over 16x the work, a host floor; 2^20 at 7% of its roof.
+    case, note = diagnosed_case(_task(tmp_path), _measured([100.0, 800.0, 104.0], [0.001, 0.07, 0.01]))
+    assert case == 1 and "not the 2 at the host floor" in note
+    # Where every case is at the floor, the headroom alone decides, as before.
+    case, note = diagnosed_case(_task(tmp_path), _measured([100.0, 104.0, 102.0], [0.001, 0.5, 0.5]))
+    assert case == 0 and "host floor" not in note
