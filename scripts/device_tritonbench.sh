@@ -32,9 +32,12 @@ mkdir -p "$FINAL" "$STATE"
 . "$(dirname "$0")/device_env.sh"
 start=$(date +%s)
 left() { echo $(( STOP_AFTER - ($(date +%s) - start) )); }
-# A finished import (its IMPORT.md and the bench under way) is not run again: the call goes to the bench,
-# and the tarball need not be carried.
-if [ -f "$STATE/tasks/IMPORT.md" ] && ls "$STATE"/*/bench.json > /dev/null 2>&1; then
+# A finished import (its IMPORT.md and the bench under way) is run again only where the tarball is carried: it
+# resumes, judging only the drafts left undecided (out of memory beside other checks, a lost folder), which
+# costs seconds; without the tarball the call goes straight to the bench. A draft judged again that passes takes
+# its operator's task folder: remove that operator's runs from the bench here (build/<state>/bench/runs/*/<op>)
+# before the next call, so that the bench runs the draft the import chose.
+if [ -f "$STATE/tasks/IMPORT.md" ] && ls "$STATE"/*/bench.json > /dev/null 2>&1 && [ ! -f "$TARBALL" ]; then
   echo "import finished earlier: $(head -1 "$STATE/tasks/IMPORT.md")" > "$FINAL/import.txt"
 else
   mkdir -p /tmp/tritonbench && tar xzf "$TARBALL" -C /tmp/tritonbench
