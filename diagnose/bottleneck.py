@@ -282,7 +282,7 @@ def _host_bound(cases: list[_Timed], log: EvidenceLog, where: str) -> list[Findi
     """Time that does not follow the work: flat across cases whose work differs many-fold, or a device
     busy for a small part of each call (the wrapper's Python, syncs, copies between launches)."""
     flat = flat_floor([(c.roofline.bytes or 0.0, c.timing.median_us, c.label) for c in cases
-                        if c.roofline and c.roofline.bytes])
+                       if c.roofline and c.roofline.bytes])
     times = [t for _, t, _ in flat] if flat is not None else []
     gain = _geomean_bound(times, len(cases))
     if flat is not None and gain >= HOST_MIN_GAIN:
