@@ -114,6 +114,9 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
     bar = progress_bar("bench")
 
     def event(what: str, job: Job) -> None:
+        if what == "replaced":
+            bar.console.print(f"{job.condition.name}/{job.operator}: its task changed since its run began; that run "
+                              f"is set aside under {directory / 'replaced'} and the job starts afresh")
         if what == "done":
             bar.advance(task)
             bar.console.print(f"{job.condition.name}/{job.operator}: {job.state} in {job.seconds:.0f} s "
@@ -121,7 +124,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
 
     from diagnose.bench import jobs, load_bench
 
-    todo = [j for j in jobs(directory, load_bench(directory)) if j.state in ("new", "partial")]
+    todo = [j for j in jobs(directory, load_bench(directory)) if j.state in ("new", "partial", "stale")]
     with bar:
         task = bar.add_task("jobs", total=len(todo))
         try:

@@ -35,8 +35,8 @@ left() { echo $(( STOP_AFTER - ($(date +%s) - start) )); }
 # A finished import (its IMPORT.md and the bench under way) is run again only where the tarball is carried: it
 # resumes, judging only the drafts left undecided (out of memory beside other checks, a lost folder), which
 # costs seconds; without the tarball the call goes straight to the bench. A draft judged again that passes takes
-# its operator's task folder: remove that operator's runs from the bench here (build/<state>/bench/runs/*/<op>)
-# before the next call, so that the bench runs the draft the import chose.
+# its operator's task folder, and the resumed bench sets that operator's runs aside (stale: docs/bench.md) and
+# runs the draft the import chose.
 if [ -f "$STATE/tasks/IMPORT.md" ] && ls "$STATE"/*/bench.json > /dev/null 2>&1 && [ ! -f "$TARBALL" ]; then
   echo "import finished earlier: $(head -1 "$STATE/tasks/IMPORT.md")" > "$FINAL/import.txt"
 else

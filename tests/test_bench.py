@@ -496,3 +496,32 @@ def test_a_bench_says_once_when_its_deep_strategies_cannot_search_the_kb(tmp_pat
     assert note.count("cannot be searched here (kb.retrieve is not installed): the deep runs resumed from") == 1
     assert "profile runs" not in note and "no L1 retrieval and no L4" in note
     assert note in write_report(bench_dir)["note"]
+
+
+def test_a_run_whose_task_changed_is_set_aside_and_its_job_starts_afresh(tmp_path):
+    """An import that judges an earlier draft again hands its operator a new kernel; a bench resumed over
+    that suite must not mix the run of the old kernel into its figures (the H100's T bench, 2026-12-05)."""
+    suite = _suite(tmp_path)
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(suite), ["rowsum_a", "rowsum_b"], [Condition("only")], rounds=1,
+                                      backend="interpreter"))
+    assert all(j.state == "finished" for j in run_bench(bench_dir, workers=2, command=_command({})))
+    assert (bench_dir / "runs" / "only" / "rowsum_a" / "task.sha").is_file()
+    kernel = next(p for p in (suite / "rowsum_a").glob("*.py") if p.name != "task.py")
+    kernel.write_text(kernel.read_text() + "\n# another draft\n")
+    # A run from before stamps cannot tell: it stands.
+    (bench_dir / "runs" / "only" / "rowsum_b" / "task.sha").unlink()
+    other = next(p for p in (suite / "rowsum_b").glob("*.py") if p.name != "task.py")
+    other.write_text(other.read_text() + "\n# changed too\n")
+    assert [j.state for j in jobs(bench_dir, load_bench(bench_dir))] == ["stale", "finished"]
+    data = write_report(bench_dir)
+    assert data["suite_by_condition"]["only"]["finished"] == 1  # the stale run is listed, not counted
+    assert "stale: its task changed since" in (bench_dir / "report.md").read_text()
+    events = []
+    again = run_bench(bench_dir, command=_command({}), on_event=lambda what, job: events.append((what, job.operator)))
+    assert ("replaced", "rowsum_a") in events and [j.state for j in again] == ["finished", "finished"]
+    (aside,) = (bench_dir / "replaced" / "only").iterdir()
+    assert aside.name.startswith("rowsum_a-") and (aside / "rounds.sqlite").is_file()
+    assert (aside / "only.rowsum_a.log").is_file()  # the old run's log goes with it
+    assert "Runs of rowsum_a set aside on" in load_bench(bench_dir).note
+    assert write_report(bench_dir)["suite_by_condition"]["only"]["finished"] == 2

@@ -145,9 +145,10 @@ def _round_seconds(rounds: Any) -> float:
 
 
 def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Figures over the finished runs only: a paused run's figure is a chained product, and a run whose
-    own kernel failed its checks has none (both are listed per operator, not counted here)."""
-    done = [r for r in rows if r.get("status") == "finished" and r.get("speedup")]
+    """Figures over the finished runs only: a paused run's figure is a chained product, a run whose own
+    kernel failed its checks has none, and a stale run measured a task the suite no longer holds (each is
+    listed per operator, not counted here)."""
+    done = [r for r in rows if r.get("status") == "finished" and r.get("speedup") and r.get("state") != "stale"]
     speedups = [r["speedup"] for r in done]
     best_level = {lv: sum(1 for r in done if r.get("best_level") == lv and r["best_round"]) for lv in LEVELS}
     best_level["none"] = sum(1 for r in done if not r["best_round"])
@@ -174,7 +175,7 @@ def _suite(rows: list[dict[str, Any]]) -> dict[str, Any]:
                  if r.get("roofline_initial") is not None and r.get("roofline_best") is not None]
     return {
         "operators": len(rows),
-        "finished": sum(1 for r in rows if r.get("status") == "finished"),
+        "finished": sum(1 for r in rows if r.get("status") == "finished" and r.get("state") != "stale"),
         # An operator whose stand-in was not timed (it returned host tensors, or failed) has no eager figure.
         "eager_operators": sum(1 for r in done if (r.get("vs_eager") or {}).get("best")),
         "initial_vs_eager": vs("vs_eager", "initial"),
@@ -359,7 +360,8 @@ def to_markdown(data: dict[str, Any]) -> str:
             mark = "" if exact else " (chained)"
             best = f"{r['best_round']} ({r.get('best_level') or '-'}, {r.get('best_pattern') or '-'})" \
                 if r["best_round"] else "0 (none accepted)"
-            cells += [f"{r['speedup']:.3f}x{mark}" + ("" if r.get("status") == "finished" else f", {r.get('status')}"),
+            cells += [f"{r['speedup']:.3f}x{mark}" + ("" if r.get("status") == "finished" else f", {r.get('status')}")
+                      + (", stale: its task changed since" if r.get("state") == "stale" else ""),
                       best, _fmt((r.get("vs_eager") or {}).get("best"), "x")]
         roof = next((r.get("roofline_initial") for r in rows if r.get("roofline_initial") is not None), None)
         eager = next(((r.get("vs_eager") or {}).get("initial") for r in rows if (r.get("vs_eager") or {}).get("initial")),

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +41,7 @@ from harness.backends import BackendName
 from harness.errors import UserFacingError
 
 __all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs", "load_bench", "load_suite",
-           "optimize_command", "retime", "run_bench", "set_timing_windows"]
+           "optimize_command", "replace_stale", "retime", "run_bench", "set_timing_windows", "task_digest"]
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = REPO / "corpora" / "operators"
@@ -88,7 +90,7 @@ class Job:
     operator: str
     task: Path
     run_dir: Path
-    state: str = "new"  # new | partial | finished | failed
+    state: str = "new"  # new | partial | finished | failed | stale (its task changed since the run began)
     returncode: int | None = None
     seconds: float = 0.0
     log: Path | None = None
@@ -211,8 +213,60 @@ def jobs(bench_dir: Path, spec: BenchSpec) -> list[Job]:
             run_dir = bench_dir / "runs" / condition.name / operator
             job = Job(condition, operator, tasks[operator], run_dir, log=bench_dir / "logs" / f"{condition.name}.{operator}.log")
             job.state = _state_of(run_dir)
+            if job.state != "new" and _stamped(run_dir) not in (None, task_digest(job.task)):
+                job.state = "stale"
             out.append(job)
     return out
+
+
+# What a run records of its task when it starts: a run whose task's files changed since (an import that
+# judged an earlier draft again and took it) measured a kernel the suite no longer holds.
+TASK_STAMP = "task.sha"
+
+
+def task_digest(task: Path) -> str:
+    """A digest of the Python files beside the task file (its kernel, reference and cases), by name. Not the
+    task file: a stand-in changed there is what `retime` measures again, without running the rounds again."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in task.parent.glob("*.py") if p != task):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _stamped(run_dir: Path) -> str | None:
+    stamp = run_dir / TASK_STAMP
+    return stamp.read_text().strip() if stamp.is_file() else None  # None: a run from before stamps
+
+
+def _stamp(job: Job) -> None:
+    """The task's digest beside a run that starts now (kept by a run that resumes)."""
+    if _stamped(job.run_dir) is None:
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        (job.run_dir / TASK_STAMP).write_text(task_digest(job.task) + "\n")
+
+
+def replace_stale(bench_dir: Path) -> list[Job]:
+    """Runs whose task changed since they began are set aside, whole, under `replaced/<condition>/`
+    (with their logs), so that their jobs start afresh on the task as it is; the note says which and when.
+    Returns those jobs, now new."""
+    spec = load_bench(bench_dir)
+    stale = [j for j in jobs(bench_dir, spec) if j.state == "stale"]
+    if not stale:
+        return []
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+    for job in stale:
+        aside = bench_dir / "replaced" / job.condition.name / f"{job.operator}-{stamp}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(job.run_dir), str(aside))
+        if job.log is not None and job.log.is_file():
+            shutil.move(str(job.log), str(aside / job.log.name))
+        job.state = "new"
+    said = ", ".join(sorted({j.operator for j in stale}))
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    spec.note = (spec.note + " " if spec.note else "") + \
+        f"Runs of {said} set aside on {when} (their task changed since they began) and run again."
+    _write_spec(bench_dir, spec)
+    return stale
 
 
 def _state_of(run_dir: Path) -> str:
@@ -265,6 +319,8 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
     loop with a deterministic judge through it). Ctrl-C interrupts the running jobs (their rounds
     stay resumable) before it returns to the caller.
     """
+    for job in replace_stale(bench_dir):
+        (on_event or (lambda _what, _job: None))("replaced", job)
     spec = load_bench(bench_dir)
     todo = [j for j in jobs(bench_dir, spec) if j.state not in ("finished", "failed")]
     (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -297,6 +353,7 @@ def run_bench(bench_dir: Path, workers: int = 1, stop_after: float | None = None
             except queue.Empty:
                 return
             say("start", job)
+            _stamp(job)
             left = deadline - time.time() if deadline is not None else None
             started = time.monotonic()
             job.returncode = _run_job(command(job, spec, left), env, job.log, deadline, live)  # type: ignore[arg-type]
@@ -371,6 +428,7 @@ def _ray_job(command: Command, job: Job, spec: BenchSpec, deadline: float | None
     The command is built when the task starts, so its own deadline is what is left then."""
     if deadline is not None and time.time() >= deadline:
         return None, 0.0, job.state  # queued past the deadline: left for the next invocation
+    _stamp(job)
     started = time.monotonic()
     code = _run_job(command(job, spec, deadline - time.time() if deadline is not None else None), _job_env(),
                     Path(job.log or os.devnull), deadline)
