@@ -200,7 +200,7 @@ def _masks(feats: KernelFeatures, facts: LaunchFacts, kernel: ast.FunctionDef, v
         fraction = _true_fraction(expanded, values, facts.grid or ())
         if fraction is not None:
             fractions[call.lineno] = min(fraction, fractions.get(call.lineno, 1.0))
-        bound = _true_fraction(expanded, values, facts.grid or (), upper_bound=True)
+        bound = fraction if fraction is not None else _true_fraction(expanded, values, facts.grid or (), upper_bound=True)
         if bound is not None:
             at_most[call.lineno] = min(bound, at_most.get(call.lineno, 1.0))
     kept = []

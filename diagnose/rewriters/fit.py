@@ -45,7 +45,7 @@ from diagnose.rewriters.base import (
     simple_assign,
     start_plus_arange,
 )
-from diagnose.rewriters.blocks import names_in
+from diagnose.rewriters.blocks import names_in, plain_assignments
 from diagnose.rewriters.resizing import block_resizing
 
 __all__ = ["MaskedAxis", "fit_tile_to_extent", "masked_axes"]
@@ -64,11 +64,7 @@ def masked_axes(kernel: cst.FunctionDef) -> list[MaskedAxis]:
     params = {p.name.value for p in kernel.params.params}
     constexpr = {p.name.value for p in kernel.params.params
                  if p.annotation and dotted(p.annotation.annotation).endswith("constexpr")}
-    top: dict[str, list[cst.BaseExpression]] = {}
-    for stmt in kernel.body.body:
-        assign = simple_assign(stmt)
-        if assign is not None:
-            top.setdefault(assign[0], []).append(assign[1])
+    top = _top_level(kernel)
 
     def from_program_id(expr: cst.BaseExpression, seen: set[str]) -> bool:
         if m.findall(expr, m.Call(func=m.Attribute(attr=m.Name("program_id")))):
@@ -154,14 +150,20 @@ def _block_only_spans(kernel: cst.FunctionDef, axis: MaskedAxis) -> bool:
     return all(id(n) in allowed for n in m.findall(kernel.body, m.Name(axis.block)))
 
 
-def _start_chain(kernel: cst.FunctionDef, axis: MaskedAxis) -> list[cst.BaseExpression]:
-    """The axis's offsets and the top-level values they are computed from (`row_start = pid * BLOCK_M`,
-    then `rows = row_start + tl.arange(0, BLOCK_M)`): where a program's part of the axis begins."""
+def _top_level(kernel: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+    """The values each local is bound to by the kernel's top-level statements."""
     top: dict[str, list[cst.BaseExpression]] = {}
     for stmt in kernel.body.body:
         assign = simple_assign(stmt)
         if assign is not None:
             top.setdefault(assign[0], []).append(assign[1])
+    return top
+
+
+def _start_chain(kernel: cst.FunctionDef, axis: MaskedAxis) -> list[cst.BaseExpression]:
+    """The axis's offsets and the top-level values they are computed from (`row_start = pid * BLOCK_M`,
+    then `rows = row_start + tl.arange(0, BLOCK_M)`): where a program's part of the axis begins."""
+    top = _top_level(kernel)
     chain, todo, seen = [], [axis.offsets], set()
     while todo:
         name = todo.pop()
@@ -253,11 +255,7 @@ def _grid_follows(module: cst.Module, fn: cst.FunctionDef, call: cst.Call, param
 
 def _reads(fn: cst.FunctionDef, node: cst.CSTNode) -> set[str]:
     """The names an expression of `fn` reads, and those read by the names among them that `fn` binds once."""
-    bound: dict[str, list[cst.BaseExpression]] = {}
-    for assign in m.findall(fn, m.Assign()):
-        for target in cst.ensure_type(assign, cst.Assign).targets:
-            if isinstance(target.target, cst.Name):
-                bound.setdefault(target.target.value, []).append(cst.ensure_type(assign, cst.Assign).value)
+    bound = plain_assignments(fn)
     seen: set[str] = set()
     todo = list(names_in(node))
     while todo:
