@@ -158,3 +158,37 @@ def test_the_loop_plans_it_for_a_memory_bound_kernel_and_it_applies_there():
                if h.finding == "profile.memory-bound"]
     assert "eviction-hints" in planned
     assert rewrite("eviction-hints", SCALE_ROWS, {"finding": "profile.memory-bound"})
+
+
+def _memory_bound_plan(catalog: list) -> list[str]:
+    from diagnose.loop_options import OptimizeOptions
+    from diagnose.planning import hypotheses
+    from diagnose.records import Answer, Finding, Recommendation
+
+    bound = Finding("profile.memory-bound", "memory", "memory-bound at 0.6 of the copy rate", "", ["E1"], level="L2",
+                    confidence=0.8)
+    # Diagnosis recommends its two best patterns for the finding, the one with fewer symptoms first.
+    recommended = [Recommendation(pid, pid, "", "", "", "low", bound.kind, ["E1"], "symptom")
+                   for pid in (PATTERN, "block-size-num-warps")]
+    answer = Answer("why slow", "scale_rows", "cuda", "", [bound], recommended, [], [], ["L1", "L2"], stopped_at="L2")
+    return [h.pattern for h in hypotheses(answer, OptimizeOptions(), catalog)]
+
+
+def test_its_measured_record_ranks_it_behind_the_launch_knobs_until_a_home_learns_otherwise(tmp_path):
+    """Timed on the H100 it gained nothing (the catalog carries that record); it outranked
+    block-size-num-warps by having fewer symptoms alone. A home whose runs saw it win puts it first again."""
+    import json
+
+    from kb.home import KBHome
+    from kb.patterns import catalog_for
+
+    plan = _memory_bound_plan(catalog_for(None))
+    assert plan.index("block-size-num-warps") < plan.index(PATTERN)
+    home = KBHome(tmp_path / "home").ensure()
+    home.patterns_dir.mkdir(parents=True, exist_ok=True)
+    won = [{"run": f"r{i}", "round": 1, "task": "gemv", "family": "memory", "finding": "profile.memory-bound",
+            "level": "L2"} for i in range(4)]
+    (home.patterns_dir / "stats.json").write_text(json.dumps(
+        {"patterns": {PATTERN: {"tries": 4, "wins": 4, "speedups": [1.1] * 4, "applied": won, "failed": []}}}))
+    plan = _memory_bound_plan(catalog_for(home))
+    assert plan.index(PATTERN) < plan.index("block-size-num-warps")
