@@ -50,15 +50,17 @@ def _parsed(line: str) -> dict[str, Any]:
 
 def patterns_of(line: str) -> list[str]:
     """The patterns whose rewrites a wide round's variant holds, read from its params line: one for a
-    variant, several for a stack, those of the variant a small-shape path is built over; [] for a line
-    of a round of one hypothesis."""
+    variant, several for a stack, for a small-shape path those of the variant it runs on the large inputs,
+    then those of the one it runs on the small (where that is one of the round's); [] for a line of a round
+    of one hypothesis."""
     params = _parsed(line)
     if STACK_KEY in params:
         return [str(p) for p in params[STACK_KEY]]
     if "pattern" in params:
         return [str(params["pattern"])]
     if "over" in params:  # a small-shape path (diagnose/small_shapes.py) over one of the round's variants
-        return patterns_of(str(params["over"]))
+        held = patterns_of(str(params["over"]))  # the large inputs' rewrite first: the round is its
+        return held + [p for p in patterns_of(str(params.get("under", ""))) if p not in held]
     return []
 
 

@@ -346,14 +346,42 @@ def diagnose_kernel(store: RoundsStore, task: Task, parent: Path, entry: str, op
              KernelInput(kernel=spec.kernel, call=spec.call, rewrite=str(parent), entry=entry))
     request = request_from(given, target, store.dir / "compile-cache", last_report(store))
     answer = diagnose(request, home, options.release, options.strategy)
+    return answer, launch_record(request.launches())  # intercepted for L1 already (cached): no second launch
+
+
+def launch_record(launches: list[Any]) -> dict[str, dict[str, int]]:
+    """What a rewriter's context carries of a kernel's launches (`LaunchFacts`): per kernel its first launch's
+    options, its programs, and the SMs of the device it was intercepted for (0 where not a GPU's)."""
     from harness.cuda_shim import device_model_for
 
     launched: dict[str, dict[str, int]] = {}
-    for facts in request.launches():  # intercepted for L1 already (cached): no second launch
+    for facts in launches:
         sms = device_model_for(facts.target).sm_count if facts.target.startswith("cuda") else 0
         launched.setdefault(facts.kernel, {"num_warps": facts.num_warps, "num_stages": facts.num_stages,
                                            "programs": facts.programs or 0, "sms": sms})
-    return answer, launched
+    return launched
+
+
+def _stacked_context(store: RoundsStore, spec: TaskSpec, task: Task, hyp: Hypothesis, source: str, entry: str,
+                     options: OptimizeOptions) -> dict[str, Any]:
+    """A rewriter's context for a stack's next step: the facts of the kernel it rewrites (a winner's, which may
+    launch another grid, other options, or a kernel of another name), not the parent's. Its launches are
+    intercepted on the case the round's diagnosis read; where that fails the step goes without them."""
+    from diagnose.request import diagnosed_case
+    from harness.run import kernel_launch_facts
+
+    file = store.dir / f".stacked-{source_sha(source)[:12]}.py"  # beside the round's files, as its parent is
+    file.write_text(source)
+    try:
+        case = diagnosed_case(task, last_report(store))[0] if spec.path is not None else 0
+        target = "npu" if options.backend == "npu" else None
+        launched = launch_record(kernel_launch_facts(spec, str(file), entry, case=case, target=target))
+    except UserFacingError:
+        launched = {}
+    try:
+        return _context(task, replace(hyp, launched=launched), file)
+    finally:
+        file.unlink(missing_ok=True)
 
 
 def last_report(store: RoundsStore) -> RunReport | None:
@@ -469,7 +497,8 @@ def _work_round(store: RoundsStore, r: Round, spec: TaskSpec, task: Task, entry:
     if r.others:
         by_pattern = {h.pattern: h for h in [r.hypothesis, *r.others]}
         results += judged_stacks(store.dir, r.idx, judge, spec, parent, entry, options, results,
-                                 lambda pattern, text: rewrite(pattern, text, _context(task, by_pattern[pattern], parent)),
+                                 lambda pattern, text: rewrite(pattern, text, _stacked_context(
+                                     store, spec, task, by_pattern[pattern], text, entry, options)),
                                  lambda msg: say(f"round {r.idx}: {msg}"))
     composed = small_shape_variant(store.dir, r.idx, source, results, entry, options)
     if composed is not None:  # a winner on large inputs that lost the small ones: the parent's code there

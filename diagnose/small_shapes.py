@@ -58,21 +58,21 @@ def size_split(report: RunReport, noise: float) -> SizeSplit | None:
 
 
 def _small_path(judged: list[Judged], large: int, split: SizeSplit, options: OptimizeOptions
-                ) -> tuple[Path, dict[str, float]] | None:
-    """The round's variant (other than `large`) fastest on the split's small cases, with its figures there,
-    where it beat the parent beyond its noise on every one of them; None where none did."""
-    found: list[tuple[float, Path, dict[str, float]]] = []
-    for j, (file, _, report, _) in enumerate(judged):
+                ) -> tuple[Path, str, dict[str, float]] | None:
+    """The round's variant (other than `large`) fastest on the split's small cases, with its params line and
+    its figures there, where it beat the parent beyond its noise on every one of them; None where none did."""
+    found: list[tuple[float, Path, str, dict[str, float]]] = []
+    for j, (file, params, report, _) in enumerate(judged):
         if j == large:
             continue
         _, noise, _ = verdict(report, options)
         figures = {label: s for label, s in report.speedups().items() if label in split.small}
         if len(figures) == len(split.small) and all(s > 1 + noise for s in figures.values()):
-            found.append((geomean(figures.values()) or 1.0, file, figures))
+            found.append((geomean(figures.values()) or 1.0, file, params, figures))
     if not found:
         return None
-    _, file, figures = max(found, key=lambda x: x[0])
-    return file, figures
+    _, file, params, figures = max(found, key=lambda x: x[0])
+    return file, params, figures
 
 
 def small_shape_variant(directory: Path, idx: int, parent_source: str, judged: list[Judged], entry: str,
@@ -100,7 +100,7 @@ def small_shape_variant(directory: Path, idx: int, parent_source: str, judged: l
     file, params, report, _ = judged[i]
     small = _small_path(judged, i, split, options)
     large_figures = [s for label, s in report.speedups().items() if label not in split.small]
-    small_figures = list(small[1].values()) if small else [1.0] * len(split.small)
+    small_figures = list(small[2].values()) if small else [1.0] * len(split.small)
     predicted = geomean([*large_figures, *small_figures]) or predicted
     small_source = small[0].read_text() if small else parent_source
     source = size_dispatch(small_source, file.read_text(), entry, split.threshold)
@@ -112,8 +112,11 @@ def small_shape_variant(directory: Path, idx: int, parent_source: str, judged: l
     path = directory / f"round-{idx:03d}.v{len(list(directory.glob(f'round-{idx:03d}.v*.py')))}.py"
     path.write_text(source)
     below = small[0].name if small else "the parent"
+    # "over": the large inputs' variant; "under": the small inputs' where it is one of the round's, so that
+    # the round credits the rewrites of both (diagnose/composition.py patterns_of).
     line = repr({"dispatch": f"{file.name} above {split.threshold} input bytes, {below} at or below",
-                 "small": list(split.small), "predicted": round(predicted, 3), "over": params})
+                 "small": list(split.small), "predicted": round(predicted, 3), "over": params,
+                 **({"under": small[1]} if small else {})})
     with listing.open("a") as out:
         out.write(line + "\n")
     return path, line

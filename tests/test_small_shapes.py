@@ -171,6 +171,7 @@ def test_the_small_path_is_the_rounds_variant_that_beat_the_parent_on_every_smal
               ((narrow, "{'narrow': 64}", small_win), (wide, "{'grow': 1024}", big), (near, "{'narrow': 32}", within_noise))]
     path, line = small_shape_variant(tmp_path, 3, SMALL, judged, "axpy", options) or (None, "")
     assert path is not None and "round-003.v1.py above" in line and "round-003.v0.py at or below" in line, line
+    assert eval(line)["under"] == "{'narrow': 64}"  # noqa: S307 - our own repr: the small inputs' variant's line
     merged = path.read_text()
     assert "BLOCK_kb_small = 64" in merged and "BLOCK = 1024" in merged  # the narrow tile below, the wide above
     predicted = eval(line)["predicted"]  # noqa: S307 - our own repr
@@ -181,6 +182,7 @@ def test_the_small_path_is_the_rounds_variant_that_beat_the_parent_on_every_smal
         f.unlink()
     path, line = small_shape_variant(tmp_path, 3, SMALL, [judged[1], judged[2]], "axpy", options) or (None, "")
     assert path is not None and "the parent at or below" in line and "BLOCK_kb_small = 128" in path.read_text()
+    assert "under" not in eval(line)  # noqa: S307 - the parent's code below holds no rewrite of the round
 
 
 class _SmallCaseLoses(MarkerJudge):

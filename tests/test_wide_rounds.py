@@ -161,6 +161,14 @@ def test_a_small_shape_path_over_a_wide_rounds_variant_holds_that_variants_patte
     line = repr({"dispatch": "round-001.v3.py above 4096 input bytes", "small": ["n=1"], "predicted": 1.2, "over": over})
     assert patterns_of(line) == ["tile-search"]
     assert patterns_of(repr({"num_warps": 2})) == []  # a round of one hypothesis: its own
+    # The small inputs run another of the round's variants: both rewrites are held, the large inputs' first.
+    under = tagged("fit-tile-to-extent", {"BLOCK": 64})
+    both = repr({"dispatch": "round-001.v3.py above 4096 input bytes, round-001.v1.py at or below", "small": ["n=1"],
+                 "predicted": 1.3, "over": over, "under": under})
+    assert patterns_of(both) == ["tile-search", "fit-tile-to-extent"]
+    same = repr({"dispatch": "...", "small": ["n=1"], "predicted": 1.3, "over": over,
+                 "under": tagged("tile-search", {"BLOCK": 32})})
+    assert patterns_of(same) == ["tile-search"]
 
 
 def _hyp(finding: str, pattern: str) -> Hypothesis:
@@ -250,3 +258,26 @@ def test_a_pattern_outpaced_in_a_wide_round_is_tried_later_and_counts_neither_wa
     store.close()
     stats = synthesize(home, [home.runs_dir / "w"])["stats"]
     assert stats == {"relaxed-atomics": {"tries": 1, "wins": 1}}  # the outpaced pattern neither won nor failed
+
+
+def test_a_stacks_next_rewrite_reads_the_launch_of_the_kernel_it_rewrites(tmp_path):
+    """The winner a stack builds on may launch another kernel (a split's copy), other options or another grid:
+    the next rewriter's context holds that kernel's intercepted launch, not the parent's."""
+    from diagnose.optimize import _stacked_context
+    from harness.task import load_job_task
+
+    judge = TimedJudge(cost=independent_cost)
+    try:
+        store = optimize(SPEC, _options(rounds=1, breadth=2), tmp_path / "run", judge=judge)
+    finally:
+        judge.close()
+    (r,) = store.rounds()
+    assert set(r.hypothesis.launched) == {"rowsum_kernel"} and r.hypothesis.launched["rowsum_kernel"]["num_warps"] == 1
+    winner = (store.dir / "round-000.py").read_text().replace("rowsum_kernel", "rowsum_kb_split").replace(
+        "num_warps=1", "num_warps=4")
+    context = _stacked_context(store, SPEC, load_job_task(SPEC), r.hypothesis, winner, "row_sum", _options())
+    (name, seen), = context["launched"].items()
+    assert name == "rowsum_kb_split" and seen["num_warps"] == 4, context["launched"]
+    assert seen["programs"] in (4, 8)  # a case's rows, one program each
+    assert context["features"] == "loop" and not list(store.dir.glob(".stacked-*"))  # read, then removed
+    store.close()
