@@ -21,7 +21,7 @@ from diagnose.rewriters.base import (
     program_axis,
     register,
 )
-from diagnose.rewriters.blocks import enclosing_function, names_in, reaching_value
+from diagnose.rewriters.blocks import enclosing_function, names_in, plain_assignments, pointer_roots, reaching_value
 from diagnose.rewriters.configs import DOT_TILES, autotuned_kernels
 from diagnose.rewriters.launch import (
     TRITON_DEFAULT_KNOBS,
@@ -35,6 +35,7 @@ from diagnose.rewriters.launch import (
     with_divisor,
 )
 from diagnose.rewriters.resizing import kernels_resizing
+from diagnose.rewriters.untie import untie_shared_binding, untie_shared_block
 
 # A dot kernel with an M x N tile and no K block (attention: K is the head dimension, a constexpr),
 # (BLOCK_M, BLOCK_N, num_stages, num_warps), measured: the four best of nine (the fused-attention
@@ -165,6 +166,12 @@ def _tile_plan(source: str) -> _TilePlan | None:
     names = {axis: next((k for k in current if k.startswith("BLOCK") and k.endswith(f"_{axis}")), None) for axis in "MNK"}
     if names["M"] is None or names["N"] is None:
         return None
+    # Blocks bound to one name (`BLOCK_M=BS, BLOCK_N=BS`) cannot take a tile's different sizes where they are
+    # written: untie.py gives each its own first.
+    bindings = [(k.scope, k.local) if k.local else ("", f"param {k.param}") if k.param else None
+                for b in names.values() if b is not None and (k := current.get(b)) is not None]
+    if len([b for b in bindings if b]) != len({b for b in bindings if b}):
+        return None
     if names["K"] is None:
         del names["K"]
         shapes = [dict(zip((names["M"], names["N"], "num_stages", "num_warps"), t)) for t in _DOT_TILES_NO_K]
@@ -227,7 +234,7 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
     `triton.cdiv(.., B)` divisors moved with the block of their axis (found from the kernel's
     `tl.program_id(axis) * BLOCK`). [] when the kernel is not of that form or a grid divisor cannot be
     tied to a block."""
-    plan = _tile_plan(source)
+    plan, untied = _plan_untied(source)
     if plan is None:
         return []
     variants = []
@@ -241,16 +248,38 @@ def dot_tile_configs(source: str, context: dict[str, Any]) -> list[Variant]:
         for key, value in values.items():
             # only the tiled kernels' launches: a second kernel beside them keeps its warps and stages
             new = new.visit(SetKnob(plan.tiled, key, value, plan.current.get(key)))
-        variants.append(Variant(values, new.code))
+        variants.append(Variant({**values, **untied}, new.code))
     return variants
+
+
+def _plan_untied(source: str) -> tuple[_TilePlan | None, dict[str, str]]:
+    """The tile plan of the kernel as written, else of the kernel with its shared block untied, or its blocks'
+    shared wrapper local split (untie.py), with the params that say so (`{"untied": "BLOCK_SIZE"}`)."""
+    plan = _tile_plan(source)
+    if plan is not None:
+        return plan, {}
+    untied = untie_shared_block(source)
+    if untied is None:
+        module = cst.parse_module(source)
+        for name, kernel in jit_functions(module).items():
+            if m.findall(kernel, m.Call(func=m.Attribute(attr=m.Name("dot")))):
+                blocks = _AxisBlocks()
+                kernel.visit(blocks)
+                untied = untie_shared_binding(source, name, blocks.axis_block)
+                if untied is not None:
+                    break
+    if untied is None:
+        return None, {}
+    return _tile_plan(untied.source), {"untied": untied.block}
 
 
 class _PointerRoots(InJit):
     """Kernel parameters written through tl.store and read through tl.load, and whether any atomic is
     issued: an autotuned kernel runs several times on the same buffers while it is tuned."""
 
-    def __init__(self) -> None:
+    def __init__(self, assigned: Mapping[str, list[cst.BaseExpression]] | None = None) -> None:
         super().__init__()
+        self.assigned = assigned or {}  # the kernel's plain assignments: a local address is followed to its roots
         self.loaded: set[str] = set()
         self.stored: set[str] = set()
         self.atomics = False
@@ -259,14 +288,12 @@ class _PointerRoots(InJit):
         if not self.depth or not node.args:
             return
         name = dotted(node.func)
-        root = node.args[0].value
-        while isinstance(root, cst.BinaryOperation):
-            root = root.left
         target = {"tl.load": self.loaded, "tl.store": self.stored}.get(name)
         if target is not None:
-            # The root name of the pointer; one built elsewhere (`ptrs = x_ptr + offs`) is a local name,
-            # which the caller's "only parameters" test rejects, as it does "?" for anything else.
-            target.add(root.value if isinstance(root, cst.Name) else "?")
+            # The names the address starts from, followed through the kernel's plain assignments (`ptrs =
+            # x_ptr + offs` starts from x_ptr); anything else is "?", which the caller's "only parameters" rejects.
+            roots = pointer_roots(node.args[0].value, self.assigned)
+            target.update(r if r.isidentifier() else "?" for r in roots if r not in self.assigned)
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("load", "store") \
                 and not name.startswith("tl."):
             self.stored.add("?")  # a tensor descriptor or block pointer: what it reads and writes is unknown
@@ -359,7 +386,7 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     cannot suit 512^2 and 4096^2 at once. Only for kernels that neither issue atomics nor read a buffer
     they write, since tuning runs the kernel several times; [] where the tile search would give up, the
     knobs are bound to wrapper parameters, or a wrapper local holding one is read other than to size a launch."""
-    plan = _tile_plan(source)
+    plan, untied = _plan_untied(source)
     tuned = plan.grids.launched & plan.tiled if plan is not None else set()
     if plan is None or len(tuned) != 1:
         return []
@@ -379,7 +406,7 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     if local and not all(_locals_only_size_launches(plan.module, scope, set(local), plan.parents) for scope in scopes):
         return []
     params = [p.name.value for p in kernel.params.params]
-    roots = _PointerRoots()
+    roots = _PointerRoots(plain_assignments(kernel))
     kernel.visit(roots)
     if roots.atomics or roots.loaded & roots.stored or not (roots.loaded | roots.stored) <= set(params):
         return []
@@ -405,7 +432,7 @@ def dot_tile_autotune(source: str, context: dict[str, Any]) -> list[Variant]:
     if grid.changed != plan.grids.literal_cdivs:
         return []
     new = new.visit(_Autotuned(kernel, knobs, decorator))
-    return [Variant({"autotune": [dict(s) for s in shapes], "key": key}, new.code)]
+    return [Variant({"autotune": [dict(s) for s in shapes], "key": key, **untied}, new.code)]
 
 
 register("wgmma-friendly-tiles")(dot_tile_configs)
