@@ -94,8 +94,8 @@ def _wrapper_work(feats: KernelFeatures, launches: list[LaunchFacts], log: Evide
     return [Finding("host.torch-work", "host", f"the wrapper does PyTorch work beside the kernel: {ops}",
                     "Each PyTorch op is a kernel launch and a pass over its tensors of its own, timed with the call "
                     "but not part of the Triton kernel: a scaling, a cast or a clone of an input can be done by the "
-                    "kernel as it loads, and a copy to make a view contiguous by the kernel reading the view's "
-                    "strides.", [ev], [line], "", "L1", 0.8, gain=round(gain, 2))]
+                    "kernel as it loads, a copy to make a view contiguous by the kernel reading the view's "
+                    "strides, and a sum, mean or norm of the kernel's output by the kernel as it stores it.", [ev], [line], "", "L1", 0.8, gain=round(gain, 2))]
 
 
 # ----------------------------------------------------------------------------------- parallelism

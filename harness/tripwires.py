@@ -170,7 +170,7 @@ def allowed_op(name: str, allow_torch: frozenset[str]) -> bool:
 _ALIASES = {
     "matmul": {"mm", "bmm", "addmm", "baddbmm", "matmul", "mv", "dot"},
     "softmax": {"softmax", "log_softmax"}, "max": {"max", "amax"}, "min": {"min", "amin"},
-    "sum": {"sum"}, "mean": {"mean"}, "cat": {"cat", "stack"}, "random": {"normal", "uniform", "randn", "rand",
+    "sum": {"sum"}, "mean": {"mean"}, "norm": {"norm", "linalg_vector_norm"}, "cat": {"cat", "stack"}, "random": {"normal", "uniform", "randn", "rand",
                                                                            "randint", "random", "bernoulli"},
 }
 

@@ -1,0 +1,319 @@
+"""Fold a whole-tensor reduction the wrapper runs on the kernel's output into the kernel (issue 27, host side;
+pattern fold-output-reduction, found by L1's `host.torch-work`).
+
+First drafts of fused operators often write the elementwise part in Triton and leave the reduction to
+PyTorch: `exp_kernel[grid](x, out, n)` then `out.mean()`, or `y += alpha * x` in the kernel then
+`torch.norm(y)`. The reduction reads the whole output back from memory: a third (or half) of the call's
+traffic. Each program can reduce the tile it stores while it holds it; the wrapper then reduces a few
+hundred partials instead of the tensor. The same PyTorch call on the partials gives the result, with
+each partial chosen so that it does:
+
+- `T.sum()` / `torch.sum(T)`: each program's sum;
+- `T.mean()` / `torch.mean(T)`: each program's sum times programs / T.numel() (a number the wrapper
+  computes), so that the mean of the partials is the mean of T;
+- `torch.norm(T)` / `T.norm()` (the 2-norm: no `p`, or `p=2`) / `torch.linalg.vector_norm(T)`: each program's
+  sqrt(sum of squares), so that the norm of the partials is the norm of T;
+
+with the `dtype=` the call gives, the result cast to the dtype the call on T returns. The partials are
+fp32, whatever T's dtype: an fp16 sum of a thousand exponentials would overflow.
+
+It applies where the sum over the stored lanes is provably T's:
+- the kernel is launched once, on a 1-D grid (`base.launch_grid`), stores T's parameter once, outside any
+  loop, at `pid * BLOCK + tl.arange(0, BLOCK)` (through names) under `offsets < N` or no mask;
+- the launch passes N as `T.numel()` (or a name bound to it, or to `X.numel()` where T is
+  `torch.empty_like(X)` / `zeros_like(X)`), and the grid is `triton.cdiv(N, BLOCK)` programs;
+- the launch is a statement of the wrapper's body (not in a branch or loop), the reductions come after it,
+  and nothing between writes T (no other launch, no in-place op, no reassignment).
+
+The kernel still stores T (other uses of it stay as they were).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
+
+from diagnose.rewriters.aliasing import mutated_in_place
+from diagnose.rewriters.base import (
+    Variant,
+    dotted,
+    jit_functions,
+    launch_arguments,
+    launch_grid,
+    mask_argument,
+    register,
+    start_plus_arange,
+    target_launch,
+    with_keywords,
+    with_parameters,
+)
+from diagnose.rewriters.blocks import assigned_names, plain_assignments, reaching_value
+
+__all__ = ["fold_output_reduction"]
+
+_PARTIALS, _SCALE, _PROGRAMS = "_kb_partials", "_kb_scale", "_kb_programs"
+
+
+@dataclass(frozen=True)
+class _Reduction:
+    """One call of the wrapper that reduces the whole of T: its node, its kind (sum, mean, norm), and the
+    dtype argument it passes (None: T's)."""
+
+    call: cst.Call
+    kind: str
+    dtype: cst.BaseExpression | None
+
+
+def _reduction(call: cst.Call, tensor: str) -> _Reduction | None:
+    """`call` as a whole-tensor reduction of `tensor`, else None."""
+    func = dotted(call.func)
+    method = isinstance(call.func, cst.Attribute) and m.matches(call.func.value, m.Name(tensor))
+    positional = [a for a in call.args if a.keyword is None]
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    if any(a.star for a in call.args):
+        return None
+    if method:
+        kind = cst.ensure_type(call.func, cst.Attribute).attr.value
+        args = positional
+    elif func in ("torch.sum", "torch.mean", "torch.norm", "torch.linalg.vector_norm") and positional \
+            and m.matches(positional[0].value, m.Name(tensor)):
+        kind, args = func.rsplit(".", 1)[-1], positional[1:]
+    else:
+        return None
+    kind = {"vector_norm": "norm"}.get(kind, kind)
+    if kind not in ("sum", "mean", "norm") or args:
+        return None
+    if kind == "norm":
+        p = keywords.pop("p", None) if "p" in keywords else keywords.pop("ord", None)
+        if p is not None and not m.matches(p, m.Integer("2") | m.Float("2.0")):
+            return None
+    dtype = keywords.pop("dtype", None)
+    if keywords:  # dim, keepdim, out: not a whole-tensor reduction into a new value
+        return None
+    return _Reduction(call, kind, dtype)
+
+
+@dataclass
+class _Plan:
+    kernel: cst.FunctionDef
+    launch: cst.Call
+    statement: cst.SimpleStatementLine  # the wrapper's statement holding the launch
+    wrapper: cst.FunctionDef
+    pointer: str  # the kernel's parameter T binds
+    tensor: str
+    store: cst.Call
+    reductions: list[_Reduction]
+    programs: cst.BaseExpression  # the launch's grid, as the wrapper can evaluate it before the launch
+
+
+def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
+    target = target_launch(module, context)
+    if target is None:
+        return None
+    name, launch = target
+    kernel = jit_functions(module)[name]
+    parents = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    expression = parents.get(launch)
+    statement = parents.get(expression) if expression is not None else None
+    block = parents.get(statement) if statement is not None else None
+    wrapper = parents.get(block) if block is not None else None
+    if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(wrapper, cst.FunctionDef)
+            and isinstance(wrapper.body, cst.IndentedBlock) and statement in wrapper.body.body):
+        return None  # a launch in a branch, a loop or an expression
+    bound = launch_arguments(kernel, launch)
+    stores = [c for c in m.findall(kernel, m.Call()) if dotted(cst.ensure_type(c, cst.Call).func) == "tl.store"]
+    for pointer, arg in bound.items():
+        tensor = arg.value.value if isinstance(arg.value, cst.Name) else None
+        mine = [cst.ensure_type(s, cst.Call) for s in stores if _stores_through(cst.ensure_type(s, cst.Call), pointer)]
+        if tensor is None or len(mine) != 1:
+            continue
+        after = list(wrapper.body.body[wrapper.body.body.index(statement) + 1:])
+        reductions = [r for stmt in after for c in m.findall(stmt, m.Call())
+                      if (r := _reduction(cst.ensure_type(c, cst.Call), tensor)) is not None]
+        if not reductions or not _untouched_after(after, tensor, wrapper):
+            continue
+        programs = launch_grid(module, launch)
+        if programs is None:
+            continue
+        plan = _Plan(kernel, launch, statement, wrapper, pointer, tensor, mine[0], reductions, programs)
+        if _covers_tensor(plan, parents):
+            return plan
+    return None
+
+
+def _stores_through(store: cst.Call, pointer: str) -> bool:
+    if not store.args:
+        return False
+    root = store.args[0].value
+    while isinstance(root, cst.BinaryOperation):
+        root = root.left
+    return m.matches(root, m.Name(pointer))
+
+
+def _untouched_after(after: list[cst.BaseStatement], tensor: str, wrapper: cst.FunctionDef) -> bool:
+    """Nothing after the launch launches again or writes `tensor` (a reassignment, an in-place op, `out=`)."""
+    block = cst.IndentedBlock(body=after)
+    if m.findall(block, m.Call(func=m.Subscript())) or tensor in assigned_names(block):
+        return False
+    return not mutated_in_place(wrapper.with_changes(body=block), tensor)
+
+
+def _covers_tensor(plan: _Plan, parents: Any) -> bool:
+    """Whether the store writes each element of T once: its offsets `pid * BLOCK + tl.arange(0, BLOCK)`
+    at the kernel's top level, masked by `offsets < N` (or not at all), N being T's numel at the launch
+    and the grid `triton.cdiv(N, BLOCK)`."""
+    kernel, store = plan.kernel, plan.store
+    if parents.get(parents.get(parents.get(store))) is not kernel.body:
+        return False  # in a loop or a branch
+    assigned = plain_assignments(kernel)
+
+    def value(node: cst.BaseExpression) -> cst.BaseExpression:
+        while isinstance(node, cst.Name) and len(assigned.get(node.value, [])) == 1:
+            node = assigned[node.value][0]
+        return node
+
+    address = store.args[0].value
+    if not (isinstance(address, cst.BinaryOperation) and isinstance(address.operator, cst.Add)):
+        return False
+    offsets = value(address.right)
+    parts = start_plus_arange(offsets)
+    if parts is None:
+        return False
+    start, block = parts
+    start = value(start)
+    if not (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply)
+            and any(m.matches(value(s), m.Call(func=m.Attribute(attr=m.Name("program_id")),
+                                               args=[m.Arg(value=m.Integer("0"))]))
+                    for s in (start.left, start.right))
+            and any(s.deep_equals(block) for s in (start.left, start.right))):
+        return False
+    where = mask_argument(store)
+    if where is None:
+        return False  # no mask: the grid's last program would store past T unless N divides; not read here
+    mask = value(store.args[where].value)
+    if not (isinstance(mask, cst.Comparison) and len(mask.comparisons) == 1
+            and isinstance(mask.comparisons[0].operator, cst.LessThan) and value(mask.left).deep_equals(offsets)
+            and isinstance(mask.comparisons[0].comparator, cst.Name)):
+        return False
+    bound_name = mask.comparisons[0].comparator.value
+    bound = launch_arguments(kernel, plan.launch)
+    count = bound.get(bound_name)
+    block_arg = bound.get(block.value) if isinstance(block, cst.Name) else None
+    if count is None or block_arg is None or not _numel_of(count.value, plan.tensor, plan.launch, parents):
+        return False
+    grid = plan.programs
+    return (isinstance(grid, cst.Call) and dotted(grid.func) == "triton.cdiv" and len(grid.args) == 2
+            and grid.args[0].value.deep_equals(count.value) and grid.args[1].value.deep_equals(block_arg.value))
+
+
+def _numel_of(node: cst.BaseExpression, tensor: str, at: cst.CSTNode, parents: Any) -> bool:
+    """Whether `node` is `tensor`'s element count where `at` runs: `T.numel()`, or a name bound to it, or
+    to `X.numel()` where T is a new tensor like X."""
+    if isinstance(node, cst.Name):
+        reaching = reaching_value(node.value, at, parents)
+        if reaching is None:
+            return False
+        node = reaching[0]
+    if not m.matches(node, m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("numel")), args=[])):
+        return False
+    counted = cst.ensure_type(cst.ensure_type(cst.ensure_type(node, cst.Call).func, cst.Attribute).value, cst.Name).value
+    if counted == tensor:
+        return True
+    made = reaching_value(tensor, at, parents)
+    return made is not None and isinstance(made[0], cst.Call) and dotted(made[0].func) in (
+        "torch.empty_like", "torch.zeros_like") and bool(made[0].args) and m.matches(made[0].args[0].value,
+                                                                                      m.Name(counted))
+
+
+def _kernel_with_partials(plan: _Plan, kinds: set[str]) -> cst.FunctionDef:
+    """The kernel storing, beside T, each program's partial of every reduction kind asked for (one buffer per
+    kind, `_kb_partials_<kind>`)."""
+    store = plan.store
+    where = mask_argument(store)
+    value = store.args[1].value
+    mask = store.args[where].value if where is not None else None
+    cast = f"({cst.Module([]).code_for_node(value)}).to({plan.pointer}.dtype.element_ty).to(tl.float32)"
+    lanes = f"tl.where({cst.Module([]).code_for_node(mask)}, {cast}, 0.0)" if mask is not None else cast
+    lines = [f"_kb_lanes = {lanes}"]
+    for kind in sorted(kinds):
+        partial = {"sum": "tl.sum(_kb_lanes, axis=0)", "mean": f"tl.sum(_kb_lanes, axis=0) * {_SCALE}",
+                   "norm": "tl.sqrt(tl.sum(_kb_lanes * _kb_lanes, axis=0))"}[kind]
+        lines.append(f"tl.store({_PARTIALS}_{kind}_ptr + tl.program_id(0), {partial})")
+    added = [cst.parse_statement(line) for line in lines]
+    body = list(plan.kernel.body.body)
+    at = next(i for i, s in enumerate(body) if m.findall(s, m.Call()) and any(c is store for c in m.findall(s, m.Call())))
+    body[at + 1:at + 1] = added
+    params = [f"{_PARTIALS}_{k}_ptr" for k in sorted(kinds)] + ([_SCALE] if "mean" in kinds else [])
+    kernel = plan.kernel.with_changes(body=plan.kernel.body.with_changes(body=body))
+    return with_parameters(kernel, params, set())
+
+
+class _Rewired(cst.CSTTransformer):
+    def __init__(self, plan: _Plan, kinds: set[str]) -> None:
+        self.plan, self.kinds = plan, kinds
+        self.by_call = {id(r.call): r for r in plan.reductions}
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if original is self.plan.kernel:
+            return _kernel_with_partials(self.plan, self.kinds)
+        if original is not self.plan.wrapper:
+            return updated
+        body = list(updated.body.body)
+        at = next(i for i, s in enumerate(self.plan.wrapper.body.body) if s is self.plan.statement)
+        tensor = self.plan.tensor
+        lines = [f"{_PROGRAMS} = {cst.Module([]).code_for_node(self.plan.programs)}"]
+        lines += [f"{_PARTIALS}_{k} = torch.empty({_PROGRAMS}, dtype=torch.float32, device={tensor}.device)"
+                  for k in sorted(self.kinds)]
+        if "mean" in self.kinds:
+            lines.append(f"{_SCALE} = {_PROGRAMS} / {tensor}.numel()")
+        body[at:at] = [cst.parse_statement(line) for line in lines]
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if original is self.plan.launch:
+            keywords: dict[str, cst.BaseExpression] = {f"{_PARTIALS}_{k}_ptr": cst.Name(f"{_PARTIALS}_{k}")
+                                                       for k in sorted(self.kinds)}
+            if "mean" in self.kinds:
+                keywords[_SCALE] = cst.Name(_SCALE)
+            return with_keywords(updated, keywords)
+        reduction = self.by_call.get(id(original))
+        if reduction is None:
+            return updated
+        on_partials = updated.visit(_Swap(self.plan.tensor, f"{_PARTIALS}_{reduction.kind}"))
+        tensor = self.plan.tensor
+        if reduction.dtype is None:
+            dtype = f"{tensor}.dtype"
+        elif isinstance(reduction.dtype, cst.Name) and reduction.dtype.value != "None":
+            name = reduction.dtype.value
+            dtype = f"({name} if {name} is not None else {tensor}.dtype)"
+        else:
+            dtype = cst.Module([]).code_for_node(reduction.dtype)
+        code = cst.Module([]).code_for_node(cst.ensure_type(on_partials, cst.Call))
+        return cst.parse_expression(f"({code}).to({dtype})")
+
+
+class _Swap(cst.CSTTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        return updated.with_changes(value=self.new) if original.value == self.old else updated
+
+
+@register("fold-output-reduction")
+def fold_output_reduction(source: str, context: dict[str, Any]) -> list[Variant]:
+    """The whole-tensor reductions the wrapper runs on the kernel's output reduced in the kernel as it stores
+    (see the module's docstring); [] where it does not apply."""
+    if "tl.store" not in source:
+        return []
+    module = cst.parse_module(source)
+    plan = _plan(module, context)
+    if plan is None:
+        return []
+    kinds = {r.kind for r in plan.reductions}
+    new = module.visit(_Rewired(plan, kinds))
+    return [Variant({"reduced_in_kernel": sorted(kinds)}, new.code)]
