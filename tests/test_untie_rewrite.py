@@ -178,3 +178,12 @@ def test_tile_blocks_bound_to_one_wrapper_local_get_a_local_each_before_the_tile
     third = shared.replace("grid = (triton.cdiv(M, BLOCK_SIZE), triton.cdiv(N, BLOCK_SIZE))",
                            "grid = (triton.cdiv(M, BLOCK_SIZE), triton.cdiv(N, BLOCK_SIZE), triton.cdiv(K, BLOCK_SIZE))")
     assert third != shared and dot_tile_configs(third, {}) == []
+
+
+def test_a_block_passed_by_position_is_passed_once_per_role_in_the_new_parameters_order(tmp_path):
+    source = SQUARE.replace("beta,\n                       BLOCK_SIZE=BLOCK_SIZE)", "beta,\n                       BLOCK_SIZE)")
+    assert source != SQUARE
+    untied = untie_shared_block(source)
+    assert untied is not None
+    assert "beta,\n                       BLOCK_M, BLOCK_N, BLOCK_K)" in untied.source
+    assert candidate_rejection(tmp_path, source, untied.source, "addmm", CALL, REFERENCE, seeds=1) == ""
