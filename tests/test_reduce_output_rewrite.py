@@ -77,6 +77,15 @@ def test_a_mean_of_the_output_is_reduced_in_the_kernel_and_the_other_branch_kept
                                "exp_mean(torch.randn(40, 50), dtype=torch.float64)", reference) == ""
 
 
+def test_an_explicit_dtype_none_is_the_outputs_dtype(tmp_path):
+    source = EXP_MEAN.replace("return out.mean(dtype=dtype)", "return out.sum(dtype=None)")
+    (variant,) = rewrite(PATTERN, source, {})
+    assert "return (_kb_partials_sum.sum(dtype=None)).to(out.dtype)" in variant.source
+    reference = "lambda x, dim=None, dtype=None: torch.exp(x).sum()"
+    assert candidate_rejection(tmp_path, source, variant.source, "exp_mean", "exp_mean(torch.randn(300))", reference,
+                               seeds=1) == ""
+
+
 def test_a_norm_of_a_tensor_updated_in_place_is_the_norm_of_the_programs_partial_norms(tmp_path):
     (variant,) = rewrite(PATTERN, SCALED_NORM, {})
     text = variant.source

@@ -19,7 +19,7 @@ fp32, whatever T's dtype: an fp16 sum of a thousand exponentials would overflow.
 
 It applies where the sum over the stored lanes is provably T's:
 - the kernel is launched once, on a 1-D grid (`base.launch_grid`), stores T's parameter once, outside any
-  loop, at `pid * BLOCK + tl.arange(0, BLOCK)` (through names) under `offsets < N` or no mask;
+  loop, at `pid * BLOCK + tl.arange(0, BLOCK)` (through names) under `offsets < N`;
 - the launch passes N as `T.numel()` (or a name bound to it, or to `X.numel()` where T is
   `torch.empty_like(X)` / `zeros_like(X)`), and the grid is `triton.cdiv(N, BLOCK)` programs;
 - the launch is a statement of the wrapper's body (not in a branch or loop), the reductions come after it,
@@ -92,6 +92,8 @@ def _reduction(call: cst.Call, tensor: str) -> _Reduction | None:
         if p is not None and not m.matches(p, m.Integer("2") | m.Float("2.0")):
             return None
     dtype = keywords.pop("dtype", None)
+    if dtype is not None and m.matches(dtype, m.Name("None")):
+        dtype = None  # `dtype=None` is T's
     if keywords:  # dim, keepdim, out: not a whole-tensor reduction into a new value
         return None
     return _Reduction(call, kind, dtype)
@@ -164,8 +166,8 @@ def _untouched_after(after: list[cst.BaseStatement], tensor: str, wrapper: cst.F
 
 def _covers_tensor(plan: _Plan, parents: Any) -> bool:
     """Whether the store writes each element of T once: its offsets `pid * BLOCK + tl.arange(0, BLOCK)`
-    at the kernel's top level, masked by `offsets < N` (or not at all), N being T's numel at the launch
-    and the grid `triton.cdiv(N, BLOCK)`."""
+    at the kernel's top level, masked by `offsets < N`, N being T's numel at the launch and the grid
+    `triton.cdiv(N, BLOCK)`."""
     kernel, store = plan.kernel, plan.store
     if parents.get(parents.get(parents.get(store))) is not kernel.body:
         return False  # in a loop or a branch
@@ -287,7 +289,7 @@ class _Rewired(cst.CSTTransformer):
         tensor = self.plan.tensor
         if reduction.dtype is None:
             dtype = f"{tensor}.dtype"
-        elif isinstance(reduction.dtype, cst.Name) and reduction.dtype.value != "None":
+        elif isinstance(reduction.dtype, cst.Name):
             name = reduction.dtype.value
             dtype = f"({name} if {name} is not None else {tensor}.dtype)"
         else:
