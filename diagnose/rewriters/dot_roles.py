@@ -1,5 +1,5 @@
 """Which tile role (M rows, N columns, K step) each use of a block plays in a `tl.dot` kernel, read from the
-kernel's structure, never from the names (untie.py renames and splits blocks by it):
+kernel's structure, never from the names (untie.py splits a shared block by it):
 
 - the program axes: `pid = tl.program_id(i)`, an axis read as the rows of the dot's first operand is M,
   one read as the columns of its second is N (the names its loads' addresses are built from);
@@ -38,7 +38,7 @@ def constexpr_params(kernel: cst.FunctionDef) -> list[str]:
 
 @dataclass
 class Roles:
-    """The role of each use of the block in the kernel (by node identity) and each program axis's role."""
+    """The role of each use of the blocks in the kernel (by node identity) and each program axis's role."""
 
     of_use: dict[int, str]
     axis_role: dict[int, str]
