@@ -34,12 +34,17 @@ def _options(**kw) -> OptimizeOptions:
     return OptimizeOptions(backend="interpreter", seeds=1, **kw)
 
 
-def test_a_wide_round_judges_two_hypotheses_and_stacks_their_winners(tmp_path):
+def _wide_round(tmp_path: Path) -> RoundsStore:
+    """One round of breadth 2 on the fixture, its two winners stacked (independent_cost's device)."""
     judge = TimedJudge(cost=independent_cost)
     try:
-        store = optimize(SPEC, _options(rounds=1, breadth=2), tmp_path / "run", judge=judge)
+        return optimize(SPEC, _options(rounds=1, breadth=2), tmp_path / "run", judge=judge)
     finally:
         judge.close()
+
+
+def test_a_wide_round_judges_two_hypotheses_and_stacks_their_winners(tmp_path):
+    store = _wide_round(tmp_path)
     (r,) = store.rounds()
     # The round planned the pipelining rewrite and, passing over the launch knobs (num-stages answers the same
     # finding, the launch search comes next), the next structural rewrite that applies: the divisibility hints.
@@ -266,11 +271,7 @@ def test_a_stacks_next_rewrite_reads_the_launch_of_the_kernel_it_rewrites(tmp_pa
     from diagnose.optimize import _stacked_context
     from harness.task import load_job_task
 
-    judge = TimedJudge(cost=independent_cost)
-    try:
-        store = optimize(SPEC, _options(rounds=1, breadth=2), tmp_path / "run", judge=judge)
-    finally:
-        judge.close()
+    store = _wide_round(tmp_path)
     (r,) = store.rounds()
     assert set(r.hypothesis.launched) == {"rowsum_kernel"} and r.hypothesis.launched["rowsum_kernel"]["num_warps"] == 1
     winner = (store.dir / "round-000.py").read_text().replace("rowsum_kernel", "rowsum_kb_split").replace(
