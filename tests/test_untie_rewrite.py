@@ -148,6 +148,8 @@ def test_the_tutorials_spelling_with_swapped_axes_and_a_literal_block_is_untied(
      "grid = (triton.cdiv(M, BLOCK_SIZE), triton.cdiv(N, BLOCK_SIZE), triton.cdiv(K, BLOCK_SIZE))", "a third axis"),
     # a block the wrapper computes: no literal to untie into
     ("BLOCK_SIZE = 32\n", "BLOCK_SIZE = min(32, triton.next_power_of_2(M))\n", "computed"),
+    # the wrapper reads the block beyond the launch and its grid: that read would keep the old size
+    ("    return out\n", "    tiles = torch.empty(triton.cdiv(M, BLOCK_SIZE))\n    return out\n", "read elsewhere"),
 ])
 def test_a_kernel_that_relies_on_a_square_tile_or_is_not_read_whole_stays_tied(old, new, why):
     source = SQUARE.replace(old, new)
@@ -178,6 +180,9 @@ def test_tile_blocks_bound_to_one_wrapper_local_get_a_local_each_before_the_tile
     third = shared.replace("grid = (triton.cdiv(M, BLOCK_SIZE), triton.cdiv(N, BLOCK_SIZE))",
                            "grid = (triton.cdiv(M, BLOCK_SIZE), triton.cdiv(N, BLOCK_SIZE), triton.cdiv(K, BLOCK_SIZE))")
     assert third != shared and dot_tile_configs(third, {}) == []
+    # Nor where the wrapper reads the shared local beyond the launch and its grid.
+    sized = shared.replace("    return out\n", "    tiles = torch.empty(triton.cdiv(M, BLOCK_SIZE))\n    return out\n")
+    assert sized != shared and dot_tile_configs(sized, {}) == []
 
 
 def test_a_block_passed_by_position_is_passed_once_per_role_in_the_new_parameters_order(tmp_path):

@@ -110,7 +110,8 @@ def _rewrite(module: cst.Module, name: str, kernel: cst.FunctionDef, block: str,
     local = None
     if isinstance(value, cst.Name):
         reaching = reaching_value(value.value, call, parents)
-        if reaching is None or not isinstance(reaching[0], cst.Integer):
+        if reaching is None or not isinstance(reaching[0], cst.Integer) \
+                or not _read_only_by(wrapper, value.value, (call, grid), parents):
             return None
         local = value.value
     elif not isinstance(value, cst.Integer):
@@ -131,6 +132,21 @@ def _rewrite(module: cst.Module, name: str, kernel: cst.FunctionDef, block: str,
     if not transformer.done:
         return None
     return Untied(new.code, block, names)
+
+
+def _read_only_by(wrapper: cst.FunctionDef, local: str, readers: tuple[cst.CSTNode, ...],
+                  parents: Mapping[cst.CSTNode, cst.CSTNode]) -> bool:
+    """Whether the wrapper reads `local` only inside `readers` (the launch, its grid): a buffer sized by it
+    elsewhere would keep the old block once the tile search moves the role's."""
+    for name in m.findall(wrapper, m.Name(local)):
+        node: cst.CSTNode = name
+        if isinstance(parents.get(node), cst.AssignTarget):
+            continue
+        while node in parents and not any(node is r for r in readers):
+            node = parents[node]
+        if not any(node is r for r in readers):
+            return False
+    return True
 
 
 def _grid_of(call: cst.Call, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.Tuple | None:
@@ -258,7 +274,8 @@ def untie_shared_binding(source: str, kernel: str, axis_block: Mapping[int, str]
     reaching = reaching_value(local, call, parents)
     grid = _grid_of(call, parents)
     taken = set(assigned_names(wrapper.body)) | {p.name.value for p in wrapper.params.params}
-    if reaching is None or not isinstance(reaching[0], cst.Integer) or grid is None or set(keys) & taken:
+    if reaching is None or not isinstance(reaching[0], cst.Integer) or grid is None or set(keys) & taken \
+            or not _read_only_by(wrapper, local, (call, grid), parents):
         return None
     axes: dict[int, str] = {}
     for axis, element in enumerate(grid.elements):
