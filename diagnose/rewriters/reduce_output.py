@@ -39,6 +39,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from diagnose.rewriters.aliasing import mutated_in_place
 from diagnose.rewriters.base import (
+    SubstituteNames,
     Variant,
     dotted,
     jit_functions,
@@ -51,7 +52,7 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.blocks import assigned_names, plain_assignments, reaching_value
+from diagnose.rewriters.blocks import assigned_names, code, plain_assignments, pointer_roots, reaching_value
 
 __all__ = ["fold_output_reduction"]
 
@@ -148,12 +149,7 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
 
 
 def _stores_through(store: cst.Call, pointer: str) -> bool:
-    if not store.args:
-        return False
-    root = store.args[0].value
-    while isinstance(root, cst.BinaryOperation):
-        root = root.left
-    return m.matches(root, m.Name(pointer))
+    return bool(store.args) and pointer_roots(store.args[0].value, {}) == {pointer}
 
 
 def _untouched_after(after: list[cst.BaseStatement], tensor: str, wrapper: cst.FunctionDef) -> bool:
@@ -238,8 +234,8 @@ def _kernel_with_partials(plan: _Plan, kinds: set[str]) -> cst.FunctionDef:
     where = mask_argument(store)
     value = store.args[1].value
     mask = store.args[where].value if where is not None else None
-    cast = f"({cst.Module([]).code_for_node(value)}).to({plan.pointer}.dtype.element_ty).to(tl.float32)"
-    lanes = f"tl.where({cst.Module([]).code_for_node(mask)}, {cast}, 0.0)" if mask is not None else cast
+    cast = f"({code(value)}).to({plan.pointer}.dtype.element_ty).to(tl.float32)"
+    lanes = f"tl.where({code(mask)}, {cast}, 0.0)" if mask is not None else cast
     lines = [f"_kb_lanes = {lanes}"]
     for kind in sorted(kinds):
         partial = {"sum": "tl.sum(_kb_lanes, axis=0)", "mean": f"tl.sum(_kb_lanes, axis=0) * {_SCALE}",
@@ -267,7 +263,7 @@ class _Rewired(cst.CSTTransformer):
         body = list(updated.body.body)
         at = next(i for i, s in enumerate(self.plan.wrapper.body.body) if s is self.plan.statement)
         tensor = self.plan.tensor
-        lines = [f"{_PROGRAMS} = {cst.Module([]).code_for_node(self.plan.programs)}"]
+        lines = [f"{_PROGRAMS} = {code(self.plan.programs)}"]
         lines += [f"{_PARTIALS}_{k} = torch.empty({_PROGRAMS}, dtype=torch.float32, device={tensor}.device)"
                   for k in sorted(self.kinds)]
         if "mean" in self.kinds:
@@ -285,7 +281,7 @@ class _Rewired(cst.CSTTransformer):
         reduction = self.by_call.get(id(original))
         if reduction is None:
             return updated
-        on_partials = updated.visit(_Swap(self.plan.tensor, f"{_PARTIALS}_{reduction.kind}"))
+        on_partials = updated.visit(SubstituteNames({self.plan.tensor: cst.Name(f"{_PARTIALS}_{reduction.kind}")}))
         tensor = self.plan.tensor
         if reduction.dtype is None:
             dtype = f"{tensor}.dtype"
@@ -293,17 +289,8 @@ class _Rewired(cst.CSTTransformer):
             name = reduction.dtype.value
             dtype = f"({name} if {name} is not None else {tensor}.dtype)"
         else:
-            dtype = cst.Module([]).code_for_node(reduction.dtype)
-        code = cst.Module([]).code_for_node(cst.ensure_type(on_partials, cst.Call))
-        return cst.parse_expression(f"({code}).to({dtype})")
-
-
-class _Swap(cst.CSTTransformer):
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-        return updated.with_changes(value=self.new) if original.value == self.old else updated
+            dtype = code(reduction.dtype)
+        return cst.parse_expression(f"({code(cst.ensure_type(on_partials, cst.Call))}).to({dtype})")
 
 
 @register("fold-output-reduction")

@@ -23,7 +23,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.base import dotted, jit_functions, launch_arguments, only_launch
+from diagnose.rewriters.base import SubstituteNames, dotted, jit_functions, launch_arguments, only_launch
 from diagnose.rewriters.blocks import assigned_names, names_in, reaching_value
 from diagnose.rewriters.dot_roles import ROLES, Roles, constexpr_params
 
@@ -47,12 +47,13 @@ def untie_shared_block(source: str) -> Untied | None:
     module = cst.parse_module(source)
     for name, kernel in jit_functions(module).items():
         dots = [c for c in m.findall(kernel, m.Call()) if dotted(cst.ensure_type(c, cst.Call).func) == "tl.dot"]
-        if len(dots) != 1 or only_launch(module, name) is None:
+        launch = only_launch(module, name)
+        if len(dots) != 1 or launch is None:
             continue
         for block in constexpr_params(kernel):
             roles = Roles.read(kernel, frozenset({block}), cst.ensure_type(dots[0], cst.Call))
             if roles is not None and len(set(roles.of_use.values())) > 1:
-                untied = _rewrite(module, name, kernel, block, roles)
+                untied = _rewrite(module, name, kernel, launch, block, roles)
                 if untied is not None:
                     return untied
     return None
@@ -86,7 +87,8 @@ class _Renamed(cst.CSTTransformer):
         return updated.with_changes(value=self.names[role]) if self.depth and role else updated
 
 
-def _rewrite(module: cst.Module, name: str, kernel: cst.FunctionDef, block: str, roles: Roles) -> Untied | None:
+def _rewrite(module: cst.Module, name: str, kernel: cst.FunctionDef, launch: tuple[cst.FunctionDef, cst.Call],
+             block: str, roles: Roles) -> Untied | None:
     used = set(roles.of_use.values())
     taken = {n.value for n in m.findall(module, m.Name()) if isinstance(n, cst.Name)}
     names: dict[str, str] = {}
@@ -96,8 +98,6 @@ def _rewrite(module: cst.Module, name: str, kernel: cst.FunctionDef, block: str,
             if fresh is None:
                 return None
             names[role] = fresh
-    launch = only_launch(module, name)
-    assert launch is not None
     wrapper, call = launch
     arg = launch_arguments(kernel, call).get(block)
     if arg is None:
@@ -161,25 +161,41 @@ def _grid_of(call: cst.Call, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.
     return value if isinstance(value, cst.Tuple) else None
 
 
-class _Rewired(cst.CSTTransformer):
+class _WrapperSide(cst.CSTTransformer):
+    """What both wrapper rewrites share: knowing when they are in the wrapper, and a local per new block written
+    after the shared local's literal (`BLOCK_SIZE = 64` then `BLOCK_M = 64`, ...)."""
+
+    def __init__(self, wrapper: str, local: str | None, new_locals: list[str]) -> None:
+        self.wrapper, self.local, self.new_locals = wrapper, local, new_locals
+        self.in_wrapper = 0
+        self.done = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.in_wrapper += node.name.value == self.wrapper
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.in_wrapper -= original.name.value == self.wrapper
+        return updated
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> cst.SimpleStatementLine | cst.FlattenSentinel[cst.SimpleStatementLine]:
+        if not (self.local and self.in_wrapper) or not m.matches(original, m.SimpleStatementLine(
+                body=[m.Assign(targets=[m.AssignTarget(m.Name(self.local))], value=m.Integer())])):
+            return updated
+        literal = cst.ensure_type(original.body[0], cst.Assign).value
+        return cst.FlattenSentinel([updated, *(cst.SimpleStatementLine(
+            body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(n))], value=literal)]) for n in self.new_locals)])
+
+
+class _Rewired(_WrapperSide):
     """The wrapper side: the launch passes one block per role, a local bound to the block's literal gets one
     local per role after it, and each grid axis reads its role's block."""
 
     def __init__(self, kernel: str, definition: cst.FunctionDef, block: str, names: dict[str, str], local: str | None,
                  grid: cst.Tuple, axes: dict[int, str], wrapper: cst.FunctionDef) -> None:
+        super().__init__(wrapper.name.value, local, list(names.values()))
         self.kernel, self.definition, self.block, self.names = kernel, definition, block, names
-        self.local, self.grid, self.axes, self.wrapper = local, grid, axes, wrapper
-        self.in_wrapper = 0
-        self.done = False
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if node.name.value == self.wrapper.name.value:
-            self.in_wrapper += 1
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        if original.name.value == self.wrapper.name.value:
-            self.in_wrapper -= 1
-        return updated
+        self.grid, self.axes = grid, axes
 
     def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.Tuple:
         # the grid as found (the kernel's renaming may have rebuilt the nodes around it): in the wrapper only
@@ -190,7 +206,7 @@ class _Rewired(cst.CSTTransformer):
             new = self.names[role]
             value = elements[axis].value
             if self.local:
-                value = value.visit(_NameSwap(self.local, new))  # type: ignore[assignment]
+                value = value.visit(SubstituteNames({self.local: cst.Name(new)}))  # type: ignore[assignment]
             value = value.visit(_KeySwap(self.block, new))  # type: ignore[assignment]
             elements[axis] = elements[axis].with_changes(value=value)
         return updated.with_changes(elements=elements)
@@ -214,25 +230,6 @@ class _Rewired(cst.CSTTransformer):
                             else a.with_changes(value=value))
         self.done = True
         return updated.with_changes(args=args)
-
-    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
-                                  ) -> cst.SimpleStatementLine | cst.FlattenSentinel[cst.SimpleStatementLine]:
-        if not (self.local and self.in_wrapper) or not m.matches(
-                original, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(self.local))],
-                                                               value=m.Integer())])):
-            return updated
-        literal = cst.ensure_type(original.body[0], cst.Assign).value
-        copies = [cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(n))], value=literal)],
-                                          leading_lines=[]) for n in self.names.values()]
-        return cst.FlattenSentinel([updated, *copies])
-
-
-class _NameSwap(cst.CSTTransformer):
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-        return updated.with_changes(value=self.new) if original.value == self.old else updated
 
 
 class _KeySwap(cst.CSTTransformer):
@@ -289,30 +286,22 @@ def untie_shared_binding(source: str, kernel: str, axis_block: Mapping[int, str]
     return Untied(new.code, local, names) if rewired.done else None
 
 
-class _Rebound(cst.CSTTransformer):
+class _Rebound(_WrapperSide):
     """The wrapper side of `untie_shared_binding`: a local per block after the shared one, the launch passing
     each block its own, each grid axis reading its block's."""
 
     def __init__(self, local: str, names: dict[str, str], grid: cst.Tuple, axes: dict[int, str], call: cst.Call,
                  wrapper: str, definition: cst.FunctionDef) -> None:
-        self.local, self.names, self.grid, self.axes, self.call, self.wrapper = local, names, grid, axes, call, wrapper
-        self.definition = definition
-        self.in_wrapper = 0
-        self.done = False
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.in_wrapper += node.name.value == self.wrapper
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.in_wrapper -= original.name.value == self.wrapper
-        return updated
+        super().__init__(wrapper, local, list(names.values()))
+        self.shared = local  # never None here
+        self.names, self.grid, self.axes, self.call, self.definition = names, grid, axes, call, definition
 
     def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.Tuple:
         if original is not self.grid:
             return updated
         elements = list(updated.elements)
         for axis, key in self.axes.items():
-            value = elements[axis].value.visit(_NameSwap(self.local, self.names[key]))
+            value = elements[axis].value.visit(SubstituteNames({self.shared: cst.Name(self.names[key])}))
             elements[axis] = elements[axis].with_changes(value=value)
         return updated.with_changes(elements=elements)
 
@@ -321,15 +310,6 @@ class _Rebound(cst.CSTTransformer):
             return updated
         key_of = {id(a): key for key, a in launch_arguments(self.definition, updated).items() if key in self.names}
         args = [a.with_changes(value=cst.Name(self.names[key_of[id(a)]]))
-                if id(a) in key_of and m.matches(a.value, m.Name(self.local)) else a for a in updated.args]
+                if id(a) in key_of and m.matches(a.value, m.Name(self.shared)) else a for a in updated.args]
         self.done = True
         return updated.with_changes(args=args)
-
-    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
-                                  ) -> cst.SimpleStatementLine | cst.FlattenSentinel[cst.SimpleStatementLine]:
-        if not self.in_wrapper or not m.matches(original, m.SimpleStatementLine(
-                body=[m.Assign(targets=[m.AssignTarget(m.Name(self.local))], value=m.Integer())])):
-            return updated
-        literal = cst.ensure_type(original.body[0], cst.Assign).value
-        return cst.FlattenSentinel([updated, *(cst.SimpleStatementLine(
-            body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(n))], value=literal)]) for n in self.names.values())])
