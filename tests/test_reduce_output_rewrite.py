@@ -128,3 +128,16 @@ def test_what_cannot_be_shown_to_reduce_the_whole_output_is_left_as_written(old,
     source = EXP_MEAN.replace(old, new)
     assert source != EXP_MEAN, why
     assert rewrite(PATTERN, source, {}) == [], why
+
+
+@pytest.mark.parametrize("edits, why", [
+    ([("    total = torch.norm(y)\n", "    z = y\n    z.mul_(2)\n    total = torch.norm(y)\n")], "a name bound to y, written"),
+    ([("def axpy_norm(y, x, alpha):\n    n = y.numel()\n", "def axpy_norm(y0, x, alpha):\n    y = y0.view(-1)\n    n = y.numel()\n"),
+      ("    total = torch.norm(y)\n", "    y0.add_(1)\n    total = torch.norm(y)\n")], "the tensor y views, written"),
+])
+def test_a_write_through_another_name_for_the_output_keeps_the_reduction_in_pytorch(edits, why):
+    source = SCALED_NORM
+    for old, new in edits:
+        assert old in source, why
+        source = source.replace(old, new)
+    assert rewrite(PATTERN, source, {}) == [], why

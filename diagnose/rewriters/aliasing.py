@@ -25,8 +25,8 @@ import libcst.matchers as m
 from diagnose.rewriters.base import dotted, jit_functions, launch_arguments, launching_function
 from diagnose.rewriters.blocks import code, plain_assignments, pointer_roots
 
-__all__ = ["accessed_parameters", "aliased_kernels", "host_root", "launch_aliases", "loads_what_it_stores", "mutated_in_place",
-           "reads_other_writes"]
+__all__ = ["accessed_parameters", "aliased_kernels", "host_aliases", "host_root", "launch_aliases", "loads_what_it_stores",
+           "mutated_in_place", "reads_other_writes"]
 
 
 def _accesses(fn: cst.FunctionDef) -> tuple[list[tuple[cst.BaseExpression, set[str]]],
@@ -140,6 +140,14 @@ def _resolved(name: str | None, views: dict[str, str]) -> str | None:
             return name
         name = views[name]
     return name
+
+
+def host_aliases(scope: cst.CSTNode, name: str) -> set[str]:
+    """`name` and the names `scope` binds once to a view of the same host tensor (`z = y`, `y = y0.view(-1)`):
+    what a write to any of them may change."""
+    views = _views(scope)
+    root = _resolved(name, views)
+    return {name} | {n for n in views if _resolved(n, views) == root} | ({root} if root else set())
 
 
 def launch_aliases(fn: cst.FunctionDef, call: cst.Call, scope: cst.CSTNode | None = None) -> bool:

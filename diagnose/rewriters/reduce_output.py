@@ -37,7 +37,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from diagnose.rewriters.aliasing import mutated_in_place
+from diagnose.rewriters.aliasing import host_aliases, mutated_in_place
 from diagnose.rewriters.base import (
     SubstituteNames,
     Variant,
@@ -153,11 +153,13 @@ def _stores_through(store: cst.Call, pointer: str) -> bool:
 
 
 def _untouched_after(after: list[cst.BaseStatement], tensor: str, wrapper: cst.FunctionDef) -> bool:
-    """Nothing after the launch launches again or writes `tensor` (a reassignment, an in-place op, `out=`)."""
+    """Nothing after the launch launches again or writes `tensor`, or a name viewing the same host tensor
+    (`z = y` then `z.mul_(2)`): a reassignment, an in-place op, `out=`."""
     block = cst.IndentedBlock(body=after)
     if m.findall(block, m.Call(func=m.Subscript())) or tensor in assigned_names(block):
         return False
-    return not mutated_in_place(wrapper.with_changes(body=block), tensor)
+    written = wrapper.with_changes(body=block)
+    return not any(mutated_in_place(written, name) for name in host_aliases(wrapper, tensor))
 
 
 def _covers_tensor(plan: _Plan, parents: Any) -> bool:
