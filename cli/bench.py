@@ -74,6 +74,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         add_operators,
         create_bench,
         load_suite,
+        rejudge,
         retime,
         run_bench,
         set_timing_windows,
@@ -86,6 +87,9 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         if retime_ops:  # first: an unknown operator stops the command before anything is changed
             again = retime(directory, [x.strip() for x in retime_ops.split(",") if x.strip()])
             click.echo(f"{len(again)} finished run(s) will take their end-of-run measurement again", err=True)
+        for run, why in rejudge(directory).items():  # a rule mended since a run ended applies to it too
+            click.echo(f"{run}: its best kernel does not hold up in its end-of-run timing judged again ({why}): "
+                       "the initial kernel stands", err=True)
         if ops:  # a bench run session by session: the operators the earlier sessions did not take
             added = add_operators(directory, [x.strip() for x in ops.split(",") if x.strip()])
             click.echo(f"{len(added)} operator(s) added to the bench", err=True)

@@ -6,7 +6,9 @@ round's timing of a host-bound call is noisy: TritonBench-T's fused_mv_sigmoid_s
 at 64x64 in the round that accepted num_warps=2 (its pick 176 us), and 175 us against the pick's 455 us
 at the end. So the end-of-run timing judges the best kernel by the rules a round does (no timed case
 slower than the initial kernel by more than the noise bar): where it fails them, the initial kernel
-stands, the run says why, and the report counts it as no round accepted.
+stands, the run says why, and the report counts it as no round accepted. The verdict is a function of the
+stored timing, so a finished run is judged again by the rules as they are (`rejudge_end`) without timing
+anything: a rule mended after it ended applies to it too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from harness.task import TaskSpec
 if TYPE_CHECKING:
     from diagnose.judging import Judge
 
-__all__ = ["final_record", "time_the_end"]
+__all__ = ["final_record", "rejudge_end", "time_the_end"]
 
 
 def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, options: OptimizeOptions,
@@ -34,6 +36,7 @@ def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, o
     info = store.run()
     best = info.best_round or 0
     if (info.final or {}).get("best_round") == best:
+        rejudge_end(store, options, say)
         return
     final_judge = getattr(judge, "final", None)
     # A run that starts from a repaired kernel times against it: the task's own fails its checks.
@@ -58,6 +61,29 @@ def time_the_end(store: RoundsStore, spec: TaskSpec, judge: Judge, entry: str, o
             _hand_back_initial(store, best, why)
             best = 0
     store.update_run(final=final_record(best, report, options))
+
+
+def rejudge_end(store: RoundsStore, options: OptimizeOptions, say: Callable[[str], None] = lambda _: None) -> str | None:
+    """Judge a finished run's end-of-run timing again, as recorded, by the rules as they are now: a rule
+    mended after the run (what counts as noise) must not leave a best kernel the run would now reject.
+    Nothing is timed. Hands the initial kernel back and returns why, or None where the best one stands
+    (or there is no timed record of it to judge)."""
+    info = store.run()
+    final = info.final or {}
+    best = final.get("best_round") or 0
+    if not best or best != info.best_round or not final.get("report"):
+        return None
+    report = RunReport.from_dict(final["report"])
+    if report.failure or not decides(report):
+        return None
+    kept, _, why = acceptable(report, options)
+    if kept is not None:
+        return None
+    say(f"round {best}'s kernel does not hold up in the end-of-run timing judged again ({why}): the initial "
+        "kernel stands")
+    _hand_back_initial(store, best, why)
+    store.update_run(final=final_record(0, report, options))
+    return why
 
 
 def _hand_back_initial(store: RoundsStore, rejected: int, why: str) -> None:

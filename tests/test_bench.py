@@ -525,3 +525,44 @@ def test_a_run_whose_task_changed_is_set_aside_and_its_job_starts_afresh(tmp_pat
     assert (aside / "only.rowsum_a.log").is_file()  # the old run's log goes with it
     assert "Runs of rowsum_a set aside on" in load_bench(bench_dir).note
     assert write_report(bench_dir)["suite_by_condition"]["only"]["finished"] == 2
+
+
+def test_a_resumed_bench_judges_its_finished_ends_again_by_the_rules_as_they_are(tmp_path):
+    """A rule mended after a run ended (what counts as noise) applies to that run on the next --resume,
+    from its stored end-of-run timing: the best kernel it now rejects hands the initial one back."""
+    from diagnose.bench import rejudge
+    from diagnose.rounds import RoundsStore
+
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_b"], [Condition("only")], rounds=1,
+                                      backend="interpreter"))
+    assert all(j.state == "finished" for j in run_bench(bench_dir, workers=2, command=_command({})))
+    assert rejudge(bench_dir) == {}  # the runs' own verdicts stand: nothing changes
+    store = RoundsStore(bench_dir / "runs" / "only" / "rowsum_a")
+    info = store.run()
+    best = info.best_round
+    assert best and info.final["best_round"] == best
+    # The stored timing as a looser rule once read it: one case 0.95x of the initial kernel, both kernels'
+    # timings 0.4% apart, the stand-in's 30%.
+    final = info.final
+    for run in final["report"]["runs"]:
+        for case in run["cases"]:
+            if case.get("timing"):
+                case["timing"]["repeat_spread"] = 0.3 if run["role"] == "eager" else 0.004
+    slow = next(c for run in final["report"]["runs"] if run["role"] == "candidate" for c in run["cases"] if c.get("timing"))
+    base = next(c for run in final["report"]["runs"] if run["role"] == "baseline" for c in run["cases"]
+                if c["label"] == slow["label"])
+    slow["timing"]["median_us"] = base["timing"]["median_us"] / 0.95
+    store.update_run(final=final)
+    store.close()
+    out = CliRunner().invoke(main, ["bench", "--resume", str(bench_dir), "--stop-after", "0"])
+    assert out.exit_code == 0, out.output
+    assert "only/rowsum_a: its best kernel does not hold up in its end-of-run timing judged again (geomean" in out.output
+    store = RoundsStore(bench_dir / "runs" / "only" / "rowsum_a")
+    info = store.run()
+    store.close()
+    assert info.best_round == 0 and info.final["best_round"] == 0 and set(info.final["per_case"].values()) == {1.0}
+    assert "did not hold up in the end-of-run timing" in info.note
+    assert f"the initial kernel. Round {best}'s kernel" in (bench_dir / "runs" / "only" / "rowsum_a" / "best.py").read_text()
+    assert "the initial kernel stands for only/rowsum_a" in load_bench(bench_dir).note
+    assert rejudge(bench_dir) == {}  # judged once: a second resume changes nothing

@@ -51,3 +51,15 @@ def test_no_win_without_a_case_beyond_its_own_noise():
 def test_a_steady_win_on_every_case_still_wins_by_its_geomean():
     steady = {label: (t, t / 1.3, 0.02) for label, t in (("64", 140.0), ("8192", 310.0))}
     assert improvement(_report(steady), OPTIONS).startswith("geomean speedup 1.300x over the parent, above noise 2.0%")
+
+
+def test_a_stand_in_timed_beside_the_two_kernels_does_not_widen_their_bar():
+    # The end of a run on the H100 (2026-12-06): eager's timings 7.3% apart, the two kernels' within 0.4%;
+    # the best kernel 0.95x of the initial one at 1M must count as slower.
+    report = _report({"1M": (7.6, 8.0, 0.004), "8M": (30.3, 30.6, 0.001)})
+    report.runs.append(KernelRun("eager", "eager", [CaseResult({"n": label}, label, timing=Timing(
+        10.0, 10.0, 10.0, 100, repeat_spread=0.073)) for label in ("1M", "8M")]))
+    figure, noise, _ = verdict(report, OPTIONS)
+    assert noise == OPTIONS.noise_floor and figure < 1
+    kept, _, why = acceptable(report, OPTIONS)
+    assert kept is None and why.startswith("geomean 0.970x, but case 1M is 0.950x of the parent")

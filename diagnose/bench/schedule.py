@@ -187,6 +187,37 @@ def retime(bench_dir: Path, operators: list[str]) -> list[Job]:
     return reset
 
 
+def rejudge(bench_dir: Path) -> dict[str, str]:
+    """Judge every finished run's end-of-run timing again by the rules as they are (`rejudge_end`; nothing is
+    timed, so it runs anywhere): a run whose best kernel they now reject hands the initial one back, and
+    the bench's note says which and why. Returns {condition/operator: why} of those."""
+    from diagnose.end_of_run import rejudge_end
+    from diagnose.loop_options import OptimizeOptions
+    from diagnose.rounds import RoundsStore
+
+    spec = load_bench(bench_dir)
+    known = set(OptimizeOptions.__dataclass_fields__)
+    changed: dict[str, str] = {}
+    for job in jobs(bench_dir, spec):
+        if job.state != "finished":
+            continue
+        store = RoundsStore(job.run_dir)
+        try:
+            stored = store.run().options
+            why = rejudge_end(store, OptimizeOptions(**{k: v for k, v in stored.items() if k in known}))
+        finally:
+            store.close()
+        if why is not None:
+            changed[f"{job.condition.name}/{job.operator}"] = why
+    if changed:
+        when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        spec.note = (spec.note + " " if spec.note else "") + (
+            f"On {when} the end-of-run timings were judged again by the rules as they then were, and the "
+            f"initial kernel stands for {', '.join(sorted(changed))}.")
+        _write_spec(bench_dir, spec)
+    return changed
+
+
 def _write_spec(bench_dir: Path, spec: BenchSpec) -> None:
     manifest = bench_dir / "bench.json"
     tmp = manifest.with_suffix(".tmp")
