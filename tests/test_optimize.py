@@ -826,6 +826,27 @@ def test_a_best_kernel_that_does_not_hold_up_at_the_end_hands_back_the_initial_o
     store.close()
 
 
+class NoGainAtTheEnd(TimedJudge):
+    """The end-of-run timing finds the best kernel as fast as the initial one on every case."""
+
+    def final(self, spec, best, entry, initial=None) -> RunReport:
+        report = super().final(spec, best, entry)
+        parent = {c.label: c.timing for c in report.run("baseline").cases}
+        for case in report.run("candidate").cases:
+            if case.timing is not None:
+                case.timing = parent[case.label]
+        return report
+
+
+def test_a_best_kernel_with_no_gain_in_the_end_of_run_timing_hands_back_the_initial_one(tmp_path):
+    store = _run(tmp_path, rounds=1, judge=NoGainAtTheEnd())
+    assert store.rounds()[0].outcome == "accepted"  # by its own timing
+    info = store.run()
+    assert info.best_round == 0 and info.final["best_round"] == 0 and info.final["geomean"] == 1.0
+    assert "no gain on the initial kernel beyond the noise: geomean 1.000x, noise 2.0%" in info.note
+    store.close()
+
+
 class UntimedAtTheEnd(TimedJudge):
     """The end-of-run measurement checks but does not time (the interpreter's untimed judge)."""
 
