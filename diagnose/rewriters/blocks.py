@@ -19,7 +19,7 @@ from libcst.metadata import PositionProvider
 from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign
 
 __all__ = ["PIPELINE_KEYWORDS", "BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
-           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "trips_by_position", "with_range"]
+           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "numel_of", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "trips_by_position", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -248,6 +248,26 @@ def reaching_value(name: str, node: cst.CSTNode, parents: Mapping[cst.CSTNode, c
                     return None
         child = parent
     return None
+
+
+def numel_of(node: cst.BaseExpression, tensor: str, at: cst.CSTNode,
+             parents: Mapping[cst.CSTNode, cst.CSTNode]) -> bool:
+    """Whether `node` is `tensor`'s element count where `at` runs: `T.numel()`, or a name bound to it, or
+    to `X.numel()` where T is a new tensor like X."""
+    if isinstance(node, cst.Name):
+        reaching = reaching_value(node.value, at, parents)
+        if reaching is None:
+            return False
+        node = reaching[0]
+    if not m.matches(node, m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("numel")), args=[])):
+        return False
+    counted = cst.ensure_type(cst.ensure_type(cst.ensure_type(node, cst.Call).func, cst.Attribute).value, cst.Name).value
+    if counted == tensor:
+        return True
+    made = reaching_value(tensor, at, parents)
+    return made is not None and isinstance(made[0], cst.Call) and dotted(made[0].func) in (
+        "torch.empty_like", "torch.zeros_like") and bool(made[0].args) and m.matches(made[0].args[0].value,
+                                                                                      m.Name(counted))
 
 
 def enclosing_function(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.FunctionDef | None:

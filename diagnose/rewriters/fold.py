@@ -38,14 +38,14 @@ from diagnose.rewriters.aliasing import accessed_parameters, host_root, mutated_
 from diagnose.rewriters.base import Variant, dotted, is_jit, jit_functions, launch_arguments, register, simple_assign
 from diagnose.rewriters.blocks import assigned_names, number
 
-__all__ = ["fold_wrapper_work"]
+__all__ = ["fold_wrapper_work", "metadata_use", "with_torch"]
 
 # Methods whose result holds the same values as the tensor (a view, a copy, a cast).
 _LAYOUT = frozenset({"contiguous", "to", "view", "reshape", "expand", "expand_as", "broadcast_to", "flatten",
                      "view_as", "type_as"})
 _META_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout"})
 _META_METHODS = frozenset({"numel", "size", "stride", "dim", "element_size", "is_contiguous", "nelement"})
-_META_FUNCTIONS = frozenset({"torch.result_type", "isinstance", "len"})
+_META_FUNCTIONS = frozenset({"torch.result_type", "isinstance", "len", "torch.empty_like"})
 
 
 @dataclass(frozen=True)
@@ -307,12 +307,12 @@ def _launch_of_output(fn: cst.FunctionDef, parents: Any, work: _Work, kernels: s
     if len(sites) != 1:
         return None
     at, arg = sites[0]
-    if not all(_metadata_use(name, parents) for name in names[:at]):
+    if not all(metadata_use(name, parents) for name in names[:at]):
         return None
     return parents[arg], arg
 
 
-def _metadata_use(name: cst.Name, parents: Any) -> bool:
+def metadata_use(name: cst.Name, parents: Any) -> bool:
     """A binding of the name, or a use that reads no element: `.shape`, `.numel()`, `x is None`,
     `isinstance(x, ...)`, `torch.result_type(x, ...)`."""
     parent = parents[name]
@@ -332,7 +332,7 @@ def _value(work: _Work) -> cst.BaseExpression:
     return cst.ensure_type(work.statement.body[0], cst.Assign).value
 
 
-def _with_torch(module: cst.Module) -> cst.Module:
+def with_torch(module: cst.Module) -> cst.Module:
     """The module with `import torch` first where it has no top-level import of it (a draft that only
     calls methods of the tensors it is given may never import torch; the rewrite's torch calls need it)."""
     for stmt in module.body:
@@ -380,7 +380,7 @@ def _fold(source: str, index: int) -> tuple[str, dict[str, Any]] | None:
         return None
     if loads is None:  # a clone the kernel only writes over: its copy of the input is never read
         replacement = cst.parse_expression(f"torch.empty_like({work.tensor})")
-        new = _with_torch(cst.ensure_type(module.deep_replace(_value(work), replacement), cst.Module))
+        new = with_torch(cst.ensure_type(module.deep_replace(_value(work), replacement), cst.Module))
         return new.code, {"folded": "clone", "into": f"{kernel.name.value}.{param}", "as": "empty_like (written over)"}
     if work.op == "clone":
         new = cst.ensure_type(module.deep_replace(_value(work), cst.Name(work.tensor)), cst.Module)
@@ -394,7 +394,7 @@ def _fold(source: str, index: int) -> tuple[str, dict[str, Any]] | None:
         scale_param += "_"
     while copy_as in taken:
         copy_as += "_"
-    new = _with_torch(module.visit(_Fold(work, kernel, scale_param, loads, launch, copy_as if launch_count > 1 else None)))
+    new = with_torch(module.visit(_Fold(work, kernel, scale_param, loads, launch, copy_as if launch_count > 1 else None)))
     return new.code, {"folded": f"{work.tensor} {work.op} scale", "into": f"{kernel.name.value}.{param}", "loads": len(loads)}
 
 

@@ -52,7 +52,7 @@ from diagnose.rewriters.base import (
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.blocks import assigned_names, code, plain_assignments, pointer_roots, reaching_value
+from diagnose.rewriters.blocks import assigned_names, code, numel_of, plain_assignments, pointer_roots
 
 __all__ = ["fold_output_reduction"]
 
@@ -203,30 +203,11 @@ def _covers_tensor(plan: _Plan, parents: Any) -> bool:
     bound = launch_arguments(kernel, plan.launch)
     count = bound.get(bound_name)
     block_arg = bound.get(block.value) if isinstance(block, cst.Name) else None
-    if count is None or block_arg is None or not _numel_of(count.value, plan.tensor, plan.launch, parents):
+    if count is None or block_arg is None or not numel_of(count.value, plan.tensor, plan.launch, parents):
         return False
     grid = plan.programs
     return (isinstance(grid, cst.Call) and dotted(grid.func) == "triton.cdiv" and len(grid.args) == 2
             and grid.args[0].value.deep_equals(count.value) and grid.args[1].value.deep_equals(block_arg.value))
-
-
-def _numel_of(node: cst.BaseExpression, tensor: str, at: cst.CSTNode, parents: Any) -> bool:
-    """Whether `node` is `tensor`'s element count where `at` runs: `T.numel()`, or a name bound to it, or
-    to `X.numel()` where T is a new tensor like X."""
-    if isinstance(node, cst.Name):
-        reaching = reaching_value(node.value, at, parents)
-        if reaching is None:
-            return False
-        node = reaching[0]
-    if not m.matches(node, m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("numel")), args=[])):
-        return False
-    counted = cst.ensure_type(cst.ensure_type(cst.ensure_type(node, cst.Call).func, cst.Attribute).value, cst.Name).value
-    if counted == tensor:
-        return True
-    made = reaching_value(tensor, at, parents)
-    return made is not None and isinstance(made[0], cst.Call) and dotted(made[0].func) in (
-        "torch.empty_like", "torch.zeros_like") and bool(made[0].args) and m.matches(made[0].args[0].value,
-                                                                                      m.Name(counted))
 
 
 def _kernel_with_partials(plan: _Plan, kinds: set[str]) -> cst.FunctionDef:
