@@ -26,6 +26,7 @@ survive and the result reads like the input.
 | fold-wrapper-work           | fold | `T = X * S` / `X / S` / `X.clone()` in the wrapper, T reaching one read-only kernel argument through layout steps -> the kernel scales the tiles it loads (`T = X.to(result dtype)`), the clone dropped |
 | fold-output-reduction       | reduce_output | `T.sum()` / `T.mean()` / `torch.norm(T)` (whole tensor) after the one launch that stores T at `pid * BLOCK + arange` under `< T.numel()` -> each program stores its partial (its sum, its sum x programs / numel, its sqrt of squares) to an fp32 buffer and the same call reduces the partials, cast to the dtype it gave |
 | fuse-matmul-epilogue        | matmul_epilogue | `C = torch.matmul/mm/tensordot(A, B)` or `A @ B` in the wrapper, C read only by one launch of a straight-line elementwise kernel (load C at `pid * BLOCK + arange` under `< C.numel()`, a tail of elementwise math, one store at the same offsets) -> one Triton GEMM whose epilogue is that tail, taken at run time for 2-D floating operands up to 256^3, 512^3 or 1024^3 (one variant each; the call as written above), the product rounded to its dtype first and fp32 accumulated in IEEE unless torch allows TF32 |
+| grouped-program-order       | grouped_order | a dot kernel reading `tl.program_id(0)` and `(1)` -> both replaced by the program's coordinates in a grouped launch order (the matmul tutorial's map from the launch position, a bijection of the grid: G = 8, 4, 16 tiles along axis 1 before a step along axis 0) |
 | divisibility-hints          | hints | the strides and mask bounds among a kernel's runtime ints -> `P = P // d * d` under a constexpr flag each launch sets to the multiple of 8 or 4 its value really is (Triton specializes only 16); and `pid * BLOCK + tl.arange(0, BLOCK)` wrapped in tl.multiple_of / tl.max_contiguous |
 | persistent-kernel           | persistent, persistent_dot | a 1-D grid `(G,)` -> a loop over the G tiles on at most 1, 2 or 4 programs per SM; a dot kernel on a 2-D grid of output tiles -> one program per SM walking the tiles (counted from its row and column masks) in launch order, the tile loop flattened into the K loop, operand tiles through TMA descriptors made once per program (dispatched on TMA's rules), with and without warp_specialize |
 | split-work-over-programs    | split, fill | a reduction loop on a grid too small for the SMs -> a second grid axis taking every n-th step, partials `tl.atomic_add`ed into a zeroed output, split sized at launch; a masked program axis `pid * BLOCK + tl.arange(0, BLOCK)` whose grid follows BLOCK -> BLOCK halved at launch (not below a floor of 32 / 16 / 8) while the grid runs fewer than 2 programs per SM, num_warps scaled with it |
@@ -57,6 +58,7 @@ from diagnose.rewriters import (  # noqa: F401 - register
     fill,
     fit,
     fold,
+    grouped_order,
     hints,
     host,
     keywords,
