@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 @click.option("--retime", "retime_ops", default=None,
               help="With --resume: comma-separated operators whose finished runs take their end-of-run measurement "
                    "again (after their task's stand-in or initial kernel changed).")
+@click.option("--rerun", "rerun_ops", default=None,
+              help="With --resume: comma-separated operators whose runs are set aside under replaced/ and run "
+                   "afresh (after a change to what chooses or makes their rounds); needs --why.")
+@click.option("--why", "rerun_why", default="", help="With --rerun: what changed (commits), for the bench's note.")
 @timing_window_options
 @breadth_option
 @json_option("Print the report as JSON.")
@@ -63,7 +67,8 @@ if TYPE_CHECKING:
 def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, time_budget: float | None,
           strategy: str, workers: int, llm: str, llm_settings: dict[str, Any], backend: BackendName, bench_dir: Path | None, resume_dir: Path | None,
           stop_after: float | None, versus: tuple[str, ...], ray_address: str | None, retime_ops: str | None,
-          warmup_ms: int | None, rep_ms: int | None, breadth: int, as_json: bool) -> None:
+          rerun_ops: str | None, rerun_why: str, warmup_ms: int | None, rep_ms: int | None, breadth: int,
+          as_json: bool) -> None:
     """The optimize loop over a benchmark suite, resumable, then its report (JSON, Markdown, PNG)."""
     import datetime
 
@@ -73,8 +78,10 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         Condition,
         add_operators,
         create_bench,
+        load_bench,
         load_suite,
         rejudge,
+        rerun,
         retime,
         run_bench,
         set_timing_windows,
@@ -84,6 +91,14 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
 
     if resume_dir is not None:
         directory = resume_dir
+        named = [x.strip() for x in f"{rerun_ops or ''},{retime_ops or ''}".split(",") if x.strip()]
+        unknown = [op for op in named if op not in load_bench(directory).operators]
+        if unknown:  # before anything is changed
+            raise UserFacingError(f"no operator {', '.join(unknown)} in the bench {directory}",
+                                  f"pick among: {', '.join(load_bench(directory).operators)}")
+        if rerun_ops:
+            aside = rerun(directory, [x.strip() for x in rerun_ops.split(",") if x.strip()], rerun_why)
+            click.echo(f"{len(aside)} run(s) set aside under {directory / 'replaced'}, to run afresh", err=True)
         if retime_ops:  # first: an unknown operator stops the command before anything is changed
             again = retime(directory, [x.strip() for x in retime_ops.split(",") if x.strip()])
             click.echo(f"{len(again)} finished run(s) will take their end-of-run measurement again", err=True)
@@ -94,8 +109,9 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
             added = add_operators(directory, [x.strip() for x in ops.split(",") if x.strip()])
             click.echo(f"{len(added)} operator(s) added to the bench", err=True)
         set_timing_windows(directory, warmup_ms, rep_ms)  # the jobs still to run take the new windows
-    elif retime_ops:
-        raise UserFacingError("--retime works on an existing bench", "use it with --resume DIR")
+    elif retime_ops or rerun_ops:
+        raise UserFacingError(f"{'--retime' if retime_ops else '--rerun'} works on an existing bench",
+                              "use it with --resume DIR")
     else:
         strategies = [x.strip() for x in strategy.split(",") if x.strip()]
         bad = [x for x in strategies if x not in STRATEGIES]

@@ -566,3 +566,30 @@ def test_a_resumed_bench_judges_its_finished_ends_again_by_the_rules_as_they_are
     assert f"the initial kernel. Round {best}'s kernel" in (bench_dir / "runs" / "only" / "rowsum_a" / "best.py").read_text()
     assert "the initial kernel stands for only/rowsum_a" in load_bench(bench_dir).note
     assert rejudge(bench_dir) == {}  # judged once: a second resume changes nothing
+
+
+def test_rerun_sets_finished_runs_aside_and_runs_them_afresh(tmp_path):
+    """After a change the task's digest cannot see (a new rewrite), `--rerun` sets the named runs aside, whole,
+    with the reason in the bench's note; a typo or a missing reason changes nothing."""
+    bench_dir = tmp_path / "bench"
+    create_bench(bench_dir, BenchSpec(str(_suite(tmp_path)), ["rowsum_a", "rowsum_b"], [Condition("only")], rounds=1,
+                                      backend="interpreter"))
+    assert all(j.state == "finished" for j in run_bench(bench_dir, workers=2, command=_command({})))
+    for args, message in ((["--rerun", "rowsum_a,nope", "--why", "x"], "no operator nope in the bench"),
+                          (["--rerun", "rowsum_a"], "--rerun needs a reason")):
+        out = CliRunner().invoke(main, ["bench", "--resume", str(bench_dir), *args, "--stop-after", "0"])
+        assert out.exit_code == 2 and message in out.output, out.output
+    assert [j.state for j in jobs(bench_dir, load_bench(bench_dir))] == ["finished", "finished"]
+    out = CliRunner().invoke(main, ["bench", "--resume", str(bench_dir), "--rerun", "rowsum_a",
+                                    "--why", "fuse-matmul-epilogue is new: 71afbff", "--stop-after", "0"])
+    assert out.exit_code == 0, out.output
+    assert "1 run(s) set aside" in out.output
+    (aside,) = (bench_dir / "replaced" / "only").iterdir()
+    assert aside.name.startswith("rowsum_a-") and (aside / "rounds.sqlite").is_file()
+    assert (aside / "only.rowsum_a.log").is_file()
+    assert "Runs of rowsum_a set aside on " in load_bench(bench_dir).note
+    assert "(fuse-matmul-epilogue is new: 71afbff) and run again." in load_bench(bench_dir).note
+    assert [j.state for j in jobs(bench_dir, load_bench(bench_dir))] == ["new", "finished"]
+    assert [j.state for j in run_bench(bench_dir, workers=1, command=_command({}))] == ["finished", "finished"]
+    out = CliRunner().invoke(main, ["bench", "--bench-dir", str(tmp_path / "other"), "--rerun", "rowsum_a"])
+    assert out.exit_code == 2 and "--rerun works on an existing bench" in out.output

@@ -20,11 +20,12 @@ from diagnose.bench.schedule import (
                                      load_suite,
                                      optimize_command,
                                      rejudge,
+                                     rerun,
                                      retime,
                                      run_bench,
                                      set_timing_windows,
 )
 
 __all__ = ["DEFAULT_SUITE", "PUBLISHED", "BenchSpec", "Condition", "Job", "add_operators", "bench_report", "bench_runs", "compare_markdown",
-           "create_bench", "jobs", "load_bench", "load_suite", "optimize_command", "rejudge", "retime", "run_bench",
+           "create_bench", "jobs", "load_bench", "load_suite", "optimize_command", "rejudge", "rerun", "retime", "run_bench",
            "set_timing_windows", "write_report"]

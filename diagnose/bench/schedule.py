@@ -41,7 +41,7 @@ from harness.backends import BackendName
 from harness.errors import UserFacingError
 
 __all__ = ["BenchSpec", "Condition", "Job", "bench_runs", "create_bench", "jobs", "load_bench", "load_suite",
-           "optimize_command", "replace_stale", "retime", "run_bench", "set_timing_windows", "task_digest"]
+           "optimize_command", "replace_stale", "rejudge", "rerun", "retime", "run_bench", "set_timing_windows", "task_digest"]
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = REPO / "corpora" / "operators"
@@ -282,22 +282,41 @@ def replace_stale(bench_dir: Path) -> list[Job]:
     Returns those jobs, now new."""
     spec = load_bench(bench_dir)
     stale = [j for j in jobs(bench_dir, spec) if j.state == "stale"]
-    if not stale:
+    return _set_aside(bench_dir, spec, stale, "their task changed since they began")
+
+
+def rerun(bench_dir: Path, operators: list[str], why: str) -> list[Job]:
+    """Set the runs of `operators` aside, whole, under `replaced/<condition>/` (as `replace_stale` does) so that
+    their jobs start afresh: after a change to what chooses or makes their rounds (a new rewrite, a mended
+    diagnosis), which no digest of the task sees. `why` goes into the bench's note with the date. Returns
+    the jobs set aside (operators not yet run have nothing to set aside)."""
+    spec = load_bench(bench_dir)
+    unknown = [op for op in operators if op not in spec.operators]
+    if unknown:
+        raise UserFacingError(f"no operator {', '.join(unknown)} in the bench {bench_dir}",
+                              f"pick among: {', '.join(spec.operators)}")
+    if not why.strip():
+        raise UserFacingError("--rerun needs a reason for the bench's note", 'add --why "what changed (commits)"')
+    ran = [j for j in jobs(bench_dir, spec) if j.operator in operators and j.state != "new"]
+    return _set_aside(bench_dir, spec, ran, why.strip())
+
+
+def _set_aside(bench_dir: Path, spec: BenchSpec, runs: list[Job], why: str) -> list[Job]:
+    if not runs:
         return []
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-    for job in stale:
+    for job in runs:
         aside = bench_dir / "replaced" / job.condition.name / f"{job.operator}-{stamp}"
         aside.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(job.run_dir), str(aside))
         if job.log is not None and job.log.is_file():
             shutil.move(str(job.log), str(aside / job.log.name))
         job.state = "new"
-    said = ", ".join(sorted({j.operator for j in stale}))
+    said = ", ".join(sorted({j.operator for j in runs}))
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    spec.note = (spec.note + " " if spec.note else "") + \
-        f"Runs of {said} set aside on {when} (their task changed since they began) and run again."
+    spec.note = (spec.note + " " if spec.note else "") + f"Runs of {said} set aside on {when} ({why}) and run again."
     _write_spec(bench_dir, spec)
-    return stale
+    return runs
 
 
 def _state_of(run_dir: Path) -> str:
