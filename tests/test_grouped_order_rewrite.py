@@ -112,6 +112,46 @@ def test_it_declines_kernels_it_cannot_renumber_whole(change):
     assert rewrite(PATTERN, MATMUL.replace(old, new), {}) == []
 
 
+def test_a_helper_reading_program_ids_is_not_renumbered_alone_nor_through_another():
+    # The dot and the program ids in a helper the launched kernel calls: renumbering the helper alone would
+    # store its tiles at the caller's unrenumbered coordinates.
+    in_helper = MATMUL.replace('''@triton.jit
+def matmul_kernel(''', '''@triton.jit
+def tile(a_ptr, b_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    return tl.dot(tl.load(a_ptr + rm[:, None] * K + rk[None, :]), tl.load(b_ptr + rk[:, None] * N + rn[None, :]))
+
+
+@triton.jit
+def matmul_kernel(''').replace("        acc += tl.dot(a, b)\n", "        acc += tl.dot(a, b) + 0 * tile(a_ptr, b_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)\n")
+    assert "tile(a_ptr" in in_helper
+    assert rewrite(PATTERN, in_helper, {}) == []
+    # Two levels down.
+    nested = MATMUL.replace('''@triton.jit
+def matmul_kernel(''', '''@triton.jit
+def column_index():
+    return tl.program_id(1)
+
+
+@triton.jit
+def columns(BLOCK_N: tl.constexpr):
+    return column_index() * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def matmul_kernel(''').replace("rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)",
+                               "rn = columns(BLOCK_N) + 0 * tl.program_id(1)")
+    assert "columns(BLOCK_N)" in nested
+    assert rewrite(PATTERN, nested, {}) == []
+
+
+def test_it_declines_a_module_that_does_not_bind_tl():
+    spelled = MATMUL.replace("import triton.language as tl\n", "").replace("tl.", "triton.language.")
+    assert "tl.dot" not in spelled.replace("language.dot", "") and rewrite(PATTERN, spelled, {}) == []
+
+
 def test_it_declines_a_kernel_whose_helper_reads_program_ids():
     helper = MATMUL.replace('''@triton.jit
 def matmul_kernel(''', '''@triton.jit

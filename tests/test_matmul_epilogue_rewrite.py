@@ -113,7 +113,7 @@ def test_an_at_product_of_a_transposed_view_and_a_tail_with_a_cast_and_a_scalar(
     text = variant.source
     assert "_kb_a, _kb_b = x, w.t()" in text and "        h = _kb_a @ _kb_b" in text
     # The transposed view is read through its strides; alpha reaches the fused kernel as the launch passed it.
-    assert "_kb_b.stride(0),\n            _kb_b.stride(1), alpha=alpha, BLOCK_M=_kb_bm" in text
+    assert "_kb_b.stride(0),\n            _kb_b.stride(1), alpha=alpha, _KB_BM=_kb_bm" in text
     assert "    h = _kb_c.to(tl.float32)\n    s = tl.sigmoid(h) * alpha" in text
     reference = ("lambda x, w, alpha=0.5: torch.where(x @ w.t() > 0, torch.sigmoid(x @ w.t()) * alpha, "
                  "-torch.sigmoid(x @ w.t()) * alpha)")
@@ -154,8 +154,38 @@ def test_the_fused_kernel_compiles_for_sm90_with_an_ieee_fp32_dot(tmp_path):
     ("n_elements = contracted.numel()", "n_elements = a.numel()"),
     # A loop in the kernel.
     ("    y = 1.0 / tl.sqrt(x)\n", "    for i in range(2):\n        x = x * 1.0\n    y = 1.0 / tl.sqrt(x)\n"),
+    # A parameter changed before the load: the pointer shifted, the bound halved.
+    ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    input_ptr += 1\n"),
+    ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    n_elements = n_elements // 2\n"),
+    # An operand written between the product and the launch: the fused kernel reads it at the launch.
+    ("    out = torch.empty_like(contracted)\n", "    out = torch.empty_like(contracted)\n    a.mul_(2.0)\n"),
+    # The tail stored into memory that is not fresh: an operand, or zeros a short grid leaves partly as they are.
+    ("    out = torch.empty_like(contracted)\n", "    out = a\n"),
+    ("    out = torch.empty_like(contracted)\n", "    out = torch.zeros_like(contracted)\n"),
+    # The output bound through **kwargs: its argument is not known.
+    ("rsqrt_kernel[grid](contracted, out, n_elements, BLOCK_SIZE=256)",
+     "rsqrt_kernel[grid](contracted, n_elements=n_elements, BLOCK_SIZE=256, **dict(output_ptr=out))"),
+    # No bare `import triton`: the fused kernel's decorator and the dispatch are spelled with it.
+    ("import triton\nimport triton.language", "from triton import cdiv, jit\nimport triton.language"),
+    # A name the rewrite introduces, already used.
+    ("    grid = lambda", "    _kb_fused = 1\n    grid = lambda"),
 ])
 def test_it_declines_where_the_fused_call_could_differ(change):
     old, new = change
     assert old in TENSORDOT
     assert rewrite(PATTERN, TENSORDOT.replace(old, new), {}) == []
+
+
+def test_a_scalar_the_launch_leaves_to_its_default_and_a_cast_to_a_parameter_reach_the_gemm():
+    source = LINEAR.replace("def act_kernel(h_ptr, y_ptr, alpha, n, BLOCK: tl.constexpr):",
+                            "def act_kernel(h_ptr, y_ptr, n, BLOCK: tl.constexpr, DT: tl.constexpr, alpha=0.5):") \
+        .replace(".to(tl.float32)", ".to(DT)").replace("(h, y, alpha, n, BLOCK=128)", "(h, y, n, BLOCK=128, DT=tl.float32)")
+    (variant, *_) = rewrite(PATTERN, source, {})
+    assert "_kb_b.stride(1), DT=tl.float32, alpha=0.5, _KB_BM=_kb_bm" in variant.source
+    assert "DT: tl.constexpr, alpha, _KB_BM: tl.constexpr" in variant.source
+
+
+def test_the_gemm_takes_a_name_free_in_the_module():
+    source = TENSORDOT + "\n\ndef rsqrt_kernel_matmul():\n    pass\n"
+    (variant, *_) = rewrite(PATTERN, source, {})
+    assert "def rsqrt_kernel_matmul_(_kb_a_ptr" in variant.source and "rsqrt_kernel_matmul_[(" in variant.source

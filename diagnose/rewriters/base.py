@@ -15,7 +15,7 @@ import libcst.matchers as m
 from harness.guards import KERNEL_DECORATORS
 
 __all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "launch_grid_node", "launching_function", "mask_argument",
-           "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "unified_diff",
+           "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "top_level_imports", "unified_diff",
            "docstring_lines", "program_axis", "with_helper", "with_keywords", "with_parameters"]
 
 
@@ -381,6 +381,15 @@ def start_plus_arange(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cs
                 if isinstance(start, cst.BinaryOperation) else start
             return start, arange.args[1].value
     return None
+
+
+def top_level_imports(module: cst.Module) -> set[tuple[str, str | None]]:
+    """(module, alias) of each `import X [as Y]` at the module's top level: what a rewrite may spell its new
+    code with (`("triton.language", "tl")`)."""
+    imports = [i for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for i in stmt.body
+               if isinstance(i, cst.Import)]
+    return {(dotted(a.name), a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else None)
+            for i in imports for a in i.names}
 
 
 def simple_assign(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:

@@ -14,7 +14,7 @@ which is a bijection of the grid for any group size and any grid (the last group
 maps to itself). Programs of a Triton launch run in no guaranteed order, so a kernel whose result depended
 on it was already racy: the renumbering changes no value a race-free kernel computes. It applies to a
 kernel with `tl.dot` that reads both axes' program ids at literal axes, calls no other jit function that
-reads program ids, and is not grouped already (`tl.swizzle2d`, or `tl.num_programs` in use: a persistent or
+reads program ids (nor is one itself), and is not grouped already (`tl.swizzle2d`, or `tl.num_programs` in use: a persistent or
 already-renumbered kernel). Variants: groups of 8, 4 and 16 tiles.
 """
 
@@ -33,6 +33,7 @@ from diagnose.rewriters.base import (
     jit_functions,
     program_axis,
     register,
+    top_level_imports,
 )
 
 __all__ = ["GROUPS", "grouped_program_order"]
@@ -51,6 +52,10 @@ _kb_pid0 = (_kb_lin % _kb_in_group) // _kb_group
 """
 
 
+_INTRODUCED = frozenset({"_kb_i", "_kb_j", "_kb_ni", "_kb_nj", "_kb_lin", "_kb_in_group", "_kb_first", "_kb_group",
+                         "_kb_pid0", "_kb_pid1"})
+
+
 def _program_ids(node: cst.CSTNode) -> list[cst.Call]:
     return [cst.ensure_type(c, cst.Call) for c in m.findall(node, m.Call()) if dotted(cst.ensure_type(c, cst.Call).func)
             in ("tl.program_id", "triton.language.program_id")]
@@ -63,10 +68,30 @@ def _axis(call: cst.Call) -> int | None:
     return program_axis(call.with_changes(func=cst.parse_expression("tl.program_id")))
 
 
+def _called(fn: cst.FunctionDef, functions: dict[str, cst.FunctionDef]) -> set[str]:
+    """The jit functions `fn` calls, directly or through one another."""
+    seen: set[str] = set()
+    todo = [fn]
+    while todo:
+        for call in m.findall(todo.pop(), m.Call()):
+            name = dotted(cst.ensure_type(call, cst.Call).func)
+            if name in functions and name not in seen:
+                seen.add(name)
+                todo.append(functions[name])
+    return seen
+
+
 def _groupable(module: cst.Module, kernel: cst.FunctionDef) -> list[cst.Call] | None:
     """The kernel's program-id calls of axes 0 and 1 where the rewrite applies, else None."""
     if not m.findall(kernel, m.Call(func=m.Attribute(attr=m.Name("dot")))):
         return None
+    functions = jit_functions(module)
+    name = kernel.name.value
+    if not m.findall(module, m.Call(func=m.Subscript(value=m.Name(name)))) \
+            or any(name in _called(fn, functions) for fn in functions.values()):
+        return None  # not launched, or called as a helper: its program ids are its caller's
+    if any(_program_ids(functions[helper]) for helper in _called(kernel, functions)):
+        return None  # a helper reads program ids the renumbering would not reach
     if any(dotted(cst.ensure_type(c, cst.Call).func).endswith(("swizzle2d", "num_programs"))
            for c in m.findall(kernel, m.Call())):
         return None
@@ -74,10 +99,6 @@ def _groupable(module: cst.Module, kernel: cst.FunctionDef) -> list[cst.Call] | 
     axes = [_axis(c) for c in calls]
     if None in axes or not {0, 1} <= set(axes):
         return None
-    others = {name: fn for name, fn in jit_functions(module).items() if fn is not kernel}
-    called = {dotted(cst.ensure_type(c, cst.Call).func) for c in m.findall(kernel, m.Call())}
-    if any(_program_ids(fn) for name, fn in others.items() if name in called):
-        return None  # a helper reads program ids the renumbering would not reach
     return [c for c, axis in zip(calls, axes, strict=True) if axis in (0, 1)]
 
 
@@ -97,6 +118,9 @@ def grouped_program_order(source: str, context: dict[str, Any]) -> list[Variant]
     if "tl.dot" not in source and ".dot(" not in source:
         return []
     module = cst.parse_module(source)
+    if ("triton.language", "tl") not in top_level_imports(module) or any(
+            isinstance(n, cst.Name) and n.value in _INTRODUCED for n in m.findall(module, m.Name())):
+        return []  # the renumbering is spelled with `tl`, and its names must be free
     launched = set(context.get("launched") or {})
     targets = {name: calls for name, fn in jit_functions(module).items()
                if (not launched or name in launched) and (calls := _groupable(module, fn)) is not None}

@@ -40,6 +40,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
+from diagnose.rewriters.aliasing import host_aliases, mutated_in_place
 from diagnose.rewriters.base import (
     Variant,
     dotted,
@@ -50,8 +51,17 @@ from diagnose.rewriters.base import (
     simple_assign,
     start_plus_arange,
     target_launch,
+    top_level_imports,
 )
-from diagnose.rewriters.blocks import assigned_names, code, names_in, numel_of, plain_assignments, pointer_roots
+from diagnose.rewriters.blocks import (
+    assigned_names,
+    code,
+    fresh_name,
+    names_in,
+    numel_of,
+    plain_assignments,
+    pointer_roots,
+)
 from diagnose.rewriters.fold import metadata_use, with_torch
 
 __all__ = ["fuse_matmul_epilogue"]
@@ -82,7 +92,8 @@ class _Plan:
     cast: cst.BaseExpression | None  # the dtype of `.to(dtype)` on the load
     tail: list[cst.SimpleStatementLine]
     value: cst.BaseExpression  # the stored value
-    scalars: list[str]  # the kernel's parameters the tail reads
+    scalars: dict[str, cst.BaseExpression]  # the kernel's parameters the tail reads, with what the launch gives them
+    fused_name: str  # the GEMM kernel's name, free in the module
 
 
 def _product(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression | None] | None:
@@ -104,7 +115,26 @@ def _product(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExp
     return None
 
 
+def _binds_triton(module: cst.Module) -> bool:
+    """Whether the module binds `triton` and `tl` (`import triton`, `import triton.language as tl`) at its top
+    level: the fused kernel and the dispatch are spelled with them."""
+    return {("triton", None), ("triton.language", "tl")} <= top_level_imports(module)
+
+
+_FRESH = frozenset({"torch.empty", "torch.empty_like", "torch.empty_strided"})
+
+
+# The names the rewrite introduces: in the wrapper, the module, and the fused kernel beside the tail's own.
+_INTRODUCED = frozenset({
+    "_kb_a", "_kb_b", "_kb_fused", "_kb_m", "_kb_n", "_kb_k", "_kb_bm", "_kb_bn", "_kb_bk", "_kb_matmul_fusable",
+    "_kb_a_ptr", "_kb_b_ptr", "_kb_M", "_kb_N", "_kb_K", "_kb_sam", "_kb_sak", "_kb_sbk", "_kb_sbn", "_KB_BM",
+    "_KB_BN", "_KB_BK", "_KB_IEEE", "_kb_rm", "_kb_rn", "_kb_rk", "_kb_acc", "_kb_ks", "_kb_c"})
+
+
 def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
+    if not _binds_triton(module) or any(isinstance(n, cst.Name) and n.value in _INTRODUCED
+                                        for n in m.findall(module, m.Name())):
+        return None
     target = target_launch(module, context)
     if target is None:
         return None
@@ -134,9 +164,38 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
         if plan is None:
             continue
         out, loaded, cast, tail, value, scalars = plan
+        between = body[body.index(made) + 1:body.index(statement)]
+        if not _fresh_output(launch_arguments(kernel, launch)[out], counts, before, parents) \
+                or not _operands_untouched(wrapper, between, parts[0], parts[1]):
+            continue
+        taken = {n.value for n in m.findall(module, m.Name()) if isinstance(n, cst.Name)}
+        fused_name = fresh_name(f"{name}_matmul", taken)
         return _Plan(wrapper, kernel, launch, statement, cst.ensure_type(made, cst.SimpleStatementLine), product,
-                     (parts[0], parts[1]), parts[2], out, loaded, cast, tail, value, scalars)
+                     (parts[0], parts[1]), parts[2], out, loaded, cast, tail, value, scalars, fused_name)
     return None
+
+
+def _fresh_output(arg: cst.Arg, counts: dict[str, int], before: list[cst.BaseStatement], parents: Any) -> bool:
+    """Whether the launch stores the tail into a tensor the wrapper has just made with torch.empty*: memory no
+    operand shares (the fused kernel reads the operands while it stores), and, since the harness rejects a
+    kernel that leaves an output unwritten, memory the kernel as written must have covered whole."""
+    if not isinstance(arg.value, cst.Name) or counts.get(arg.value.value) != 1:
+        return False
+    made = next((sa[1] for s in before if (sa := simple_assign(s)) is not None and sa[0] == arg.value.value), None)
+    return isinstance(made, cst.Call) and dotted(made.func) in _FRESH
+
+
+def _operands_untouched(wrapper: cst.FunctionDef, between: list[cst.BaseStatement], a: cst.BaseExpression,
+                        b: cst.BaseExpression) -> bool:
+    """Nothing between the product and the launch launches a kernel or writes what the operands are made of:
+    the fused kernel reads them at the launch, the call as written read them at the product."""
+    block = cst.IndentedBlock(body=between)
+    if m.findall(block, m.Call(func=m.Subscript())):
+        return False
+    written = wrapper.with_changes(body=block)
+    names = names_in(a) | names_in(b)
+    return not any(mutated_in_place(written, alias) or alias in assigned_names(block)
+                   for name in names for alias in host_aliases(wrapper, name))
 
 
 def _reads_no_element(wrapper: cst.FunctionDef, product: str, arg: cst.Arg, parents: Any) -> bool:
@@ -147,12 +206,17 @@ def _reads_no_element(wrapper: cst.FunctionDef, product: str, arg: cst.Arg, pare
 
 def _kernel_side(module: cst.Module, kernel: cst.FunctionDef, launch: cst.Call, param: str, product: str,
                  parents: Any) -> tuple[str, str, cst.BaseExpression | None, list[cst.SimpleStatementLine],
-                                        cst.BaseExpression, list[str]] | None:
+                                        cst.BaseExpression, dict[str, cst.BaseExpression]] | None:
     """(OUT, the loaded name, its cast, the tail's statements, the stored value, the scalars the tail reads)
     where the kernel is the elementwise tail of its parameter `param` (the module's docstring), else None."""
     body = list(kernel.body.body)
     if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in body):
         return None  # loops, branches, or several statements on a line
+    params = [p.name.value for p in kernel.params.params]
+    counts = assigned_names(kernel)
+    if any(p in counts for p in params) or any(n > 1 for n in counts.values()) \
+            or m.findall(kernel, m.AugAssign()):
+        return None  # a parameter or a local changed on the way: the tail would see other values than it reads
     calls = [cst.ensure_type(c, cst.Call) for c in m.findall(kernel, m.Call())]
     loads = [c for c in calls if dotted(c.func) == "tl.load"]
     stores = [c for c in calls if dotted(c.func) == "tl.store"]
@@ -184,7 +248,8 @@ def _kernel_side(module: cst.Module, kernel: cst.FunctionDef, launch: cst.Call, 
         return None
     tail = [cst.ensure_type(s, cst.SimpleStatementLine) for s in body[at_load + 1:at_store]]
     value = store.args[1].value
-    params = [p.name.value for p in kernel.params.params]
+    if cast is not None and not _elementwise(cast, set(), params, (param, out)):
+        return None
     known = {loaded}
     for stmt in tail:
         assign = simple_assign(stmt)
@@ -193,11 +258,22 @@ def _kernel_side(module: cst.Module, kernel: cst.FunctionDef, launch: cst.Call, 
         known.add(assign[0])
     if not _elementwise(value, known, params, (param, out)):
         return None
-    read = set().union(*(names_in(s) for s in tail), names_in(value))
-    scalars = [p for p in params if p in read]
+    read = set().union(*(_variables(s) for s in tail), _variables(value), _variables(cast) if cast is not None else set())
     bound = launch_arguments(kernel, launch)
-    defaults = {p.name.value for p in kernel.params.params if p.default is not None}
-    if any(p not in bound and p not in defaults for p in scalars):
+    scalars: dict[str, cst.BaseExpression] = {}
+    for p in kernel.params.params:
+        name = p.name.value
+        if name not in read:
+            continue
+        literal = p.default is not None and (isinstance(p.default, (cst.Integer, cst.Float, cst.SimpleString))
+                                             or m.matches(p.default, m.Name("True") | m.Name("False")))
+        if name in bound and bound[name].star == "":
+            scalars[name] = bound[name].value
+        elif name not in bound and literal and p.default is not None:
+            scalars[name] = p.default  # the launch leaves it to its default: passed as written
+        else:
+            return None
+    if out not in bound or bound[out].star != "":
         return None
     return out, loaded, cast, tail, value, scalars
 
@@ -260,12 +336,27 @@ def _elementwise(expr: cst.BaseExpression, known: set[str], params: list[str], p
     if m.findall(expr, m.Subscript()) or m.findall(expr, m.Lambda()):
         return False
     allowed = known | (set(params) - set(pointers)) | {"tl", "libdevice", "triton"}
-    return names_in(expr) <= allowed | _attribute_names(expr)
+    return _variables(expr) <= allowed
 
 
-def _attribute_names(expr: cst.BaseExpression) -> set[str]:
-    """The names that are attributes (`tl.float32`'s float32), not variables."""
-    return {cst.ensure_type(a, cst.Attribute).attr.value for a in m.findall(expr, m.Attribute())}
+def _variables(node: cst.CSTNode) -> set[str]:
+    """The names `node` reads as variables: not an attribute's name (`tl.float32`'s float32), not a keyword."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+    node.visit(Visitor())
+    return found
 
 
 def _fused_kernel(plan: _Plan) -> str:
@@ -280,21 +371,21 @@ def _fused_kernel(plan: _Plan) -> str:
     tail = "".join(f"    {code(s.with_changes(leading_lines=[])).strip()}\n" for s in plan.tail)  # comments above go
     return (
         "@triton.jit\n"
-        f"def {name}_matmul(_kb_a_ptr, _kb_b_ptr, {plan.out}, _kb_M, _kb_N, _kb_K, _kb_sam, _kb_sak, _kb_sbk, _kb_sbn,"
-        f" {''.join(s + ', ' for s in scalars)}"
-        "BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):\n"
+        f"def {plan.fused_name}(_kb_a_ptr, _kb_b_ptr, {plan.out}, _kb_M, _kb_N, _kb_K, _kb_sam, _kb_sak, _kb_sbk,"
+        f" _kb_sbn, {''.join(s + ', ' for s in scalars)}"
+        "_KB_BM: tl.constexpr, _KB_BN: tl.constexpr, _KB_BK: tl.constexpr, _KB_IEEE: tl.constexpr):\n"
         f"    # {name}'s tail applied to the tile of the product it would have loaded (fuse-matmul-epilogue)\n"
-        "    _kb_rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n"
-        "    _kb_rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)\n"
-        "    _kb_rk = tl.arange(0, BLOCK_K)\n"
-        "    _kb_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n"
-        "    for _kb_k in range(0, _kb_K, BLOCK_K):\n"
+        "    _kb_rm = tl.program_id(0) * _KB_BM + tl.arange(0, _KB_BM)\n"
+        "    _kb_rn = tl.program_id(1) * _KB_BN + tl.arange(0, _KB_BN)\n"
+        "    _kb_rk = tl.arange(0, _KB_BK)\n"
+        "    _kb_acc = tl.zeros((_KB_BM, _KB_BN), dtype=tl.float32)\n"
+        "    for _kb_k in range(0, _kb_K, _KB_BK):\n"
         "        _kb_ks = _kb_k + _kb_rk\n"
         "        _kb_a = tl.load(_kb_a_ptr + _kb_rm[:, None] * _kb_sam + _kb_ks[None, :] * _kb_sak,\n"
         "                        mask=(_kb_rm[:, None] < _kb_M) & (_kb_ks[None, :] < _kb_K), other=0.0)\n"
         "        _kb_b = tl.load(_kb_b_ptr + _kb_ks[:, None] * _kb_sbk + _kb_rn[None, :] * _kb_sbn,\n"
         "                        mask=(_kb_ks[:, None] < _kb_K) & (_kb_rn[None, :] < _kb_N), other=0.0)\n"
-        "        if IEEE:\n"
+        "        if _KB_IEEE:\n"
         "            _kb_acc = tl.dot(_kb_a, _kb_b, _kb_acc, input_precision=\"ieee\")\n"
         "        else:\n"
         "            _kb_acc = tl.dot(_kb_a, _kb_b, _kb_acc)\n"
@@ -313,7 +404,10 @@ def {_HELPER}(a, b, limit, dims=1):
             and type(dims) is int and dims == 1 and a.dtype == b.dtype
             and a.dtype in (torch.float16, torch.bfloat16, torch.float32) and a.device == b.device
             and a.shape[1] == b.shape[0] and a.shape[0] * b.shape[1] > 0
-            and a.shape[0] * b.shape[1] * a.shape[1] <= limit)
+            and a.shape[0] * b.shape[1] * a.shape[1] <= limit
+            and triton.cdiv(b.shape[1], 64) <= 65535  # grid axis 1's limit
+            and all((t.shape[0] - 1) * abs(t.stride(0)) + (t.shape[1] - 1) * abs(t.stride(1)) < 2**31 for t in (a, b))
+            and a.shape[0] * b.shape[1] < 2**31)  # int32 offsets
 '''
 
 
@@ -354,19 +448,18 @@ class _Fused(cst.CSTTransformer):
     def _launch(self, launch: cst.SimpleStatementLine) -> cst.BaseStatement:
         plan = self.plan
         bound = launch_arguments(plan.kernel, plan.launch)
-        scalars = "".join(f"{p}={code(bound[p].value)}, " for p in plan.scalars if p in bound)
+        scalars = "".join(f"{p}={code(v)}, " for p, v in plan.scalars.items())
         out = code(bound[plan.out].value)
-        name = plan.kernel.name.value
         fused = cst.parse_statement(
             "if _kb_fused:\n"
             "    _kb_m, _kb_n, _kb_k = _kb_a.shape[0], _kb_b.shape[1], _kb_a.shape[1]\n"
             "    _kb_bm = min(64, max(16, triton.next_power_of_2(_kb_m)))\n"
             "    _kb_bn = min(64, max(16, triton.next_power_of_2(_kb_n)))\n"
             "    _kb_bk = min(32, max(16, triton.next_power_of_2(_kb_k)))\n"
-            f"    {name}_matmul[(triton.cdiv(_kb_m, _kb_bm), triton.cdiv(_kb_n, _kb_bn))](\n"
+            f"    {plan.fused_name}[(triton.cdiv(_kb_m, _kb_bm), triton.cdiv(_kb_n, _kb_bn))](\n"
             f"        _kb_a, _kb_b, {out}, _kb_m, _kb_n, _kb_k, _kb_a.stride(0), _kb_a.stride(1), _kb_b.stride(0),\n"
-            f"        _kb_b.stride(1), {scalars}BLOCK_M=_kb_bm, BLOCK_N=_kb_bn, BLOCK_K=_kb_bk,\n"
-            "        IEEE=_kb_a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32)\n"
+            f"        _kb_b.stride(1), {scalars}_KB_BM=_kb_bm, _KB_BN=_kb_bn, _KB_BK=_kb_bk,\n"
+            "        _KB_IEEE=_kb_a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32)\n"
             "else:\n"
             "    pass\n")
         fused = cst.ensure_type(fused, cst.If)
