@@ -26,7 +26,9 @@ At run time the fused kernel is taken only for two 2-D tensors of one floating d
 matching inner sizes, `dims` equal to 1 for tensordot, and M x N x K at most the variant's limit; anything
 else runs the call as written. The product is rounded to its dtype before the tail, as torch's matmul
 returns it, and an fp32 product is accumulated in IEEE fp32 unless torch itself allows TF32
-(`torch.backends.cuda.matmul.allow_tf32`). The flat index OFFS of the product is `row * N + column` (torch
+(`torch.backends.cuda.matmul.allow_tf32`). Tiles are up to 64 x 64 (K steps of up to 32), halved down to
+16 while the grid has fewer than 128 programs: a small product on CUDA-core FMA is bound by how many SMs
+it occupies. The flat index OFFS of the product is `row * N + column` (torch
 returns it contiguous), so the fused kernel stores the tail of element (row, column) where the kernel as
 written did.
 """
@@ -456,6 +458,11 @@ class _Fused(cst.CSTTransformer):
             "    _kb_bm = min(64, max(16, triton.next_power_of_2(_kb_m)))\n"
             "    _kb_bn = min(64, max(16, triton.next_power_of_2(_kb_n)))\n"
             "    _kb_bk = min(32, max(16, triton.next_power_of_2(_kb_k)))\n"
+            "    while triton.cdiv(_kb_m, _kb_bm) * triton.cdiv(_kb_n, _kb_bn) < 128 and max(_kb_bm, _kb_bn) > 16:\n"
+            "        if _kb_bm >= _kb_bn:  # smaller tiles until the programs fill the SMs (FMA-bound small products)\n"
+            "            _kb_bm //= 2\n"
+            "        else:\n"
+            "            _kb_bn //= 2\n"
             f"    {plan.fused_name}[(triton.cdiv(_kb_m, _kb_bm), triton.cdiv(_kb_n, _kb_bn))](\n"
             f"        _kb_a, _kb_b, {out}, _kb_m, _kb_n, _kb_k, _kb_a.stride(0), _kb_a.stride(1), _kb_b.stride(0),\n"
             f"        _kb_b.stride(1), {scalars}_KB_BM=_kb_bm, _KB_BN=_kb_bn, _KB_BK=_kb_bk,\n"
