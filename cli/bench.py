@@ -99,7 +99,7 @@ def bench(ctx: click.Context, suite: Path | None, ops: str | None, rounds: int, 
         if rerun_ops:
             aside = rerun(directory, [x.strip() for x in rerun_ops.split(",") if x.strip()], rerun_why)
             click.echo(f"{len(aside)} run(s) set aside under {directory / 'replaced'}, to run afresh", err=True)
-        if retime_ops:  # first: an unknown operator stops the command before anything is changed
+        if retime_ops:
             again = retime(directory, [x.strip() for x in retime_ops.split(",") if x.strip()])
             click.echo(f"{len(again)} finished run(s) will take their end-of-run measurement again", err=True)
         for run, why in rejudge(directory).items():  # a rule mended since a run ended applies to it too

@@ -5,8 +5,8 @@ Chained per-round speedups drift (each round is timed against its parent, not th
 round's timing of a host-bound call is noisy: TritonBench-T's fused_mv_sigmoid_sub draft took 166 us
 at 64x64 in the round that accepted num_warps=2 (its pick 176 us), and 175 us against the pick's 455 us
 at the end. So the end-of-run timing judges the best kernel by the rules a round does (no timed case
-slower than the initial kernel by more than the noise bar, and a gain beyond it): where it fails them, the initial kernel
-stands, the run says why, and the report counts it as no round accepted. The verdict is a function of the
+slower than the initial kernel by more than the noise bar, and a gain beyond it): where it fails them,
+the initial kernel stands, the run says why, and the report counts it as no round accepted. The verdict is a function of the
 stored timing, so a finished run is judged again by the rules as they are (`rejudge_end`) without timing
 anything: a rule mended after it ended applies to it too.
 """
