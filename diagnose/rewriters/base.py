@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ import libcst.matchers as m
 
 from harness.guards import KERNEL_DECORATORS
 
-__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "launch_grid_node", "launching_function", "mask_argument",
+__all__ = ["REWRITERS", "TRITON_DEFAULT_KNOBS", "InJit", "ReplaceNodes", "Rewriter", "SubstituteNames", "Variant", "autotune_decorated", "dotted", "is_jit", "jit_functions", "launch_arguments", "launch_grid", "launch_grid_axes", "launch_grid_node", "launch_statement", "launching_function", "mask_argument",
            "only_launch", "register", "target_launch", "simple_assign", "sm_count_statement", "start_plus_arange", "top_level_imports", "unified_diff",
            "docstring_lines", "program_axis", "with_helper", "with_keywords", "with_parameters"]
 
@@ -380,6 +380,21 @@ def start_plus_arange(value: cst.BaseExpression) -> tuple[cst.BaseExpression, cs
             start = start.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) \
                 if isinstance(start, cst.BinaryOperation) else start
             return start, arange.args[1].value
+    return None
+
+
+def launch_statement(launch: cst.Call, parents: Mapping[cst.CSTNode, cst.CSTNode]
+                     ) -> tuple[cst.SimpleStatementLine, cst.FunctionDef] | None:
+    """The statement holding `launch` and the function whose body holds that statement at its top level, not
+    in a branch, a loop or another expression's argument list; None otherwise. `parents`: libcst's
+    ParentNodeProvider."""
+    expression = parents.get(launch)
+    statement = parents.get(expression) if expression is not None else None
+    block = parents.get(statement) if statement is not None else None
+    function = parents.get(block) if block is not None else None
+    if isinstance(statement, cst.SimpleStatementLine) and isinstance(function, cst.FunctionDef) \
+            and isinstance(function.body, cst.IndentedBlock) and statement in function.body.body:
+        return statement, function
     return None
 
 

@@ -48,6 +48,7 @@ from diagnose.rewriters.base import (
     dotted,
     jit_functions,
     launch_arguments,
+    launch_statement,
     mask_argument,
     register,
     simple_assign,
@@ -65,6 +66,7 @@ from diagnose.rewriters.blocks import (
     pointer_roots,
 )
 from diagnose.rewriters.fold import metadata_use, with_torch
+from diagnose.rewriters.rowloopread import names_read
 
 __all__ = ["fuse_matmul_epilogue"]
 
@@ -143,15 +145,11 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
     name, launch = target
     kernel = jit_functions(module)[name]
     parents = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
-    expression = parents.get(launch)
-    statement = parents.get(expression) if expression is not None else None
-    block = parents.get(statement) if statement is not None else None
-    wrapper = parents.get(block) if block is not None else None
-    if not (isinstance(expression, cst.Expr) and isinstance(statement, cst.SimpleStatementLine)
-            and len(statement.body) == 1 and isinstance(wrapper, cst.FunctionDef)
-            and isinstance(wrapper.body, cst.IndentedBlock) and statement in wrapper.body.body):
-        return None  # a launch in a branch, a loop or an expression
-    body = list(wrapper.body.body)
+    found = launch_statement(launch, parents)
+    if found is None or not (len(found[0].body) == 1 and isinstance(found[0].body[0], cst.Expr)):
+        return None  # a launch in a branch, a loop or an expression, or beside other statements on its line
+    statement, wrapper = found
+    body = list(cst.ensure_type(wrapper.body, cst.IndentedBlock).body)
     before = body[:body.index(statement)]
     counts = assigned_names(wrapper)
     for param, arg in launch_arguments(kernel, launch).items():
@@ -343,22 +341,7 @@ def _elementwise(expr: cst.BaseExpression, known: set[str], params: list[str], p
 
 def _variables(node: cst.CSTNode) -> set[str]:
     """The names `node` reads as variables: not an attribute's name (`tl.float32`'s float32), not a keyword."""
-    found: set[str] = set()
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)
-            return False
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            node.value.visit(self)
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
-
-    node.visit(Visitor())
-    return found
+    return {n.value for n in names_read(node)}
 
 
 def _fused_kernel(plan: _Plan) -> str:

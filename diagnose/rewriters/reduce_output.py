@@ -45,6 +45,7 @@ from diagnose.rewriters.base import (
     jit_functions,
     launch_arguments,
     launch_grid,
+    launch_statement,
     mask_argument,
     register,
     start_plus_arange,
@@ -120,13 +121,10 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
     name, launch = target
     kernel = jit_functions(module)[name]
     parents = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
-    expression = parents.get(launch)
-    statement = parents.get(expression) if expression is not None else None
-    block = parents.get(statement) if statement is not None else None
-    wrapper = parents.get(block) if block is not None else None
-    if not (isinstance(statement, cst.SimpleStatementLine) and isinstance(wrapper, cst.FunctionDef)
-            and isinstance(wrapper.body, cst.IndentedBlock) and statement in wrapper.body.body):
+    found = launch_statement(launch, parents)
+    if found is None:
         return None  # a launch in a branch, a loop or an expression
+    statement, wrapper = found
     bound = launch_arguments(kernel, launch)
     stores = [c for c in m.findall(kernel, m.Call()) if dotted(cst.ensure_type(c, cst.Call).func) == "tl.store"]
     for pointer, arg in bound.items():
@@ -134,7 +132,8 @@ def _plan(module: cst.Module, context: dict[str, Any]) -> _Plan | None:
         mine = [cst.ensure_type(s, cst.Call) for s in stores if _stores_through(cst.ensure_type(s, cst.Call), pointer)]
         if tensor is None or len(mine) != 1:
             continue
-        after = list(wrapper.body.body[wrapper.body.body.index(statement) + 1:])
+        lines = cst.ensure_type(wrapper.body, cst.IndentedBlock).body
+        after = list(lines[lines.index(statement) + 1:])
         reductions = [r for stmt in after for c in m.findall(stmt, m.Call())
                       if (r := _reduction(cst.ensure_type(c, cst.Call), tensor)) is not None]
         if not reductions or not _untouched_after(after, tensor, wrapper):
