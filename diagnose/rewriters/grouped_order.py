@@ -1,5 +1,5 @@
 """Launch the output tiles of a dot kernel in groups, so that the programs resident at once share their
-operand tiles in L2 (issue 27; pattern grouped-program-order, for L2's `dot.tile-underused`).
+operand tiles in L2 (issue 27; pattern grouped-program-order, for L2's `dot.tile-underused`, ranked after the tile search).
 
 A GEMM on a 2-D grid `(tiles along axis 0, tiles along axis 1)` is launched with axis 0 fastest: the
 programs resident at one time walk one whole column of output tiles, each reading its own row band of the
