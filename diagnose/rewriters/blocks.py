@@ -16,10 +16,10 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
-from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign
+from diagnose.rewriters.base import dotted, is_jit, mask_argument, simple_assign, start_plus_arange
 
-__all__ = ["PIPELINE_KEYWORDS", "BlockLoop", "DropTrueTerms", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
-           "enclosing_function", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "numel_of", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "trips_by_position", "with_range"]
+__all__ = ["PIPELINE_KEYWORDS", "BlockLoop", "DropTrueTerms", "FlatAccess", "KernelLoops", "arange_width", "assigned_names", "bare", "block_loop", "calls_in", "code", "conjuncts", "derived_names",
+           "enclosing_function", "flat_access", "fresh_name", "infinity_sign", "is_broadcast", "kernel_aranges", "local_definitions", "mask_like", "names_in", "number", "numel_of", "ordered", "plain_assignments", "pointer_roots", "reaching_literal", "reaching_value", "reduced", "single_assigns", "trips_by_position", "with_range"]
 
 CODE_MODULE = cst.Module(body=[])
 
@@ -268,6 +268,54 @@ def numel_of(node: cst.BaseExpression, tensor: str, at: cst.CSTNode,
     return made is not None and isinstance(made[0], cst.Call) and dotted(made[0].func) in (
         "torch.empty_like", "torch.zeros_like") and bool(made[0].args) and m.matches(made[0].args[0].value,
                                                                                       m.Name(counted))
+
+
+@dataclass(frozen=True)
+class FlatAccess:
+    """A tl.load / tl.store of one flat block: `POINTER + OFFS`, OFFS `tl.program_id(0) * BLOCK +
+    tl.arange(0, BLOCK)` (through names the kernel assigns once), under the mask `OFFS < N` (N a name). The
+    expressions are as written at the access, before any name is followed."""
+
+    pointer: cst.BaseExpression
+    offsets: cst.BaseExpression
+    block: cst.BaseExpression
+    mask: cst.BaseExpression
+    bound: str  # N
+
+
+def flat_access(kernel: cst.FunctionDef, access: cst.Call) -> FlatAccess | None:
+    """`access` read as the kernel's access of one flat block (`FlatAccess`), else None (another address, no
+    mask, or a mask of another shape)."""
+    assigned = plain_assignments(kernel)
+
+    def value(node: cst.BaseExpression) -> cst.BaseExpression:
+        while isinstance(node, cst.Name) and len(assigned.get(node.value, [])) == 1:
+            node = assigned[node.value][0]
+        return node
+
+    address = access.args[0].value if access.args else None
+    if not (isinstance(address, cst.BinaryOperation) and isinstance(address.operator, cst.Add)):
+        return None
+    offsets = value(address.right)
+    parts = start_plus_arange(offsets)
+    if parts is None:
+        return None
+    start, block = value(parts[0]), parts[1]
+    if not (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply)
+            and any(m.matches(value(s), m.Call(func=m.Attribute(attr=m.Name("program_id")),
+                                               args=[m.Arg(value=m.Integer("0"))]))
+                    for s in (start.left, start.right))
+            and any(s.deep_equals(block) for s in (start.left, start.right))):
+        return None
+    where = mask_argument(access)
+    if where is None:
+        return None
+    mask = value(access.args[where].value)
+    if not (isinstance(mask, cst.Comparison) and len(mask.comparisons) == 1
+            and isinstance(mask.comparisons[0].operator, cst.LessThan) and value(mask.left).deep_equals(offsets)
+            and isinstance(mask.comparisons[0].comparator, cst.Name)):
+        return None
+    return FlatAccess(address.left, address.right, block, access.args[where].value, mask.comparisons[0].comparator.value)
 
 
 def enclosing_function(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.FunctionDef | None:

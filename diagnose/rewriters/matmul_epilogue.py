@@ -49,16 +49,15 @@ from diagnose.rewriters.base import (
     jit_functions,
     launch_arguments,
     launch_statement,
-    mask_argument,
     register,
     simple_assign,
-    start_plus_arange,
     target_launch,
     top_level_imports,
 )
 from diagnose.rewriters.blocks import (
     assigned_names,
     code,
+    flat_access,
     fresh_name,
     names_in,
     numel_of,
@@ -282,44 +281,14 @@ def _same_elementwise_access(kernel: cst.FunctionDef, launch: cst.Call, load: cs
                              param: str, out: str, product: str, parents: Any) -> bool:
     """The load and the store at the same `pid * BLOCK + tl.arange(0, BLOCK)` past their pointers, under the
     same mask `offsets < N`, N bound at the launch to the product's numel."""
-    assigned = plain_assignments(kernel)
-
-    def value(node: cst.BaseExpression) -> cst.BaseExpression:
-        while isinstance(node, cst.Name) and len(assigned.get(node.value, [])) == 1:
-            node = assigned[node.value][0]
-        return node
-
-    offsets = []
-    for call, pointer in ((load, param), (store, out)):
-        address = call.args[0].value
-        if not (isinstance(address, cst.BinaryOperation) and isinstance(address.operator, cst.Add)
-                and m.matches(address.left, m.Name(pointer))):
-            return False
-        offsets.append(address.right)
-    if code(offsets[0]) != code(offsets[1]):
+    accesses = [flat_access(kernel, call) for call in (load, store)]
+    if accesses[0] is None or accesses[1] is None:
         return False
-    parts = start_plus_arange(value(offsets[0]))
-    if parts is None:
+    loaded, stored = accesses[0], accesses[1]
+    if not (m.matches(loaded.pointer, m.Name(param)) and m.matches(stored.pointer, m.Name(out))
+            and code(loaded.offsets) == code(stored.offsets) and code(loaded.mask) == code(stored.mask)):
         return False
-    start, block = value(parts[0]), parts[1]
-    if not (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply)
-            and any(m.matches(value(s), m.Call(func=m.Attribute(attr=m.Name("program_id")),
-                                               args=[m.Arg(value=m.Integer("0"))]))
-                    for s in (start.left, start.right))
-            and any(s.deep_equals(block) for s in (start.left, start.right))):
-        return False
-    masks = [mask_argument(c) for c in (load, store)]
-    if masks[0] is None or masks[1] is None:
-        return False
-    mask_load, mask_store = load.args[masks[0]].value, store.args[masks[1]].value
-    if code(mask_load) != code(mask_store):
-        return False
-    mask = value(mask_load)
-    if not (isinstance(mask, cst.Comparison) and len(mask.comparisons) == 1
-            and isinstance(mask.comparisons[0].operator, cst.LessThan) and value(mask.left).deep_equals(value(offsets[0]))
-            and isinstance(mask.comparisons[0].comparator, cst.Name)):
-        return False
-    count = launch_arguments(kernel, launch).get(mask.comparisons[0].comparator.value)
+    count = launch_arguments(kernel, launch).get(loaded.bound)
     return count is not None and numel_of(count.value, product, launch, parents)
 
 

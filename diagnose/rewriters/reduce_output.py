@@ -48,12 +48,11 @@ from diagnose.rewriters.base import (
     launch_statement,
     mask_argument,
     register,
-    start_plus_arange,
     target_launch,
     with_keywords,
     with_parameters,
 )
-from diagnose.rewriters.blocks import assigned_names, code, numel_of, plain_assignments, pointer_roots
+from diagnose.rewriters.blocks import assigned_names, code, flat_access, numel_of, pointer_roots
 
 __all__ = ["fold_output_reduction"]
 
@@ -168,37 +167,10 @@ def _covers_tensor(plan: _Plan, parents: Any) -> bool:
     kernel, store = plan.kernel, plan.store
     if parents.get(parents.get(parents.get(store))) is not kernel.body:
         return False  # in a loop or a branch
-    assigned = plain_assignments(kernel)
-
-    def value(node: cst.BaseExpression) -> cst.BaseExpression:
-        while isinstance(node, cst.Name) and len(assigned.get(node.value, [])) == 1:
-            node = assigned[node.value][0]
-        return node
-
-    address = store.args[0].value
-    if not (isinstance(address, cst.BinaryOperation) and isinstance(address.operator, cst.Add)):
-        return False
-    offsets = value(address.right)
-    parts = start_plus_arange(offsets)
-    if parts is None:
-        return False
-    start, block = parts
-    start = value(start)
-    if not (isinstance(start, cst.BinaryOperation) and isinstance(start.operator, cst.Multiply)
-            and any(m.matches(value(s), m.Call(func=m.Attribute(attr=m.Name("program_id")),
-                                               args=[m.Arg(value=m.Integer("0"))]))
-                    for s in (start.left, start.right))
-            and any(s.deep_equals(block) for s in (start.left, start.right))):
-        return False
-    where = mask_argument(store)
-    if where is None:
-        return False  # no mask: the grid's last program would store past T unless N divides; not read here
-    mask = value(store.args[where].value)
-    if not (isinstance(mask, cst.Comparison) and len(mask.comparisons) == 1
-            and isinstance(mask.comparisons[0].operator, cst.LessThan) and value(mask.left).deep_equals(offsets)
-            and isinstance(mask.comparisons[0].comparator, cst.Name)):
-        return False
-    bound_name = mask.comparisons[0].comparator.value
+    access = flat_access(kernel, store)
+    if access is None:
+        return False  # a mask missing (the grid's last program would store past T unless N divides) or not read
+    block, bound_name = access.block, access.bound
     bound = launch_arguments(kernel, plan.launch)
     count = bound.get(bound_name)
     block_arg = bound.get(block.value) if isinstance(block, cst.Name) else None
